@@ -1,0 +1,331 @@
+"""``reference.Gefen``: the readable, strict reference of the Gefen optimizer (SPEC Part 1).
+
+Public surface mirrors gefen-x 0.5.0's ``Gefen`` constructor, ``step``,
+``state_dict`` and ``load_state_dict``. Optimizer-level state is public:
+
+* ``codebook``: fp32[256] sorted codewords, or None before the first learn;
+* ``global_step``: completed ``step()`` calls (SPEC 1.10.6);
+* ``deterministic``, ``factored_v_2d``: the constructor flags.
+
+Per-parameter state keys follow the published layout (SPEC 1.11). On the CPU the
+reference is bit-exact with gefen-x's non-fused path (torch-exact profile).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from . import native_state
+from .codebook import learn_codebook
+from .hyperparameters import scalar_lr, split_betas, validate_hyperparameters
+from .naming import name_group_params
+from .native_state import local_tensor
+from .periods import PeriodRules, check_period_divides, choose_period, squared_gradient
+from .steps import (
+    StepHyper,
+    block_vmean_step,
+    factored_step,
+    new_block_second_moment,
+    new_factored_second_moment,
+    new_momentum_state,
+)
+
+_IMPLICIT_GROUP = "_gefen_implicit_group"
+#: Group keys the optimizer interprets; anything else a caller puts in a group is kept.
+_CONSUMED_GROUP_KEYS = (
+    "params", "name", "lr", "betas", "beta1", "beta2", "eps", "weight_decay",
+    "param_names", "param_names_synthesized", _IMPLICIT_GROUP,
+)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "to_local")
+
+
+class Gefen(torch.optim.Optimizer):
+    """Gefen: 8-bit codebook momentum with per-block magnitudes and a per-block second moment."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: Any = 1e-3,
+        betas: Any = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        fused: bool = True,
+        force_1d_period_one: bool = False,
+        force_2d_period_one: bool = False,
+        period_one_substrings: Iterable[str] = (),
+        factored_v_2d: bool = True,
+        codebook_refresh_every: int = 0,
+        stochastic_round: bool = False,
+        deterministic: bool = False,
+        capturable: bool = False,
+        verbose: bool = False,
+    ):
+        if not isinstance(deterministic, bool):
+            raise TypeError("deterministic must be a bool")
+        if deterministic and factored_v_2d and stochastic_round:
+            raise ValueError("deterministic=True with factored_v_2d=True cannot honour stochastic_round=True")
+        if capturable:
+            raise ValueError("capturable=True is not supported by the reference (SPEC 1.1.2)")
+        if stochastic_round:
+            raise ValueError("stochastic_round=True is not supported by the reference (SPEC 1.1.2)")
+        if isinstance(codebook_refresh_every, bool) or not isinstance(codebook_refresh_every, int):
+            raise ValueError(f"codebook_refresh_every must be an int, got {codebook_refresh_every!r}")
+        if codebook_refresh_every < 0:
+            raise ValueError(f"codebook_refresh_every must be >= 0, got {codebook_refresh_every}")
+        if codebook_refresh_every > 0:
+            raise ValueError("codebook_refresh_every>0 is not supported by the reference (SPEC 1.1.2)")
+        if isinstance(period_one_substrings, str):
+            raise TypeError(
+                "period_one_substrings must be a collection of strings, not a bare str "
+                f"(did you mean ({period_one_substrings!r},)?)"
+            )
+        substrings = tuple(period_one_substrings)
+        if not all(isinstance(s, str) for s in substrings):
+            raise TypeError("period_one_substrings must hold only strings")
+        beta1, beta2 = split_betas(betas)
+        validate_hyperparameters(lr, beta1, beta2, eps, weight_decay)
+
+        self.fused = False  # accepted for signature compatibility; the reference has one path
+        self.verbose = bool(verbose)
+        self.factored_v_2d = bool(factored_v_2d)
+        self.deterministic = deterministic
+        self.period_rules = PeriodRules(
+            bool(force_1d_period_one), bool(force_2d_period_one), tuple(s.lower() for s in substrings)
+        )
+        self.codebook: Optional[torch.Tensor] = None
+        self.global_step = 0
+        defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+        super().__init__(self._as_groups(params), defaults)
+
+    # ----------------------------------------------------------------- registration
+    @staticmethod
+    def _as_groups(params: Any) -> list:
+        items = [params] if isinstance(params, torch.Tensor) else list(params)
+        if not items:
+            raise ValueError("optimizer got an empty parameter list")
+        if isinstance(items[0], dict):
+            return items
+        return [{"params": items, _IMPLICIT_GROUP: True}]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Register one group, all-or-nothing (SPEC 1.2): every check runs before any change."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise ValueError("parameter group is missing the 'params' key")
+        d = self.defaults
+        lr = param_group.get("lr", d["lr"])
+        if "betas" in param_group:
+            beta1, beta2 = split_betas(param_group["betas"])
+        else:
+            beta1, beta2 = param_group.get("beta1", d["beta1"]), param_group.get("beta2", d["beta2"])
+        eps = param_group.get("eps", d["eps"])
+        weight_decay = param_group.get("weight_decay", d["weight_decay"])
+        validate_hyperparameters(lr, beta1, beta2, eps, weight_decay)
+
+        raw = param_group["params"]
+        if isinstance(raw, set):
+            raise TypeError("parameters must be an ordered collection, not a set")
+        raw = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+        if not raw:
+            raise ValueError("optimizer got an empty parameter list")
+        given, params = [], []
+        for item in raw:
+            name, p = item if isinstance(item, tuple) else (None, item)
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"Gefen can only optimize Tensors, but one of the params is {type(p).__name__}")
+            if torch.is_complex(p):
+                raise ValueError(f"Gefen does not support complex parameters (dtype {p.dtype})")
+            if not (p.is_leaf or p.retains_grad):
+                raise ValueError("can't optimize a non-leaf Tensor")
+            given.append(name)
+            params.append(p)
+        registered = {p for g in self.param_groups for p in g["params"]}
+        if len(set(params)) != len(params) or not registered.isdisjoint(params):
+            raise ValueError("some parameters appear in more than one parameter group")
+
+        names, flags = name_group_params(
+            given,
+            group_name=param_group.get("name"),
+            implicit_group=bool(param_group.get(_IMPLICIT_GROUP, False)),
+            group_index=len(self.param_groups),
+            registered_count=len(registered),
+            taken={n for g in self.param_groups for n in g["param_names"]},
+        )
+        group = {k: v for k, v in param_group.items() if k not in _CONSUMED_GROUP_KEYS}
+        if param_group.get("name") is not None:
+            group["name"] = str(param_group["name"]).lower()
+        elif len(names) == 1:
+            group["name"] = names[0]
+        group.update(
+            params=params, param_names=names, param_names_synthesized=flags,
+            lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+        )
+        self.param_groups.append(group)
+        for p, name in zip(params, names):
+            self.state[p]["name"] = name
+
+    def named_params(self):
+        """``(group, name, param)`` in group order then param order: the order every pass uses."""
+        for group in self.param_groups:
+            for name, p in zip(group["param_names"], group["params"]):
+                yield group, name, p
+
+    # ------------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """One optimizer step (SPEC 1.10). The closure runs first, before any optimizer work."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_gradients()
+        if not self._apply_grad_scaler():
+            return loss
+        if self.codebook is None:
+            self._learn_codebook()
+        for group, name, p in self.named_params():
+            if p.grad is None:
+                continue
+            grad = local_tensor(p.grad)
+            if grad.numel() == 0:
+                continue
+            state = self.state[p]
+            factored = self.factored_v_2d and p.ndim == 2 and not _is_dtensor(p)
+            self._prepare_state(name, p, grad, state, factored)
+            hyper = StepHyper(
+                lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
+                eps=group["eps"], weight_decay=group["weight_decay"],
+            )
+            if factored:
+                factored_step(p, grad, state, self.codebook, hyper)
+            else:
+                block_vmean_step(local_tensor(p), grad, state, self.codebook, hyper)
+        self.global_step += 1
+        return loss
+
+    def _check_gradients(self) -> None:
+        """Structural preflight over every gradient before anything changes (SPEC 1.10.2)."""
+        for _, name, p in self.named_params():
+            g = p.grad
+            if g is None:
+                continue
+            if getattr(g, "is_sparse", False) or g.layout != torch.strided:
+                raise RuntimeError(f"Gefen does not support sparse gradients (parameter {name!r}, layout {g.layout})")
+            if torch.is_complex(g):
+                raise RuntimeError(f"Gefen does not support complex gradients (parameter {name!r})")
+            if tuple(g.shape) != tuple(p.shape):
+                raise RuntimeError(f"gradient shape {tuple(g.shape)} of {name!r} does not match parameter shape {tuple(p.shape)}")
+            if not _is_dtensor(p) and not _is_dtensor(g) and g.device != p.device:
+                raise RuntimeError(f"parameter {name!r} and its gradient must live on the same device")
+
+    def _apply_grad_scaler(self) -> bool:
+        """GradScaler protocol (SPEC 1.10.3): False to skip the step on overflow; else unscale in place."""
+        found_inf = getattr(self, "found_inf", None)
+        grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is not None and bool(found_inf.item() if torch.is_tensor(found_inf) else found_inf):
+            return False
+        if grad_scale is None:
+            return True
+        scale = float(grad_scale.item() if torch.is_tensor(grad_scale) else grad_scale)
+        if not math.isfinite(scale) or scale <= 0.0:
+            raise RuntimeError("GradScaler supplied a non-finite or non-positive grad_scale")
+        inverse = torch.tensor(scale, dtype=torch.float64).reciprocal().float()
+        for _, _, p in self.named_params():
+            if p.grad is not None:
+                local_tensor(p.grad).mul_(inverse)
+        return True
+
+    def _learn_codebook(self) -> None:
+        """Choose every period and learn the codebook from this step's gradients (SPEC 1.6.1).
+
+        Periods are staged and committed only with the codebook, so a failure here
+        leaves the optimizer as it was. A step without any gradient learns nothing.
+        """
+        periods, pieces = {}, []
+        for _, name, p in self.named_params():
+            if p.grad is None:
+                continue
+            flat = local_tensor(p.grad).detach().reshape(-1)
+            if flat.numel() == 0:
+                continue
+            period = self.state[p].get("automatic_period")
+            if period is None:
+                period = choose_period(self.period_rules, name, tuple(p.shape), squared_gradient(flat))
+            check_period_divides(name, flat.numel(), period)
+            periods[p] = period
+            pieces.append((flat, period))
+        first = self.param_groups[0]["params"][0]
+        device = local_tensor(first.grad if first.grad is not None else first).device
+        codebook = learn_codebook(pieces, device)
+        if codebook is None:
+            return
+        for p, period in periods.items():
+            self.state[p]["automatic_period"] = period
+        self.codebook = codebook
+
+    def _prepare_state(self, name: str, p: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool) -> None:
+        """Create state on a param's first step; add a missing second moment after a mode switch (SPEC 1.10.5)."""
+        if "step" not in state:
+            period = state.get("automatic_period")
+            if period is None:
+                period = choose_period(self.period_rules, name, tuple(p.shape), squared_gradient(grad))
+            check_period_divides(name, grad.numel(), period)
+            state["automatic_period"] = period
+            new_momentum_state(state, grad.numel(), period, grad.device)
+        if factored:
+            if "v_row" not in state:
+                new_factored_second_moment(state, tuple(p.shape), grad.device)
+        elif "vmean" not in state:
+            new_block_second_moment(state, grad.device)
+        elif "vmean_step" not in state:
+            state["vmean_step"] = state["step"]
+
+    # --------------------------------------------------------------- state dicts
+    def _refuse_dtensors(self, what: str) -> None:
+        if any(_is_dtensor(p) for _, _, p in self.named_params()):
+            raise ValueError(
+                f"native {what} of DTensor parameters is not supported by the reference; "
+                "use reference.GefenDCPState with torch.distributed.checkpoint"
+            )
+
+    def state_dict(self) -> dict:
+        """The native state dict (SPEC 1.11). Tensors are the live ones, as torch optimizers do."""
+        self._refuse_dtensors("state_dict")
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        sd = native_state.pack_state_dict(self)
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            result = hook(self, sd)
+            if result is not None:
+                sd = result
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Validate, stage, then commit a native state dict (SPEC 1.12).
+
+        A rejected load raises ValueError and leaves state, groups, codebook and
+        counters exactly as they were; the caller's dict is never modified, and the
+        restored tensors are copies in their saved dtypes.
+        """
+        self._refuse_dtensors("load_state_dict")
+        sd = state_dict.copy() if isinstance(state_dict, dict) else state_dict
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, sd)
+            if result is not None:
+                sd = result
+        staged = native_state.stage_load(self, sd)
+        self.param_groups[:] = staged.param_groups
+        self.state = staged.state
+        self.codebook = staged.codebook
+        self.global_step = staged.global_step
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
