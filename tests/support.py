@@ -97,3 +97,14 @@ def assert_same_snapshot(before: dict, after: dict) -> None:
     else:
         assert torch.equal(before["codebook"][0], after["codebook"][0])
         assert before["codebook"][1] == after["codebook"][1]
+
+
+def deep_equal(a, b) -> bool:
+    """Structural equality of nested dicts/lists/tuples with tensors compared by dtype, shape and value."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(deep_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
