@@ -16,16 +16,23 @@ from typing import Any, Optional
 
 import torch
 
-from .hyperparameters import validate_hyperparameters
+from .hyperparameters import HYPERPARAMETER_KEYS, validate_hyperparameters
 from .naming import reconcile_flags
 
 FORMAT_VERSION = 1
 #: Versions whose group metadata the native loader understands (SPEC 1.12.2).
-ACCEPTED_FORMAT_VERSIONS = (1, 2, 3)
+ACCEPTED_FORMAT_VERSIONS = (1, 2)
 METADATA_KEY = "_gefen_checkpoint_metadata"
 COUNTER_KEYS = ("step", "vmean_step", "factored_step")
 #: Per-step buffers that some implementations keep in state; never serialized.
 SCRATCH_KEYS = ("stepsize", "_h_buf")
+#: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.14 D9).
+DROPPED_KEYS = SCRATCH_KEYS + ("m_codebook_shape",)
+#: Every per-parameter key a native state may carry (SPEC 1.11.3).
+STATE_KEYS = (
+    "name", "automatic_period", "step", "m_codebook", "m_magnitude",
+    "vmean", "vmean_step", "v_row", "v_col", "factored_step",
+)
 CODEBOOK_SIZE = 256
 
 
@@ -281,15 +288,20 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
         group = dict(saved)
         group["params"] = live["params"]
         live_names = list(live.get("param_names", ()))
-        names = list(saved.get("param_names", ()))
+        names = list(saved.get("param_names", live_names))
         if len(names) != len(live["params"]):
-            names = live_names
+            raise ValueError(
+                f"param_names of a saved group has {len(names)} entries for {len(live['params'])} parameters"
+            )
         names = [str(n).lower() for n in names]
         group["param_names"] = names
         group["param_names_synthesized"] = reconcile_flags(
             names, live_names, list(live.get("param_names_synthesized", ())), saved.get("param_names_synthesized")
         )
-        validate_hyperparameters(group.get("lr"), group.get("beta1"), group.get("beta2"), group.get("eps"), group.get("weight_decay"))
+        missing = [k for k in HYPERPARAMETER_KEYS if k not in group]
+        if missing:
+            raise ValueError(f"a saved parameter group lacks {', '.join(missing)}")
+        validate_hyperparameters(*(group[k] for k in HYPERPARAMETER_KEYS))
         staged.param_groups.append(group)
         for saved_id, p, name in zip(saved["params"], live["params"], names):
             position[saved_id] = (p, name)
@@ -301,8 +313,10 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
     for saved_id, (p, name) in position.items():
         entry = {}
         for key, value in (saved_state.get(saved_id) or {}).items():
-            if key in SCRATCH_KEYS:
+            if key in DROPPED_KEYS:
                 continue
+            if key not in STATE_KEYS:
+                raise ValueError(f"parameter {name!r}: unknown state key {key!r}")
             if torch.is_tensor(value):
                 value = value.detach().to(device=local_tensor(p).device, copy=True)
             entry[key] = value

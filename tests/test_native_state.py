@@ -181,13 +181,31 @@ def _corrupt(key):
         sd["state"][99] = {"name": "ghost"}
         return "99"
 
+    def wrong_param_names_length(sd):
+        sd["param_groups"][0]["param_names"] = ["w"]
+        return "param_names"
+
+    def unknown_state_key(sd):
+        sd["state"][0]["exp_avg"] = torch.zeros(3)
+        return "exp_avg"
+
+    def rank_local_format(sd):
+        for g in sd["param_groups"]:
+            g["_gefen_checkpoint_metadata"]["format_version"] = 3
+        return "format_version"
+
+    def missing_hyperparameter(sd):
+        del sd["param_groups"][0]["eps"]
+        return "eps"
+
     return locals()[key]
 
 
 CORRUPTIONS = [
     "period_not_dividing", "wrong_index_dtype", "wrong_magnitude_dtype", "short_codebook", "unsorted_codebook",
     "float_counter", "negative_vmean", "momentum_without_codebook", "deterministic_mismatch", "bad_beta",
-    "missing_group", "unknown_state_id",
+    "missing_group", "unknown_state_id", "wrong_param_names_length", "unknown_state_key", "rank_local_format",
+    "missing_hyperparameter",
 ]
 
 
