@@ -1,0 +1,496 @@
+"""Save side of the reference DCP adapter (SPEC.md Part 2).
+
+The written checkpoint is read back from its files (``.metadata`` and
+``.distcp`` payloads via reference.dcp.on_disk, which uses torch's
+FileSystemReader metadata and torch.load), never through the adapter's loader.
+Multi-rank cases run on spawned gloo CPU ranks (conformance.ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import reference.dcp as rdcp
+from reference.dcp import agreement, dense, on_disk, placeholder, schema
+from tests import _dcp_save_ranks as R
+
+gefen = pytest.importorskip("gefen")
+from conformance.ranks import run_on_ranks  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
+)
+
+
+@pytest.fixture(scope="module")
+def world1():
+    """An in-process gloo group of one rank for the single-rank tests."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store_file = tempfile.mktemp(prefix="gefen-dcp-save-")
+    dist.init_process_group("gloo", init_method="file://" + store_file, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        if os.path.exists(store_file):
+            os.unlink(store_file)
+
+
+@pytest.fixture(scope="module")
+def trained_template(world1):
+    optimizer, _, _ = R.trained_reference()
+    return optimizer
+
+
+@pytest.fixture
+def trained(trained_template):
+    """A reference Gefen holding the state of three training steps on the four-slot model."""
+    return R.copy_of_trained(trained_template, R.mesh())
+
+
+def _state_dict(optimizer):
+    return rdcp.GefenDCPState(optimizer).state_dict()
+
+
+# ------------------------------------------------------------------------------ schema
+
+
+def test_state_dict_keys_dtypes_and_replicated_entries(trained):
+    """SPEC 2.1.1-2.1.5: key order, int64 counters, uint8 flags, identities and hypers."""
+    optimizer, _, _ = trained
+    sd = _state_dict(optimizer)
+    slot_keys = [schema.slot_key(i, f) for i in range(4) for f in schema.SLOT_FIELDS]
+    assert list(sd) == list(schema.HEADER_KEYS) + slot_keys
+    for key in ("format_version", "global_step", "slot_count", "group_count"):
+        assert sd[key].dtype == torch.int64 and sd[key].dim() == 0, key
+    assert sd["deterministic"].dtype == torch.uint8 and sd["deterministic"].item() == 1
+    assert [sd[k].item() for k in ("format_version", "global_step", "slot_count", "group_count")] == [2, 3, 4, 2]
+    assert sd["param_identities"] == [
+        {"name": "enc.weight", "group": 0, "shape": [64, 48]},
+        {"name": "enc.bias", "group": 0, "shape": [48]},
+        {"name": "dec.weight", "group": 1, "shape": [10, 8]},
+        {"name": "head.weight", "group": 1, "shape": [16, 8]},
+    ]
+    assert sd["param_group_hypers"] == [
+        {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},
+        {"lr": 2e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.01},
+    ]
+    for i, fresh in enumerate([False, False, False, True]):
+        assert sd[schema.slot_key(i, "initialized")].dtype == torch.uint8
+        assert sd[schema.slot_key(i, "initialized")].item() == (0 if fresh else 1)
+        for counter in ("step", "vmean_step"):
+            value = sd[schema.slot_key(i, counter)]
+            assert value.dtype == torch.int64 and value.item() == (0 if fresh else 3)
+
+
+def test_tensor_lr_is_written_as_a_float(trained):
+    """SPEC 2.1.5: a one-element tensor hyperparameter is written as a Python float."""
+    optimizer, _, _ = trained
+    optimizer.param_groups[1]["lr"] = torch.tensor(2e-3, dtype=torch.float64)
+    entry = _state_dict(optimizer)["param_group_hypers"][1]
+    assert type(entry["lr"]) is float and entry["lr"] == 2e-3
+
+
+def test_legacy_state_without_vmean_step_saves_vmean_step_equal_to_step(trained):
+    """SPEC 2.4.2: a missing vmean_step alone is legal and is written as step."""
+    optimizer, params, _ = trained
+    state = optimizer.state[params["enc.weight"]]
+    del state["vmean_step"]
+    state["step"] = 7
+    sd = _state_dict(optimizer)
+    assert sd["slot_00000000.initialized"].item() == 1
+    assert sd["slot_00000000.vmean_step"].item() == 7
+
+
+def test_written_checkpoint_schema_from_files(trained, tmp_path):
+    """SPEC 2.1, 2.2: the files hold the v2 schema; dense slots are fp32 at the global shape."""
+    optimizer, params, _ = trained
+    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path), rdcp.GefenSavePlanner())
+    assert R.checkpoint_bytes(str(tmp_path)) == [".metadata", "__0_0.distcp"]
+    metadata = on_disk.read_metadata(str(tmp_path))
+    kinds = {fqn: type(md).__name__ for fqn, md in metadata.state_dict_metadata.items()}
+    assert kinds["optimizer.format_version"] == "TensorStorageMetadata"
+    assert kinds["optimizer.param_identities.0.shape"] == "BytesStorageMetadata"
+    assert kinds["optimizer.param_group_hypers.1.weight_decay"] == "BytesStorageMetadata"
+    momentum_md = metadata.state_dict_metadata["optimizer.slot_00000000.momentum"]
+    assert momentum_md.size == torch.Size([64, 48])
+    assert momentum_md.properties.dtype == torch.float32
+    assert [tuple(c.offsets) for c in momentum_md.chunks] == [(0, 0)]
+
+    nested = on_disk.read_nested(str(tmp_path))["optimizer"]
+    assert on_disk.schema_problems(nested) == []
+    for i, name in enumerate(R.SHAPES):
+        momentum = nested[schema.slot_key(i, "momentum")]
+        second = nested[schema.slot_key(i, "second_moment")]
+        assert momentum.dtype == second.dtype == torch.float32
+        assert tuple(momentum.shape) == tuple(second.shape) == R.SHAPES[name]
+    # Fresh slot: zeros. Stepped slots: the SPEC 2.1.6 formulas, exactly.
+    assert not nested["slot_00000003.momentum"].any() and not nested["slot_00000003.second_moment"].any()
+    state = optimizer.state[params["enc.weight"]]
+    period = state["automatic_period"]
+    expected_m = (optimizer.codebook[state["m_codebook"].reshape(-1).long()].reshape(-1, period)
+                  * state["m_magnitude"].reshape(-1, 1)).reshape(64, 48)
+    expected_v = state["vmean"].reshape(-1, 1).expand(-1, period).reshape(64, 48)
+    assert torch.equal(nested["slot_00000000.momentum"], expected_m)
+    assert torch.equal(nested["slot_00000000.second_moment"], expected_v)
+
+
+# ------------------------------------------------------------------------ dense formulas
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_dense_momentum_is_one_multiply_of_gathered_codewords(world1, monkeypatch, chunk):
+    """SPEC 2.1.6: bit-identical to codebook[idx] * magnitude, also with chunks ending mid-block."""
+    if chunk is not None:
+        monkeypatch.setattr(dense, "GATHER_CHUNK", chunk)
+    g = torch.Generator().manual_seed(5)
+    codebook = torch.sort(torch.randn(256, generator=g)).values
+    period = 12
+    state = {
+        "automatic_period": period,
+        "m_codebook": torch.randint(0, 256, (10, period), generator=g, dtype=torch.uint8),
+        "m_magnitude": torch.rand(10, 1, generator=g),
+    }
+    local = torch.empty(8, 15)
+    got = dense.momentum(codebook, local, state)
+    want = (codebook[state["m_codebook"].long()].reshape(-1, period) * state["m_magnitude"]).reshape(8, 15)
+    assert got.shape == (8, 15) and got.dtype == torch.float32 and got.is_contiguous()
+    assert torch.equal(got, want)
+
+
+def test_dense_second_moment_owns_its_memory_at_period_one():
+    """SPEC 2.1.6: the second moment is a repeat in fresh memory, never a view of vmean."""
+    vmean = torch.rand(6, 1)
+    before = vmean.clone()
+    out = dense.second_moment(torch.empty(2, 3), {"automatic_period": 1, "vmean": vmean})
+    assert torch.equal(out.reshape(-1), before.reshape(-1))
+    out.add_(1.0)
+    assert torch.equal(vmean, before)
+
+
+# ------------------------------------------------------------------------- placeholders
+
+
+def test_state_dict_expands_nothing_and_placeholders_report_global_geometry(trained, monkeypatch):
+    """SPEC 2.2.1: state_dict() builds no dense tensor; placeholders carry global shape, fp32, device."""
+    optimizer, _, _ = trained
+    calls = []
+    for fn in ("momentum", "second_moment", "zeros"):
+        real = getattr(dense, fn)
+        monkeypatch.setattr(dense, fn, lambda *a, _real=real, _fn=fn: calls.append(_fn) or _real(*a))
+    sd = _state_dict(optimizer)
+    assert calls == []
+    stand_in = sd["slot_00000000.momentum"]
+    assert placeholder.is_placeholder(stand_in)
+    assert stand_in.shape == (64, 48) and stand_in.dtype == torch.float32
+    assert stand_in.device == torch.device("cpu") and not stand_in.requires_grad
+
+
+def test_placeholder_caches_for_dcp_and_not_for_the_bounded_path(trained):
+    """SPEC 2.2.2: __get_tensor_shard__ keeps its buffer; the bounded path keeps nothing."""
+    optimizer, _, _ = trained
+    stand_in = _state_dict(optimizer)["slot_00000000.momentum"]
+    first = stand_in.__get_tensor_shard__(None)
+    assert stand_in.__get_tensor_shard__(None) is first
+    other = _state_dict(optimizer)["slot_00000000.momentum"]
+    a, b = other.fresh_host_copy(), other.fresh_host_copy()
+    assert a is not b and torch.equal(a, b) and torch.equal(a, first)
+    assert other._kept is None
+
+
+def test_placeholder_refuses_ordinary_tensor_use_but_prints(trained):
+    """SPEC 2.2.3: no device moves, no compute, no pickling; repr/str/format never fail."""
+    optimizer, _, _ = trained
+    sd = _state_dict(optimizer)
+    stand_in = sd["slot_00000000.momentum"]
+    for attempt in (lambda: stand_in.to("cpu"), lambda: stand_in.cpu(), lambda: stand_in + 1,
+                    lambda: torch.zeros_like(stand_in)):
+        with pytest.raises(RuntimeError, match="GefenFileSystemWriter"):
+            attempt()
+    text = repr(stand_in)
+    assert "not built" in text and "(64, 48)" in text and "torch.float32" in text and "cpu" in text
+    assert str(stand_in) == text == format(stand_in)
+    repr(sd)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        torch.save(sd, os.devnull)
+
+
+# ---------------------------------------------------------------------------- planner
+
+
+def test_planner_refuses_unflattened_state_dicts():
+    """SPEC 2.5.1: flatten_state_dict=False is refused at construction (keyword or positional)."""
+    for make in (lambda: rdcp.GefenSavePlanner(flatten_state_dict=False), lambda: rdcp.GefenSavePlanner(False)):
+        with pytest.raises(ValueError, match="flatten_state_dict=True") as info:
+            make()
+        assert "stand-in" in str(info.value)
+    rdcp.GefenSavePlanner()
+    rdcp.GefenSavePlanner(flatten_state_dict=True)
+
+
+@pytest.mark.parametrize("thread_count", [1, 4])
+def test_planner_expands_one_slot_at_a_time_and_keeps_nothing(trained, tmp_path, monkeypatch, thread_count):
+    """SPEC 2.5.2: with the planner, expansions never overlap and no placeholder keeps a buffer;
+    without it, every placeholder keeps its dense buffer (the eager cost)."""
+    optimizer, _, _ = trained
+    lock = threading.Lock()
+    live = {"now": 0, "peak": 0, "count": 0}
+
+    def counted(real):
+        def build(*args):
+            with lock:
+                live["now"] += 1
+                live["count"] += 1
+                live["peak"] = max(live["peak"], live["now"])
+            try:
+                threading.Event().wait(0.002)  # widen any overlap window
+                return real(*args)
+            finally:
+                with lock:
+                    live["now"] -= 1
+        return build
+
+    for fn in ("momentum", "second_moment", "zeros"):
+        monkeypatch.setattr(dense, fn, counted(getattr(dense, fn)))
+    state = rdcp.GefenDCPState(optimizer)
+    captured = {}
+    real_state_dict = state.state_dict
+    state.state_dict = lambda: captured.setdefault("sd", real_state_dict())
+    R.save(state, str(tmp_path / "planned"), rdcp.GefenSavePlanner(), thread_count)
+    assert live["peak"] == 1 and live["count"] == 8
+    assert all(v._kept is None for v in captured["sd"].values() if placeholder.is_placeholder(v))
+
+    captured.clear()
+    R.save(state, str(tmp_path / "plain"), None, thread_count)
+    assert all(v._kept is not None for v in captured["sd"].values() if placeholder.is_placeholder(v))
+    assert R.payload_md5(str(tmp_path / "plain")) == R.payload_md5(str(tmp_path / "planned"))
+
+
+# ------------------------------------------------------------------------ async saving
+
+
+class _GatedWriter(rdcp.GefenFileSystemWriter):
+    """Holds the background write until the test opens the gate."""
+
+    def __init__(self, *args, gate, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._gate = gate
+
+    def write_data(self, plan, planner):
+        assert self._gate.wait(30), "gate never opened"
+        return super().write_data(plan, planner)
+
+
+def _wait(response):
+    return getattr(response, "upload_completion", response).result(timeout=60)
+
+
+def test_async_save_with_the_default_writer_is_refused_before_writing(trained, tmp_path):
+    """SPEC 2.6.2: the default writer fails while staging, names GefenFileSystemWriter, writes nothing."""
+    optimizer, _, _ = trained
+    with pytest.raises(RuntimeError) as info:
+        _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
+                             storage_writer=dcp.FileSystemWriter(str(tmp_path))))
+    assert "GefenFileSystemWriter" in str(info.value)
+    assert "GefenSavePlanner" not in str(info.value)
+    assert R.checkpoint_bytes(str(tmp_path)) == []
+
+
+def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
+    """SPEC 2.6.1: a step taken after async_save returns does not reach the checkpoint."""
+    optimizer, params, mesh = trained
+    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "before"), rdcp.GefenSavePlanner())
+    gate = threading.Event()
+    response = dcp.async_save(
+        {"optimizer": rdcp.GefenDCPState(optimizer)},
+        storage_writer=_GatedWriter(str(tmp_path / "async"), gate=gate),
+        planner=rdcp.GefenSavePlanner(),
+    )
+    try:
+        R.train(optimizer, params, mesh, steps=1, first_step=R.SAVE_STEPS)
+    finally:
+        gate.set()
+    _wait(response)
+    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "after"), rdcp.GefenSavePlanner())
+    before, landed, after = (on_disk.read_flat(str(tmp_path / d)) for d in ("before", "async", "after"))
+    assert set(landed) == set(before)
+    for key in before:
+        assert torch.equal(landed[key], before[key]) if torch.is_tensor(before[key]) else landed[key] == before[key], key
+    assert not torch.equal(after["optimizer.slot_00000000.momentum"], before["optimizer.slot_00000000.momentum"])
+    assert after["optimizer.global_step"].item() == R.SAVE_STEPS + 1
+
+
+def test_async_save_with_gefen_writer_without_planner_matches_sync_values(trained, tmp_path):
+    """SPEC 2.6.1: the async checkpoint holds the same values as the sync one (layout may differ)."""
+    optimizer, _, _ = trained
+    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "sync"))
+    _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
+                         storage_writer=rdcp.GefenFileSystemWriter(str(tmp_path / "async"))))
+    sync, landed = on_disk.read_flat(str(tmp_path / "sync")), on_disk.read_flat(str(tmp_path / "async"))
+    assert set(sync) == set(landed)
+    for key in sync:
+        assert torch.equal(sync[key], landed[key]) if torch.is_tensor(sync[key]) else sync[key] == landed[key]
+
+
+# ----------------------------------------------------------------- construction checks
+
+
+def test_constructor_refuses_other_optimizers(world1):
+    """SPEC 2.3.1: exactly reference.Gefen; gefen-x's Gefen is another class."""
+    mesh = R.mesh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other = R.gefenx_optimizer(R.make_params(mesh))
+    with pytest.raises(TypeError, match="reference.Gefen"):
+        rdcp.GefenDCPState(other)
+
+
+def test_constructor_requires_a_process_group(monkeypatch):
+    """SPEC 2.3.1: no initialised process group, no GefenDCPState."""
+    import reference.dcp.state as state_module
+
+    monkeypatch.setattr(state_module.dist, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="initialized distributed process group"):
+        rdcp.GefenDCPState(object.__new__(R.reference.Gefen))
+
+
+def test_world_one_construction_validates_layout_eagerly(trained):
+    """SPEC 2.3.2: alone, layout errors surface at construction."""
+    optimizer, _, _ = trained
+    optimizer.param_groups[0]["param_names"] = ["only-one"]
+    with pytest.raises(RuntimeError, match="stable param_names"):
+        rdcp.GefenDCPState(optimizer)
+
+
+def test_retained_wrapper_sees_a_group_added_later(trained):
+    """SPEC 2.3.3: the slot list is re-derived on every state_dict() call."""
+    optimizer, _, mesh = trained
+    wrapper = rdcp.GefenDCPState(optimizer)
+    extra = torch.nn.Parameter(R.distribute_tensor(torch.zeros(4, 4), mesh, [R.Shard(0)]))
+    optimizer.add_param_group({"params": [("extra.weight", extra)]})
+    sd = wrapper.state_dict()
+    assert sd["slot_count"].item() == 5 and sd["group_count"].item() == 3
+    assert sd["param_identities"][4] == {"name": "extra.weight", "group": 2, "shape": [4, 4]}
+
+
+# -------------------------------------------------------------- fail before the first byte
+
+
+@pytest.mark.parametrize("scenario", R.PREFLIGHT_SCENARIOS, ids=R.SCENARIO_IDS)
+def test_preflight_failure_at_world_one_writes_nothing(trained, tmp_path, scenario):
+    """SPEC 2.4: each rank-local check raises from state_dict() and from dcp.save, with no bytes written."""
+    name, _clause, corrupt, error_type, part = scenario
+    optimizer, _, _ = trained
+    corrupt(optimizer)
+    with pytest.raises(error_type, match=part):
+        rdcp.GefenDCPState(optimizer).state_dict()
+    with pytest.raises(error_type, match=part):
+        R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / name), rdcp.GefenSavePlanner())
+    assert R.checkpoint_bytes(str(tmp_path / name)) == []
+
+
+def test_one_rank_preflight_failure_stops_every_rank(tmp_path):
+    """SPEC 2.4, 2.3.4: on 2 ranks, the failing rank raises its own error, the other the abort
+    error; no .metadata or .distcp exists afterwards; no rank is left waiting."""
+    root = str(tmp_path)
+    per_rank = run_on_ranks(R.preflight_failures, 2, args=(root, 1), timeout=45)
+    healthy, failing = per_rank
+    for (name, _clause, _corrupt, error_type, part), (got0, healthy_outcome), (got1, failing_outcome) in zip(
+        R.PREFLIGHT_SCENARIOS, healthy, failing
+    ):
+        assert got0 == got1 == name
+        assert failing_outcome is not None and failing_outcome[0] == error_type.__name__, (name, failing_outcome)
+        assert part in failing_outcome[1], (name, failing_outcome)
+        assert healthy_outcome == ("RuntimeError", agreement.ABORT_MESSAGE), (name, healthy_outcome)
+        assert "another rank" in healthy_outcome[1]
+        assert R.checkpoint_bytes(os.path.join(root, name)) == [], name
+
+
+def test_divergent_layouts_make_every_rank_raise(tmp_path):
+    """SPEC 2.3.5: same slot count, different names -> every rank raises the layout error."""
+    outcomes = run_on_ranks(R.divergent_layouts, 2, args=(str(tmp_path),), timeout=60)
+    assert outcomes == [("RuntimeError", agreement.DIVERGENT_LAYOUT_MESSAGE)] * 2
+    assert R.checkpoint_bytes(str(tmp_path / "divergent")) == []
+
+
+def test_reordered_mesh_is_refused_on_every_rank(tmp_path):
+    """SPEC 2.3.4, 2.4.1: a mesh listing ranks out of order is refused inside the collective."""
+    outcomes = run_on_ranks(R.reordered_mesh_save, 2, args=(str(tmp_path),), timeout=60)
+    for kind, message in outcomes:
+        assert kind == "RuntimeError" and "canonical order" in message
+    assert R.checkpoint_bytes(str(tmp_path / "reordered")) == []
+
+
+def test_layout_fingerprint_distinguishes_name_group_and_shape():
+    """SPEC 2.3.5: the fingerprint covers name, group and shape, and fits in int64 when negated."""
+    base = [{"name": "w", "group": 0, "shape": [4, 2]}]
+    variants = [
+        [{"name": "v", "group": 0, "shape": [4, 2]}],
+        [{"name": "w", "group": 1, "shape": [4, 2]}],
+        [{"name": "w", "group": 0, "shape": [2, 4]}],
+    ]
+    seen = {tuple(agreement.layout_fingerprint(base))}
+    for variant in variants:
+        words = tuple(agreement.layout_fingerprint(variant))
+        assert words not in seen
+        seen.add(words)
+        assert all(0 <= w < 2**63 for w in words)
+
+
+# ------------------------------------------------------------ identity with gefen-x (md5)
+
+
+def _assert_same_checkpoints(root):
+    md5 = {d: R.payload_md5(os.path.join(root, d)) for d, *_ in R.SAVE_VARIANTS}
+    sync_variants = ["gefenx_plain", "gefenx_planned", "ref_plain", "ref_planned", "ref_planned_again"]
+    assert md5["gefenx_plain"], "no payload written"
+    for variant in sync_variants:
+        assert md5[variant] == md5["gefenx_plain"], variant
+    assert md5["ref_threads"] == md5["gefenx_threads"]
+    for ours, theirs in (("ref_plain", "gefenx_plain"), ("ref_planned", "gefenx_planned"),
+                         ("ref_threads", "gefenx_threads")):
+        assert R.comparable_metadata(os.path.join(root, ours)) == R.comparable_metadata(os.path.join(root, theirs))
+    for directory, *_ in R.SAVE_VARIANTS:
+        nested = on_disk.read_nested(os.path.join(root, directory))["optimizer"]
+        assert on_disk.schema_problems(nested) == [], directory
+    return md5
+
+
+def test_payload_md5_matches_gefenx_on_one_rank(world1, tmp_path):
+    """SPEC 2.1, 2.2: one rank; plain, planned, repeated and 2-thread saves match gefen-x byte for byte."""
+    R.save_all_variants(str(tmp_path))
+    md5 = _assert_same_checkpoints(str(tmp_path))
+    assert list(md5["ref_planned"]) == ["__0_0.distcp"]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_payload_md5_matches_gefenx_on_spawned_ranks(tmp_path, world_size):
+    """SPEC 2.1, 2.2: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5."""
+    assert run_on_ranks(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(range(world_size))
+    md5 = _assert_same_checkpoints(str(tmp_path))
+    assert len(md5["ref_planned"]) == world_size
+
+
+def test_reference_checkpoint_loads_into_gefenx(tmp_path):
+    """SPEC 2.1: gefen-x's loader accepts the reference's checkpoint and restores counters and hypers."""
+    root = str(tmp_path)
+    run_on_ranks(R.save_all_variants, 2, args=(root,), timeout=120)
+    restored = run_on_ranks(R.load_into_gefenx, 2, args=(os.path.join(root, "ref_planned"),), timeout=120)
+    for report in restored:
+        assert report["global_step"] == R.SAVE_STEPS
+        for name in R.SHAPES:
+            expected = (None, None) if name == R.FRESH else (R.SAVE_STEPS, R.SAVE_STEPS)
+            assert report["counters"][name] == expected, name
+        assert report["hypers"] == [
+            {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},
+            {"lr": 2e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.01},
+        ]
