@@ -239,7 +239,7 @@ def test_planner_refuses_unflattened_state_dicts():
 
 @pytest.mark.parametrize("thread_count", [1, 4])
 def test_planner_expands_one_slot_at_a_time_and_keeps_nothing(trained, tmp_path, monkeypatch, thread_count):
-    """SPEC 2.5.2: with the planner, expansions never overlap and no placeholder keeps a buffer;
+    """SPEC 2.5.2, 2.5.3: with the planner, expansions never overlap and no placeholder keeps a buffer;
     without it, every placeholder keeps its dense buffer (the eager cost)."""
     optimizer, _, _ = trained
     lock = threading.Lock()
@@ -423,7 +423,7 @@ def test_divergent_layouts_make_every_rank_raise(tmp_path):
 
 
 def test_reordered_mesh_is_refused_on_every_rank(tmp_path):
-    """SPEC 2.3.4, 2.4.1: a mesh listing ranks out of order is refused inside the collective."""
+    """SPEC 2.3.2, 2.3.4, 2.4.1: a mesh listing ranks out of order is refused inside the collective."""
     outcomes = run_on_ranks(R.reordered_mesh_save, 2, args=(str(tmp_path),), timeout=60)
     for kind, message in outcomes:
         assert kind == "RuntimeError" and "canonical order" in message
@@ -466,7 +466,7 @@ def _assert_same_checkpoints(root):
 
 
 def test_payload_md5_matches_gefenx_on_one_rank(world1, tmp_path):
-    """SPEC 2.1, 2.2: one rank; plain, planned, repeated and 2-thread saves match gefen-x byte for byte."""
+    """SPEC 2.2.5: one rank; plain, planned, repeated and 2-thread saves match gefen-x byte for byte."""
     R.save_all_variants(str(tmp_path))
     md5 = _assert_same_checkpoints(str(tmp_path))
     assert list(md5["ref_planned"]) == ["__0_0.distcp"]
@@ -474,7 +474,7 @@ def test_payload_md5_matches_gefenx_on_one_rank(world1, tmp_path):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_payload_md5_matches_gefenx_on_spawned_ranks(tmp_path, world_size):
-    """SPEC 2.1, 2.2: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5."""
+    """SPEC 2.2.5: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5."""
     assert run_on_ranks(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(range(world_size))
     md5 = _assert_same_checkpoints(str(tmp_path))
     assert len(md5["ref_planned"]) == world_size
