@@ -1,0 +1,64 @@
+"""The plugin contract: what an implementation hands the suite (SPEC 4.1).
+
+An implementation is one :class:`Implementation` instance, registered under the entry-point
+group ``gefen_conformance.implementations`` or named on the command line as
+``package.module:attribute``. The suite only ever talks to an implementation through these
+fields and the public APIs they return (``torch.optim.Optimizer`` methods, DCP ``Stateful``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+# Capability tags. A test that needs a capability the implementation lacks is skipped with
+# the reason; a missing capability is not a failure (SPEC 4.1.3).
+NATIVE_STATE_DICT = "native-state-dict"  # state_dict()/load_state_dict() in the published format
+CPU_BIT_EXACT = "cpu-bit-exact"          # bitwise equal to the reference on CPU (torch-exact profile)
+FACTORED_SECOND_MOMENT = "factored-v"    # supports factored_v_2d=True
+DCP_RESHARD = "dcp-reshard"              # dcp_state() saves and restores across world sizes
+DCP_SAVE_PLANNER = "dcp-save-planner"    # save_planner() returns a memory-bounded planner
+DCP_ASYNC_SAVE = "dcp-async-save"        # async_writer() supports dcp.async_save
+
+KNOWN_CAPABILITIES = frozenset(
+    {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE}
+)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """An implementation under test.
+
+    ``make_optimizer(params, **hyperparameters)`` builds the optimizer with the reference's
+    constructor keywords. ``dcp_state(optimizer)`` returns the DCP ``Stateful`` adapter;
+    ``save_planner()`` a save planner (or None for DCP's default); ``async_writer(path)`` a
+    storage writer usable with ``dcp.async_save`` (None when unsupported).
+    ``expected_failures`` maps suite test ids (``test_module.py::test_name[params]``) to the
+    reason each is a known failure; every entry needs a non-empty reason, and entries that
+    match no collected test are reported as stale.
+    """
+
+    name: str
+    version: str
+    make_optimizer: Callable[..., Any]
+    dcp_state: Optional[Callable[[Any], Any]] = None
+    save_planner: Optional[Callable[[], Any]] = None
+    async_writer: Optional[Callable[[str], Any]] = None
+    capabilities: frozenset = frozenset()
+    expected_failures: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError("an implementation needs a non-empty name")
+        if not callable(self.make_optimizer):
+            raise TypeError(f"implementation {self.name!r}: make_optimizer must be callable")
+        unknown = set(self.capabilities) - KNOWN_CAPABILITIES
+        if unknown:
+            raise ValueError(f"implementation {self.name!r} declares unknown capabilities {sorted(unknown)}")
+        missing = [k for k, why in self.expected_failures.items() if not str(why).strip()]
+        if missing:
+            raise ValueError(f"implementation {self.name!r}: expected failures without a reason: {missing}")
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities

@@ -1,0 +1,1 @@
+"""Adapters that register implementations with the suite (the reference and gefen-x)."""
