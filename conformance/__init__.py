@@ -1,0 +1,25 @@
+"""gefen-conformance: the conformance suite for Gefen implementations.
+
+``conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
+``conformance.plugin`` and the suite in ``conformance.suite``.
+"""
+
+from .implementation import (
+    CPU_BIT_EXACT,
+    DCP_ASYNC_SAVE,
+    DCP_RESHARD,
+    DCP_SAVE_PLANNER,
+    FACTORED_SECOND_MOMENT,
+    NATIVE_STATE_DICT,
+    Implementation,
+)
+
+__all__ = [
+    "CPU_BIT_EXACT",
+    "DCP_ASYNC_SAVE",
+    "DCP_RESHARD",
+    "DCP_SAVE_PLANNER",
+    "FACTORED_SECOND_MOMENT",
+    "NATIVE_STATE_DICT",
+    "Implementation",
+]
