@@ -21,14 +21,16 @@ import reference
 import reference.dcp as rdcp
 from reference.dcp import on_disk, optimizer_view
 
-# Four slots in two groups: a searched-period matrix, a vector, a matrix whose
-# first dimension does not divide evenly over 4 ranks, and a parameter that
-# never receives a gradient (a fresh slot).
+# Five slots in two groups: a searched-period matrix, a vector, a matrix whose
+# first dimension does not divide evenly over 4 ranks, a parameter that never
+# receives a gradient (a fresh slot), and a two-row matrix whose shard is empty
+# on ranks 2 and 3 of a 4-rank world.
 SHAPES = {
     "enc.weight": (64, 48),
     "enc.bias": (48,),
     "dec.weight": (10, 8),
     "head.weight": (16, 8),
+    "tiny.weight": (2, 8),
 }
 FRESH = "head.weight"
 HYPERS = dict(lr=2.5e-3, betas=(0.8, 0.97), eps=2e-8, weight_decay=0.03)
@@ -37,7 +39,28 @@ SAVE_STEPS = 3
 COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
 
 
+def forget_dtensor_sharding_cache():
+    """Drop torch's cached DTensor sharding decisions.
+
+    The cache compares device meshes without regard to the rank they were built
+    on, so in a pooled worker that served as another rank in an earlier call, an
+    op such as ``nn.Parameter(dtensor)`` can return a DTensor on the earlier
+    call's mesh object, whose coordinate is that of the old rank.
+    """
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
+                   getattr(propagator, "_propagate_tensor_meta_cached", None)):
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
 def mesh():
+    forget_dtensor_sharding_cache()
     return init_device_mesh("cpu", (dist.get_world_size(),))
 
 
@@ -46,13 +69,24 @@ def make_params(device_mesh) -> dict:
     for name, shape in SHAPES.items():
         full = torch.linspace(-0.8, 0.7, torch.Size(shape).numel()).reshape(shape)
         params[name] = torch.nn.Parameter(distribute_tensor(full, device_mesh, [Shard(0)]))
+        coordinate = params[name].device_mesh.get_coordinate()
+        assert coordinate == device_mesh.get_coordinate(), (
+            "parameter %s landed on a stale mesh (coordinate %s)" % (name, coordinate)
+        )
     return params
 
 
 def grouped(params) -> list:
     return [
         {"params": [("enc.weight", params["enc.weight"]), ("enc.bias", params["enc.bias"])]},
-        {"params": [("dec.weight", params["dec.weight"]), (FRESH, params[FRESH])], **GROUP1},
+        {
+            "params": [
+                ("dec.weight", params["dec.weight"]),
+                (FRESH, params[FRESH]),
+                ("tiny.weight", params["tiny.weight"]),
+            ],
+            **GROUP1,
+        },
     ]
 
 
@@ -321,9 +355,10 @@ def preflight_failures(root: str, failing_rank: int = 0) -> list:
     is ``(exception type, message)`` or None if the save succeeded.
     """
     device_mesh = mesh()
+    template, _, _ = trained_reference(device_mesh)
     results = []
     for scenario, _clause, corrupt, _type, _part in PREFLIGHT_SCENARIOS:
-        optimizer, _, _ = trained_reference(device_mesh)
+        optimizer, _, _ = copy_of_trained(template, device_mesh)
         if dist.get_rank() == failing_rank:
             corrupt(optimizer)
         error = None
