@@ -19,7 +19,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
 import reference.dcp as rdcp
-from reference.dcp import on_disk, optimizer_view
+from reference.dcp import on_disk
 
 # Five slots in two groups: a searched-period matrix, a vector, a matrix whose
 # first dimension does not divide evenly over 4 ranks, a parameter that never
@@ -397,7 +397,3 @@ def reordered_mesh_save(root: str) -> tuple:
     except Exception as exc:
         error = exc
     return _outcome(error)
-
-
-def optimizer_view_is_reference() -> bool:
-    return optimizer_view.supported_class() is reference.Gefen
