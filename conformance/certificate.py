@@ -101,6 +101,7 @@ def build(run: Run) -> dict:
     return {
         "schema": SCHEMA,
         "implementation": run.implementation,
+        "profile": "torch-exact" if "cpu-bit-exact" in run.implementation.get("capabilities", ()) else "tolerance",
         "suite": {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), "commit": _suite_commit()},
         "platform": platform_facts(),
         "execution": {"device": "cpu", "distributed_backend": "gloo"},
