@@ -21,6 +21,12 @@ ABORT_MESSAGE = (
     "another rank failed its checkpoint checks (that rank raised the actual error)."
 )
 
+LOAD_ABORT_MESSAGE = (
+    "Gefen DCP load aborted before commit on every rank: another rank failed to validate "
+    "or stage its part of the restore (that rank raised the actual error), so no rank "
+    "changed its optimizer."
+)
+
 DIVERGENT_LAYOUT_MESSAGE = (
     "Gefen DCP save aborted: ranks hold different parameter layouts (name, group "
     "or global shape differ for the same slot), so DCP would stitch one tensor "
@@ -68,7 +74,7 @@ def layout_fingerprint(identities) -> list:
 
 
 @torch.no_grad()
-def require_identical_layouts(identities) -> None:
+def require_identical_layouts(identities, message: str = DIVERGENT_LAYOUT_MESSAGE) -> None:
     """Raise on every rank unless all ranks hold the same identity list.
 
     One MIN all-reduce over ``[w0, w1, -w0, -w1]`` yields the group-wide minimum
@@ -83,4 +89,56 @@ def require_identical_layouts(identities) -> None:
     lowest = packed[:2].tolist()
     highest = [-v for v in packed[2:].tolist()]
     if lowest != highest:
-        raise RuntimeError(DIVERGENT_LAYOUT_MESSAGE)
+        raise RuntimeError(message)
+
+
+DIVERGENT_LAYOUT_LOAD_MESSAGE = (
+    "Gefen DCP load aborted before commit: ranks hold different parameter layouts (name, "
+    "group or global shape differ for the same slot), so their restores would not describe "
+    "the same model. Build every rank's optimizer from the same named parameters in the "
+    "same group order."
+)
+
+# The per-slot scalars every rank writes; DCP keeps one rank's copy of each.
+SLOT_SCALARS = ("initialized", "step", "vmean_step")
+
+_NO_VOTE = torch.iinfo(torch.int64).max
+
+
+@torch.no_grad()
+def agreed_slot_scalars(local) -> list:
+    """Settle each slot's replicated scalars across ranks (SPEC 2.4.5). **Collective.**
+
+    ``local`` holds one ``(votes, (initialized, step, vmean_step))`` per slot, in
+    slot order, with the same length on every rank. A rank votes for a slot when
+    it holds part of the parameter (or, for a parameter with no elements at all,
+    always). A rank whose shard of a non-empty parameter is empty never stepped
+    it, so its fresh zeros say nothing about the slot and it does not vote.
+
+    Returns the agreed triple per slot, identical on every rank. Voters must all
+    hold the same triple; if they do not, every rank raises the same
+    RuntimeError, since no single value would describe the slot.
+
+    One MIN all-reduce over ``[v, -v]`` per slot (non-voters contribute the
+    largest int64, which never wins) yields the voters' minimum and maximum.
+    """
+    if _world_size() < 2:
+        return [tuple(triple) for _, triple in local]
+    rows = []
+    for votes, triple in local:
+        values = [int(v) for v in triple]
+        rows.append(values + [-v for v in values] if votes else [_NO_VOTE] * 6)
+    packed = torch.tensor(rows, dtype=torch.int64, device=control_device()).reshape(len(rows), 6)
+    dist.all_reduce(packed, op=dist.ReduceOp.MIN)
+    agreed = []
+    for index, row in enumerate(packed.tolist()):
+        lowest, highest = row[:3], [-v for v in row[3:]]
+        if lowest != highest:
+            raise RuntimeError(
+                "Gefen DCP save aborted: the ranks holding slot %d disagree on its "
+                "(initialized, step, vmean_step): between %s and %s. DCP would keep one "
+                "rank's copy and write a torn slot; the ranks sharing a parameter must "
+                "step it together." % (index, tuple(lowest), tuple(highest))
+            )
+        agreed.append(tuple(lowest))
+    return agreed

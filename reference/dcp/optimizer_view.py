@@ -69,6 +69,21 @@ def name_is_synthesized(group, position: int) -> bool:
     return bool(_POSITIONAL_SPELLING.match(str(name)))
 
 
+def period_rules_of(optimizer):
+    """The optimizer's force-period-one rules (a ``reference.periods.PeriodRules``)."""
+    return optimizer.period_rules
+
+
+def replace_state(optimizer, new_state: dict) -> None:
+    """Replace the whole per-parameter state (load side) with ``new_state``.
+
+    The state mapping object itself is kept (cleared and refilled), so anything
+    holding a reference to ``optimizer.state`` sees the restored state.
+    """
+    optimizer.state.clear()
+    optimizer.state.update(new_state)
+
+
 def set_codebook(optimizer, codebook) -> None:
     """Install a codebook (load side). ``None`` means "learn on the next step"."""
     optimizer.codebook = codebook
@@ -87,6 +102,8 @@ __all__ = [
     "factored_v_2d_of",
     "capturable_of",
     "name_is_synthesized",
+    "period_rules_of",
+    "replace_state",
     "set_codebook",
     "set_global_step",
 ]

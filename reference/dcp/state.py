@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import agreement, compact, dense, layout, optimizer_view, placeholder, schema
+from . import agreement, compact, dense, layout, optimizer_view, placeholder, restore, schema
 
 
 def _require_process_group() -> None:
@@ -56,7 +56,26 @@ class GefenDCPState:
                 raise local_error
             raise RuntimeError(agreement.ABORT_MESSAGE)
         agreement.require_identical_layouts(result["param_identities"])
+        self._agree_slot_scalars(result)
         return result
+
+    def _agree_slot_scalars(self, result) -> None:
+        """Make every rank write the same per-slot scalars (SPEC 2.4.5). **Collective.**
+
+        Runs after the layout digest, so every rank has the same slots. A rank
+        whose shard of a parameter is empty takes the scalars of the ranks that
+        hold data; any disagreement among those raises on every rank.
+        """
+        local = []
+        for slot in self._slots:
+            holds_data = layout.local_part(slot.parameter).numel() > 0 or slot.parameter.numel() == 0
+            triple = tuple(int(result[schema.slot_key(slot.index, f)].item()) for f in agreement.SLOT_SCALARS)
+            local.append((holds_data, triple))
+        for slot, triple in zip(self._slots, agreement.agreed_slot_scalars(local)):
+            initialized, step, vmean_step = triple
+            result[schema.slot_key(slot.index, "initialized")] = schema.uint8_flag(initialized)
+            result[schema.slot_key(slot.index, "step")] = schema.int64_scalar(step)
+            result[schema.slot_key(slot.index, "vmean_step")] = schema.int64_scalar(vmean_step)
 
     def _assemble(self) -> dict:
         """The rank-local half of ``state_dict()``; runs inside the agreement region."""
@@ -90,10 +109,30 @@ class GefenDCPState:
             out[schema.slot_key(slot.index, "second_moment")] = placeholder.deferred(slot.parameter, second_build)
         return out
 
-    # -- load (issue 4) -------------------------------------------------------------------
+    # -- load ---------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError("load side: issue 4")
+        """Restore this rank's part of a checkpoint. **Collective**; see SPEC.md 3.2.
+
+        Every rank first validates and stages its complete new state without
+        touching the optimizer. One all-reduce then tells every rank whether all
+        of them succeeded; only then does any rank commit. A rank that failed
+        raises its own error; the others raise RuntimeError naming "another rank".
+        """
+        _require_process_group()
+        local_error = None
+        plan = None
+        try:
+            plan = restore.stage(self.optimizer, state_dict)
+        except Exception as exc:  # agreed on below, then re-raised
+            local_error = exc
+        if agreement.any_rank_failed(local_error is not None):
+            if local_error is not None:
+                raise local_error
+            raise RuntimeError(agreement.LOAD_ABORT_MESSAGE)
+        agreement.require_identical_layouts(plan.identities, agreement.DIVERGENT_LAYOUT_LOAD_MESSAGE)
+        self._slots = plan.slots
+        restore.commit(self.optimizer, plan)
 
 
 def _builders(codebook, local, state, initialized):
