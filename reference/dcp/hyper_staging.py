@@ -201,8 +201,11 @@ def stage_group(group: Mapping, entry: Any, *, group_index: int) -> dict:
 
 def _memory_of(tensor: torch.Tensor):
     """Where a one-element tensor's value lives; tensors with equal keys are aliases."""
-    address = tensor.data_ptr()
-    if address == 0:  # no storage (meta): only the object itself can alias
+    try:
+        address = tensor.data_ptr()
+    except RuntimeError:  # a wrapper subclass without storage of its own
+        address = 0
+    if address == 0:  # no storage (meta, wrappers): only the object itself can alias
         return ("object", id(tensor))
     return (str(tensor.device), address)
 
