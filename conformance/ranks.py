@@ -1,0 +1,854 @@
+"""Multi-rank harness: run one function on N CPU processes joined in a gloo process group.
+
+Contract
+========
+
+``run_on_ranks(fn, world_size, args=(), kwargs=None, *, timeout=60.0)`` runs
+``fn(*args, **kwargs)`` once on each of ``world_size`` worker processes and returns the list of
+their return values, index = rank.
+
+Inside ``fn``:
+
+* the default process group is initialised with backend ``"gloo"``, ``rank`` r of
+  ``world_size``, by rendezvous on a ``FileStore`` that is new for every call (a fresh file in
+  the pool's private temporary directory, removed after the call); every rank has its group
+  before any rank enters ``fn``. ``torch.distributed.get_rank()``, ``new_group``, device
+  meshes and friends all work. ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+  ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port that was free when the call started,
+  for code that builds its own rendezvous from the environment) are set as well;
+* ``torch.get_num_threads() == 1``, SIGINT is ignored (Ctrl-C is handled by the caller, which
+  then kills the ranks), and stdout/stderr (Python and C level) are captured per rank;
+* the process group is destroyed by the harness after ``fn`` returns. A rank is "ok" only if
+  ``fn`` returned, the group was destroyed cleanly and the return value pickled.
+
+``fn`` must be picklable by reference (a module-level function of an importable module), and so
+must ``args`` and ``kwargs``; this is checked in the caller before any rank starts (``TypeError``).
+The caller's current ``sys.path`` and working directory are applied in the ranks for each call.
+
+Outcomes
+--------
+
+Each rank ends in exactly one :class:`RankOutcome` ``status``:
+
+``"ok"``      ``fn`` returned; ``value`` holds the return value.
+``"raised"``  ``fn`` (or the group set-up/teardown, or pickling the result) raised; ``exc_type``
+              is the exception's qualified name, ``message`` its ``str``, ``traceback`` the full
+              formatted traceback, ``exception`` the exception object itself when it survived
+              pickling (``None`` otherwise: an unpicklable exception still reports type, message
+              and traceback as text).
+``"died"``    the process ended without reporting (``os._exit``, a signal, a segfault);
+              ``exitcode`` is its exit code (negative: the signal number), ``traceback`` holds
+              the faulthandler dump of a fatal signal when there is one.
+``"hung"``    the rank was still running at the deadline (or ``failure_grace`` seconds after
+              another rank failed); every thread's Python stack was dumped with faulthandler
+              into ``traceback`` and the process was then killed (``exitcode`` -9).
+
+When any rank is not "ok", ``run_on_ranks`` raises :class:`RankFailure`, whose ``outcomes`` is
+the list of all ranks' outcomes and whose ``str`` shows every rank's status and traceback. With
+``allow_failure=True`` it returns that outcome list instead, failed or not, so a scenario can
+assert which error each rank got.
+
+Bounds
+------
+
+* ``timeout`` is the deadline of the call, counted from the moment the (already started)
+  workers receive the task; starting workers has its own bound (120 s, or
+  ``GEFEN_RANKS_STARTUP_TIMEOUT``). Ranks still running at the deadline are stack-dumped and
+  killed, so the call returns within ``timeout`` plus at most 2 s of waiting for the dumps plus
+  the time to reap the processes (milliseconds).
+* The gloo timeout (``pg_timeout``, used for the rendezvous and every collective) defaults to
+  ``max(timeout / 2, timeout - 10)``, shorter than the deadline, so a rank blocked on a peer that
+  hangs gets a gloo error and reports it before the deadline.
+* A rank that raised reports and then exits at once without a collective teardown. Its gloo
+  sockets close, so peers blocked in a collective with it, or with a rank that died, get
+  "Connection closed/reset by peer" within milliseconds and report "raised" instead of hanging.
+  After the first failure the other ranks get ``failure_grace`` seconds (default 5, never past
+  the deadline) to report; stragglers are then handled as hung.
+* No worker process outlives its usefulness: failed, died and hung workers are killed and reaped
+  before the call returns or raises; if the caller is interrupted (``KeyboardInterrupt`` or any
+  other exception while waiting) every worker of the call is killed before the exception
+  propagates; if the calling process dies, every worker notices (Linux ``PR_SET_PDEATHSIG``
+  relative to its forking parent, plus a watchdog thread that polls both its parent and the
+  test process every 0.5 s) and exits; idle workers are shut down by :func:`shutdown_pool`,
+  which also runs at interpreter exit.
+
+Warm workers
+------------
+
+Starting a Python process that imports torch costs 1-2 s, which would dominate every scenario.
+Workers are therefore pooled: one flat pool of idle processes that already have torch imported,
+regrouped per call (a 4-rank call after a 2-rank call starts only two new processes); each call
+only makes a new store, initialises a fresh process group and destroys it again. (A TCPStore
+hosted by the caller was tried first: its client connect stalled for exactly 5 s in about one
+call in six with four ranks on a 2-core machine; the FileStore rendezvous has not shown that.)
+Workers that reported "ok" go back to the pool even if a peer failed (their group was torn down
+cleanly); all others are discarded, and replacements are started on the next call. Before every
+call a worker gets the caller's current environment variables, ``sys.path`` and working
+directory, and its default dtype, grad mode, deterministic-algorithms flag and thread count are
+reset. The torch, ``random`` and (if imported) numpy global generators are reseeded from
+``os.urandom`` for every call, as a freshly started process would be: ranks never share a random
+stream, warm or not, and a scenario that needs reproducible numbers must seed explicitly. Module
+globals of the scenario's own modules do persist between calls, as in any long-lived worker.
+At most ``GEFEN_RANKS_POOL_MAX`` (default 8) idle workers are kept.
+
+Start method
+------------
+
+Workers are started with the ``"forkserver"`` start method, with ``torch`` and
+``torch.distributed`` preloaded into the fork server. Plain ``fork`` of the caller is unsafe:
+the caller (pytest) may hold threads (OpenBLAS's pool, which ``import torch`` starts, and
+whatever else the test process started), and a forked child inherits their locks but not the
+threads. ``"spawn"`` is safe but pays a full interpreter start and torch import per worker, at
+first use and again after every failure. The fork server is a separate single-threaded process
+that imports torch once (started with
+``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` = 1, so it has exactly one
+thread) and forks each worker from that clean state, so a replacement worker is ready in about
+0.1 s; forking is also done by the server, so workers do not depend on which of the caller's
+threads asked for them (``PR_SET_PDEATHSIG`` is tied to the forking thread). The fork server is
+multiprocessing's per-process singleton: it exits with the caller, and if other code started it
+before this module did, workers still work but import torch themselves. Set
+``GEFEN_RANKS_START_METHOD=spawn`` to use ``"spawn"`` instead (slower; for debugging; there
+``PR_SET_PDEATHSIG`` follows the caller's thread that started a worker, so call the harness from
+one long-lived thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from conformance import _rank_worker
+
+__all__ = ["RankFailure", "RankOutcome", "run_on_ranks", "shutdown_pool"]
+
+STATUSES = ("ok", "raised", "died", "hung")
+
+_HOST = "127.0.0.1"
+_DEFAULT_FAILURE_GRACE_S = 5.0
+_STARTUP_TIMEOUT_S = float(os.environ.get("GEFEN_RANKS_STARTUP_TIMEOUT", "120"))
+_POOL_MAX_IDLE = int(os.environ.get("GEFEN_RANKS_POOL_MAX", "8"))
+_START_METHOD = os.environ.get("GEFEN_RANKS_START_METHOD", "forkserver")
+_DUMP_SETTLE_S = 0.05
+_DUMP_WAIT_S = 2.0
+_REAP_S = 5.0
+_EXIT_WAIT_S = 1.0
+_OUTPUT_TAIL_CHARS = 4000
+
+
+@dataclass
+class RankOutcome:
+    """How one rank of one call ended. ``status`` is one of "ok", "raised", "died", "hung"."""
+
+    rank: int
+    status: str
+    value: Any = None
+    exc_type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    exitcode: int | None = None
+    pid: int | None = None
+    output: str = ""
+    exception: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def headline(self) -> str:
+        if self.status == "ok":
+            return f"rank {self.rank}: ok"
+        if self.status == "raised":
+            return f"rank {self.rank}: raised {self.exc_type}: {_first_line(self.message)}"
+        if self.status == "died":
+            return f"rank {self.rank}: died ({_describe_exitcode(self.exitcode)})"
+        return f"rank {self.rank}: hung ({_first_line(self.message)})"
+
+    def __repr__(self) -> str:  # the dataclass repr would print whole tracebacks
+        extra = f", exc_type={self.exc_type!r}" if self.exc_type else ""
+        return (
+            f"RankOutcome(rank={self.rank}, status={self.status!r}{extra}, "
+            f"exitcode={self.exitcode!r}, pid={self.pid!r})"
+        )
+
+
+class RankFailure(Exception):
+    """At least one rank raised, died or hung; ``outcomes`` has a :class:`RankOutcome` per rank."""
+
+    def __init__(self, outcomes: Sequence[RankOutcome], context: str = "") -> None:
+        self.outcomes = list(outcomes)
+        self.context = context
+        super().__init__(self.outcomes, context)
+
+    def __reduce__(self):
+        return (type(self), (self.outcomes, self.context))
+
+    @property
+    def failed(self) -> list[RankOutcome]:
+        return [outcome for outcome in self.outcomes if not outcome.ok]
+
+    def __str__(self) -> str:
+        failed = self.failed
+        head = f"{len(failed)} of {len(self.outcomes)} ranks failed"
+        if self.context:
+            head += f" ({self.context})"
+        lines = [head + ":"]
+        lines += ["  " + outcome.headline() for outcome in self.outcomes]
+        for outcome in self.outcomes:
+            if outcome.ok:
+                continue
+            lines.append("")
+            lines.append(f"---- {outcome.headline()} [pid {outcome.pid}] ----")
+            lines.append(outcome.traceback.rstrip("\n") or "(no traceback)")
+            if outcome.output.strip():
+                tail = outcome.output[-_OUTPUT_TAIL_CHARS:]
+                lines.append(f"---- rank {outcome.rank} output (last {len(tail)} chars) ----")
+                lines.append(tail.rstrip("\n"))
+        return "\n".join(lines)
+
+
+def _first_line(text: str) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _describe_exitcode(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}, exit code {code}"
+        except ValueError:
+            return f"killed by signal {-code}, exit code {code}"
+    return f"exit code {code}"
+
+
+# --------------------------------------------------------------------------------------------
+# Worker pool
+# --------------------------------------------------------------------------------------------
+
+
+class _Worker:
+    def __init__(self, ident: int, process, conn, dump_path: str, output_path: str) -> None:
+        self.ident = ident
+        self.process = process
+        self.conn = conn
+        self.dump_path = dump_path
+        self.output_path = output_path
+        self.pid: int | None = process.pid
+        self.dump_offset = 0
+        self.output_offset = 0
+        self.own_group = False
+
+    def alive(self) -> bool:
+        return self.process.is_alive() and not self.conn.closed
+
+    def mark_offsets(self) -> None:
+        self.dump_offset = _file_size(self.dump_path)
+        self.output_offset = _file_size(self.output_path)
+
+    def read_dump(self) -> str:
+        return _read_from(self.dump_path, self.dump_offset)
+
+    def read_output(self) -> str:
+        text = _read_from(self.output_path, self.output_offset)
+        self.output_offset += len(text.encode("utf-8", "surrogateescape"))
+        return text
+
+    def kill(self) -> None:
+        """SIGKILL the worker and, if it leads its own process group, everything in that group
+        (processes the scenario started). Safe to call on a dead worker."""
+        if self.own_group and self.pid is not None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            if self.process.is_alive():
+                self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def reap(self, timeout: float = _REAP_S) -> None:
+        try:
+            self.process.join(timeout)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join(timeout)
+        except (OSError, ValueError, AssertionError):
+            pass
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def remove_files(self) -> None:
+        for path in (self.dump_path, self.output_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", "surrogateescape")
+    except OSError:
+        return ""
+
+
+_SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_ENV_LOCK = threading.Lock()
+
+
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server (if not yet running) with single-threaded BLAS/OpenMP.
+
+    ``import torch`` imports numpy, whose OpenBLAS starts a worker thread per core at load time
+    unless told otherwise; the fork server is started with these variables set to 1 so that the
+    process every worker is forked from has exactly one thread.
+    """
+    from multiprocessing import forkserver
+
+    with _ENV_LOCK:
+        saved = {name: os.environ.get(name) for name in _SINGLE_THREAD_ENV}
+        try:
+            for name in _SINGLE_THREAD_ENV:
+                os.environ[name] = "1"
+            forkserver.ensure_running()
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.owner_pid = os.getpid()
+        self.lock = threading.Lock()
+        self.idle: list[_Worker] = []
+        self.live: dict[int, _Worker] = {}
+        self.counter = 0
+        self.tmpdir = tempfile.mkdtemp(prefix="gefen-ranks-")
+        self.context = multiprocessing.get_context(_START_METHOD)
+        if _START_METHOD == "forkserver":
+            self.context.set_forkserver_preload(["torch", "torch.distributed"])
+            _start_fork_server()
+        self.closed = False
+
+    # -- starting -------------------------------------------------------------------------
+
+    def _start_one(self) -> _Worker:
+        with self.lock:
+            self.counter += 1
+            ident = self.counter
+        dump_path = os.path.join(self.tmpdir, f"worker-{ident}.stacks")
+        output_path = os.path.join(self.tmpdir, f"worker-{ident}.out")
+        parent_conn, child_conn = self.context.Pipe(duplex=True)
+        process = self.context.Process(
+            target=_rank_worker.worker_main,
+            args=(child_conn, os.getpid(), dump_path, output_path),
+            name=f"gefen-rank-worker-{ident}",
+            daemon=False,
+        )
+        process.start()
+        child_conn.close()
+        worker = _Worker(ident, process, parent_conn, dump_path, output_path)
+        with self.lock:
+            self.live[ident] = worker
+        return worker
+
+    def _wait_ready(self, workers: list[_Worker], timeout: float) -> list[RankOutcome]:
+        """Wait for the "ready" message of each new worker; returns failure outcomes (or [])."""
+        deadline = time.monotonic() + timeout
+        pending = {worker.ident: worker for worker in workers}
+        failures: dict[int, RankOutcome] = {}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            waitables = {}
+            for worker in pending.values():
+                waitables[worker.conn] = worker
+                waitables[worker.process.sentinel] = worker
+            for ready in multiprocessing.connection.wait(list(waitables), remaining):
+                worker = waitables[ready]
+                if worker.ident not in pending:
+                    continue
+                message = None
+                try:
+                    if worker.conn.poll(0):
+                        message = worker.conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is not None and message[0] == "ready":
+                    worker.pid = message[1]
+                    worker.own_group = bool(message[2])
+                    del pending[worker.ident]
+                elif not worker.process.is_alive() or message is None:
+                    worker.reap()
+                    failures[worker.ident] = RankOutcome(
+                        rank=-1,
+                        status="died",
+                        message="worker process died during start-up",
+                        traceback=_read_from(worker.dump_path, 0)
+                        or "(worker died before reporting ready; see the test's stderr)",
+                        exitcode=worker.process.exitcode,
+                        pid=worker.pid,
+                    )
+                    del pending[worker.ident]
+        for worker in pending.values():
+            _signal_dump(worker)
+        for worker in pending.values():
+            _wait_dump(worker, time.monotonic() + _DUMP_WAIT_S)
+            worker.kill()
+            worker.reap()
+            failures[worker.ident] = RankOutcome(
+                rank=-1,
+                status="hung",
+                message=f"worker did not become ready within {timeout:g} s",
+                traceback=worker.read_dump()
+                or "(no stack dump: the worker had not installed its handler yet)",
+                exitcode=worker.process.exitcode,
+                pid=worker.pid,
+            )
+        return [failures[worker.ident] for worker in workers if worker.ident in failures]
+
+    def checkout(self, count: int) -> list[_Worker]:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the rank worker pool has been shut down")
+            taken: list[_Worker] = []
+            while self.idle and len(taken) < count:
+                worker = self.idle.pop()
+                if worker.alive():
+                    taken.append(worker)
+                else:
+                    self.live.pop(worker.ident, None)
+                    _discard_quietly(worker)
+        fresh: list[_Worker] = []
+        try:
+            for _ in range(count - len(taken)):
+                fresh.append(self._start_one())
+            failures = self._wait_ready(fresh, _STARTUP_TIMEOUT_S) if fresh else []
+        except BaseException:
+            self.discard(taken + fresh)
+            raise
+        if failures:
+            self.discard(taken + fresh)
+            for index, outcome in enumerate(failures):
+                outcome.rank = index
+            raise RankFailure(failures, "rank worker processes failed to start")
+        return taken + fresh
+
+    # -- returning --------------------------------------------------------------------------
+
+    def release(self, workers: list[_Worker]) -> None:
+        surplus: list[_Worker] = []
+        with self.lock:
+            for worker in workers:
+                if self.closed or len(self.idle) >= _POOL_MAX_IDLE:
+                    surplus.append(worker)
+                else:
+                    self.idle.append(worker)
+        if surplus:
+            self.discard(surplus)
+
+    def discard(self, workers: list[_Worker], *, ask_first: bool = True) -> None:
+        """Stop and reap workers: ask politely, then SIGKILL whatever is left."""
+        if ask_first:
+            for worker in workers:
+                try:
+                    if worker.alive():
+                        worker.conn.send(("exit",))
+                except (OSError, ValueError, BrokenPipeError):
+                    pass
+            deadline = time.monotonic() + _EXIT_WAIT_S
+            for worker in workers:
+                try:
+                    worker.process.join(max(0.0, deadline - time.monotonic()))
+                except (OSError, ValueError, AssertionError):
+                    pass
+        for worker in workers:
+            worker.kill()
+        for worker in workers:
+            worker.reap()
+            worker.remove_files()
+            with self.lock:
+                self.live.pop(worker.ident, None)
+
+    def shutdown(self) -> None:
+        with self.lock:
+            self.closed = True
+            workers = list(self.live.values())
+            self.idle.clear()
+        self.discard(workers)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def idle_pids(self) -> list[int]:
+        with self.lock:
+            return [worker.pid for worker in self.idle if worker.pid is not None]
+
+
+def _discard_quietly(worker: _Worker) -> None:
+    worker.kill()
+    worker.reap(1.0)
+    worker.remove_files()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> _Pool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.closed or _POOL.owner_pid != os.getpid():
+            # a forked copy of the caller must not drive the original's workers
+            _POOL = _Pool()
+        return _POOL
+
+
+def shutdown_pool() -> None:
+    """Stop every worker this process started (idle or busy) and remove the pool's temp files.
+
+    Runs at interpreter exit; safe to call at any time and more than once. A later
+    :func:`run_on_ranks` starts a new pool.
+    """
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None and pool.owner_pid == os.getpid():
+        pool.shutdown()
+
+
+atexit.register(shutdown_pool)
+
+
+def _idle_worker_pids() -> list[int]:
+    """Pids of the warm idle workers (for tests and diagnostics)."""
+    pool = _POOL
+    return pool.idle_pids() if pool is not None and pool.owner_pid == os.getpid() else []
+
+
+def _fork_server_pid() -> int | None:
+    """Pid of multiprocessing's fork server, if this process has one (for tests)."""
+    try:
+        from multiprocessing import forkserver
+
+        return forkserver._forkserver._forkserver_pid  # noqa: SLF001
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# One call
+# --------------------------------------------------------------------------------------------
+
+
+def _signal_dump(worker: _Worker) -> None:
+    try:
+        if worker.pid is not None and worker.process.is_alive():
+            os.kill(worker.pid, signal.SIGUSR1)
+    except (OSError, ValueError):
+        pass
+
+
+def _wait_dump(worker: _Worker, deadline: float) -> None:
+    """Wait until the worker's stack dump has been written (size grew, then stopped growing)."""
+    last = worker.dump_offset
+    stable_since = None
+    while time.monotonic() < deadline:
+        size = _file_size(worker.dump_path)
+        if size > worker.dump_offset:
+            if size == last:
+                if stable_since is None:
+                    stable_since = time.monotonic()
+                elif time.monotonic() - stable_since >= _DUMP_SETTLE_S:
+                    return
+            else:
+                last, stable_since = size, None
+        if not worker.process.is_alive():
+            return
+        time.sleep(0.01)
+
+
+def _decode_report(rank: int, worker: _Worker, report: dict) -> RankOutcome:
+    if report.get("status") == "ok":
+        try:
+            value = pickle.loads(report["value"])
+        except BaseException as exc:  # noqa: BLE001
+            return RankOutcome(
+                rank=rank,
+                status="raised",
+                exc_type=_rank_worker._qualified_name(type(exc)),
+                message=f"the return value could not be unpickled in the caller: {exc}",
+                traceback=_rank_worker._format_exception(exc),
+                pid=worker.pid,
+                exception=exc,
+            )
+        return RankOutcome(rank=rank, status="ok", value=value, pid=worker.pid)
+    exception = None
+    if report.get("exc_bytes") is not None:
+        try:
+            exception = pickle.loads(report["exc_bytes"])
+        except BaseException:  # noqa: BLE001 - e.g. a custom __init__ that breaks unpickling
+            exception = None
+    return RankOutcome(
+        rank=rank,
+        status="raised",
+        exc_type=report.get("exc_type"),
+        message=report.get("message", ""),
+        traceback=report.get("traceback", ""),
+        pid=worker.pid,
+        exception=exception,
+    )
+
+
+def _supervise(
+    workers: list[_Worker], call_id: int, timeout: float, failure_grace: float
+) -> list[RankOutcome]:
+    world_size = len(workers)
+    outcomes: list[RankOutcome | None] = [None] * world_size
+    pending = set(range(world_size))
+    start = time.monotonic()
+    deadline = start + timeout
+    first_failure: tuple[float, int] | None = None
+
+    def settle(rank: int, outcome: RankOutcome) -> None:
+        nonlocal first_failure
+        outcomes[rank] = outcome
+        pending.discard(rank)
+        if not outcome.ok and first_failure is None:
+            first_failure = (time.monotonic(), rank)
+
+    at_eof: set[int] = set()
+
+    def collect(rank: int) -> None:
+        """Read whatever rank ``rank`` has to say; decide died if it exited without a report."""
+        worker = workers[rank]
+        try:
+            while rank not in at_eof and worker.conn.poll(0):
+                message = worker.conn.recv()
+                if message[0] == "result" and message[1] == call_id:
+                    settle(rank, _decode_report(rank, worker, message[2]))
+                    return
+        except (EOFError, OSError):
+            at_eof.add(rank)  # from now on only its exit (the sentinel) is waited for
+        if not worker.process.is_alive():
+            worker.reap()
+            code = worker.process.exitcode
+            dump = worker.read_dump().strip()
+            text = (
+                f"rank {rank} (pid {worker.pid}) ended without reporting a result: "
+                f"{_describe_exitcode(code)}"
+            )
+            settle(
+                rank,
+                RankOutcome(
+                    rank=rank,
+                    status="died",
+                    message=text,
+                    traceback=text + ("\n" + dump if dump else "\n(no Python stack was dumped)"),
+                    exitcode=code,
+                    pid=worker.pid,
+                ),
+            )
+
+    while pending:
+        limit = deadline
+        if first_failure is not None:
+            limit = min(deadline, first_failure[0] + failure_grace)
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
+            break
+        waitables = {}
+        for rank in pending:
+            if rank not in at_eof:
+                waitables[workers[rank].conn] = rank
+            waitables[workers[rank].process.sentinel] = rank
+        ready = multiprocessing.connection.wait(list(waitables), remaining)
+        for rank in sorted({waitables[obj] for obj in ready}):
+            if rank in pending:
+                collect(rank)
+
+    if pending:
+        for rank in sorted(pending):  # a last look: a report may have arrived just now
+            collect(rank)
+    if pending:
+        elapsed = time.monotonic() - start
+        if first_failure is not None and first_failure[0] + failure_grace < deadline:
+            why = (
+                f"still running {elapsed:.1f} s into the call, {failure_grace:g} s after "
+                f"rank {first_failure[1]} failed"
+            )
+        else:
+            why = f"did not finish within the {timeout:g} s deadline"
+        stragglers = [workers[rank] for rank in sorted(pending)]
+        for worker in stragglers:
+            _signal_dump(worker)
+        dump_deadline = time.monotonic() + _DUMP_WAIT_S
+        for worker in stragglers:
+            _wait_dump(worker, dump_deadline)
+        for worker in stragglers:
+            worker.kill()
+        for rank in sorted(pending):
+            worker = workers[rank]
+            worker.reap()
+            dump = worker.read_dump().strip() or "(no stack dump was written)"
+            message = f"{why}; stacks dumped, process killed"
+            outcomes[rank] = RankOutcome(
+                rank=rank,
+                status="hung",
+                message=message,
+                traceback=f"rank {rank} (pid {worker.pid}) {message}\n{dump}",
+                exitcode=worker.process.exitcode,
+                pid=worker.pid,
+            )
+        pending.clear()
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+_CALL_COUNTER = 0
+_CALL_COUNTER_LOCK = threading.Lock()
+
+
+def _next_call_id() -> int:
+    global _CALL_COUNTER
+    with _CALL_COUNTER_LOCK:
+        _CALL_COUNTER += 1
+        return _CALL_COUNTER
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float = 60.0,
+    allow_failure: bool = False,
+    pg_timeout: float | None = None,
+    failure_grace: float = _DEFAULT_FAILURE_GRACE_S,
+) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; see the module docstring.
+
+    Returns the per-rank return values (index = rank), or with ``allow_failure=True`` the list
+    of :class:`RankOutcome`. Raises :class:`RankFailure` when a rank raised, died or hung (unless
+    ``allow_failure``), ``TypeError`` when ``fn``/``args``/``kwargs`` cannot be pickled and
+    ``ValueError`` for a bad ``world_size`` or timeout.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if pg_timeout is None:
+        pg_timeout = max(timeout / 2.0, timeout - 10.0)
+    if not 0 < pg_timeout:
+        raise ValueError(f"pg_timeout must be positive, got {pg_timeout!r}")
+    try:
+        payload = pickle.dumps(
+            (fn, tuple(args), dict(kwargs or {})), protocol=pickle.HIGHEST_PROTOCOL
+        )
+    except Exception as exc:
+        raise TypeError(
+            "run_on_ranks needs a picklable fn (a module-level function of an importable module) "
+            f"and picklable args/kwargs: {type(exc).__name__}: {exc}"
+        ) from exc
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise RuntimeError("run_on_ranks needs torch.distributed with the gloo backend")
+
+    pool = _pool()
+    workers = pool.checkout(world_size)
+    call_id = _next_call_id()
+    store_path = os.path.join(pool.tmpdir, f"store-{call_id}")
+    try:
+        base_task = {
+            "call_id": call_id,
+            "world_size": world_size,
+            "store_path": store_path,
+            "master_addr": _HOST,
+            "master_port": _free_port(),
+            "pg_timeout": float(pg_timeout),
+            "sys_path": list(sys.path),
+            "environ": dict(os.environ),
+            "cwd": os.getcwd(),
+            "payload": payload,
+        }
+        for rank, worker in enumerate(workers):
+            worker.mark_offsets()
+            worker.conn.send(("run", dict(base_task, rank=rank)))
+        outcomes = _supervise(workers, call_id, float(timeout), float(failure_grace))
+    except BaseException:
+        # KeyboardInterrupt, a broken pipe, anything: no worker of this call may survive it.
+        for worker in workers:
+            worker.kill()
+        pool.discard(workers, ask_first=False)
+        raise
+    finally:
+        try:
+            os.unlink(store_path)
+        except OSError:
+            pass
+
+    for outcome, worker in zip(outcomes, workers):
+        outcome.output = worker.read_output()
+    pool.release([w for w, o in zip(workers, outcomes) if o.ok])
+    pool.discard([w for w, o in zip(workers, outcomes) if not o.ok])
+    for outcome, worker in zip(outcomes, workers):
+        if not outcome.ok and outcome.exitcode is None:
+            outcome.exitcode = worker.process.exitcode
+    _echo_output(outcomes)
+
+    if allow_failure:
+        return outcomes
+    if any(not outcome.ok for outcome in outcomes):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise RankFailure(outcomes, f"world_size={world_size}, {name}, timeout {timeout:g} s")
+    return [outcome.value for outcome in outcomes]
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for ``MASTER_PORT`` only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((_HOST, 0))
+        return probe.getsockname()[1]
+
+
+def _echo_output(outcomes: list[RankOutcome]) -> None:
+    """Forward what the ranks printed to this process's stdout (pytest captures it per test)."""
+    for outcome in outcomes:
+        if outcome.output:
+            text = "".join(
+                f"[rank {outcome.rank}] {line}\n" for line in outcome.output.splitlines()
+            )
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
