@@ -226,3 +226,41 @@ def test_group_entries_must_match_the_groups(entries, part):
     """SPEC 3.3.6, 3.5.1: one mapping per group, holding every key."""
     with pytest.raises(H.HyperparameterRejected, match=part):
         H.stage_groups([_group(), _group()], entries)
+
+
+# ---------------------------------------------------------------------------- property
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int64, torch.bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    key=st.sampled_from(HYPER_KEYS),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=-1e-3, max_value=1.0),
+        st.integers(min_value=-300, max_value=300),
+    ),
+)
+def test_staging_either_refuses_untouched_or_commits_exactly_what_it_promised(dtype, key, value):
+    """SPEC 3.5.1, 3.5.2, 3.5.5: a refused value leaves the destination untouched; an accepted one
+    commits without raising, in place, to ``stored`` -- finite, zero only for a zero value, and in
+    [0, 1) for a beta."""
+    live = torch.ones((), dtype=dtype)
+    group = {key: live}
+    try:
+        staged = H.stage_hyperparameter(live, value, key=key)
+    except H.HyperparameterRejected:
+        assert group[key] is live and live.item() == 1
+        return
+    H.apply(group, staged)
+    assert group[key] is live
+    assert float(live.item()) == staged.stored
+    assert torch.isfinite(torch.tensor(staged.stored))
+    assert (staged.stored == 0.0) == (staged.value == 0.0)
+    if key in H.BETA_KEYS:
+        assert 0.0 <= staged.stored < 1.0
