@@ -317,6 +317,33 @@ def _read_from(path: str, offset: int) -> str:
         return ""
 
 
+_POOL_DIR_PREFIX = "gefen-ranks-"
+
+
+def _remove_stale_pool_dirs() -> None:
+    """Remove the temp dirs of pools whose owning process is gone (it was killed: a process that
+    exits normally removes its own dir at exit)."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_POOL_DIR_PREFIX):
+            continue
+        owner, dash, _ = name[len(_POOL_DIR_PREFIX) :].partition("-")
+        if not dash or not owner.isdigit() or int(owner) == os.getpid():
+            continue  # not a "<prefix><pid>-<random>" dir made by this module, or our own
+        try:
+            os.kill(int(owner), 0)
+            continue  # the owner (or a process that reused its pid) is alive: leave it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
 _SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _ENV_LOCK = threading.Lock()
 
@@ -351,7 +378,8 @@ class _Pool:
         self.idle: list[_Worker] = []
         self.live: dict[int, _Worker] = {}
         self.counter = 0
-        self.tmpdir = tempfile.mkdtemp(prefix="gefen-ranks-")
+        _remove_stale_pool_dirs()
+        self.tmpdir = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
         self.context = multiprocessing.get_context(_START_METHOD)
         if _START_METHOD == "forkserver":
             self.context.set_forkserver_preload(["torch", "torch.distributed"])

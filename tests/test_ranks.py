@@ -445,7 +445,8 @@ def test_interrupted_or_killed_caller_leaves_no_workers(tmp_path):
     first.mkdir()
     second.mkdir()
     pythonpath = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    # the killed caller cannot remove its pool's temp dir: keep it inside tmp_path
+    env = dict(os.environ, PYTHONPATH=pythonpath, TMPDIR=str(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, str(script), str(first), str(second)],
         env=env,
@@ -471,3 +472,16 @@ def test_interrupted_or_killed_caller_leaves_no_workers(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_stale_pool_dirs_of_dead_owners_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(ranks.tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid now belongs to no process
+    stale = tmp_path / f"gefen-ranks-{dead.pid}-abc"
+    alive = tmp_path / f"gefen-ranks-{os.getpid()}-abc"
+    foreign = tmp_path / "gefen-ranks-abc123"  # no owner pid in the name: never touched
+    for path in (stale, alive, foreign):
+        path.mkdir()
+    ranks._remove_stale_pool_dirs()
+    assert not stale.exists() and alive.exists() and foreign.exists()
