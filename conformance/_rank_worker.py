@@ -207,6 +207,12 @@ def _run_call(task: dict, torch, dist) -> dict:
             store.set(_INIT_DONE_KEY, b"1")
         store.wait([_INIT_DONE_KEY])
         del store
+        if "torch.distributed.tensor" in sys.modules:
+            # DTensor sharding caches are keyed on meshes without their rank; a worker that
+            # served as another rank before would otherwise reuse that rank's placements.
+            from .sharding import forget_dtensor_caches
+
+            forget_dtensor_caches()
         stage = "running fn"
         value = fn(*args, **kwargs)
         stage = "destroying the process group"

@@ -27,6 +27,8 @@ def pytest_addoption(parser):
     group.addoption("--impl", default="reference",
                     help="implementation to certify: a registered name or package.module:attribute (default: reference)")
     group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
+    group.addoption("--golden-regen", action="store_true",
+                    help="rewrite the committed golden checkpoints from the reference, then fail the run")
     group.addoption("--certificate", default=None, metavar="PATH",
                     help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json)")
 

@@ -1,0 +1,42 @@
+"""Building FSDP2-style sharded parameters inside a rank: ``Shard(0)`` DTensors on a 1-D CPU mesh."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+
+def forget_dtensor_caches() -> None:
+    """Drop torch's cached DTensor sharding decisions.
+
+    They are keyed on meshes compared without their rank, so a warm worker that served as
+    another rank before could otherwise get DTensors on that earlier mesh and coordinate.
+    """
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
+                   getattr(propagator, "_propagate_tensor_meta_cached", None)):
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
+def world_mesh():
+    """A 1-D CPU mesh over the whole default group, in rank order."""
+    forget_dtensor_caches()
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def shard(full: torch.Tensor, mesh) -> torch.Tensor:
+    """``full`` split along dim 0 across ``mesh`` (torch's even-then-short split)."""
+    return distribute_tensor(full, mesh, [Shard(0)])
+
+
+def sharded_parameter(full: torch.Tensor, mesh) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(shard(full, mesh))
+    if p.device_mesh.get_coordinate() != mesh.get_coordinate():
+        raise RuntimeError("a sharded parameter landed on a stale mesh; DTensor caches were not cleared")
+    return p
