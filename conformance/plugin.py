@@ -33,7 +33,21 @@ def pytest_addoption(parser):
                     help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json)")
 
 
+def _register_hypothesis_profiles(config) -> None:
+    """``gefen-certify`` (bounded, reproducible; the default) and ``gefen-fuzz`` (random, large)."""
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("gefen-certify", derandomize=True, database=None, max_examples=300,
+                              deadline=None, suppress_health_check=quiet, print_blob=True)
+    settings.register_profile("gefen-fuzz", derandomize=False, max_examples=5000, deadline=None,
+                              suppress_health_check=quiet, print_blob=True)
+    if not config.getoption("--hypothesis-profile", None):
+        settings.load_profile("gefen-certify")
+
+
 def pytest_configure(config):
+    _register_hypothesis_profiles(config)
     config.addinivalue_line("markers", "clause(*ids): the SPEC clauses a conformance test checks")
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the implementation declares them")
     config.pluginmanager.register(CertificateRecorder(config), "gefen-conformance-certificate")
