@@ -1,0 +1,237 @@
+"""Shared pieces of the DCP scenarios: the checkpoint cache and the checks run in the test process.
+
+Not collected. Checkpoints are written once per session and reused by every DCP module
+(:func:`checkpoints`); everything written is read back through the independent oracles only
+(``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
+an implementation's loader.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from conformance.ranks import RankFailure, run_on_ranks
+from oracles import gefen_schema
+from oracles.checkpoint_reader import read_nested
+
+from . import dcp_ranks
+
+TIMEOUT = 60.0
+CONTINUATION_BOUND = 5e-3  # SPEC 3.7.3, 5.3.3
+# Re-quantized momentum (SPEC 3.7.2): the restore learns a new codebook from the momentum it
+# restores, so each element moves to its nearest codeword times its new block's magnitude. We
+# assert at most half of the mean gap of 256 levels over [-1, 1] (1/255 ~ 2^-8) of the slot's
+# largest magnitude; measured on this workload: at most 2.5e-4 of it.
+MOMENTUM_BOUND = 1.0 / 255.0
+# The second moment is re-aggregated into block means (SPEC 3.6.4): elementwise it is exact only
+# in the aligned and coarsening regimes (SPEC 3.7.2, lossy otherwise, measured up to 0.66
+# relative here), but in every regime a block mean keeps its block's sum, and lies within the
+# range of the values it averages. Asserted: each slot's sum within this relative bound, and
+# every element within the original slot's [min, max] (up to fp32 rounding).
+SECOND_MOMENT_SUM_RTOL = 1e-5
+FP32_RTOL = 1e-6
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text)
+
+
+class Checkpoints:
+    """Trained checkpoints and restore reports, each made once and shared by the DCP modules."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._made: dict = {}
+
+    def _once(self, key, make):
+        if key not in self._made:
+            try:
+                self._made[key] = (make(), None)
+            except RankFailure as failure:
+                self._made[key] = (None, failure)
+        value, failure = self._made[key]
+        if failure is not None:
+            raise RuntimeError(f"{key} failed on the ranks (made once, reported by every test using it):\n{failure}")
+        return value
+
+    def saved(self, spec: str, model: str, world: int) -> tuple[Path, dict]:
+        """``(directory, full params)`` of ``model`` trained and saved by ``spec`` on ``world`` ranks."""
+        path = self.root / f"{_safe(spec)}-{model}-w{world}"
+
+        def make():
+            values = run_on_ranks(dcp_ranks.save_trained, world, args=(spec, model, str(path)), timeout=TIMEOUT)
+            return path, values[0]
+
+        return self._once(("saved", spec, model, world), make)
+
+    def restored(self, loader: str, saver: str, model: str, source: int, target: int) -> dict:
+        """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks:
+        ``{"source", "saved_params", "resave", "reports"}`` (see ``dcp_ranks.restore_report``)."""
+        path, saved_params = self.saved(saver, model, source)
+        resave = self.root / f"restore-{_safe(loader)}-from-{path.name}-w{target}"
+
+        def make():
+            reports = run_on_ranks(dcp_ranks.restore_report, target, args=(loader, model, str(path), str(resave)),
+                                   timeout=TIMEOUT)
+            return {"source": path, "saved_params": saved_params, "resave": resave, "reports": reports}
+
+        return self._once(("restored", loader, saver, model, source, target), make)
+
+    def scratch(self, name: str) -> Path:
+        path = self.root / "scratch" / name
+        path.mkdir(parents=True, exist_ok=False)
+        return path
+
+
+_CACHES: dict[str, Checkpoints] = {}
+
+
+def checkpoints(tmp_path_factory) -> Checkpoints:
+    """The session's checkpoint cache (one per pytest base temp directory)."""
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _CACHES:
+        _CACHES[key] = Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
+    return _CACHES[key]
+
+
+# ---------------------------------------------------------------------------- restore checks
+
+
+def load_failures(restore: dict) -> list[str]:
+    return [f"rank {r}: the load raised {rep['load_error']['type']}: {rep['load_error']['message']}"
+            for r, rep in enumerate(restore["reports"]) if rep["load_error"] is not None]
+
+
+def model_problems(restore: dict) -> list[str]:
+    """Restored model parameters (gathered) against those saved and those the oracle reads."""
+    problems = []
+    on_disk = read_nested(restore["source"])["model"]
+    for rank, report in enumerate(restore["reports"]):
+        for name, value in report["full_params"].items():
+            for what, expected in (("saved", restore["saved_params"][name]), ("checkpoint", on_disk[name])):
+                if value.dtype != expected.dtype or not torch.equal(value, expected):
+                    problems.append(f"rank {rank}: restored parameter {name} differs from the {what} one")
+    return problems
+
+
+def continuation_problems(restore: dict) -> list[str]:
+    problems = []
+    worst = max(e for rep in restore["reports"] for e in rep["continuation"].values())
+    if not worst <= CONTINUATION_BOUND:
+        where = [(r, n, e) for r, rep in enumerate(restore["reports"]) for n, e in rep["continuation"].items()
+                 if e > CONTINUATION_BOUND]
+        problems.append(f"continuation max-abs error {worst:.3e} exceeds {CONTINUATION_BOUND} at (rank, param, error) {where}")
+    blank = max(e for rep in restore["reports"] for e in rep["unrestored"].values())
+    if not blank > CONTINUATION_BOUND:
+        problems.append(f"workload too weak: an optimizer that restored nothing is within the bound too ({blank:.3e})")
+    return problems
+
+
+def _scalar(value) -> int:
+    return int(value.item()) if torch.is_tensor(value) else value
+
+
+HEADER_SCALARS = ("format_version", "global_step", "deterministic", "slot_count", "group_count")
+SLOT_SCALARS = ("initialized", "step", "vmean_step")
+
+
+def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]:
+    """A checkpoint saved right after a restore, against the one restored (both nested optimizer
+    dicts read by the oracle). Counters, identities and hyperparameters exact; dense state within
+    the documented bounds (``MOMENTUM_BOUND``, ``SECOND_MOMENT_SUM_RTOL``); both schema-clean."""
+    problems = [f"original: {p}" for p in gefen_schema.problems(original)]
+    problems += [f"re-saved: {p}" for p in gefen_schema.problems(resaved)]
+    for key in HEADER_SCALARS:
+        if _scalar(original.get(key)) != _scalar(resaved.get(key)):
+            problems.append(f"{key}: {_scalar(resaved.get(key))} after the restore, {_scalar(original.get(key))} saved")
+    for key in ("param_identities", "param_group_hypers"):
+        if original.get(key) != resaved.get(key):
+            problems.append(f"{key}: {resaved.get(key)!r} after the restore, {original.get(key)!r} saved")
+    identities = original.get("param_identities") or []
+    for i, identity in enumerate(identities):
+        slot = f"slot {i} ({identity['name']})"
+        for field in SLOT_SCALARS:
+            key = gefen_schema.slot_key(i, field)
+            a, b = _scalar(original.get(key)), _scalar(resaved.get(key))
+            if a != b:
+                problems.append(f"{slot}: {field} {b} after the restore, {a} saved")
+        m0, m1 = original.get(gefen_schema.slot_key(i, "momentum")), resaved.get(gefen_schema.slot_key(i, "momentum"))
+        v0, v1 = (original.get(gefen_schema.slot_key(i, "second_moment")),
+                  resaved.get(gefen_schema.slot_key(i, "second_moment")))
+        if not all(torch.is_tensor(t) and t.shape == m0.shape for t in (m0, m1, v0, v1)):
+            continue  # reported by the schema check
+        problems += _dense_problems(slot, m0.double(), m1.double(), v0.double(), v1.double(), bit_exact)
+    return problems
+
+
+def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
+    out = []
+    if m0.numel() == 0:
+        return out
+    top = float(m0.abs().max())
+    if top == 0.0 and float(v0.abs().max()) == 0.0:
+        if bool(m1.any()) or bool(v1.any()):
+            out.append(f"{slot}: fresh when saved, carries dense history after the restore")
+        return out
+    error = float((m1 - m0).abs().max())
+    if error > MOMENTUM_BOUND * top:
+        out.append(f"{slot}: momentum re-quantization error {error:.3e} exceeds {MOMENTUM_BOUND:.3e} x max|m| = "
+                   f"{MOMENTUM_BOUND * top:.3e}")
+    new_top = float(m1.abs().max())
+    if (new_top != top) if bit_exact else abs(new_top - top) > FP32_RTOL * top:
+        out.append(f"{slot}: largest momentum magnitude {new_top!r} after the restore, {top!r} saved "
+                   "(a block's largest element is the codeword +-1 times the block magnitude)")
+    s0, s1 = float(v0.sum()), float(v1.sum())
+    if abs(s1 - s0) > SECOND_MOMENT_SUM_RTOL * abs(s0):
+        out.append(f"{slot}: second-moment sum {s1!r} after the restore, {s0!r} saved (block means keep block sums)")
+    lo, hi = float(v0.min()), float(v0.max())
+    if float(v1.min()) < lo * (1 - FP32_RTOL) or float(v1.max()) > hi * (1 + FP32_RTOL):
+        out.append(f"{slot}: second moment leaves the saved range [{lo!r}, {hi!r}]: "
+                   f"[{float(v1.min())!r}, {float(v1.max())!r}]")
+    return out
+
+
+def restore_problems(restore: dict, bit_exact: bool, resave: bool = True) -> list[str]:
+    """Everything checked after a restore; the load error alone when the load failed."""
+    failures = load_failures(restore)
+    if failures:
+        return failures
+    problems = model_problems(restore) + continuation_problems(restore)
+    if resave:
+        problems += resave_only_problems(restore, bit_exact)
+    return problems
+
+
+def resave_only_problems(restore: dict, bit_exact: bool) -> list[str]:
+    failures = load_failures(restore)
+    if failures:
+        return failures
+    errors = [f"rank {r}: re-saving the restored state raised {rep['resave_error']['type']}: "
+              f"{rep['resave_error']['message']}" for r, rep in enumerate(restore["reports"]) if rep["resave_error"]]
+    if errors:
+        return errors
+    original = read_nested(restore["source"])
+    resaved = read_nested(restore["resave"])
+    problems = resave_problems(original["optimizer"], resaved["optimizer"], bit_exact)
+    for name, value in original["model"].items():
+        again = resaved.get("model", {}).get(name)
+        if not torch.is_tensor(again) or again.dtype != value.dtype or not torch.equal(again, value):
+            problems.append(f"model parameter {name}: re-saved value differs from the restored checkpoint's")
+    return problems
+
+
+# --------------------------------------------------------------------------- rank outcomes
+
+
+def raised(outcome, error_type: type, part: str) -> str | None:
+    """None when the rank raised ``error_type`` (or a subclass) naming ``part`` (SPEC 0.2.3)."""
+    if outcome.status != "raised":
+        return f"rank {outcome.rank}: {outcome.status}, expected it to raise {error_type.__name__} naming {part!r}"
+    exc = outcome.exception
+    is_type = isinstance(exc, error_type) if exc is not None else outcome.exc_type.split(".")[-1] == error_type.__name__
+    if not is_type or part not in outcome.message:
+        return f"rank {outcome.rank}: raised {outcome.exc_type}: {outcome.message!r}; expected {error_type.__name__} naming {part!r}"
+    return None
