@@ -19,7 +19,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
 import reference.dcp as rdcp
-from reference.dcp import on_disk
+from oracles import checkpoint_reader
 
 # Five slots in two groups: a searched-period matrix, a vector, a matrix whose
 # first dimension does not divide evenly over 4 ranks, a parameter that never
@@ -180,7 +180,7 @@ def payload_md5(path) -> dict:
 
 def comparable_metadata(path) -> dict:
     """``.metadata`` parsed, without its random save id and checkpoint path."""
-    metadata = on_disk.read_metadata(path)
+    metadata = checkpoint_reader.read_metadata(path)
     storage_meta = metadata.storage_meta
     return {
         "state_dict_metadata": metadata.state_dict_metadata,

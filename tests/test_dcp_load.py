@@ -1,7 +1,7 @@
 """Load side of the reference DCP adapter on one in-process rank (SPEC.md Part 3).
 
 The restored compact state is checked against an independent recomputation from
-the checkpoint's files (reference.dcp.on_disk) with the optimizer's own
+the checkpoint's files (oracles.checkpoint_reader) with the optimizer's own
 primitives; the second-moment resume-error regimes are checked without any
 process group.
 """
@@ -20,7 +20,8 @@ import torch.distributed.checkpoint as dcp
 import reference.dcp as rdcp
 from reference.codebook import learn_codebook
 from reference.codewords import nearest_codeword_indices
-from reference.dcp import on_disk, reblock, schema
+from oracles import checkpoint_reader
+from reference.dcp import reblock, schema
 from reference.periods import PeriodRules, choose_period
 from reference.steps import block_mean_square
 from tests import _dcp_load_ranks as L
@@ -56,7 +57,7 @@ def _load(path, **overrides):
 
 def _expected_compact(path, rules=PeriodRules()):
     """The compact state SPEC 3.6 prescribes, recomputed from the files alone."""
-    flat = on_disk.read_flat(path)
+    flat = checkpoint_reader.read_flat(path)
     dense = {}
     for index, name in enumerate(L.SHAPES):
         if flat["optimizer." + schema.slot_key(index, "initialized")].item() != 1:

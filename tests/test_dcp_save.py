@@ -1,8 +1,8 @@
 """Save side of the reference DCP adapter (SPEC.md Part 2).
 
 The written checkpoint is read back from its files (``.metadata`` and
-``.distcp`` payloads via reference.dcp.on_disk, which uses torch's
-FileSystemReader metadata and torch.load), never through the adapter's loader.
+``.distcp`` payloads via oracles.checkpoint_reader, which unpickles
+``.metadata`` and torch.loads byte ranges), never through the adapter's loader.
 Multi-rank cases run on spawned gloo CPU ranks (conformance.ranks).
 """
 
@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import reference.dcp as rdcp
-from reference.dcp import agreement, dense, on_disk, placeholder, schema
+from oracles import checkpoint_reader, gefen_schema
+from reference.dcp import agreement, dense, placeholder, schema
 from tests import _dcp_save_ranks as R
 
 gefen = pytest.importorskip("gefen")
@@ -117,7 +118,7 @@ def test_written_checkpoint_schema_from_files(trained, tmp_path):
     optimizer, params, _ = trained
     R.save(rdcp.GefenDCPState(optimizer), str(tmp_path), rdcp.GefenSavePlanner())
     assert R.checkpoint_bytes(str(tmp_path)) == [".metadata", "__0_0.distcp"]
-    metadata = on_disk.read_metadata(str(tmp_path))
+    metadata = checkpoint_reader.read_metadata(str(tmp_path))
     kinds = {fqn: type(md).__name__ for fqn, md in metadata.state_dict_metadata.items()}
     assert kinds["optimizer.format_version"] == "TensorStorageMetadata"
     assert kinds["optimizer.param_identities.0.shape"] == "BytesStorageMetadata"
@@ -127,8 +128,8 @@ def test_written_checkpoint_schema_from_files(trained, tmp_path):
     assert momentum_md.properties.dtype == torch.float32
     assert [tuple(c.offsets) for c in momentum_md.chunks] == [(0, 0)]
 
-    nested = on_disk.read_nested(str(tmp_path))["optimizer"]
-    assert on_disk.schema_problems(nested) == []
+    nested = checkpoint_reader.read_nested(str(tmp_path))["optimizer"]
+    assert gefen_schema.problems(nested) == []
     for i, name in enumerate(R.SHAPES):
         momentum = nested[schema.slot_key(i, "momentum")]
         second = nested[schema.slot_key(i, "second_moment")]
@@ -322,7 +323,7 @@ def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
         gate.set()
     _wait(response)
     R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "after"), rdcp.GefenSavePlanner())
-    before, landed, after = (on_disk.read_flat(str(tmp_path / d)) for d in ("before", "async", "after"))
+    before, landed, after = (checkpoint_reader.read_flat(str(tmp_path / d)) for d in ("before", "async", "after"))
     assert set(landed) == set(before)
     for key in before:
         assert torch.equal(landed[key], before[key]) if torch.is_tensor(before[key]) else landed[key] == before[key], key
@@ -336,7 +337,7 @@ def test_async_save_with_gefen_writer_without_planner_matches_sync_values(traine
     R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "sync"))
     _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
                          storage_writer=rdcp.GefenFileSystemWriter(str(tmp_path / "async"))))
-    sync, landed = on_disk.read_flat(str(tmp_path / "sync")), on_disk.read_flat(str(tmp_path / "async"))
+    sync, landed = checkpoint_reader.read_flat(str(tmp_path / "sync")), checkpoint_reader.read_flat(str(tmp_path / "async"))
     assert set(sync) == set(landed)
     for key in sync:
         assert torch.equal(sync[key], landed[key]) if torch.is_tensor(sync[key]) else sync[key] == landed[key]
@@ -457,7 +458,7 @@ def test_layout_fingerprint_distinguishes_name_group_and_shape():
 # reference first agrees those scalars across ranks (SPEC 2.4.5): ranks with an
 # empty shard take the values of the ranks holding data. Only these scalars differ.
 TORN_SLOT = {4: 4}  # world size -> slot torn in gefen-x's checkpoint
-GEFENX_TORN_PROBLEM = "slot 4 is fresh but carries counters or dense history"
+GEFENX_TORN_PROBLEM = "slot_00000004.initialized: fresh slot carries counters or dense history"
 
 
 def _assert_same_checkpoints(root, torn_slot=None):
@@ -475,15 +476,15 @@ def _assert_same_checkpoints(root, torn_slot=None):
             continue
         # SPEC 2.4.5: every value agrees except the torn slot's three scalars.
         torn_keys = {"optimizer." + schema.slot_key(torn_slot, f) for f in agreement.SLOT_SCALARS}
-        a, b = on_disk.read_flat(os.path.join(root, ours)), on_disk.read_flat(os.path.join(root, theirs))
+        a, b = checkpoint_reader.read_flat(os.path.join(root, ours)), checkpoint_reader.read_flat(os.path.join(root, theirs))
         assert set(a) == set(b)
         for key in set(a) - torn_keys:
             assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
         assert [a[key].item() for key in sorted(torn_keys)] == [1, R.SAVE_STEPS, R.SAVE_STEPS]
     for directory, *_ in R.SAVE_VARIANTS:
-        nested = on_disk.read_nested(os.path.join(root, directory))["optimizer"]
+        nested = checkpoint_reader.read_nested(os.path.join(root, directory))["optimizer"]
         expected = [GEFENX_TORN_PROBLEM] if torn_slot is not None and directory.startswith("gefenx") else []
-        assert on_disk.schema_problems(nested) == expected, directory
+        assert gefen_schema.problems(nested) == expected, directory
     return md5
 
 
