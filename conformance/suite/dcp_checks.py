@@ -221,17 +221,3 @@ def resave_only_problems(restore: dict, bit_exact: bool) -> list[str]:
         if not torch.is_tensor(again) or again.dtype != value.dtype or not torch.equal(again, value):
             problems.append(f"model parameter {name}: re-saved value differs from the restored checkpoint's")
     return problems
-
-
-# --------------------------------------------------------------------------- rank outcomes
-
-
-def raised(outcome, error_type: type, part: str) -> str | None:
-    """None when the rank raised ``error_type`` (or a subclass) naming ``part`` (SPEC 0.2.3)."""
-    if outcome.status != "raised":
-        return f"rank {outcome.rank}: {outcome.status}, expected it to raise {error_type.__name__} naming {part!r}"
-    exc = outcome.exception
-    is_type = isinstance(exc, error_type) if exc is not None else outcome.exc_type.split(".")[-1] == error_type.__name__
-    if not is_type or part not in outcome.message:
-        return f"rank {outcome.rank}: raised {outcome.exc_type}: {outcome.message!r}; expected {error_type.__name__} naming {part!r}"
-    return None
