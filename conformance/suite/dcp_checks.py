@@ -80,6 +80,16 @@ class Checkpoints:
 
         return self._once(("restored", loader, saver, model, source, target), make)
 
+    def payloads(self, spec: str, model: str, world: int) -> Path:
+        """A directory of saves of one trained state (see ``dcp_ranks.payload_saves``)."""
+        root = self.root / f"payloads-{_safe(spec)}-{model}-w{world}"
+
+        def make():
+            run_on_ranks(dcp_ranks.payload_saves, world, args=(spec, model, str(root), True), timeout=TIMEOUT)
+            return root
+
+        return self._once(("payloads", spec, model, world), make)
+
     def scratch(self, name: str) -> Path:
         path = self.root / "scratch" / name
         path.mkdir(parents=True, exist_ok=False)

@@ -1,0 +1,74 @@
+"""Schema (SPEC 4.3.5): what the implementation wrote, read back through the independent reader
+of SPEC 5.1 (never the implementation's loader), validated key by key against Part 2 and against
+what was trained: identities, hyperparameters, counters, dense slots at their global shapes, and
+the model saved alongside.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.implementation import DCP_RESHARD
+from oracles import gefen_schema
+from oracles.checkpoint_reader import read_nested
+
+from . import dcp_checks, dcp_ranks
+
+CHECKPOINTS = [
+    pytest.param("base", 1, id="w1"),
+    pytest.param("base", 2, id="w2"),
+    pytest.param("base", 3, id="w3"),
+    pytest.param("base", 4, id="w4"),
+    pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.clause("2.4.5")),
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return dcp_checks.checkpoints(tmp_path_factory)
+
+
+def _expected_values(model: str, state: dict) -> list[str]:
+    problems = []
+    layout = dcp_ranks.MODELS[model]
+    identities = [{"name": n, "group": g, "shape": list(s)} for n, (s, g) in layout.items()]
+    if state.get("param_identities") != identities:
+        problems.append(f"param_identities: {state.get('param_identities')!r}, trained {identities!r}")
+    if state.get("param_group_hypers") != dcp_ranks.SAVED_HYPERS:
+        problems.append(f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {dcp_ranks.SAVED_HYPERS!r}")
+    expected = {"format_version": 2, "global_step": dcp_ranks.STEPS, "deterministic": 0,
+                "slot_count": len(layout), "group_count": 2}
+    for key, value in expected.items():
+        got = state.get(key)
+        if not torch.is_tensor(got) or got.item() != value:
+            problems.append(f"{key}: {got!r}, expected {value}")
+    for i, name in enumerate(layout):
+        fresh = name == dcp_ranks.FRESH
+        for field, value in zip(dcp_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, dcp_ranks.STEPS, dcp_ranks.STEPS)):
+            got = state.get(gefen_schema.slot_key(i, field))
+            if not torch.is_tensor(got) or got.item() != value:
+                problems.append(f"{gefen_schema.slot_key(i, field)} ({name}): {got!r}, expected {value}")
+        momentum = state.get(gefen_schema.slot_key(i, "momentum"))
+        if torch.is_tensor(momentum) and bool(momentum.any()) == fresh:
+            problems.append(f"{gefen_schema.slot_key(i, 'momentum')} ({name}): "
+                            f"{'non-zero for a fresh slot' if fresh else 'all zero for a trained slot'}")
+    return problems
+
+
+@pytest.mark.clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
+@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.parametrize("model,world", CHECKPOINTS)
+def test_checkpoint_schema_from_the_files(request, saved, model, world):
+    path, saved_params = saved.saved(request.config.getoption("--impl"), model, world)
+    nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
+    problems = gefen_schema.problems(nested.get("optimizer", {}))
+    problems += _expected_values(model, nested.get("optimizer", {}))
+    for name, value in saved_params.items():
+        on_disk = nested.get("model", {}).get(name)
+        if not torch.is_tensor(on_disk) or on_disk.dtype != value.dtype or not torch.equal(on_disk, value):
+            problems.append(f"model.{name}: differs from the trained parameter")
+    extra = sorted(set(nested) - {"model", "optimizer"})
+    if extra:
+        problems.append(f"unexpected top-level keys {extra}")
+    assert not problems, "\n".join(problems)
