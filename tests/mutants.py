@@ -1,36 +1,77 @@
-"""Broken implementations derived from the reference, each reintroducing one specific bug.
+"""The mutant catalogue: broken implementations derived from the reference, one bug each.
 
-The suite must fail each of them on the clause its docstring names (tests/test_suite_catches_mutants.py).
-They wrap or subclass the reference without patching it, so the reference stays intact in the
-same process.
+Every mutant is a :class:`conformance.Implementation`; ``CATALOGUE`` says which SPEC clause
+must catch it and which suite tests exercise that clause (a ``-k`` selection, so the meta-test
+stays fast). tests/test_suite_catches_mutants.py runs the suite against each one.
+Mutants are built from module clones (tests/mutant_tools.py), never by patching the reference.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 import reference
-from conformance.implementation import CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT, Implementation
+import reference.dcp.agreement as agreement
+import reference.dcp.dense as dense
+import reference.dcp.hyper_staging as hyper_staging
+import reference.dcp.layout as layout
+import reference.dcp.optimizer_view as optimizer_view
+import reference.dcp.placeholder as placeholder
+import reference.dcp.restore as restore
+import reference.dcp.state as state
+import reference.optimizer as optimizer_module
+import reference.periods as periods
+import reference.steps as steps
+from conformance.implementation import (
+    CPU_BIT_EXACT, DCP_ASYNC_SAVE, DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT,
+    Implementation,
+)
+from conformance.implementations import reference as reference_impl
 
-CAPS = {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT}
+from .mutant_tools import clone, proxy
+
+OPTIMIZER_CAPS = {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT}
+ALL_CAPS = OPTIMIZER_CAPS | {DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE}
 
 
-def _mutant(name, make_optimizer, **kw):
-    return Implementation(name=name, version="mutant", make_optimizer=make_optimizer,
-                          capabilities=kw.pop("capabilities", CAPS), **kw)
+def _optimizer_mutant(name, make_optimizer):
+    return Implementation(name=name, version="mutant", make_optimizer=make_optimizer, capabilities=OPTIMIZER_CAPS)
+
+
+def _dcp_mutant(name, adapter_module, *, make_optimizer=None):
+    """A mutant whose optimizer is the reference's and whose DCP adapter comes from a cloned module."""
+    return Implementation(
+        name=name, version="mutant",
+        make_optimizer=make_optimizer or reference_impl.IMPLEMENTATION.make_optimizer,
+        dcp_state=lambda opt: adapter_module.GefenDCPState(opt),
+        save_planner=reference_impl.IMPLEMENTATION.save_planner,
+        async_writer=reference_impl.IMPLEMENTATION.async_writer,
+        capabilities=ALL_CAPS,
+    )
+
+
+def _optimizer_with(**step_overrides):
+    """reference.Gefen rebuilt on a steps module with some functions swapped."""
+    mutated_steps = clone(steps, **step_overrides)
+    return clone(optimizer_module, block_vmean_step=mutated_steps.block_vmean_step,
+                 factored_step=mutated_steps.factored_step).Gefen
+
+
+# --------------------------------------------------------------------------- optimizer
 
 
 def _betas_rounded_to_fp32(params, **hp):
-    """SPEC 1.8.3, 1.8.8: the EMA weights formed as ``1 - fp32(beta)`` (as fused kernels do)
-    instead of ``fp32(1 - beta)`` in double."""
+    """EMA weights formed as ``1 - fp32(beta)`` (as fused kernels do) instead of ``fp32(1 - beta)``."""
     b1, b2 = hp.pop("betas", (0.9, 0.999))
     return reference.Gefen(params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp)
 
 
 class _StepCountsOnlyGradientSteps(reference.Gefen):
-    """SPEC 1.10.6: global step not advanced by a step() without gradients."""
+    """Global step not advanced by a step() without gradients."""
 
     def step(self, closure=None):
         had = any(p.grad is not None for _, _, p in self.named_params())
@@ -42,15 +83,216 @@ class _StepCountsOnlyGradientSteps(reference.Gefen):
 
 
 def _accepts_zero_eps(params, **hp):
-    """SPEC 1.1.3: eps=0 silently replaced instead of rejected."""
-    if hp.get("eps", 1.0) <= 0 or not math.isfinite(hp.get("eps", 1.0)):
+    """eps <= 0 or infinite silently replaced instead of rejected."""
+    eps = hp.get("eps", 1e-8)
+    if not (math.isfinite(eps) and eps > 0):
         hp["eps"] = 1e-8
     return reference.Gefen(params, **hp)
 
 
-beta_rounding = _mutant("beta-rounding", _betas_rounded_to_fp32)
-global_step = _mutant("global-step", lambda params, **hp: _StepCountsOnlyGradientSteps(params, **hp))
-zero_eps = _mutant("zero-eps", _accepts_zero_eps)
+def _nearest_ties_up(codebook, values):
+    """The nearest-codeword rule with ties going to the upper neighbour."""
+    k = codebook.numel()
+    v = values.float()
+    upper = torch.searchsorted(codebook, v.reshape(-1)).reshape(v.shape)
+    left, right = (upper - 1).clamp(0, k - 1), upper.clamp(0, k - 1)
+    left_wins = (v - codebook[left]).abs() < (v - codebook[right]).abs()
+    return torch.where(left_wins, left, right).to(torch.uint8)
+
+
+def _search_without_fallback(rules, name, global_shape, squared):
+    """A period search that ignores the memory-safe fallback."""
+    if len(squared) == 1 or rules.forces_period_one(name, len(global_shape)):
+        return 1
+    return periods.search_period(squared)
+
+
+def _without_weight_decay(params, **hp):
+    """Decoupled weight decay never applied (the factor is dropped)."""
+    opt = reference.Gefen(params, **hp)
+    original = opt.step
+
+    def step(closure=None):
+        saved = [g["weight_decay"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["weight_decay"] = 0.0
+        try:
+            return original(closure)
+        finally:
+            for g, wd in zip(opt.param_groups, saved):
+                g["weight_decay"] = wd
+
+    opt.step = step
+    return opt
+
+
+class _ReallocatingStep(reference.Gefen):
+    """A step that rebuilds its state tensors instead of updating them in place."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for entry in self.state.values():
+            for key, value in list(entry.items()):
+                if torch.is_tensor(value):
+                    entry[key] = value.clone()
+        return loss
+
+
+# ------------------------------------------------------------------------- DCP save
+
+
+def _momentum_codewords_in_bf16(codebook, local, st):
+    """Dense momentum from codewords rounded to bf16 (the optimizer's grad-dtype rounding leaking in)."""
+    return dense.momentum(codebook.to(torch.bfloat16).float(), local, st)
+
+
+def _second_moment_aliasing(local, st):
+    """At period 1 the dense second moment is a view of the live vmean instead of a fresh tensor."""
+    if st["automatic_period"] == 1:
+        return st["vmean"].view(local.shape)
+    return dense.second_moment(local, st)
+
+
+class _FreshBufferPerCall(placeholder._DeferredDenseShard):
+    """DCP's destination buffer rebuilt on every fetch: a load copies into a temporary and is lost."""
+
+    def __get_tensor_shard__(self, index):
+        return self._build()
+
+
+def _eager(parameter, build):
+    """Every slot expanded when state_dict() runs, and kept."""
+    p = placeholder.deferred(parameter, build)
+    p.__get_tensor_shard__(None)
+    return p
+
+
+def _local_verdict_only(failed_here):
+    """No agreement: each rank acts on its own verdict."""
+    return failed_here
+
+
+def _stage_truncating_ints(destination, saved_value, *, key):
+    """Integral destinations accept fractional values (the fill truncates them)."""
+    if torch.is_tensor(destination) and not destination.dtype.is_floating_point and destination.dtype != torch.bool:
+        value = hyper_staging.read_saved_value(saved_value, key=key)
+        return hyper_staging.StagedValue(key, value, destination, float(int(value)))
+    return hyper_staging.stage_hyperparameter(destination, saved_value, key=key)
+
+
+def _stage_any_beta(destination, saved_value, *, key):
+    """A beta that rounds to 1 (or beyond) in the destination dtype is accepted."""
+    if torch.is_tensor(destination) and destination.dtype.is_floating_point and key in hyper_staging.BETA_KEYS:
+        value = hyper_staging.read_saved_value(saved_value, key=key)
+        stored = float(torch.empty((), dtype=destination.dtype).fill_(value).item())
+        return hyper_staging.StagedValue(key, value, destination, stored)
+    return hyper_staging.stage_hyperparameter(destination, saved_value, key=key)
+
+
+def _name_by_spelling(group, position):
+    """Synthesized names decided by how they look, not by provenance."""
+    names = group.get("param_names") or ()
+    return bool(optimizer_view._POSITIONAL_SPELLING.match(str(names[position])))
+
+
+class _CommitBeforeAgreement(state.GefenDCPState):
+    """Each rank commits what it staged, then learns whether the others succeeded."""
+
+    def load_state_dict(self, state_dict):
+        local_error, plan = None, None
+        try:
+            plan = restore.stage(self.optimizer, state_dict)
+            restore.commit(self.optimizer, plan)
+        except Exception as exc:
+            local_error = exc
+        if agreement.any_rank_failed(local_error is not None):
+            if local_error is not None:
+                raise local_error
+            raise RuntimeError(agreement.LOAD_ABORT_MESSAGE)
+
+
+def _state_with(**overrides):
+    return clone(state, **overrides)
+
+
+def _restore_with_staging(stage_fn):
+    staging = clone(hyper_staging, stage_hyperparameter=stage_fn)
+    return _state_with(restore=clone(restore, hyper_staging=staging))
+
+
+def _layout_by_spelling():
+    view = clone(optimizer_view, name_is_synthesized=_name_by_spelling)
+    mutated_layout = clone(layout, optimizer_view=view)
+    return _state_with(layout=mutated_layout, restore=clone(restore, layout=mutated_layout))
+
+
+@dataclass(frozen=True)
+class Entry:
+    implementation: Implementation
+    clause: str  # the clause whose tests must fail
+    select: str  # -k expression choosing the suite tests that exercise it
+    bug: str
+
+
+CATALOGUE = {
+    "beta-rounding": Entry(_optimizer_mutant("beta-rounding", _betas_rounded_to_fp32), "1.8", "block_step",
+                           "EMA weights from fp32-rounded betas"),
+    "global-step": Entry(_optimizer_mutant("global-step", lambda p, **hp: _StepCountsOnlyGradientSteps(p, **hp)),
+                         "1.10.6", "global_step", "global step skips steps without gradients"),
+    "zero-eps": Entry(_optimizer_mutant("zero-eps", _accepts_zero_eps), "1.1.3", "invalid",
+                      "invalid eps replaced instead of rejected"),
+    "nearest-ties-up": Entry(_optimizer_mutant("nearest-ties-up", _optimizer_with(nearest_codeword_indices=_nearest_ties_up)),
+                             "1.7", "state_matches", "nearest-codeword ties go to the upper index"),
+    "no-period-fallback": Entry(
+        _optimizer_mutant("no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen),
+        "1.5", "state_matches", "period search ignores the memory-safe fallback"),
+    "no-weight-decay": Entry(_optimizer_mutant("no-weight-decay", _without_weight_decay), "1.8", "block_step",
+                             "decoupled weight decay dropped"),
+    "reallocating-step": Entry(
+        Implementation(name="reallocating-step", version="mutant",
+                       make_optimizer=lambda p, **hp: _ReallocatingStep(p, **hp), capabilities=ALL_CAPS,
+                       dcp_state=reference_impl.IMPLEMENTATION.dcp_state),
+        "5.4.3", "in_place", "state rebuilt every step instead of updated in place"),
+    "dense-momentum-rounding": Entry(
+        _dcp_mutant("dense-momentum-rounding", _state_with(dense=proxy(dense, momentum=_momentum_codewords_in_bf16))),
+        "2.2.5", "payload or golden", "dense momentum from bf16-rounded codewords"),
+    "second-moment-alias": Entry(
+        _dcp_mutant("second-moment-alias", _state_with(dense=proxy(dense, second_moment=_second_moment_aliasing))),
+        "3.10.1", "hostile", "dense second moment aliases live vmean at period 1"),
+    "fresh-buffer-per-load": Entry(
+        _dcp_mutant("fresh-buffer-per-load", _state_with(placeholder=clone(placeholder, _DeferredDenseShard=_FreshBufferPerCall))),
+        "3.7.3", "reshard", "load copies into a temporary buffer: restore is a silent no-op"),
+    "unsynchronized-check": Entry(
+        _dcp_mutant("unsynchronized-check", _state_with(agreement=proxy(agreement, any_rank_failed=_local_verdict_only))),
+        "2.3.4", "failure or divergent or rank", "rank-local failures not agreed across ranks"),
+    "no-layout-digest": Entry(
+        _dcp_mutant("no-layout-digest", _state_with(agreement=proxy(agreement, require_identical_layouts=lambda *a, **k: None))),
+        "2.3.5", "divergent or layout", "no cross-rank layout digest"),
+    "eager-expansion": Entry(
+        _dcp_mutant("eager-expansion", _state_with(placeholder=proxy(placeholder, deferred=_eager))),
+        "5.4.2", "memory or bounded", "every slot expanded and held during the save"),
+    "commit-before-agreement": Entry(
+        _dcp_mutant("commit-before-agreement", SimpleNamespace(GefenDCPState=_CommitBeforeAgreement)),
+        "3.2.5", "failure or one_rank or rank", "a rank commits before every rank staged successfully"),
+    "lr-truncated-into-int": Entry(
+        _dcp_mutant("lr-truncated-into-int", _restore_with_staging(_stage_truncating_ints)),
+        "3.5", "staging", "a fractional lr restored into an integer tensor truncates to 0"),
+    "beta-rounds-to-one": Entry(
+        _dcp_mutant("beta-rounds-to-one", _restore_with_staging(_stage_any_beta)),
+        "3.5", "staging", "a beta that rounds to 1 in the destination dtype is accepted"),
+    "names-by-spelling": Entry(
+        _dcp_mutant("names-by-spelling", _layout_by_spelling()),
+        "2.4", "caller_name", "a caller's name that looks positional is refused"),
+}
+
+# Spec strings for --impl: tests.mutants:<attribute>
+for _name, _entry in CATALOGUE.items():
+    globals()["mutant_" + _name.replace("-", "_")] = _entry.implementation
+
+
+def spec(name: str) -> str:
+    return "tests.mutants:mutant_" + name.replace("-", "_")
+
 
 #: A correct implementation that declares fewer capabilities and carries expected failures,
 #: one of them stale, to exercise the plugin's bookkeeping.
@@ -64,3 +306,6 @@ partial = Implementation(
         "test_optimizer.py::test_no_such_test": "stale entry",
     },
 )
+beta_rounding = CATALOGUE["beta-rounding"].implementation
+global_step = CATALOGUE["global-step"].implementation
+zero_eps = CATALOGUE["zero-eps"].implementation
