@@ -31,3 +31,34 @@ def proxy(module: types.ModuleType, **overrides) -> types.SimpleNamespace:
     attrs = {k: getattr(module, k) for k in dir(module) if not k.startswith("__")}
     attrs.update(overrides)
     return types.SimpleNamespace(**attrs)
+
+
+def run_suite(impl_spec: str, select: str, workdir, timeout: float = 600.0) -> dict:
+    """Run ``pytest --pyargs conformance --impl=SPEC -k SELECT`` in a subprocess; return its certificate."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cert = Path(workdir) / "certificate.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "conformance", f"--impl={impl_spec}", "-k", select,
+         f"--certificate={cert}", "-p", "no:cacheprovider", "-q", "-p", "no:xdist"],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    if not cert.exists():
+        raise RuntimeError(f"the suite wrote no certificate (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    data = json.loads(cert.read_text())
+    data["_exit_code"] = proc.returncode
+    return data
+
+
+def failed_clauses(certificate: dict) -> set:
+    return {c for t in certificate["tests"] if t["outcome"] in ("failed", "error") for c in t["clauses"]}
+
+
+def caught_by(certificate: dict, clause: str) -> bool:
+    """True when a failing test names ``clause`` or one of its sub-clauses."""
+    return any(c == clause or c.startswith(clause + ".") for c in failed_clauses(certificate))

@@ -242,7 +242,7 @@ CATALOGUE = {
     "zero-eps": Entry(_optimizer_mutant("zero-eps", _accepts_zero_eps), "1.1.3", "invalid",
                       "invalid eps replaced instead of rejected"),
     "nearest-ties-up": Entry(_optimizer_mutant("nearest-ties-up", _optimizer_with(nearest_codeword_indices=_nearest_ties_up)),
-                             "1.7", "state_matches", "nearest-codeword ties go to the upper index"),
+                             "1.7", "ties", "nearest-codeword ties go to the upper index"),
     "no-period-fallback": Entry(
         _optimizer_mutant("no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen),
         "1.5", "state_matches", "period search ignores the memory-safe fallback"),

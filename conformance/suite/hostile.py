@@ -9,6 +9,7 @@ same directory serves the one-process and the multi-rank checks.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 
@@ -19,14 +20,15 @@ from conformance import registry
 from conformance.sharding import shard, sharded_parameter, world_mesh
 from oracles.checkpoint_reader import read_nested
 
-SHAPES = {"a.weight": (8, 8), "b.weight": (4, 3)}
+SHAPES = {"a.weight": (8, 8), "b.weight": (4, 3), "c.scale": (1,)}  # c.scale: a period-1 slot
 STEPS = 2
 
 
 def build(impl, mesh):
-    params = {n: sharded_parameter(torch.linspace(-1, 1, s[0] * s[1]).reshape(s), mesh) for n, s in SHAPES.items()}
+    params = {n: sharded_parameter(torch.linspace(-1, 1, math.prod(s)).reshape(s), mesh) for n, s in SHAPES.items()}
     opt = impl.make_optimizer(
-        [{"params": [("a.weight", params["a.weight"])]}, {"params": [("b.weight", params["b.weight"])], "lr": 2e-3}],
+        [{"params": [("a.weight", params["a.weight"])]},
+         {"params": [("b.weight", params["b.weight"]), ("c.scale", params["c.scale"])], "lr": 2e-3}],
         factored_v_2d=False,
     )
     return params, opt
@@ -87,7 +89,7 @@ CONTENT_LEVEL = {
     "missing-key": lambda d: d.pop("slot_00000000.momentum"),
     "wrong-format-version": _set("format_version", lambda d: torch.tensor(3)),
     "wrong-dense-shape": _set("slot_00000000.momentum", lambda d: torch.zeros(4, 8)),
-    "extra-slot": _set("slot_count", lambda d: torch.tensor(3)),
+    "extra-slot": _set("slot_count", lambda d: torch.tensor(int(d["slot_count"]) + 1)),
     "renamed-parameter": lambda d: d["param_identities"][0].__setitem__("name", "z.weight"),
     "nan-momentum": _poke("slot_00000000.momentum", (0, 0), float("nan")),
     "inf-second-moment": _poke("slot_00000001.second_moment", (1, 1), float("inf")),

@@ -95,3 +95,37 @@ def test_names_and_provenance(impl):
     groups = opt.state_dict()["param_groups"]
     assert [g["param_names"] for g in groups] == [["group_0_param_0", "group_0_param_1"], ["a"], ["emb"], ["emb_1"]]
     assert [g["param_names_synthesized"] for g in groups] == [[True, True], [False], [False], [True]]
+
+
+@pytest.mark.clause("1.7", "1.8.8", "1.12")
+@pytest.mark.requires(NATIVE_STATE_DICT)
+def test_nearest_codeword_ties_follow_the_rule(impl):
+    """With the codebook ``linspace(-1, 1, 256)`` a normalised momentum of exactly 0 lies halfway
+    between codewords 127 and 128; the rule sends it to 127, which decides the update's sign."""
+    import reference
+
+    def run(make):
+        p = torch.nn.Parameter(torch.ones(4, 8))
+        opt = make([("w", p)], factored_v_2d=False)
+        state = {"name": "w", "automatic_period": 8, "step": 1, "vmean_step": 1,
+                 "m_codebook": torch.zeros(4, 8, dtype=torch.uint8), "m_magnitude": torch.zeros(4, 1),
+                 "vmean": torch.full((4, 1), 1e-4)}
+        sd = opt.state_dict()
+        sd["state"] = {0: state}
+        sd["gefen_codebook"] = torch.linspace(-1, 1, 256)
+        sd["gefen_global_step"] = 1
+        for group in sd["param_groups"]:
+            group.pop("_gefen_checkpoint_metadata", None)
+        opt.load_state_dict(sd)
+        grad = torch.zeros(4, 8)
+        grad[:, 0] = 1.0  # one nonzero per block: the other seven normalise to exactly 0
+        p.grad = grad
+        opt.step()
+        return p.detach().clone(), opt.state_dict()["state"][0]["m_codebook"].clone()
+
+    ours_p, ours_idx = run(lambda params, **hp: reference.Gefen(params, **hp))
+    theirs_p, theirs_idx = run(impl.make_optimizer)
+    assert int(ours_idx[0, 1]) == 127
+    assert torch.equal(theirs_idx, ours_idx), "indices differ from the tie rule (ties go to the lower index)"
+    m = bitwise_mismatch("parameter", ours_p, theirs_p) if impl.has(CPU_BIT_EXACT) else tolerance_mismatch("parameter", ours_p, theirs_p)
+    assert m is None, str(m)
