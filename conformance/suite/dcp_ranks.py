@@ -10,8 +10,8 @@ public APIs: ``optimizer.step``, ``dcp.save`` / ``dcp.load`` / ``dcp.async_save`
 The workload: a small two-group model of ``Shard(0)`` DTensors on the 1-D CPU mesh with stable
 names, trained ``STEPS`` steps on gradients seeded by ``(name, step)``.
 
-* ``base``: ``enc.weight`` (8, 24) with per-column gradient scales (the period search finds
-  structure), ``enc.bias`` (24,), ``dec.weight`` (7, 12), which splits unevenly on 2, 3 and 4
+* ``base``: ``enc.weight`` (8, 24) with per-column gradient scales (structure for the period
+  search), ``enc.bias`` (24,), ``dec.weight`` (7, 12), which splits unevenly on 2, 3 and 4
   ranks (4/3, 3/3/1, 2/2/2/1) without ever leaving a shard empty, and ``head.weight`` (16, 8),
   which never gets a gradient (a fresh slot);
 * ``empty``: ``base`` plus ``tiny.weight`` (2, 8), whose shard is empty on ranks 2-3 of 4.
