@@ -385,7 +385,7 @@ def async_with_default_writer(spec: str, path: str):
 
 # ------------------------------------------------------------------------------ memory
 
-MEMORY_SHAPES = {f"layer{i}.weight": (64, 64) for i in range(4)}
+MEMORY_SHAPES = {f"layer{i}.weight": (64, 64) for i in range(8)}
 
 
 def planned_save_peak(spec: str, root: str) -> dict:
