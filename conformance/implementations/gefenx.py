@@ -52,6 +52,39 @@ def _version() -> str:
         return "not installed"
 
 
+_TORN = (
+    "gefen-x 0.5.0 defect (SPEC 2.4.5): when a parameter's dim 0 is smaller than the world size, "
+    "ranks with an empty shard write initialized=0 and zero counters for its slot while the others "
+    "write 1 and their counters; DCP keeps one rank's copy of each scalar, so the file is torn"
+)
+
+#: Every suite test gefen-x 0.5.0 fails, with the reason (README, 'Certifying gefen-x').
+EXPECTED_FAILURES = {
+    "test_dcp_payload.py::test_payload_md5s_match_the_reference[w4-empty-shards]":
+        _TORN + "; only that slot's scalars differ from the reference's payload",
+    "test_dcp_schema.py::test_checkpoint_schema_from_the_files[w4-empty-shards]":
+        _TORN + "; the file pairs initialized=0 with non-zero dense history",
+    "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[4->2-empty-source-shards]":
+        _TORN + "; gefen-x then refuses its own checkpoint on every rank",
+    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[4->2-empty-source-shards]":
+        _TORN + "; gefen-x then refuses its own checkpoint on every rank",
+    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[2->4-empty-target-shards]":
+        _TORN + "; the re-save after a correct restore at 4 ranks is torn again",
+    "test_goldens.py::test_saves_match_the_goldens":
+        _TORN + "; the golden w4_fp32_empty_shard differs in slot 1's scalars (all other cases match)",
+    "test_hostile_checkpoints.py::test_refused_without_mutation[initialized-flag-two]":
+        "documented difference (SPEC 3.9): gefen-x reads any non-zero initialized flag as 1",
+    "test_hyper_staging.py::test_staging_regression[aliased-lr-different-values]":
+        "case gefen-x leaves open (SPEC 3.5.4): one tensor shared by two groups is filled twice, "
+        "so both groups silently get the last group's lr",
+    "test_hyper_staging.py::test_staging_regression[lr-requires-grad]":
+        "case gefen-x leaves open (SPEC 3.5.3): filling a leaf tensor that requires grad raises "
+        "RuntimeError from autograd (nothing changes), where the reference fills it under no_grad",
+    "test_hyper_staging.py::test_staging_matches_reference_with_autograd_and_aliased_destinations":
+        "the two open cases above (SPEC 3.5.3, 3.5.4), drawn at random",
+}
+
+
 def implementation() -> Implementation:
     """Built lazily so that listing implementations works without gefen-x installed."""
     _gefen()
@@ -63,5 +96,5 @@ def implementation() -> Implementation:
         save_planner=_save_planner,
         async_writer=_async_writer,
         capabilities={NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE},
-        expected_failures={},
+        expected_failures=EXPECTED_FAILURES,
     )
