@@ -14,11 +14,11 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
 import reference.dcp as rdcp
+from conformance.sharding import world_mesh
 from oracles import checkpoint_reader
 
 # Five slots in two groups: a searched-period matrix, a vector, a matrix whose
@@ -39,29 +39,8 @@ SAVE_STEPS = 3
 COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
 
 
-def forget_dtensor_sharding_cache():
-    """Drop torch's cached DTensor sharding decisions.
-
-    The cache compares device meshes without regard to the rank they were built
-    on, so in a pooled worker that served as another rank in an earlier call, an
-    op such as ``nn.Parameter(dtensor)`` can return a DTensor on the earlier
-    call's mesh object, whose coordinate is that of the old rank.
-    """
-    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear is not None:
-        clear()
-    from torch.distributed.tensor import DTensor
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
-                   getattr(propagator, "_propagate_tensor_meta_cached", None)):
-        if cached is not None and hasattr(cached, "cache_clear"):
-            cached.cache_clear()
-
-
 def mesh():
-    forget_dtensor_sharding_cache()
-    return init_device_mesh("cpu", (dist.get_world_size(),))
+    return world_mesh()
 
 
 def make_params(device_mesh) -> dict:

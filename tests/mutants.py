@@ -264,22 +264,22 @@ CATALOGUE = {
         "3.7.3", "reshard", "load copies into a temporary buffer: restore is a silent no-op"),
     "unsynchronized-check": Entry(
         _dcp_mutant("unsynchronized-check", _state_with(agreement=proxy(agreement, any_rank_failed=_local_verdict_only))),
-        "2.3.4", "failure or divergent or rank", "rank-local failures not agreed across ranks"),
+        "2.3.4", "dcp_failures", "rank-local failures not agreed across ranks"),
     "no-layout-digest": Entry(
         _dcp_mutant("no-layout-digest", _state_with(agreement=proxy(agreement, require_identical_layouts=lambda *a, **k: None))),
-        "2.3.5", "divergent or layout", "no cross-rank layout digest"),
+        "2.3.5", "layout_differing", "no cross-rank layout digest"),
     "eager-expansion": Entry(
         _dcp_mutant("eager-expansion", _state_with(placeholder=proxy(placeholder, deferred=_eager))),
         "5.4.2", "memory or bounded", "every slot expanded and held during the save"),
     "commit-before-agreement": Entry(
         _dcp_mutant("commit-before-agreement", SimpleNamespace(GefenDCPState=_CommitBeforeAgreement)),
-        "3.2.5", "failure or one_rank or rank", "a rank commits before every rank staged successfully"),
+        "3.2.5", "dcp_failures", "a rank commits before every rank staged successfully"),
     "lr-truncated-into-int": Entry(
         _dcp_mutant("lr-truncated-into-int", _restore_with_staging(_stage_truncating_ints)),
-        "3.5", "staging", "a fractional lr restored into an integer tensor truncates to 0"),
+        "3.5", "staging_regression", "a fractional lr restored into an integer tensor truncates to 0"),
     "beta-rounds-to-one": Entry(
         _dcp_mutant("beta-rounds-to-one", _restore_with_staging(_stage_any_beta)),
-        "3.5", "staging", "a beta that rounds to 1 in the destination dtype is accepted"),
+        "3.5", "staging_regression", "a beta that rounds to 1 in the destination dtype is accepted"),
     "names-by-spelling": Entry(
         _dcp_mutant("names-by-spelling", _layout_by_spelling()),
         "2.4", "caller_name", "a caller's name that looks positional is refused"),

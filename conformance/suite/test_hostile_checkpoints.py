@@ -44,7 +44,7 @@ def test_refused_without_mutation(impl, variants, case):
 def test_refused_on_every_rank(impl, variants, case, request):
     _, paths = variants
     outcomes = run_on_ranks(hostile.load_attempt_on_rank, 2, args=(request.config.getoption("--impl"), paths[case]),
-                            timeout=60.0, allow_failure=True)
+                            timeout=30.0, allow_failure=True)
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"
