@@ -175,4 +175,10 @@ class CertificateRecorder:
             f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
             f"{s['xfailed']} expected failures)"
         )
+        for clause, counts in cert["clauses"].items():
+            if counts.get("failed") or counts.get("error") or counts.get("xfailed"):
+                detail = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                tr.write_line(f"  SPEC {clause}: {detail}")
+        passing = sum(1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error")))
+        tr.write_line(f"clauses: {passing} of {len(cert['clauses'])} without failures")
         tr.write_line(f"certificate: {path}")

@@ -22,6 +22,7 @@ import reference.dcp.layout as layout
 import reference.dcp.optimizer_view as optimizer_view
 import reference.dcp.placeholder as placeholder
 import reference.dcp.restore as restore
+import reference.dcp.schema as schema
 import reference.dcp.state as state
 import reference.optimizer as optimizer_module
 import reference.periods as periods
@@ -226,6 +227,11 @@ def _layout_by_spelling():
     return _state_with(layout=mutated_layout, restore=clone(restore, layout=mutated_layout))
 
 
+def _flag_as_int64(value):
+    """Flags (initialized, deterministic) written as int64 instead of uint8."""
+    return torch.tensor(1 if value else 0, dtype=torch.int64)
+
+
 @dataclass(frozen=True)
 class Entry:
     implementation: Implementation
@@ -280,6 +286,9 @@ CATALOGUE = {
     "beta-rounds-to-one": Entry(
         _dcp_mutant("beta-rounds-to-one", _restore_with_staging(_stage_any_beta)),
         "3.5", "staging_regression", "a beta that rounds to 1 in the destination dtype is accepted"),
+    "flags-as-int64": Entry(
+        _dcp_mutant("flags-as-int64", _state_with(schema=proxy(schema, uint8_flag=_flag_as_int64))),
+        "4.3.5", "schema", "uint8 flags written as int64"),
     "names-by-spelling": Entry(
         _dcp_mutant("names-by-spelling", _layout_by_spelling()),
         "2.4", "caller_name", "a caller's name that looks positional is refused"),

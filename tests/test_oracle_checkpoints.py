@@ -117,3 +117,17 @@ def test_schema_violations_name_the_key(mutate, key):
     mutate(state)
     found = gefen_schema.problems(state)
     assert any(p.startswith(key) for p in found), found
+
+
+def test_a_missing_shard_is_reported_as_uncovered_elements(plain_checkpoint):
+    """A tensor whose metadata claims more rows than its chunks hold has a missing shard."""
+    import dataclasses
+    import pickle
+
+    path, _ = plain_checkpoint
+    meta_file = path / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())
+    meta.state_dict_metadata["a"] = dataclasses.replace(meta.state_dict_metadata["a"], size=torch.Size([6, 4]))
+    meta_file.write_bytes(pickle.dumps(meta))
+    with pytest.raises(CheckpointError, match="a: chunks leave 12 elements uncovered"):
+        read_flat(path)
