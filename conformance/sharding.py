@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -40,3 +43,26 @@ def sharded_parameter(full: torch.Tensor, mesh) -> torch.nn.Parameter:
     if p.device_mesh.get_coordinate() != mesh.get_coordinate():
         raise RuntimeError("a sharded parameter landed on a stale mesh; DTensor caches were not cleared")
     return p
+
+
+class WorldOfOne:
+    """A gloo process group of one in this process (file store, no port), with its mesh and a
+    scratch directory for checkpoints; ``close()`` destroys the group if it made it."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
+        self.owned = not dist.is_initialized()
+        if self.owned:
+            store = dist.FileStore(os.path.join(self.tmp.name, "store"), 1)
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        self.mesh = world_mesh()
+        self.count = 0
+
+    def path(self) -> str:
+        self.count += 1
+        return os.path.join(self.tmp.name, f"ckpt{self.count}")
+
+    def close(self):
+        if self.owned and dist.is_initialized():
+            dist.destroy_process_group()
+        self.tmp.cleanup()

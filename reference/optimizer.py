@@ -14,7 +14,6 @@ reference is bit-exact with gefen-x's non-fused path (torch-exact profile).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any, Callable, Iterable, Optional
 
 import torch

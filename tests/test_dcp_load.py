@@ -9,7 +9,6 @@ process group.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 import reference.dcp as rdcp
 from reference.codebook import learn_codebook
 from reference.codewords import nearest_codeword_indices
+from conformance.sharding import WorldOfOne
 from oracles import checkpoint_reader
 from reference.dcp import reblock, schema
 from reference.periods import PeriodRules, choose_period
@@ -36,16 +36,13 @@ def checkpoint(tmp_path_factory):
     """An in-process gloo group of one rank and a one-rank reference checkpoint."""
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
-    store_file = tempfile.mktemp(prefix="gefen-dcp-load-")
-    dist.init_process_group("gloo", init_method="file://" + store_file, rank=0, world_size=1)
+    world = WorldOfOne()
     try:
         root = str(tmp_path_factory.mktemp("dcp-load-w1"))
         L.save_checkpoints(root, [("w1", "ref", True)])
         yield os.path.join(root, "w1")
     finally:
-        dist.destroy_process_group()
-        if os.path.exists(store_file):
-            os.unlink(store_file)
+        world.close()
 
 
 def _load(path, **overrides):

@@ -9,8 +9,6 @@ tensor identities, codebook, global step, deterministic flag).
 
 from __future__ import annotations
 
-import os
-import tempfile
 
 import pytest
 import torch.distributed as dist
@@ -21,6 +19,7 @@ from tests._dcp_save_ranks import checkpoint_bytes
 
 pytest.importorskip("gefen")
 from conformance.ranks import run_on_ranks  # noqa: E402
+from conformance.sharding import WorldOfOne
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -34,16 +33,13 @@ def world1(tmp_path_factory):
     """An in-process gloo group of one rank and a one-rank reference checkpoint."""
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
-    store_file = tempfile.mktemp(prefix="gefen-dcp-load-")
-    dist.init_process_group("gloo", init_method="file://" + store_file, rank=0, world_size=1)
+    world = WorldOfOne()
     try:
         root = str(tmp_path_factory.mktemp("dcp-load-fail-w1"))
         L.save_checkpoints(root, [("ref_w1", "ref", True)])
         yield root
     finally:
-        dist.destroy_process_group()
-        if os.path.exists(store_file):
-            os.unlink(store_file)
+        world.close()
 
 
 @pytest.fixture(scope="module")

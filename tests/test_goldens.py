@@ -3,7 +3,6 @@ manifest check catches tampering (SPEC 5.5)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest

@@ -9,18 +9,14 @@ one-element tensors, possibly aliased across groups and keys). The outcomes are 
 from __future__ import annotations
 
 import math
-import os
-import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from conformance import registry
-from conformance.sharding import sharded_parameter, world_mesh
+from conformance.sharding import WorldOfOne, sharded_parameter
 
 KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
@@ -55,28 +51,6 @@ class Outcome:
     values: list  # per group, per key: ("float", hex) or ("tensor", dtype, shape, bits, requires_grad)
     identities_kept: bool
     versions: list
-
-
-class WorldOfOne:
-    """A gloo process group of one in this process, for in-process DCP saves and loads."""
-
-    def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
-        self.owned = not dist.is_initialized()
-        if self.owned:
-            store = dist.FileStore(os.path.join(self.tmp.name, "store"), 1)
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        self.mesh = world_mesh()
-        self.count = 0
-
-    def path(self) -> str:
-        self.count += 1
-        return os.path.join(self.tmp.name, f"ckpt{self.count}")
-
-    def close(self):
-        if self.owned and dist.is_initialized():
-            dist.destroy_process_group()
-        self.tmp.cleanup()
 
 
 def _optimizer(impl, world: WorldOfOne):
@@ -133,10 +107,6 @@ def load_outcome(impl, world: WorldOfOne, path: str, destinations: list) -> Outc
         versions = [[v._version if torch.is_tensor(v) else None for v in row.values()] for row in live]
         identities = identities and values == before and versions == versions_before
     return Outcome(error is None, error, values, identities, versions_before)
-
-
-def float_bits(x: float) -> int:
-    return struct.unpack("<Q", struct.pack("<d", x))[0]
 
 
 def ulps_below_one(n: int) -> float:

@@ -7,9 +7,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from conformance.implementation import DCP_RESHARD
-from conformance.sharding import sharded_parameter
-
-from .staging import WorldOfOne
+from conformance.sharding import WorldOfOne, sharded_parameter
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 
 from conformance.implementation import DCP_RESHARD
 from conformance.ranks import run_on_ranks
+from conformance.sharding import WorldOfOne
 
 from . import hostile
-from .staging import WorldOfOne
 
 
 @pytest.fixture(scope="module")

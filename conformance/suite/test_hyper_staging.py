@@ -9,7 +9,6 @@ example database, 300 examples) and ``gefen-fuzz`` (random, 5000 examples).
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -19,7 +18,9 @@ from hypothesis import strategies as st
 from conformance import registry
 from conformance.implementation import DCP_RESHARD
 
-from .staging import KEYS, Destination, WorldOfOne, load_outcome, ulps_below_one, write_checkpoint
+from conformance.sharding import WorldOfOne
+
+from .staging import KEYS, Destination, load_outcome, ulps_below_one, write_checkpoint
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
