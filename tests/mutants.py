@@ -168,9 +168,10 @@ def _eager(parameter, build):
     return p
 
 
-def _local_verdict_only(failed_here):
+def _local_verdict_only(local_error, abort_message):
     """No agreement: each rank acts on its own verdict."""
-    return failed_here
+    if local_error is not None:
+        raise local_error
 
 
 def _stage_truncating_ints(destination, saved_value, *, key):
@@ -200,16 +201,12 @@ class _CommitBeforeAgreement(state.GefenDCPState):
     """Each rank commits what it staged, then learns whether the others succeeded."""
 
     def load_state_dict(self, state_dict):
-        local_error, plan = None, None
+        local_error = None
         try:
-            plan = restore.stage(self.optimizer, state_dict)
-            restore.commit(self.optimizer, plan)
+            restore.commit(self.optimizer, restore.stage(self.optimizer, state_dict))
         except Exception as exc:
             local_error = exc
-        if agreement.any_rank_failed(local_error is not None):
-            if local_error is not None:
-                raise local_error
-            raise RuntimeError(agreement.LOAD_ABORT_MESSAGE)
+        agreement.settle(local_error, agreement.LOAD_ABORT_MESSAGE)
 
 
 def _state_with(**overrides):
@@ -269,7 +266,7 @@ CATALOGUE = {
         _dcp_mutant("fresh-buffer-per-load", _state_with(placeholder=clone(placeholder, _DeferredDenseShard=_FreshBufferPerCall))),
         "3.7.3", "reshard", "load copies into a temporary buffer: restore is a silent no-op"),
     "unsynchronized-check": Entry(
-        _dcp_mutant("unsynchronized-check", _state_with(agreement=proxy(agreement, any_rank_failed=_local_verdict_only))),
+        _dcp_mutant("unsynchronized-check", _state_with(agreement=proxy(agreement, settle=_local_verdict_only))),
         "2.3.4", "dcp_failures", "rank-local failures not agreed across ranks"),
     "no-layout-digest": Entry(
         _dcp_mutant("no-layout-digest", _state_with(agreement=proxy(agreement, require_identical_layouts=lambda *a, **k: None))),

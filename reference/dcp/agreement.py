@@ -65,6 +65,18 @@ def any_rank_failed(failed_here: bool) -> bool:
     return bool(flag.item())
 
 
+def settle(local_error, abort_message: str) -> None:
+    """End an agreement region (SPEC 2.3.4, 3.2.3). **Collective.**
+
+    If any rank failed, every rank raises: a failing rank its own ``local_error``, the others
+    RuntimeError(``abort_message``). Returns only when every rank succeeded.
+    """
+    if any_rank_failed(local_error is not None):
+        if local_error is not None:
+            raise local_error
+        raise RuntimeError(abort_message)
+
+
 def layout_fingerprint(identities) -> list:
     """Two nonnegative 63-bit words summarizing an identity list."""
     canonical = repr([(d["name"], d["group"], tuple(d["shape"])) for d in identities])

@@ -51,10 +51,7 @@ class GefenDCPState:
             result = self._assemble()
         except Exception as exc:  # agreed on below, then re-raised
             local_error = exc
-        if agreement.any_rank_failed(local_error is not None):
-            if local_error is not None:
-                raise local_error
-            raise RuntimeError(agreement.ABORT_MESSAGE)
+        agreement.settle(local_error, agreement.ABORT_MESSAGE)
         agreement.require_identical_layouts(result["param_identities"])
         self._agree_slot_scalars(result)
         return result
@@ -126,10 +123,7 @@ class GefenDCPState:
             plan = restore.stage(self.optimizer, state_dict)
         except Exception as exc:  # agreed on below, then re-raised
             local_error = exc
-        if agreement.any_rank_failed(local_error is not None):
-            if local_error is not None:
-                raise local_error
-            raise RuntimeError(agreement.LOAD_ABORT_MESSAGE)
+        agreement.settle(local_error, agreement.LOAD_ABORT_MESSAGE)
         agreement.require_identical_layouts(plan.identities, agreement.DIVERGENT_LAYOUT_LOAD_MESSAGE)
         self._slots = plan.slots
         restore.commit(self.optimizer, plan)
