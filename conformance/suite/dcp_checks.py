@@ -96,17 +96,6 @@ class Checkpoints:
         return path
 
 
-_CACHES: dict[str, Checkpoints] = {}
-
-
-def checkpoints(tmp_path_factory) -> Checkpoints:
-    """The session's checkpoint cache (one per pytest base temp directory)."""
-    key = str(tmp_path_factory.getbasetemp())
-    if key not in _CACHES:
-        _CACHES[key] = Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
-    return _CACHES[key]
-
-
 # ---------------------------------------------------------------------------- restore checks
 
 

@@ -21,11 +21,6 @@ from . import dcp_checks, dcp_ranks
 WORLD = 2
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
-
-
 @pytest.mark.clause("4.3.7", "2.6.1", "5.2.3")
 @pytest.mark.requires(DCP_RESHARD, DCP_ASYNC_SAVE)
 def test_async_checkpoint_holds_the_state_as_of_the_call(request, saved):

@@ -13,18 +13,13 @@ from conformance.ranks import run_on_ranks
 from oracles.checkpoint_reader import CheckpointError, read_metadata
 from oracles.digests import content_digests, payload_md5s
 
-from . import dcp_checks, dcp_ranks
+from . import dcp_ranks
 
 # The bound within which every surviving rank must have raised: a healthy rank waiting on a failed
 # peer gets the gloo error after about half of it (conformance.ranks sets the collective timeout).
 TIMEOUT = 30.0
 WORLD = 2
 ODD_RANK = 1
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
 
 
 def _written(path) -> list[str]:

@@ -19,11 +19,6 @@ from . import dcp_checks
 REFERENCE = "reference"
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
-
-
 @pytest.mark.clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])

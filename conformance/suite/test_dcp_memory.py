@@ -22,11 +22,6 @@ KiB = 1024
 SLACK = 64 * KiB
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
-
-
 @pytest.mark.clause("5.4.2", "2.5.2", "5.4.1")
 @pytest.mark.requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 def test_planned_save_holds_one_slot_at_a_time(request, saved):

@@ -16,7 +16,6 @@ import pytest
 from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
 from oracles.digests import content_digests, metadata_digest, payload_md5s
 
-from . import dcp_checks
 
 WORLDS = [
     pytest.param("base", 1, id="w1"),
@@ -24,11 +23,6 @@ WORLDS = [
     pytest.param("base", 4, id="w4"),
     pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.clause("2.4.5")),
 ]
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
 
 
 def _payload_differences(a, b) -> list[str]:

@@ -34,11 +34,6 @@ PATHS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
-
-
 @pytest.mark.clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)

@@ -24,11 +24,6 @@ CHECKPOINTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    return dcp_checks.checkpoints(tmp_path_factory)
-
-
 def _expected_values(model: str, state: dict) -> list[str]:
     problems = []
     layout = dcp_ranks.MODELS[model]

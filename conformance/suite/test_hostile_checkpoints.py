@@ -6,18 +6,13 @@ import pytest
 
 from conformance.implementation import DCP_RESHARD
 from conformance.ranks import run_on_ranks
-from conformance.sharding import WorldOfOne
 
 from . import hostile
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory):
-    world = WorldOfOne()
-    try:
-        yield world, hostile.craft_all(str(tmp_path_factory.mktemp("hostile")), world.mesh)
-    finally:
-        world.close()
+def variants(tmp_path_factory, one_rank):
+    return one_rank, hostile.craft_all(str(tmp_path_factory.mktemp("hostile")), one_rank.mesh)
 
 
 @pytest.mark.clause("3.10.1")

@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 from conformance import registry
 from conformance.implementation import DCP_RESHARD
 
-from conformance.sharding import WorldOfOne
-
 from .staging import KEYS, Destination, load_outcome, ulps_below_one, write_checkpoint
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -78,13 +76,6 @@ def destination_groups(open_cases: bool):
     return st.lists(st.fixed_dictionaries({k: destination(k, open_cases) for k in KEYS}), min_size=2, max_size=2)
 
 
-@pytest.fixture(scope="module")
-def world():
-    w = WorldOfOne()
-    yield w
-    w.close()
-
-
 _REFERENCE = []
 
 
@@ -139,10 +130,10 @@ REGRESSIONS = {
 }
 
 
-def _check(impl, world, saved, dests):
-    path = write_checkpoint(world, saved)
-    expected = load_outcome(_reference(), world, path, dests)
-    actual = load_outcome(impl, world, path, dests)
+def _check(impl, one_rank, saved, dests):
+    path = write_checkpoint(one_rank, saved)
+    expected = load_outcome(_reference(), one_rank, path, dests)
+    actual = load_outcome(impl, one_rank, path, dests)
     assert actual.accepted == expected.accepted, (
         f"reference {'accepted' if expected.accepted else 'rejected: ' + str(expected.error)}; "
         f"{impl.name} {'accepted' if actual.accepted else 'rejected: ' + repr(actual.error)}"
@@ -159,23 +150,23 @@ def _check(impl, world, saved, dests):
 @pytest.mark.clause("3.5")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", sorted(REGRESSIONS))
-def test_staging_regression(impl, world, case):
-    _check(impl, world, *REGRESSIONS[case])
+def test_staging_regression(impl, one_rank, case):
+    _check(impl, one_rank, *REGRESSIONS[case])
 
 
 @pytest.mark.clause("3.5.1", "3.5.2", "3.5.5")
 @pytest.mark.requires(DCP_RESHARD)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=False))
-def test_staging_matches_reference(impl, world, saved, dests):
+def test_staging_matches_reference(impl, one_rank, saved, dests):
     """Numbers and one-element tensors of every dtype, each group and key with its own tensor."""
-    expected = _check(impl, world, saved, dests)
+    expected = _check(impl, one_rank, saved, dests)
     event("reference accepted" if expected.accepted else "reference rejected")
 
 
 @pytest.mark.clause("3.5.3", "3.5.4")
 @pytest.mark.requires(DCP_RESHARD)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=True))
-def test_staging_matches_reference_with_autograd_and_aliased_destinations(impl, world, saved, dests):
+def test_staging_matches_reference_with_autograd_and_aliased_destinations(impl, one_rank, saved, dests):
     """Adds destinations that require grad and tensors shared across groups and keys."""
-    expected = _check(impl, world, saved, dests)
+    expected = _check(impl, one_rank, saved, dests)
     event("reference accepted" if expected.accepted else "reference rejected")
