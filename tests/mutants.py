@@ -28,15 +28,14 @@ import reference.optimizer as optimizer_module
 import reference.periods as periods
 import reference.steps as steps
 from conformance.implementation import (
-    CPU_BIT_EXACT, DCP_ASYNC_SAVE, DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT,
-    Implementation,
+    CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, KNOWN_CAPABILITIES, NATIVE_STATE_DICT, Implementation,
 )
 from conformance.implementations import reference as reference_impl
 
 from .mutant_tools import clone, proxy
 
 OPTIMIZER_CAPS = {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT}
-ALL_CAPS = OPTIMIZER_CAPS | {DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE}
+ALL_CAPS = KNOWN_CAPABILITIES
 
 
 def _optimizer_mutant(name, make_optimizer):

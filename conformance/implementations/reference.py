@@ -6,15 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import reference
 
-from ..implementation import (
-    CPU_BIT_EXACT,
-    DCP_ASYNC_SAVE,
-    DCP_RESHARD,
-    DCP_SAVE_PLANNER,
-    FACTORED_SECOND_MOMENT,
-    NATIVE_STATE_DICT,
-    Implementation,
-)
+from ..implementation import KNOWN_CAPABILITIES, Implementation
 
 
 def _version() -> str:
@@ -53,5 +45,5 @@ IMPLEMENTATION = Implementation(
     dcp_state=_dcp_state,
     save_planner=_save_planner,
     async_writer=_async_writer,
-    capabilities={NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE},
+    capabilities=KNOWN_CAPABILITIES,  # every capability, bit-exactness on CPU included
 )
