@@ -77,3 +77,18 @@ def tolerance_mismatch(
 
 def max_abs_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
     return float((expected.detach().double() - actual.detach().double()).abs().max()) if expected.numel() else 0.0
+
+
+def profile_description(profile: str) -> dict:
+    """The numeric profile ``profile`` ("torch-exact" or "tolerance") as the certificate states it:
+    what is compared how, with every bound applied (SPEC 0.4, 5.3)."""
+    if profile == "torch-exact":
+        return {"name": profile, "comparison": "bitwise: dtype, shape and every element's bits (SPEC 5.3.1)"}
+    if profile == "tolerance":
+        return {
+            "name": profile,
+            "comparison": "within per-dtype (rtol, atol) after at most 8 steps (SPEC 5.3.2)",
+            "parameters": {str(dtype).replace("torch.", ""): {"rtol": r, "atol": a} for dtype, (r, a) in TOLERANCES.items()},
+            "continuation_after_reshard": {"max_abs": 5e-3},
+        }
+    raise ValueError(f"unknown numeric profile {profile!r} (known: torch-exact, tolerance)")
