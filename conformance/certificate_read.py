@@ -1,0 +1,121 @@
+"""Reading a conformance certificate back, for reports and diffs (SPEC 4.4, 4.5).
+
+:func:`load` returns the parsed certificate of schema ``gefen-conformance-certificate/2``
+(SPEC 4.4) after checking every key the report and the diff rely on, or raises
+:class:`CertificateError` with one line naming the file and the problem: unreadable file, not
+JSON, not an object, schema 1 ("not supported, re-run the suite"), an unknown schema, a missing
+or mistyped key. Keys the readers only display (platform, execution, run, ...) may be absent;
+the readers show what is there.
+
+The rest are small shared helpers: outcome and verdict vocabularies (verdicts ordered from best
+to worst), numeric clause ordering (1.10 after 1.9), and the
+tolerance and bitwise margins of a test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+SCHEMA = "gefen-conformance-certificate/2"
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+BAD_OUTCOMES = frozenset({"failed", "error", "xpassed"})
+# best first, a later verdict is worse: a chosen subset that passed (partial) beats a run that
+# stopped (incomplete), which beats one where nothing passed (inconclusive)
+VERDICTS = ("conformant", "conformant-with-expected-failures", "partial", "incomplete", "inconclusive", "not-conformant")
+
+
+class CertificateError(ValueError):
+    """A file the readers cannot use; the message is one line naming the file."""
+
+
+def load(path: os.PathLike) -> dict:
+    """The certificate at ``path``, checked (see the module docstring)."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CertificateError(f"{name}: cannot read: {exc}") from None
+    try:
+        cert = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CertificateError(f"{name}: not JSON ({exc})") from None
+    problem = check(cert)
+    if problem:
+        raise CertificateError(f"{name}: {problem}")
+    return cert
+
+
+def check(cert) -> str:
+    """The first reason ``cert`` is not a usable schema-2 certificate, or ``""``."""
+    if not isinstance(cert, dict):
+        return "not a certificate (the JSON is not an object)"
+    schema = cert.get("schema")
+    if schema == "gefen-conformance-certificate/1":
+        return f"schema gefen-conformance-certificate/1 is not supported, re-run the suite to get a {SCHEMA} certificate"
+    if schema != SCHEMA:
+        return f"unknown certificate schema {schema!r} (this gefen-conformance reads {SCHEMA})"
+    impl = cert.get("implementation")
+    if not isinstance(impl, dict) or not isinstance(impl.get("name"), str):
+        return "'implementation' must be an object with a string 'name'"
+    if cert.get("verdict") not in VERDICTS:
+        return f"unknown verdict {cert.get('verdict')!r} (known: {', '.join(VERDICTS)})"
+    for key in ("summary", "clauses"):
+        if not isinstance(cert.get(key), dict):
+            return f"{key!r} must be an object"
+    for clause, counts in cert["clauses"].items():
+        if not isinstance(counts, dict):
+            return f"clause {clause!r} must map to an object of counts"
+    tests = cert.get("tests")
+    if not isinstance(tests, list):
+        return "'tests' must be a list"
+    for i, test in enumerate(tests):
+        problem = _check_test(test)
+        if problem:
+            return f"tests[{i}]: {problem}"
+    return ""
+
+
+def _check_test(test) -> str:
+    if not isinstance(test, dict) or not isinstance(test.get("id"), str):
+        return "must be an object with a string 'id'"
+    if test.get("outcome") not in OUTCOMES:
+        return f"{test['id']}: unknown outcome {test.get('outcome')!r}"
+    if not isinstance(test.get("clauses", []), list):
+        return f"{test['id']}: 'clauses' must be a list"
+    margins = test.get("margins", [])
+    if not isinstance(margins, list) or not all(isinstance(m, dict) and m.get("kind") in ("tolerance", "bitwise") for m in margins):
+        return f"{test['id']}: 'margins' must be a list of tolerance or bitwise entries"
+    return ""
+
+
+def verdict_rank(verdict: str) -> int:
+    """0 for ``conformant`` up to the worst verdict, ``not-conformant``."""
+    return VERDICTS.index(verdict)
+
+
+def clause_key(clause: str) -> tuple:
+    """Sort key: numeric parts compare as numbers (1.9 < 1.10), anything else after them."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in str(clause).split("."))
+
+
+def finite_used(margin: dict):
+    """A tolerance margin's ``used`` as a float, or None when the comparison failed outright."""
+    used = margin.get("used")
+    if isinstance(used, bool) or not isinstance(used, (int, float)) or not math.isfinite(used):
+        return None
+    return float(used)
+
+
+def tolerance_margins(test: dict) -> list:
+    return [m for m in test.get("margins") or [] if m.get("kind") == "tolerance"]
+
+
+def bitwise_margins(test: dict) -> list:
+    return [m for m in test.get("margins") or [] if m.get("kind") == "bitwise"]
+
+
+def short_hash(value, length: int = 12) -> str:
+    return str(value)[:length] if value else ""

@@ -1,0 +1,257 @@
+"""A certificate as a document people read: Markdown for pull requests, HTML for publishing (SPEC 4.5).
+
+:func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`conformance.certificate_read`)
+into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`conformance.report_html`).
+Both show the same content, in this order: the verdict and its reason; the implementation, its
+version and capabilities; the numeric profile and every tolerance it applies; the execution
+target; the suite's identity (content hash, git commit); the platform (torch first); how complete
+the run was (expected vs executed tests, what narrowed it); the per-clause table (outcome counts
+and the worst share of a bound used, with its test), clauses in numeric order (1.10 after 1.9);
+failed, errored and unexpectedly passing tests with their reasons; expected failures with their
+reasons; capability skips with counts; stale expected-failure entries; notes.
+
+Every string taken from the certificate is escaped for the target format (a Markdown table cell
+keeps ``|`` and line breaks inside the cell; HTML gets entity-escaped text); nothing from the
+certificate is ever emitted as markup.
+
+The content model (:func:`facts`, :func:`clause_rows`, :func:`margin_text`) is shared by both
+formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .certificate_read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
+
+OUTCOME_HEADINGS = {"passed": "passed", "failed": "failed", "error": "errored", "skipped": "skipped",
+                    "xfailed": "expected failures", "xpassed": "unexpected passes"}
+
+
+@dataclass
+class ClauseRow:
+    """One clause: its outcome counts and the comparisons its tests recorded."""
+
+    clause: str
+    counts: dict
+    worst: Optional[dict] = None  # {"test", "what", "used"}: the largest finite share of a bound used
+    outside: list = field(default_factory=list)  # (test, what) of tolerance comparisons that failed outright
+    bitwise_total: int = 0  # elements compared bitwise by the clause's tests
+    bitwise_differing: int = 0
+
+    @property
+    def closeness(self) -> Optional[float]:
+        """The share of its bound the clause came closest to (inf: outside it), None without tolerances."""
+        if self.outside:
+            return float("inf")
+        return None if self.worst is None else self.worst["used"]
+
+
+def render(cert: dict, fmt: str, source: str = "") -> str:
+    """``cert`` as ``"md"`` or ``"html"``; ``source`` (the file it came from) is shown in a footer."""
+    if fmt == "md":
+        return markdown(cert, source)
+    if fmt == "html":
+        from .report_html import html
+
+        return html(cert, source)
+    raise ValueError(f"unknown report format {fmt!r} (known: md, html)")
+
+
+# --- content model -------------------------------------------------------------------------------
+
+
+def _join(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def tolerance_lines(profile) -> list:
+    """Every bound the profile applies, one ``path: value`` line each (nested objects flattened)."""
+    if not isinstance(profile, dict):
+        return [str(profile)]
+    lines = []
+
+    def walk(prefix, value):
+        if isinstance(value, dict) and value and all(not isinstance(v, dict) for v in value.values()):
+            lines.append(f"{prefix}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix} {k}", v)
+        else:
+            lines.append(f"{prefix}: {value}")
+
+    for key, value in profile.items():
+        if key not in ("name", "reason"):
+            walk(str(key), value)
+    return lines
+
+
+def facts(cert: dict) -> list:
+    """``(label, text)`` pairs describing what was certified, where, with what, how completely."""
+    impl, profile = cert["implementation"], cert.get("profile") or {}
+    suite, plat = cert.get("suite") or {}, cert.get("platform") or {}
+    ex, run, summary = cert.get("execution") or {}, cert.get("run") or {}, cert["summary"]
+    profile_name = profile.get("name", "?") if isinstance(profile, dict) else str(profile)
+    rows = [
+        ("verdict", f"{cert['verdict']}" + (f": {cert['verdict_reason']}" if cert.get("verdict_reason") else "")),
+        ("implementation", f"{impl['name']} {impl.get('version') or '(no version)'}"),
+        ("capabilities", _join(impl.get("capabilities") or []) or "none declared"),
+        ("profile", profile_name + (f" ({profile['reason']})" if isinstance(profile, dict) and profile.get("reason") else "")),
+    ]
+    rows += [("tolerances" if i == 0 else "", line) for i, line in enumerate(tolerance_lines(profile))]
+    devices = _join(ex.get("device_names") or [])
+    rows.append(("execution", ", ".join(p for p in (
+        f"{ex.get('device_type', '?')}" + (f" ({devices})" if devices else ""),
+        f"{ex['distributed_backend']}" if ex.get("distributed_backend") else "",
+        f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
+        f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
+        f"{ex['launcher']} launcher" if ex.get("launcher") else "") if p)))
+    git = suite.get("git")
+    rows.append(("suite", ", ".join(p for p in (
+        f"{suite.get('name', 'gefen-conformance')} {suite.get('version') or ''}".strip(),
+        f"content sha256 {short_hash(suite.get('content_sha256'))}" if suite.get("content_sha256") else "content hash unknown",
+        (f"git {short_hash(git.get('commit'))}" + (" (dirty)" if git.get("dirty") else "")) if isinstance(git, dict) else "not a git checkout",
+    ) if p)))
+    rows.append(("platform", ", ".join(f"{k} {plat[k]}" for k in ("torch", "python", "numpy", "os", "machine") if plat.get(k))
+                 + (f", {plat['cpu_count']} CPUs" if plat.get("cpu_count") else "")))
+    rows.append(("run", _completeness(run)))
+    if run.get("started"):
+        rows.append(("", f"{run['started']} to {run.get('finished', '?')}"))
+    hyp = run.get("hypothesis") or {}
+    if hyp.get("profile"):
+        rows.append(("hypothesis", f"profile {hyp['profile']}" + (
+            f" ({', '.join(f'{k} {v}' for k, v in hyp['settings'].items())})" if isinstance(hyp.get("settings"), dict) else "")))
+    rows.append(("summary", ", ".join(f"{summary.get(o, 0)} {OUTCOME_HEADINGS[o]}" for o in OUTCOMES)))
+    return rows
+
+
+def _completeness(run: dict) -> str:
+    if not run:
+        return "completeness not recorded"
+    parts = [f"{run.get('executed_tests', '?')} of {run.get('expected_tests', '?')} expected tests executed"]
+    parts.append("complete" if run.get("complete") else "not complete")
+    if run.get("interrupted"):
+        parts.append("interrupted")
+    if run.get("narrowed_by"):
+        parts.append("narrowed by " + "; ".join(map(str, run["narrowed_by"])))
+    if run.get("exit_status") is not None:
+        parts.append(f"exit status {run['exit_status']}")
+    return ", ".join(parts)
+
+
+def clause_rows(cert: dict) -> list:
+    """One :class:`ClauseRow` per clause, in numeric clause order."""
+    rows = {c: ClauseRow(c, {o: int(v.get(o, 0) or 0) for o in OUTCOMES}) for c, v in cert["clauses"].items()}
+    for c, v in cert["clauses"].items():
+        worst = v.get("worst_margin")
+        if isinstance(worst, dict) and finite_used(worst) is not None:
+            rows[c].worst = {"test": str(worst.get("test", "")), "what": str(worst.get("what", "")), "used": finite_used(worst)}
+    for test in cert["tests"]:
+        for c in test.get("clauses") or []:
+            row = rows.setdefault(c, ClauseRow(c, dict.fromkeys(OUTCOMES, 0)))
+            for m in tolerance_margins(test):
+                used = finite_used(m)
+                if used is None:
+                    row.outside.append((test["id"], str(m.get("what", ""))))
+                elif "worst_margin" not in cert["clauses"].get(c, {}) and (row.worst is None or used > row.worst["used"]):
+                    row.worst = {"test": test["id"], "what": str(m.get("what", "")), "used": used}
+            for m in bitwise_margins(test):
+                row.bitwise_total += int(m.get("total") or 0)
+                row.bitwise_differing += int(m.get("differing") or 0)
+    return [rows[c] for c in sorted(rows, key=clause_key)]
+
+
+def percent(used: float) -> str:
+    """A share of a bound as a percentage with three significant digits."""
+    return "0 % (exact)" if used == 0 else f"{used * 100:.3g} %"
+
+
+def margin_text(row: ClauseRow) -> tuple:
+    """``(how close, test, what)`` for a clause: the worst share of a bound used, where it was used;
+    the bitwise comparisons' differing elements when the clause has no tolerance comparison (or
+    appended when they differ)."""
+    bitwise = f"bitwise: {row.bitwise_differing:,} of {row.bitwise_total:,} differ" if row.bitwise_total else ""
+    if row.outside:
+        how, (test, what) = "outside its bound", row.outside[0]
+    elif row.worst is not None:
+        how, test, what = percent(row.worst["used"]), row.worst["test"], row.worst["what"]
+        if row.worst["used"] > 1:
+            how += " (outside its bound)"
+    else:
+        return bitwise, "", ""
+    if row.bitwise_differing:
+        how += f"; {bitwise}"
+    return how, test, what
+
+
+def tests_with(cert: dict, outcomes) -> list:
+    return [t for t in cert["tests"] if t["outcome"] in outcomes]
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+_MD_SPECIAL = {c: "\\" + c for c in "\\`*_[]|#"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def md_text(value) -> str:
+    """``value`` as inert Markdown text that stays inside one table cell."""
+    text = "".join(_MD_SPECIAL.get(ch, ch) for ch in str(value))
+    return "<br>".join(line.strip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+
+
+def md_code(value) -> str:
+    """``value`` as a code span inside a table cell (fenced past any backticks it holds)."""
+    text = " ".join(str(value).split()).replace("|", "\\|")
+    fence = "`" * (_longest_backticks(text) + 1)
+    return f"{fence} {text} {fence}" if text else ""
+
+
+def _longest_backticks(text: str) -> int:
+    longest = current = 0
+    for ch in text:
+        current = current + 1 if ch == "`" else 0
+        longest = max(longest, current)
+    return longest
+
+
+def _md_table(header, rows) -> list:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(cert: dict, source: str = "") -> str:
+    impl = cert["implementation"]
+    out = [f"# Gefen conformance: {md_text(impl['name'])} {md_text(impl.get('version') or '')}".rstrip(), "",
+           f"**Verdict: {md_text(cert['verdict'])}**" + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""), ""]
+    out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in facts(cert)[1:]])
+    out += ["", "## Clauses", ""]
+    rows = []
+    for row in clause_rows(cert):
+        how, test, what = margin_text(row)
+        where = f"{md_code(test)} {md_text(what)}" if test else ""
+        rows.append([md_text(row.clause)] + [str(row.counts[o]) for o in OUTCOMES] + [md_text(how), where])
+    out += _md_table(["clause"] + [OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows)
+    out.append("")
+    out.append("The worst margin is the largest share of its bound a tolerance comparison used (100 % = at the bound).")
+    sections = [
+        ("Failed tests", tests_with(cert, BAD_OUTCOMES), True),
+        ("Expected failures", tests_with(cert, {"xfailed"}), False),
+    ]
+    for title, tests, show_outcome in sections:
+        if tests:
+            out += ["", f"## {title} ({len(tests)})", ""]
+            header = ["test"] + (["outcome"] if show_outcome else []) + ["clauses", "reason"]
+            out += _md_table(header, [[md_code(t["id"])] + ([md_text(t["outcome"])] if show_outcome else [])
+                                      + [md_text(_join(t.get("clauses") or [])), md_text(t.get("reason") or "")] for t in tests])
+    skips = cert.get("capability_skips") or {}
+    if skips:
+        out += ["", "## Skipped for a missing capability", ""]
+        out += _md_table(["capability", "tests skipped"], [[md_text(k), str(v)] for k, v in sorted(skips.items())])
+    stale = cert.get("stale_expected_failures") or []
+    if stale:
+        out += ["", "## Stale expected-failure entries", ""] + [f"- {md_text(s)}" for s in stale]
+    notes = cert.get("notes") or []
+    if notes:
+        out += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in notes]
+    out += ["", f"<sub>{cert['schema']}" + (f", from {md_text(source)}" if source else "") + "</sub>", ""]
+    return "\n".join(out)
