@@ -191,7 +191,8 @@ def tests_with(cert: dict, outcomes) -> list:
 
 # --- Markdown ------------------------------------------------------------------------------------
 
-_MD_SPECIAL = {c: "\\" + c for c in "\\`*_[]|#"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+# ">" stays: it only quotes at the start of a line, and cell or list text never starts one
+_MD_SPECIAL = {c: "\\" + c for c in "\\`*_[]|#"} | {"<": "&lt;", "&": "&amp;"}
 
 
 def md_text(value) -> str:

@@ -1,0 +1,269 @@
+"""What changed between two certificates, and whether the newer run regressed (SPEC 4.5).
+
+:func:`compare` takes two checked schema-2 certificates (SPEC 4.4,
+:mod:`conformance.certificate_read`), OLD and NEW, and returns a :class:`Diff` holding:
+
+* identity changes: implementation name, version and capabilities; numeric profile and its
+  tolerances; suite version, content hash and git commit; torch, python, numpy and machine;
+  execution target; hypothesis profile; how complete the run was;
+* the verdict change, and whether it got worse (verdicts ordered as
+  :data:`conformance.certificate_read.VERDICTS`);
+* tests by outcome change: new failures (NEW failed, errored or passed unexpectedly where OLD did
+  not, or the test is new), fixed tests, other outcome changes, added and removed tests; clauses
+  whose outcome counts changed;
+* margins (tolerance comparisons matched by test id and ``what``) of tests that passed in NEW:
+  those that grew by more than ``margin_factor`` (a margin under ``margin_floor`` of its bound
+  counts as ``margin_floor``, so noise near zero does not flag) or that went outside their bound,
+  and those at or over ``margin_threshold`` of their bound; bitwise comparisons whose count of
+  differing elements changed.
+
+NEW regressed (:attr:`Diff.regressions` non-empty, exit status 1 of ``gefen-conformance diff``)
+when it has a new failure, a worse verdict, a margin grown past the factor, or a margin over the
+threshold. Identity changes are reported, never judged: comparing across profiles or torch
+versions is allowed, and said.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .certificate_read import BAD_OUTCOMES, OUTCOMES, clause_key, finite_used, tolerance_margins, verdict_rank
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # never echo terminal escapes from a certificate
+DEFAULT_MARGIN_FACTOR = 2.0
+DEFAULT_MARGIN_FLOOR = 0.01
+DEFAULT_MARGIN_THRESHOLD = 0.9
+
+
+@dataclass
+class MarginChange:
+    test: str
+    what: str
+    old: Optional[float]  # share of the bound used; None: no such margin in OLD (threshold) or outside its bound
+    new: Optional[float]  # None: outside its bound (failed outright)
+    old_present: bool = True
+
+
+@dataclass
+class Diff:
+    identity: list = field(default_factory=list)  # (what, old text, new text)
+    verdict: Optional[tuple] = None  # (old, new) when it changed
+    verdict_worse: bool = False
+    new_failures: list = field(default_factory=list)  # (test id, old outcome or None, new outcome, reason)
+    fixed: list = field(default_factory=list)  # (test id, old outcome, new outcome)
+    other_changes: list = field(default_factory=list)  # (test id, old outcome, new outcome)
+    added: list = field(default_factory=list)  # (test id, outcome)
+    removed: list = field(default_factory=list)  # (test id, outcome)
+    clauses: list = field(default_factory=list)  # (clause, old counts, new counts)
+    margin_growth: list = field(default_factory=list)  # MarginChange
+    over_threshold: list = field(default_factory=list)  # MarginChange
+    bitwise: list = field(default_factory=list)  # (test id, what, old differing, new differing)
+    margin_factor: float = DEFAULT_MARGIN_FACTOR
+    margin_floor: float = DEFAULT_MARGIN_FLOOR
+    margin_threshold: float = DEFAULT_MARGIN_THRESHOLD
+
+    @property
+    def regressions(self) -> list:
+        """Why NEW regressed, one phrase each; empty when it did not."""
+        reasons = []
+        if self.new_failures:
+            reasons.append(f"{len(self.new_failures)} new failure(s)")
+        if self.verdict_worse:
+            reasons.append(f"verdict got worse: {self.verdict[0]} -> {self.verdict[1]}")
+        if self.margin_growth:
+            reasons.append(f"{len(self.margin_growth)} margin(s) grew more than {self.margin_factor:g}x or left their bound")
+        if self.over_threshold:
+            reasons.append(f"{len(self.over_threshold)} margin(s) at or over {self.margin_threshold:.0%} of their bound")
+        return reasons
+
+
+def _text(value) -> str:
+    if value is None or value == "":
+        return "(none)"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "(none)"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_text(v)}" for k, v in value.items()) or "(none)"
+    return str(value)
+
+
+def _identity(cert: dict) -> dict:
+    impl, suite = cert["implementation"], cert.get("suite") or {}
+    profile = cert.get("profile") or {}
+    profile = profile if isinstance(profile, dict) else {"name": profile}
+    plat, ex, run = cert.get("platform") or {}, cert.get("execution") or {}, cert.get("run") or {}
+    git = suite.get("git") if isinstance(suite.get("git"), dict) else {}
+    return {
+        "implementation": impl.get("name"),
+        "implementation version": impl.get("version"),
+        "profile": profile.get("name"),
+        "profile tolerances": {k: v for k, v in profile.items() if k not in ("name", "reason")},
+        "suite version": suite.get("version"),
+        "suite content sha256": suite.get("content_sha256"),
+        "suite git commit": (git.get("commit") or "") + (" (dirty)" if git.get("dirty") else "") if git else None,
+        "torch": plat.get("torch"),
+        "python": plat.get("python"),
+        "numpy": plat.get("numpy"),
+        "machine": plat.get("machine"),
+        "execution": {k: ex.get(k) for k in ("device_type", "device_names", "distributed_backend", "world_sizes", "nodes", "launcher") if k in ex},
+        "hypothesis profile": (run.get("hypothesis") or {}).get("profile"),
+        "run": _run_text(run) if run else None,
+    }
+
+
+def _run_text(run: dict) -> str:
+    text = f"{run.get('executed_tests', '?')} of {run.get('expected_tests', '?')} expected tests executed"
+    if run.get("narrowed_by"):
+        text += ", narrowed by " + "; ".join(map(str, run["narrowed_by"]))
+    return text + (", interrupted" if run.get("interrupted") else "")
+
+
+def _capabilities(old: dict, new: dict) -> Optional[tuple]:
+    a, b = set(old["implementation"].get("capabilities") or []), set(new["implementation"].get("capabilities") or [])
+    if a == b:
+        return None
+    change = [f"+{c}" for c in sorted(b - a)] + [f"-{c}" for c in sorted(a - b)]
+    return ("capabilities", _text(sorted(a)), _text(sorted(b)) + f" ({' '.join(change)})")
+
+
+def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTOR,
+            margin_floor: float = DEFAULT_MARGIN_FLOOR, margin_threshold: float = DEFAULT_MARGIN_THRESHOLD) -> Diff:
+    """The :class:`Diff` from ``old`` to ``new`` (see the module docstring)."""
+    diff = Diff(margin_factor=margin_factor, margin_floor=margin_floor, margin_threshold=margin_threshold)
+    a, b = _identity(old), _identity(new)
+    diff.identity = [(k, _text(a[k]), _text(b[k])) for k in a if a[k] != b[k]]
+    caps = _capabilities(old, new)
+    if caps:
+        diff.identity.insert(2, caps)
+    if old["verdict"] != new["verdict"]:
+        diff.verdict = (old["verdict"], new["verdict"])
+        diff.verdict_worse = verdict_rank(new["verdict"]) > verdict_rank(old["verdict"])
+    old_tests, new_tests = {t["id"]: t for t in old["tests"]}, {t["id"]: t for t in new["tests"]}
+    for tid in sorted(old_tests.keys() | new_tests.keys()):
+        was, now = old_tests.get(tid), new_tests.get(tid)
+        was_o, now_o = was and was["outcome"], now and now["outcome"]
+        if now is None:
+            diff.removed.append((tid, was_o))
+            continue
+        if was is None:
+            diff.added.append((tid, now_o))
+        if now_o in BAD_OUTCOMES and was_o not in BAD_OUTCOMES:
+            diff.new_failures.append((tid, was_o, now_o, str(now.get("reason") or "")))
+        elif was is not None and was_o != now_o:
+            (diff.fixed if was_o in BAD_OUTCOMES else diff.other_changes).append((tid, was_o, now_o))
+        if was is not None:
+            _compare_margins(diff, tid, was, now)
+        if now_o == "passed":
+            _check_threshold(diff, tid, was, now)
+    for clause in sorted(old["clauses"].keys() | new["clauses"].keys(), key=clause_key):
+        counts = [{o: int((cert["clauses"].get(clause) or {}).get(o, 0) or 0) for o in OUTCOMES} for cert in (old, new)]
+        if counts[0] != counts[1]:
+            diff.clauses.append((clause, counts[0], counts[1]))
+    return diff
+
+
+def _margins_by_what(test: dict) -> dict:
+    return {str(m.get("what", "")): m for m in test.get("margins") or []}
+
+
+def _compare_margins(diff: Diff, tid: str, was: dict, now: dict) -> None:
+    before = _margins_by_what(was)
+    for what, m in _margins_by_what(now).items():
+        old_m = before.get(what)
+        if old_m is None or old_m.get("kind") != m.get("kind"):
+            continue
+        if m["kind"] == "bitwise":
+            if int(old_m.get("differing") or 0) != int(m.get("differing") or 0):
+                diff.bitwise.append((tid, what, int(old_m.get("differing") or 0), int(m.get("differing") or 0)))
+            continue
+        if now["outcome"] != "passed":
+            continue  # a failing comparison is judged by the test's outcome
+        old_u, new_u = finite_used(old_m), finite_used(m)
+        if old_u is None:
+            continue  # it was outside its bound before: anything now is no growth
+        if new_u is None or (new_u >= diff.margin_floor and new_u > diff.margin_factor * max(old_u, diff.margin_floor)):
+            diff.margin_growth.append(MarginChange(tid, what, old_u, new_u))
+
+
+def _check_threshold(diff: Diff, tid: str, was: Optional[dict], now: dict) -> None:
+    before = _margins_by_what(was) if was else {}
+    for m in tolerance_margins(now):
+        used = finite_used(m)
+        if used is None or used >= diff.margin_threshold:
+            what = str(m.get("what", ""))
+            old_m = before.get(what)
+            diff.over_threshold.append(MarginChange(tid, what, finite_used(old_m) if old_m else None, used, old_m is not None))
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def _pct(used: Optional[float]) -> str:
+    from .report import percent
+
+    return "outside its bound" if used is None else percent(used)
+
+
+def _growth_item(c: MarginChange) -> str:
+    if c.new is None:
+        return f"{c.test} :: {c.what}: {_pct(c.old)} -> outside its bound"
+    return f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)} (x{c.new / max(c.old, 1e-300):.3g})" if c.old else \
+        f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)}"
+
+
+def _threshold_item(c: MarginChange) -> str:
+    was = f" (was {_pct(c.old)})" if c.old_present else " (new comparison)"
+    return f"{c.test} :: {c.what}: {_pct(c.new)} of its bound{was}"
+
+
+def sections(diff: Diff) -> list:
+    """``(title, items)`` for every non-empty part of the diff, in reading order; items are plain text."""
+    def outcome(o):
+        return o if o is not None else "(new test)"
+
+    parts = [
+        ("Identity changed", [f"{what}: {a} -> {b}" for what, a, b in diff.identity]),
+        ("Verdict changed", [f"{diff.verdict[0]} -> {diff.verdict[1]}" + (" (worse)" if diff.verdict_worse else " (better)")] if diff.verdict else []),
+        ("New failures", [f"{tid}: {outcome(a)} -> {b}" + (f"\n{reason.splitlines()[0]}" if reason.strip() else "")
+                          for tid, a, b, reason in diff.new_failures]),
+        ("Fixed", [f"{tid}: {a} -> {b}" for tid, a, b in diff.fixed]),
+        ("Other outcome changes", [f"{tid}: {a} -> {b}" for tid, a, b in diff.other_changes]),
+        ("Tests added", [f"{tid} ({o})" for tid, o in diff.added]),
+        ("Tests removed", [f"{tid} (was {o})" for tid, o in diff.removed]),
+        ("Clauses whose outcomes changed", [f"{c}: " + ", ".join(f"{o} {a[o]} -> {b[o]}" for o in OUTCOMES if a[o] != b[o])
+                                            for c, a, b in diff.clauses]),
+        (f"Margins that grew more than {diff.margin_factor:g}x (margins under {_pct(diff.margin_floor)} count as "
+         f"{_pct(diff.margin_floor)}) or left their bound", [_growth_item(c) for c in diff.margin_growth]),
+        (f"Margins at or over {_pct(diff.margin_threshold)} of their bound (passing tests)", [_threshold_item(c) for c in diff.over_threshold]),
+        ("Bitwise comparisons whose differing elements changed", [f"{tid} :: {what}: {a:,} -> {b:,} differ" for tid, what, a, b in diff.bitwise]),
+    ]
+    return [(title, items) for title, items in parts if items]
+
+
+def _describe(cert: dict) -> str:
+    impl, run = cert["implementation"], cert.get("run") or {}
+    started = f", started {run['started']}" if run.get("started") else ""
+    return f"{impl['name']} {impl.get('version') or ''}".strip() + f", {cert['verdict']}{started}"
+
+
+def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = "OLD", new_name: str = "NEW") -> str:
+    """The diff as plain text (``"text"``) or as Markdown for a pull-request comment (``"md"``)."""
+    verdict = ("REGRESSED: " + "; ".join(diff.regressions)) if diff.regressions else "No regression."
+    if fmt == "text":
+        out = [f"OLD {old_name}: {_describe(old)}", f"NEW {new_name}: {_describe(new)}", verdict]
+        for title, items in sections(diff):
+            out += ["", f"{title} ({len(items)}):"] + ["  " + _CONTROL.sub("?", item).replace("\n", "\n      ") for item in items]
+        out[:2] = [_CONTROL.sub("?", line) for line in out[:2]]
+        return "\n".join(out) + "\n"
+    if fmt == "md":
+        from .report import md_text
+
+        out = ["### Gefen conformance diff", "", f"**{md_text(verdict)}**", "",
+               "| | certificate | implementation, verdict, start |", "|---|---|---|",
+               f"| OLD | {md_text(old_name)} | {md_text(_describe(old))} |", f"| NEW | {md_text(new_name)} | {md_text(_describe(new))} |"]
+        for title, items in sections(diff):
+            out += ["", f"#### {md_text(title)} ({len(items)})", ""] + [f"- {md_text(item)}" for item in items]
+        return "\n".join(out) + "\n"
+    raise ValueError(f"unknown diff format {fmt!r} (known: text, md)")
