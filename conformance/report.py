@@ -20,6 +20,7 @@ formats.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -191,19 +192,20 @@ def tests_with(cert: dict, outcomes) -> list:
 
 # --- Markdown ------------------------------------------------------------------------------------
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # ">" stays: it only quotes at the start of a line, and cell or list text never starts one
 _MD_SPECIAL = {c: "\\" + c for c in "\\`*_[]|#"} | {"<": "&lt;", "&": "&amp;"}
 
 
 def md_text(value) -> str:
     """``value`` as inert Markdown text that stays inside one table cell."""
-    text = "".join(_MD_SPECIAL.get(ch, ch) for ch in str(value))
+    text = "".join(_MD_SPECIAL.get(ch, ch) for ch in _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)))
     return "<br>".join(line.strip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
 
 
 def md_code(value) -> str:
     """``value`` as a code span inside a table cell (fenced past any backticks it holds)."""
-    text = " ".join(str(value).split()).replace("|", "\\|")
+    text = " ".join(_CONTROL.sub("?", str(value)).split()).replace("|", "\\|")
     fence = "`" * (_longest_backticks(text) + 1)
     return f"{fence} {text} {fence}" if text else ""
 

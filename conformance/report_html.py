@@ -95,7 +95,7 @@ def margin_chart(rows: list) -> str:
         how, test, what = margin_text(row)
         tip = f"clause {row.clause}: {how}" + (f" in {test} ({what})" if test else "")
         out.append(f"<g><title>{esc(tip)}</title>")
-        out.append(f'<text x="{label_w}" y="{y + 14}" text-anchor="end" font-weight="600">{esc(row.clause)}</text>')
+        out.append(f'<text x="{label_w}" y="{y + 14}" text-anchor="end" font-weight="600">{esc(_shorten(row.clause, 10))}</text>')
         used = row.closeness
         if used is not None:
             fill = colour(None if used > 1 else used)

@@ -1,0 +1,255 @@
+"""``gefen-conformance report``: Markdown and self-contained HTML of a schema-2 certificate (SPEC 4.5)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conformance import certificate_read, report, report_cli
+from conformance.report_html import margin_chart
+
+FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
+NAMES = sorted(p.name for p in FIXTURES.glob("*.json"))
+HOSTILE = "evil|<script>alert(1)</script>\n&amp;`x`*y*[z](javascript:1)\x01</svg>"
+
+
+def load(name):
+    return certificate_read.load(FIXTURES / name)
+
+
+def hostile_certificate():
+    cert = copy.deepcopy(load("fast-run1.json"))
+    cert["implementation"]["name"] = HOSTILE
+    cert["implementation"]["capabilities"].append(HOSTILE)
+    cert["verdict_reason"] = HOSTILE
+    cert["notes"].append(HOSTILE)
+    cert["capability_skips"][HOSTILE] = 1
+    failing = cert["tests"][0]
+    failing.update(outcome="failed", reason=HOSTILE, id=HOSTILE + "::test")
+    failing["margins"].append({"what": HOSTILE, "kind": "tolerance", "error": 1.0, "bound": 2.0, "used": 0.5})
+    cert["clauses"][HOSTILE] = {"passed": 0, "failed": 1}
+    failing["clauses"].append(HOSTILE)
+    return cert
+
+
+def test_fixtures_are_what_the_generator_writes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_fixtures", FIXTURES / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = module.fixtures()
+    assert sorted(made) == NAMES
+    for name, cert in made.items():
+        assert json.loads(json.dumps(cert)) == json.loads((FIXTURES / name).read_text()), name
+
+
+def test_clause_order_is_numeric():
+    clauses = ["1.10.1", "1.9", "1.11", "1.8.8", "2.1", "1.10", "10.1", "x"]
+    assert sorted(clauses, key=certificate_read.clause_key) == ["1.8.8", "1.9", "1.10", "1.10.1", "1.11", "2.1", "10.1", "x"]
+
+
+# --- Markdown --------------------------------------------------------------------------------------
+
+
+def test_markdown_states_what_was_certified_where_and_how_completely():
+    md = report.render(load("fast-run1.json"), "md")
+    for expected in ("fast 0.3.0", "dcp-reshard, dcp-save-planner, native-state-dict", "tolerance (cpu-bit-exact not declared)",
+                     "parameters bfloat16: rtol 0.02, atol 0.02", "continuation\\_after\\_reshard: max\\_abs 0.005",
+                     "world sizes 1, 2, 4", "gloo", "content sha256 3f1c9a0be27d", "git 17ca9a6b2e0c", "torch 2.13.0+cpu",
+                     "**Verdict: conformant-with-expected-failures**", "2 expected failures",
+                     "13 of 13 expected tests executed, complete", "profile gefen-certify"):
+        assert expected in md, expected
+    assert "| dcp-async-save | 1 |" in md and "| factored-v | 2 |" in md
+    assert "golden md5s not compared" in md
+    xfail = "documented difference (SPEC 3.9): fast reads any non-zero initialized flag as 1"
+    assert md.count(xfail) == 1 and "## Expected failures (2)" in md
+    assert "## Failed tests" not in md
+
+
+def test_markdown_clause_table_in_numeric_order_with_worst_margin_and_its_test():
+    md = report.render(load("fast-run2-drift.json"), "md")
+    rows = [line for line in md.splitlines() if re.match(r"\| \d+\.\d", line)]
+    clauses = [row.split(" | ")[0][2:] for row in rows]
+    assert clauses == sorted(clauses, key=certificate_read.clause_key)
+    assert clauses.index("1.9") < clauses.index("1.10.1") < clauses.index("1.11")
+    row_18 = next(r for r in rows if r.startswith("| 1.8 |"))
+    assert "93 % | ` test_optimizer.py::test_block_step_matches_reference[torch.bfloat16-wd-tensor-lr] `" in row_18
+    row_19 = next(r for r in rows if r.startswith("| 1.9 |"))
+    assert row_19.split(" | ")[1:7] == ["0", "0", "0", "1", "0", "0"]  # passed .. xpassed: one skipped
+
+
+def test_markdown_lists_failed_tests_with_reasons_and_bitwise_counts():
+    md = report.render(load("mutant-beta-rounding.json"), "md")
+    assert "**Verdict: not-conformant**" in md and "## Failed tests (4)" in md
+    assert "rank 2: RuntimeError: slot 1 of 'w' has 3 codewords, expected 4" in md
+    assert "311 of 4096 elements differ bitwise<br>first at" in md  # a multi-line reason stays in its cell
+    assert "| 1.8 | 0 | 2 | 0 | 0 | 0 | 0 | bitwise: 408 of 6,144 differ |" in md
+    assert "620 % (outside its bound)" in md
+
+
+def test_markdown_of_a_partial_run_says_what_narrowed_it():
+    md = report.render(load("reference-partial.json"), "md")
+    assert "**Verdict: partial**" in md
+    assert "7 of 13 expected tests executed, not complete, narrowed by -k optimizer" in md
+
+
+def _cells(row: str) -> list:
+    return re.split(r"(?<!\\)\|", row)[1:-1]
+
+
+def test_markdown_escapes_hostile_strings_and_keeps_every_row_whole():
+    md = report.render(hostile_certificate(), "md")
+    # inside a code span text is literal (no markup, no links); everywhere else it is escaped
+    plain = re.sub(r"(`+) .*? \1", "", md)
+    assert "<script" not in plain and "&lt;script>" in plain and "evil\\|&lt;script>alert(1)&lt;/script><br>&amp;amp;" in plain
+    assert "[z](javascript" not in plain and "\\[z\\](javascript" in plain
+    for table in re.findall(r"((?:^\|.*\|$\n?)+)", md, flags=re.M):
+        lines = table.strip().splitlines()
+        widths = {len(_cells(line)) for line in lines}
+        assert len(widths) == 1, lines
+    assert "\x01" not in md and "\\x01" in md
+
+
+# --- HTML ------------------------------------------------------------------------------------------
+
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "span", "div", "table", "thead", "tbody",
+                "tr", "th", "td", "code", "p", "i", "ul", "li", "br", "svg", "line", "text", "tspan", "g", "rect", "path",
+                "circle"}
+
+
+class TagCollector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.attributes, self.text = [], set(), []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attributes |= {name for name, _ in attrs}
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def svg_of(page: str) -> ET.Element:
+    match = re.search(r"<svg\b.*?</svg>", page, flags=re.S)
+    assert match, "no inline SVG"
+    return ET.fromstring(match.group())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_html_is_self_contained_and_its_chart_is_xml(name):
+    cert = load(name)
+    page = report.render(cert, "html", name)
+    for outside in ("http:", "https:", "src=", "href=", "<script", "url(", "@import", "<link", "<img", "<iframe"):
+        assert outside not in page.lower(), outside
+    assert "default-src 'none'" in page
+    parser = TagCollector()
+    parser.feed(page)
+    assert set(parser.tags) <= ALLOWED_TAGS
+    assert not {a for a in parser.attributes if a.startswith("on")}
+    svg = svg_of(page)
+    labels = [t.text for t in svg.iter("text") if t.get("font-weight") == "600"]
+    compared = [r.clause for r in report.clause_rows(cert) if r.closeness is not None or r.bitwise_total]
+    assert sorted(labels) == sorted(compared)
+    for clause in cert["clauses"]:
+        assert f"<td>{clause}</td>" in page
+
+
+def test_html_chart_puts_the_clause_closest_to_its_bound_first_and_colours_it():
+    cert = load("fast-run2-drift.json")
+    svg = svg_of(report.render(cert, "html"))
+    labels = [t.text for t in svg.iter("text") if t.get("font-weight") == "600"]
+    assert labels[:3] == ["1.4", "1.8", "1.10.1"]  # 93 %, ties in clause order
+    bars = [r for r in svg.iter("rect") if r.get("height") == "12"]
+    assert bars[0].get("fill") == "#e8590c"  # 90 to 100 % of the bound
+    assert {b.get("fill") for b in bars[3:]} == {"#2f9e44"}
+    bound = [line for line in svg.iter("line") if line.get("stroke-dasharray")]
+    assert len(bound) == 1 and float(bound[0].get("x1")) == pytest.approx(72 + 520 / 1.25)
+
+
+def test_html_chart_marks_clipped_bars_and_differing_bitwise_comparisons():
+    svg = svg_of(report.render(load("mutant-beta-rounding.json"), "html"))
+    assert len(list(svg.iter("path"))) == 5  # 620 % on five clauses: clipped, with an arrow head
+    red_dots = [c for c in svg.iter("circle") if c.get("fill") == "#c92a2a"]
+    assert len(red_dots) == 3  # 1.4, 1.8, 1.10.1: elements differ bitwise
+    grey_dots = [c for c in svg.iter("circle") if c.get("fill") == "#868e96"]
+    assert grey_dots
+
+
+def test_html_has_the_markdown_content():
+    cert = load("fast-run1.json")
+    page = report.render(cert, "html")
+    for expected in ("fast 0.3.0", "conformant-with-expected-failures", "tolerance (cpu-bit-exact not declared)",
+                     "parameters float32: rtol 0.0001, atol 1e-05", "content sha256 3f1c9a0be27d", "torch 2.13.0+cpu",
+                     "13 of 13 expected tests executed", "Expected failures (2)", "Skipped for a missing capability",
+                     "golden md5s not compared", "No comparison recorded (not shown): 1.1.2, 1.1.3"):
+        assert expected in page, expected
+    assert "the file is torn and | the restore refuses it" in page
+
+
+def test_html_escapes_hostile_strings():
+    page = report.render(hostile_certificate(), "html", source="<b>x</b>.json")
+    assert "<script>" not in page and page.count("</svg>") == 1
+    assert "evil|&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&amp;amp;" in page
+    assert "\x01" not in page and "\\x01" in page
+    assert "&lt;b&gt;x&lt;/b&gt;.json" in page
+    parser = TagCollector()
+    parser.feed(page)
+    assert set(parser.tags) <= ALLOWED_TAGS and "script" not in parser.tags
+    svg = svg_of(page)
+    assert any(HOSTILE.replace("\x01", "\\x01").split("\n")[0] in (t.text or "") for t in svg.iter("title"))
+
+
+def test_chart_of_a_certificate_without_comparisons_is_still_valid_svg():
+    cert = load("reference-run1.json")
+    rows = [r for r in report.clause_rows(cert) if r.closeness is None and not r.bitwise_total]
+    ET.fromstring(margin_chart(rows))
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+def test_report_command_writes_html_for_an_html_path(tmp_path, capsys):
+    out = tmp_path / "sub" / "report.html"
+    assert report_cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(out)]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_report_command_prints_markdown_by_default(capsys):
+    assert report_cli.main(["report", str(FIXTURES / "reference-run1.json")]) == 0
+    assert capsys.readouterr().out.startswith("# Gefen conformance: reference 0.1.0")
+
+
+def test_report_command_refuses_schema_1_in_one_line_and_writes_nothing(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": "gefen-conformance-certificate/1", "tests": []}))
+    out = tmp_path / "r.md"
+    assert report_cli.main(["report", str(old), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "schema gefen-conformance-certificate/1 is not supported, re-run the suite" in err
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{", "not JSON"),
+    ("[]", "not a certificate"),
+    ('{"schema": "gefen-conformance-certificate/9"}', "unknown certificate schema"),
+    ('{"schema": "gefen-conformance-certificate/2", "implementation": {"name": "x"}, "verdict": "conformant",'
+     ' "summary": {}, "clauses": {}}', "'tests' must be a list"),
+    ('{"schema": "gefen-conformance-certificate/2", "implementation": {"name": "x"}, "verdict": "great",'
+     ' "summary": {}, "clauses": {}, "tests": []}', "unknown verdict 'great'"),
+])
+def test_report_command_names_the_problem_of_a_bad_certificate(tmp_path, capsys, content, problem):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert report_cli.main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert problem in err and str(bad) in err and len(err.splitlines()) == 1
