@@ -189,3 +189,23 @@ def test_text_output_never_echoes_control_characters(capsys, tmp_path):
     new["tests"][0]["outcome"] = "failed"
     status, out, _ = diff_cli(capsys, FIXTURES / "reference-run1.json", written(tmp_path, "new.json", new))
     assert status == 1 and "\x1b" not in out and "\x07" not in out and "?[2Jcleared?" in out
+
+
+@pytest.mark.skipif(__import__("conformance.certificate").certificate.SCHEMA != certificate_read.SCHEMA,
+                    reason="the plugin does not write schema-2 certificates yet (issue 13)")
+def test_report_and_diff_of_real_suite_runs(pytester, capsys):
+    """End to end: the reference and a mutant certified on a narrow selection, reported and compared."""
+    certs = {}
+    for impl in ("reference", "tests.mutants:global_step"):
+        path = pytester.path / f"{impl.replace(':', '-')}.json"
+        pytester.runpytest_subprocess("--pyargs", "conformance", f"--impl={impl}", f"--certificate={path}",
+                                      "-p", "no:cacheprovider", "-q", "-k", "global_step")
+        certs[impl] = path
+    reference, mutant = certs["reference"], certs["tests.mutants:global_step"]
+    for fmt in ("md", "html"):
+        assert report_cli.main(["report", str(reference), "--format", fmt, "--out", str(pytester.path / f"r.{fmt}")]) == 0
+    assert "1.10.6" in (pytester.path / "r.html").read_text()
+    status, out, _ = diff_cli(capsys, reference, reference)
+    assert status == 0 and "No regression." in out
+    status, out, _ = diff_cli(capsys, reference, mutant)
+    assert status == 1 and "test_optimizer.py::test_global_step_counts_every_step_call: passed -> failed" in out
