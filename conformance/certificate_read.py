@@ -27,6 +27,11 @@ BAD_OUTCOMES = frozenset({"failed", "error", "xpassed"})
 VERDICTS = ("conformant", "conformant-with-expected-failures", "partial", "incomplete", "inconclusive", "not-conformant")
 
 
+# displayed when present; the wrong type would garble the report, so it is refused
+_OPTIONAL = {"profile": (dict, str), "suite": dict, "platform": dict, "execution": dict, "run": dict,
+             "capability_skips": dict, "notes": list, "stale_expected_failures": list}
+
+
 class CertificateError(ValueError):
     """A file the readers cannot use; the message is one line naming the file."""
 
@@ -62,12 +67,19 @@ def check(cert) -> str:
         return "'implementation' must be an object with a string 'name'"
     if cert.get("verdict") not in VERDICTS:
         return f"unknown verdict {cert.get('verdict')!r} (known: {', '.join(VERDICTS)})"
+    if not isinstance(impl.get("capabilities", []), list):
+        return "'implementation.capabilities' must be a list"
     for key in ("summary", "clauses"):
         if not isinstance(cert.get(key), dict):
             return f"{key!r} must be an object"
+    for key, kind in _OPTIONAL.items():
+        if cert.get(key) is not None and not isinstance(cert[key], kind):
+            return f"{key!r} must be {'a list' if kind is list else 'an object' if kind is dict else 'an object or a string'}"
     for clause, counts in cert["clauses"].items():
-        if not isinstance(counts, dict):
-            return f"clause {clause!r} must map to an object of counts"
+        if not isinstance(counts, dict) or not isinstance(counts.get("worst_margin") or {}, dict):
+            return f"clause {clause!r} must map to an object of counts and a worst_margin object or null"
+        if not all(_is_int(counts.get(o, 0)) for o in OUTCOMES):
+            return f"clause {clause!r}: outcome counts must be integers"
     tests = cert.get("tests")
     if not isinstance(tests, list):
         return "'tests' must be a list"
@@ -88,7 +100,17 @@ def _check_test(test) -> str:
     margins = test.get("margins", [])
     if not isinstance(margins, list) or not all(isinstance(m, dict) and m.get("kind") in ("tolerance", "bitwise") for m in margins):
         return f"{test['id']}: 'margins' must be a list of tolerance or bitwise entries"
+    for m in margins:
+        if m["kind"] == "bitwise" and not (_is_int(m.get("differing")) and _is_int(m.get("total"))):
+            return f"{test['id']}: bitwise margin {m.get('what')!r} needs integer 'differing' and 'total'"
+        used = m.get("used")
+        if m["kind"] == "tolerance" and used is not None and (isinstance(used, bool) or not isinstance(used, (int, float))):
+            return f"{test['id']}: tolerance margin {m.get('what')!r} has a 'used' that is neither a number nor null"
     return ""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def verdict_rank(verdict: str) -> int:

@@ -70,7 +70,7 @@ def _join(values) -> str:
 def tolerance_lines(profile) -> list:
     """Every bound the profile applies, one ``path: value`` line each (nested objects flattened)."""
     if not isinstance(profile, dict):
-        return [str(profile)]
+        return []
     lines = []
 
     def walk(prefix, value):

@@ -253,3 +253,42 @@ def test_report_command_names_the_problem_of_a_bad_certificate(tmp_path, capsys,
     assert report_cli.main(["report", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert problem in err and str(bad) in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("change,problem", [
+    (lambda c: c["tests"][0]["margins"].append({"what": "w", "kind": "bitwise", "differing": "3", "total": 8}),
+     "bitwise margin 'w' needs integer 'differing' and 'total'"),
+    (lambda c: c["tests"][0]["margins"].append({"what": "w", "kind": "tolerance", "used": "0.5"}), "neither a number nor null"),
+    (lambda c: c["tests"][0]["margins"].append({"what": "w", "kind": "ulp"}), "'margins' must be a list of tolerance or bitwise"),
+    (lambda c: c["clauses"]["1.8"].update(passed=1.5), "clause '1.8': outcome counts must be integers"),
+    (lambda c: c["clauses"]["1.8"].update(worst_margin=0.3), "clause '1.8' must map to"),
+    (lambda c: c.update(notes="one note"), "'notes' must be a list"),
+    (lambda c: c["implementation"].update(capabilities="factored-v"), "'implementation.capabilities' must be a list"),
+    (lambda c: c["tests"][0].update(outcome="crashed"), "unknown outcome 'crashed'"),
+])
+def test_a_malformed_certificate_is_refused_naming_the_key(tmp_path, capsys, change, problem):
+    cert = copy.deepcopy(load("fast-run1.json"))
+    change(cert)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cert))
+    assert report_cli.main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_certificate_with_only_the_required_keys_still_reports_and_diffs():
+    from conformance import certificate_diff
+
+    full = load("mutant-beta-rounding.json")
+    bare = {k: full[k] for k in ("schema", "implementation", "verdict", "summary", "clauses")}
+    bare["implementation"] = {"name": "bare"}
+    bare["clauses"] = {c: {k: v for k, v in counts.items() if k != "worst_margin"} for c, counts in full["clauses"].items()}
+    bare["tests"] = [{"id": t["id"], "outcome": t["outcome"], "clauses": t["clauses"], "margins": t["margins"]} for t in full["tests"]]
+    assert certificate_read.check(bare) == ""
+    md = report.render(bare, "md")
+    assert "completeness not recorded" in md
+    assert "| 5.3.3 | 0 | 1 | 1 | 0 | 0 | 0 | 620 % (outside its bound) |" in md  # worst margins found from the tests
+    svg_of(report.render(bare, "html"))
+    diff = certificate_diff.compare(full, bare)
+    assert diff.identity and not diff.new_failures
+    assert certificate_diff.render(diff, full, bare)
