@@ -149,7 +149,7 @@ def clause_rows(cert: dict) -> list:
         if isinstance(worst, dict) and finite_used(worst) is not None:
             rows[c].worst = {"test": str(worst.get("test", "")), "what": str(worst.get("what", "")), "used": finite_used(worst)}
     for test in cert["tests"]:
-        for c in test.get("clauses") or []:
+        for c in map(str, test.get("clauses") or []):
             row = rows.setdefault(c, ClauseRow(c, dict.fromkeys(OUTCOMES, 0)))
             for m in tolerance_margins(test):
                 used = finite_used(m)
