@@ -94,17 +94,7 @@ class Launcher(Protocol):
 class PoolLauncher:
     """The local pool of :mod:`conformance.ranks`: gloo on CPU, one fresh world per call."""
 
-    def run(self, fn, world_size, args, kwargs, *, timeout, allow_failure, pg_timeout, failure_grace):
-        return ranks.run_on_ranks(
-            fn,
-            world_size,
-            args,
-            kwargs,
-            timeout=timeout,
-            allow_failure=allow_failure,
-            pg_timeout=pg_timeout,
-            failure_grace=failure_grace,
-        )
+    run = staticmethod(ranks.run_on_ranks)
 
     def execution(self) -> Execution:
         return Execution(

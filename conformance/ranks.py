@@ -829,8 +829,6 @@ def run_on_ranks(
         )
     except BaseException:
         # KeyboardInterrupt, a broken pipe, anything: no worker of this call may survive it.
-        for worker in workers:
-            worker.kill()
         pool.discard(workers, ask_first=False)
         raise
     finally:
