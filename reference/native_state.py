@@ -178,7 +178,7 @@ def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
             _check_tensor("v_row", entry["v_row"], torch.float32, (shape[0],), non_negative=True)
             _check_tensor("v_col", entry["v_col"], torch.float32, (shape[1],), non_negative=True)
     except ValueError as error:
-        raise ValueError(where + str(error)) from None
+        raise ValueError(f"{where}{error}") from None
     return has_momentum
 
 
