@@ -20,13 +20,13 @@ from .hyperparameters import HYPERPARAMETER_KEYS, validate_hyperparameters
 from .naming import reconcile_flags
 
 FORMAT_VERSION = 1
-#: Versions whose group metadata the native loader understands (SPEC 1.12.2).
+#: Versions whose group metadata the native loader understands (SPEC 1.12.2 item 3).
 ACCEPTED_FORMAT_VERSIONS = (1, 2)
 METADATA_KEY = "_gefen_checkpoint_metadata"
 COUNTER_KEYS = ("step", "vmean_step", "factored_step")
 #: Per-step buffers that some implementations keep in state; never serialized.
 SCRATCH_KEYS = ("stepsize", "_h_buf")
-#: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.14 D9).
+#: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.12.4 item 6, 1.14 D9).
 DROPPED_KEYS = SCRATCH_KEYS + ("m_codebook_shape",)
 #: Every per-parameter key a native state may carry (SPEC 1.11.3).
 STATE_KEYS = (
@@ -97,7 +97,7 @@ class StagedLoad:
 
 
 def counter_value(key: str, value: Any) -> int:
-    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.5)."""
+    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.4 item 1)."""
     if torch.is_tensor(value):
         if value.numel() != 1 or value.dtype == torch.bool or not bool(torch.isfinite(value).all()):
             raise ValueError(f"counter {key} must be a finite scalar, got {value!r}")
@@ -112,7 +112,7 @@ def counter_value(key: str, value: Any) -> int:
 
 
 def validate_codebook(codebook: Any, *, required: bool) -> None:
-    """fp32, 1-D, 256 entries, finite, sorted non-decreasing, endpoints exactly -1 and +1 (SPEC 1.12.7)."""
+    """fp32, 1-D, 256 entries, finite, sorted non-decreasing, endpoints exactly -1 and +1 (SPEC 1.12.5)."""
     if codebook is None:
         if required:
             raise ValueError("checkpoint has quantized momentum but no codebook")
@@ -137,7 +137,7 @@ def _check_tensor(key: str, t: Any, dtype: torch.dtype, shape: tuple, *, non_neg
 
 
 def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
-    """Validate one parameter's restored state (SPEC 1.12.6); True when it carries momentum."""
+    """Validate one parameter's restored state (SPEC 1.12.4); True when it carries momentum."""
     where = f"parameter {name!r}: "
     try:
         counters = {k: counter_value(k, entry[k]) for k in COUNTER_KEYS if k in entry}
@@ -189,7 +189,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tuple[Any, Any]:
-    """Reconcile top-level and per-group run metadata; return (global_step, codebook) (SPEC 1.12.2-3)."""
+    """Reconcile top-level and per-group run metadata (SPEC 1.12.2 items 1-7).
+
+    Returns ``(global_step, codebook)``.
+    """
     metadata = [g.pop(METADATA_KEY) for g in groups if METADATA_KEY in g]
     step = sd.pop("gefen_global_step", None)
     codebook = sd.pop("gefen_codebook", None)
@@ -230,7 +233,7 @@ def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tupl
 
 
 def _pack_legacy_groups(saved_groups: list, live_groups: list) -> list:
-    """Map one-param-per-group checkpoints onto the live grouping (SPEC 1.12.9)."""
+    """Map one-param-per-group checkpoints onto the live grouping (SPEC 1.12.7)."""
     if not saved_groups or len(saved_groups) == len(live_groups):
         return saved_groups
     if not all(len(g.get("params", ())) == 1 for g in saved_groups):

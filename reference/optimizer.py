@@ -272,7 +272,8 @@ class Gefen(torch.optim.Optimizer):
         self.codebook = codebook
 
     def _prepare_state(self, name: str, p: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool) -> None:
-        """Create state on a param's first step; add a missing second moment after a mode switch (SPEC 1.10.5)."""
+        """Create state on a param's first step (SPEC 1.8.1, 1.9.2); add a missing second moment
+        after a mode switch (SPEC 1.10.8) or a legacy ``vmean_step`` (SPEC 1.8.2)."""
         if "step" not in state:
             period = state.get("automatic_period")
             if period is None:
