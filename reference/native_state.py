@@ -36,9 +36,13 @@ STATE_KEYS = (
 CODEBOOK_SIZE = 256
 
 
+def is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "to_local")
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor, or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "placements") else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def _compact(value: Any) -> Any:
@@ -265,6 +269,26 @@ def _pack_legacy_groups(saved_groups: list, live_groups: list) -> list:
     return packed
 
 
+def _refuse_tensor_state_for_dtensors(saved_state: dict, codebook: Any) -> None:
+    """Into DTensor parameters only a never-stepped checkpoint loads (SPEC 1.12.11).
+
+    Per-parameter state and the codebook are rank-local: a native checkpoint holds one
+    unsharded copy, which no rank of a sharded optimizer may take as its own.
+    """
+    carried = sorted(
+        {key for entry in saved_state.values() if isinstance(entry, dict) for key in entry if key != "name"}
+    )
+    if codebook is not None:
+        carried.append("a codebook")
+    if carried:
+        raise ValueError(
+            "a native load into DTensor parameters accepts only a never-stepped checkpoint (no "
+            f"per-parameter state, no codebook), but this one carries {', '.join(carried)}; "
+            "restore sharded optimizer state with reference.GefenDCPState and "
+            "torch.distributed.checkpoint"
+        )
+
+
 def stage_load(optimizer, state_dict: dict) -> StagedLoad:
     """Validate ``state_dict`` against ``optimizer`` and build the replacement (SPEC 1.12)."""
     if not isinstance(state_dict, dict) or "param_groups" not in state_dict or "state" not in state_dict:
@@ -279,6 +303,8 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
         raise ValueError(
             "checkpoint has quantized momentum indices but no codebook; loading it would reinterpret the indices"
         )
+    if any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
+        _refuse_tensor_state_for_dtensors(saved_state, codebook)
     saved_groups = _pack_legacy_groups(saved_groups, optimizer.param_groups)
     if len(saved_groups) != len(optimizer.param_groups):
         raise ValueError("loaded state dict has a different number of parameter groups")
