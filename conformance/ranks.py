@@ -98,6 +98,7 @@ thread that started a worker, so call the harness from one long-lived thread).
 from __future__ import annotations
 
 import atexit
+import itertools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -740,15 +741,7 @@ def _decode_report(rank: int, worker: _Worker, report: dict) -> RankOutcome:
     )
 
 
-_CALL_COUNTER = 0
-_CALL_COUNTER_LOCK = threading.Lock()
-
-
-def _next_call_id() -> int:
-    global _CALL_COUNTER
-    with _CALL_COUNTER_LOCK:
-        _CALL_COUNTER += 1
-        return _CALL_COUNTER
+_CALL_IDS = itertools.count(1)  # next() on a count is atomic: no lock needed
 
 
 def run_on_ranks(
@@ -794,7 +787,7 @@ def run_on_ranks(
 
     pool = _pool()
     workers = pool.checkout(world_size)
-    call_id = _next_call_id()
+    call_id = next(_CALL_IDS)
     store_path = os.path.join(pool.tmpdir, f"store-{call_id}")
 
     def accept_result(rank: int, worker: _Worker, message: tuple) -> RankOutcome | None:

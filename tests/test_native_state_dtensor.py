@@ -17,9 +17,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
-from conformance.sharding import WorldOfOne
 
-from .support import assert_same_snapshot, deep_equal, silence_gefenx_warnings, snapshot
+from .support import assert_same_snapshot, deep_equal, silence_gefenx_warnings, snapshot, world_of_one
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -31,13 +30,8 @@ SHAPES = [(32, 24), (64,), (8, 3, 3)]
 
 @pytest.fixture(scope="module")
 def mesh():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    world = WorldOfOne()
-    try:
+    with world_of_one() as world:
         yield world.mesh
-    finally:
-        world.close()
 
 
 def full_tensors(seed):

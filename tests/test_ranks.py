@@ -82,6 +82,14 @@ def _assert_no_strays(before: set[int], outcomes: list[RankOutcome]) -> None:
     assert not strays, f"stray processes after the call: {sorted(strays)}"
 
 
+def _outcomes(fn, world_size, **kwargs) -> list[RankOutcome]:
+    """``run_on_ranks(..., allow_failure=True)``, then the no-strays check."""
+    before = _descendants()
+    outcomes = run_on_ranks(fn, world_size, allow_failure=True, **kwargs)
+    _assert_no_strays(before, outcomes)
+    return outcomes
+
+
 def _expect_failure(fn, world_size, **kwargs) -> tuple[RankFailure, float]:
     before = _descendants()
     start = time.monotonic()
@@ -293,9 +301,7 @@ def test_one_rank_raises():
 
 
 def test_allow_failure_reports_each_ranks_error():
-    before = _descendants()
-    outcomes = run_on_ranks(_failure_agreement, 2, allow_failure=True, timeout=30)
-    _assert_no_strays(before, outcomes)
+    outcomes = _outcomes(_failure_agreement, 2, timeout=30)
     assert [o.status for o in outcomes] == ["raised", "raised"]
     assert (outcomes[0].exc_type, outcomes[0].message) == ("RuntimeError", "another rank failed")
     assert (outcomes[1].exc_type, outcomes[1].message) == ("ValueError", "bad shard on rank 1")
@@ -351,10 +357,7 @@ def test_segfault_is_reported_as_died_with_a_stack():
 
 
 def test_unpicklable_exception_and_result_still_report_text():
-    before = _descendants()
-    outcomes = run_on_ranks(_unpicklable_outcomes, 2, allow_failure=True, timeout=30)
-    _assert_no_strays(before, outcomes)
-    rank0, rank1 = outcomes
+    rank0, rank1 = _outcomes(_unpicklable_outcomes, 2, timeout=30)
     assert rank0.status == "raised"
     assert rank0.exc_type.endswith("_UnpicklableError")
     assert rank0.message == "code 7: custom exception that cannot be unpickled"
