@@ -94,6 +94,7 @@ def test_world_fields_inside_a_pool_call(size):
 
 
 def test_die_is_reported_as_died_with_its_exit_code():
+    launch.run(_world_size_only, 2)  # warm workers: the bound below is the failing call's own
     start = time.monotonic()
     outcomes = launch.run(_dies_on_rank_1, 2, args=(23,), timeout=30, allow_failure=True)
     elapsed = time.monotonic() - start
