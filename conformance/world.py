@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NoReturn
 
-__all__ = ["NoCurrentWorld", "World", "current", "scope"]
+__all__ = ["NoCurrentWorld", "World", "bound", "current", "scope"]
 
 
 class NoCurrentWorld(RuntimeError):
