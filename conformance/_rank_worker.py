@@ -5,7 +5,8 @@ rank the parent assigns it. The parent and the worker talk over a ``multiprocess
 
 * worker -> parent ``("ready", pid, own_group)`` once the worker has finished its one-time
   setup (``own_group``: the worker leads its own process group, see ``os.setpgid``);
-* parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`);
+* parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`); the worker
+  binds a :class:`conformance.world.World` (the default group, ``task["device"]``) around ``fn``;
 * worker -> parent ``("result", call_id, report)`` with ``report`` a dict of plain, picklable
   values: ``status`` ("ok" or "raised"), ``value`` (pickled bytes, for "ok"), or ``exc_type``,
   ``message``, ``traceback`` (text) and ``exc_bytes`` (the pickled exception, or None);
@@ -28,18 +29,21 @@ import signal
 import sys
 import threading
 import time
-import traceback
+
+from .exception_text import format_exception, qualified_name, safe_str
+from .world import World, scope
 
 #: exit code of a worker that reported a "raised" outcome and then left on purpose
 EXIT_AFTER_FAILURE = 10
 #: exit code of a worker that noticed its parent (the test process) is gone
 EXIT_PARENT_GONE = 70
+#: thread-pool variables set to 1 in every worker and in the fork server it is forked from
+SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _PR_SET_PDEATHSIG = 1
 _INIT_COUNTER_KEY = "conformance.ranks/initialised"
 _INIT_DONE_KEY = "conformance.ranks/all-initialised"
 _WATCHDOG_PERIOD_S = 0.5
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _set_parent_death_signal() -> None:
@@ -78,29 +82,6 @@ def _watch_parent(direct_parent: int, client_pid: int) -> None:
             os._exit(EXIT_PARENT_GONE)
 
 
-def _qualified_name(kind: type) -> str:
-    module = getattr(kind, "__module__", None)
-    name = getattr(kind, "__qualname__", getattr(kind, "__name__", repr(kind)))
-    if module in (None, "builtins", "__builtin__"):
-        return name
-    return f"{module}.{name}"
-
-
-def _safe_str(value: object) -> str:
-    try:
-        return str(value)
-    except BaseException as exc:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        return f"<str() of {type(value).__name__} failed: {type(exc).__name__}>"
-
-
-def _format_exception(exc: BaseException) -> str:
-    try:
-        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except BaseException:  # noqa: BLE001
-        head = f"{_qualified_name(type(exc))}: {_safe_str(exc)}"
-        return head + "\n(the traceback could not be formatted)\n"
-
-
 def _exception_report(exc: BaseException, *, message_prefix: str = "") -> dict:
     try:
         exc_bytes = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
@@ -108,9 +89,9 @@ def _exception_report(exc: BaseException, *, message_prefix: str = "") -> dict:
         exc_bytes = None
     return {
         "status": "raised",
-        "exc_type": _qualified_name(type(exc)),
-        "message": message_prefix + _safe_str(exc),
-        "traceback": _format_exception(exc),
+        "exc_type": qualified_name(type(exc)),
+        "message": message_prefix + safe_str(exc),
+        "traceback": format_exception(exc),
         "exc_bytes": exc_bytes,
     }
 
@@ -167,7 +148,7 @@ def _run_call(task: dict, torch, dist) -> dict:
     # with the thread limits and rendezvous variables on top.
     os.environ.clear()
     os.environ.update(task["environ"])
-    for name in _THREAD_ENV:
+    for name in SINGLE_THREAD_ENV:
         os.environ[name] = "1"
     os.environ.update(
         {
@@ -195,6 +176,9 @@ def _run_call(task: dict, torch, dist) -> dict:
         fn, args, kwargs = pickle.loads(task["payload"])
         stage = "initialising the gloo process group"
         pg_timeout = datetime.timedelta(seconds=task["pg_timeout"])
+        # A FileStore, new for every call, rather than a TCPStore hosted by the caller: the
+        # TCPStore client's connect stalled for exactly 5 s in about one call in six with four
+        # ranks on a 2-core machine; the FileStore rendezvous has not shown that.
         store = dist.FileStore(task["store_path"], world_size)
         store.set_timeout(pg_timeout)
         dist.init_process_group(
@@ -213,8 +197,17 @@ def _run_call(task: dict, torch, dist) -> dict:
             from .sharding import forget_dtensor_caches
 
             forget_dtensor_caches()
+        # The pool's World: the whole (fresh) default group; a rank dies by leaving the process.
+        world = World(
+            rank=rank,
+            size=world_size,
+            group=dist.group.WORLD,
+            device=torch.device(task["device"]),
+            die_hook=os._exit,
+        )
         stage = "running fn"
-        value = fn(*args, **kwargs)
+        with scope(world):
+            value = fn(*args, **kwargs)
         stage = "destroying the process group"
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -232,7 +225,7 @@ def _run_call(task: dict, torch, dist) -> dict:
 
 def worker_main(conn, client_pid: int, dump_path: str, output_path: str) -> None:
     """Entry point of a pool worker process (the ``target`` of its ``Process``)."""
-    for name in _THREAD_ENV:
+    for name in SINGLE_THREAD_ENV:
         os.environ[name] = "1"
     # Ctrl-C is the parent's business: it kills us after cleaning up, we must not race it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

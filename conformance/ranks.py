@@ -16,6 +16,9 @@ Inside ``fn``:
   meshes and friends all work. ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
   ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port that was free when the call started,
   for code that builds its own rendezvous from the environment) are set as well;
+* ``conformance.world.current()`` is this rank's :class:`~conformance.world.World`: ``rank`` r of
+  ``size`` ``world_size``, ``group`` the default group, ``device`` cpu, ``mesh`` a 1-D mesh
+  over the group, and ``die(code)`` leaves the process with ``os._exit(code)`` (reported "died");
 * ``torch.get_num_threads() == 1``, SIGINT is ignored (Ctrl-C is handled by the caller, which
   then kills the ranks), and stdout/stderr (Python and C level) are captured per rank;
 * the process group is destroyed by the harness after ``fn`` returns. A rank is "ok" only if
@@ -75,46 +78,28 @@ Bounds
 Warm workers
 ------------
 
-Starting a Python process that imports torch costs 1-2 s, which would dominate every scenario.
-Workers are therefore pooled: one flat pool of idle processes that already have torch imported,
-regrouped per call (a 4-rank call after a 2-rank call starts only two new processes); each call
-only makes a new store, initialises a fresh process group and destroys it again. (A TCPStore
-hosted by the caller was tried first: its client connect stalled for exactly 5 s in about one
-call in six with four ranks on a 2-core machine; the FileStore rendezvous has not shown that.)
-Workers that reported "ok" go back to the pool even if a peer failed (their group was torn down
-cleanly); all others are discarded, and replacements are started on the next call. Before every
-call a worker gets the caller's current environment variables, ``sys.path`` and working
-directory, and its default dtype, grad mode, deterministic-algorithms flag and thread count are
-reset. The torch, ``random`` and (if imported) numpy global generators are reseeded from
-``os.urandom`` for every call, as a freshly started process would be: ranks never share a random
-stream, warm or not, and a scenario that needs reproducible numbers must seed explicitly. Module
-globals of the scenario's own modules do persist between calls, as in any long-lived worker.
-At most ``GEFEN_RANKS_POOL_MAX`` (default 8) idle workers are kept.
-
-Start method
-------------
-
-Workers are started with the ``"forkserver"`` start method, with ``torch`` and
-``torch.distributed`` preloaded into the fork server. Plain ``fork`` of the caller is unsafe:
-the caller (pytest) may hold threads (OpenBLAS's pool, which ``import torch`` starts, and
-whatever else the test process started), and a forked child inherits their locks but not the
-threads. ``"spawn"`` is safe but pays a full interpreter start and torch import per worker, at
-first use and again after every failure. The fork server is a separate single-threaded process
-that imports torch once (started with
-``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` = 1, so it has exactly one
-thread) and forks each worker from that clean state, so a replacement worker is ready in about
-0.1 s; forking is also done by the server, so workers do not depend on which of the caller's
-threads asked for them (``PR_SET_PDEATHSIG`` is tied to the forking thread). The fork server is
-multiprocessing's per-process singleton: it exits with the caller, and if other code started it
-before this module did, workers still work but import torch themselves. Set
-``GEFEN_RANKS_START_METHOD=spawn`` to use ``"spawn"`` instead (slower; for debugging; there
-``PR_SET_PDEATHSIG`` follows the caller's thread that started a worker, so call the harness from
-one long-lived thread).
+Workers are pooled: idle processes with torch already imported, regrouped per call (a 4-rank
+call after a 2-rank call starts only two new processes); each call makes a new store,
+initialises a fresh process group and destroys it again. Workers that reported "ok" go back to
+the pool even if a peer failed (their group was torn down cleanly); all others are discarded,
+and replacements are started on the next call. Before every call a worker gets the caller's
+current environment variables, ``sys.path`` and working directory, and its default dtype, grad
+mode, deterministic-algorithms flag and thread count are reset. The torch, ``random`` and (if
+imported) numpy global generators are reseeded from ``os.urandom`` for every call, as a freshly
+started process would be: ranks never share a random stream, warm or not, and a scenario that
+needs reproducible numbers must seed explicitly. Module globals of the scenario's own modules do
+persist between calls, as in any long-lived worker. At most ``GEFEN_RANKS_POOL_MAX`` (default
+8) idle workers are kept. Workers are forked from a single-threaded fork server that has torch
+preloaded (see :func:`_start_fork_server` for why); ``GEFEN_RANKS_START_METHOD=spawn`` uses
+``"spawn"`` instead (slower; for debugging; there ``PR_SET_PDEATHSIG`` follows the caller's
+thread that started a worker, so call the harness from one long-lived thread).
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -129,14 +114,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from conformance import _rank_worker
+from . import _rank_worker
+from .exception_text import format_exception, qualified_name
 
-__all__ = ["RankFailure", "RankOutcome", "run_on_ranks", "shutdown_pool"]
+__all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "run_on_ranks", "shutdown_pool"]
 
 STATUSES = ("ok", "raised", "died", "hung")
 
+#: seconds the other ranks get to report after the first rank failed (``failure_grace``)
+DEFAULT_FAILURE_GRACE_S = 5.0
+
 _HOST = "127.0.0.1"
-_DEFAULT_FAILURE_GRACE_S = 5.0
 _STARTUP_TIMEOUT_S = float(os.environ.get("GEFEN_RANKS_STARTUP_TIMEOUT", "120"))
 _POOL_MAX_IDLE = int(os.environ.get("GEFEN_RANKS_POOL_MAX", "8"))
 _START_METHOD = os.environ.get("GEFEN_RANKS_START_METHOD", "forkserver")
@@ -235,7 +223,7 @@ def _describe_exitcode(code: int | None) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Worker pool
+# One worker process, seen from the caller
 # --------------------------------------------------------------------------------------------
 
 
@@ -265,6 +253,32 @@ class _Worker:
         text = _read_from(self.output_path, self.output_offset)
         self.output_offset += len(text.encode("utf-8", "surrogateescape"))
         return text
+
+    def signal_dump(self) -> None:
+        """Ask the worker to dump every thread's stack into its dump file (SIGUSR1)."""
+        try:
+            if self.pid is not None and self.process.is_alive():
+                os.kill(self.pid, signal.SIGUSR1)
+        except (OSError, ValueError):
+            pass
+
+    def wait_dump(self, deadline: float) -> None:
+        """Wait until the stack dump has been written (size grew, then stopped growing)."""
+        last = self.dump_offset
+        stable_since = None
+        while time.monotonic() < deadline:
+            size = _file_size(self.dump_path)
+            if size > self.dump_offset:
+                if size == last:
+                    if stable_since is None:
+                        stable_since = time.monotonic()
+                    elif time.monotonic() - stable_since >= _DUMP_SETTLE_S:
+                        return
+                else:
+                    last, stable_since = size, None
+            if not self.process.is_alive():
+                return
+            time.sleep(0.01)
 
     def kill(self) -> None:
         """SIGKILL the worker and, if it leads its own process group, everything in that group
@@ -317,6 +331,133 @@ def _read_from(path: str, offset: int) -> str:
         return ""
 
 
+# --------------------------------------------------------------------------------------------
+# Supervision: wait, dump stacks, kill, reap, report
+# --------------------------------------------------------------------------------------------
+
+#: turns a message from worker ``rank`` into its outcome, or None when the message does not settle it
+Accept = Callable[[int, _Worker, tuple], "RankOutcome | None"]
+
+
+def _supervise(
+    workers: list[_Worker],
+    accept: Accept,
+    *,
+    timeout: float,
+    failure_grace: float,
+    overdue: str,
+    silent: str,
+) -> list[RankOutcome]:
+    """Wait until every worker is settled; the one routine behind worker start-up and a call.
+
+    A worker is settled by a message ``accept`` turns into its outcome. One that exits first is
+    "died" (``silent`` says what it failed to do: "ended without reporting a result"). One still
+    unsettled ``timeout`` seconds after the start, or ``failure_grace`` seconds after the first
+    failed outcome (never past the deadline), has every thread's Python stack dumped, is killed
+    and reaped, and is "hung" (``overdue`` words the deadline). Returns one outcome per worker,
+    in order; no worker that is not "ok" is left running.
+    """
+    count = len(workers)
+    outcomes: list[RankOutcome | None] = [None] * count
+    pending = set(range(count))
+    start = time.monotonic()
+    deadline = start + timeout
+    first_failure: tuple[float, int] | None = None
+    at_eof: set[int] = set()  # pipe closed: from then on only the worker's exit is waited for
+
+    def settle(rank: int, outcome: RankOutcome) -> None:
+        nonlocal first_failure
+        outcomes[rank] = outcome
+        pending.discard(rank)
+        if not outcome.ok and first_failure is None:
+            first_failure = (time.monotonic(), rank)
+
+    def collect(rank: int) -> None:
+        """Read whatever worker ``rank`` has to say; decide "died" if it exited unsettled."""
+        worker = workers[rank]
+        try:
+            while rank not in at_eof and worker.conn.poll(0):
+                outcome = accept(rank, worker, worker.conn.recv())
+                if outcome is not None:
+                    settle(rank, outcome)
+                    return
+        except (EOFError, OSError):
+            at_eof.add(rank)
+        if not worker.process.is_alive():
+            worker.reap()
+            code = worker.process.exitcode
+            dump = worker.read_dump().strip()
+            text = f"rank {rank} (pid {worker.pid}) {silent}: {_describe_exitcode(code)}"
+            traceback = text + ("\n" + dump if dump else "\n(no Python stack was dumped)")
+            settle(
+                rank,
+                RankOutcome(
+                    rank=rank,
+                    status="died",
+                    message=text,
+                    traceback=traceback,
+                    exitcode=code,
+                    pid=worker.pid,
+                ),
+            )
+
+    while pending:
+        limit = deadline
+        if first_failure is not None:
+            limit = min(deadline, first_failure[0] + failure_grace)
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
+            break
+        waitables = {}
+        for rank in pending:
+            if rank not in at_eof:
+                waitables[workers[rank].conn] = rank
+            waitables[workers[rank].process.sentinel] = rank
+        ready = multiprocessing.connection.wait(list(waitables), remaining)
+        for rank in sorted({waitables[obj] for obj in ready}):
+            if rank in pending:
+                collect(rank)
+    for rank in sorted(pending):  # a last look: a report may have arrived just now
+        collect(rank)
+    if not pending:
+        return outcomes
+
+    elapsed = time.monotonic() - start
+    if first_failure is not None and first_failure[0] + failure_grace < deadline:
+        why = (
+            f"still running {elapsed:.1f} s into the call, {failure_grace:g} s after "
+            f"rank {first_failure[1]} failed"
+        )
+    else:
+        why = overdue
+    message = f"{why}; stacks dumped, process killed"
+    stragglers = sorted(pending)
+    for rank in stragglers:
+        workers[rank].signal_dump()
+    dump_deadline = time.monotonic() + _DUMP_WAIT_S
+    for rank in stragglers:
+        workers[rank].wait_dump(dump_deadline)
+    for rank in stragglers:
+        workers[rank].kill()
+    for rank in stragglers:
+        worker = workers[rank]
+        worker.reap()
+        dump = worker.read_dump().strip() or "(no stack dump was written)"
+        outcomes[rank] = RankOutcome(
+            rank=rank,
+            status="hung",
+            message=message,
+            traceback=f"rank {rank} (pid {worker.pid}) {message}\n{dump}",
+            exitcode=worker.process.exitcode,
+            pid=worker.pid,
+        )
+    return outcomes
+
+
+# --------------------------------------------------------------------------------------------
+# The pool of warm workers
+# --------------------------------------------------------------------------------------------
+
 _POOL_DIR_PREFIX = "gefen-ranks-"
 
 
@@ -344,23 +485,34 @@ def _remove_stale_pool_dirs() -> None:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-_SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _ENV_LOCK = threading.Lock()
 
 
 def _start_fork_server() -> None:
     """Start multiprocessing's fork server (if not yet running) with single-threaded BLAS/OpenMP.
 
+    Why a fork server: starting a Python process that imports torch costs 1-2 s, which would
+    dominate every scenario, and plain ``fork`` of the caller is unsafe: the caller (pytest)
+    may hold threads (OpenBLAS's pool, which ``import torch`` starts, and whatever else the test
+    process started), and a forked child inherits their locks but not the threads. ``"spawn"``
+    is safe but pays a full interpreter start and torch import per worker, at first use and
+    again after every failure. The fork server imports torch once, in a process with exactly
+    one thread, and forks each worker from that clean state, so a replacement worker is ready
+    in about 0.1 s. Forking is done by the server, so workers do not depend on which of the
+    caller's threads asked for them (``PR_SET_PDEATHSIG`` is tied to the forking thread).
+
     ``import torch`` imports numpy, whose OpenBLAS starts a worker thread per core at load time
-    unless told otherwise; the fork server is started with these variables set to 1 so that the
-    process every worker is forked from has exactly one thread.
+    unless told otherwise: hence the thread variables, set to 1 while the server starts. The
+    fork server is multiprocessing's per-process singleton: it exits with the caller, and if
+    other code started it before this module did, workers still work but import torch
+    themselves.
     """
     from multiprocessing import forkserver
 
     with _ENV_LOCK:
-        saved = {name: os.environ.get(name) for name in _SINGLE_THREAD_ENV}
+        saved = {name: os.environ.get(name) for name in _rank_worker.SINGLE_THREAD_ENV}
         try:
-            for name in _SINGLE_THREAD_ENV:
+            for name in _rank_worker.SINGLE_THREAD_ENV:
                 os.environ[name] = "1"
             forkserver.ensure_running()
         finally:
@@ -371,7 +523,17 @@ def _start_fork_server() -> None:
                     os.environ[name] = value
 
 
+def _accept_ready(rank: int, worker: _Worker, message: tuple) -> RankOutcome | None:
+    if message[0] != "ready":
+        return None
+    worker.pid = message[1]
+    worker.own_group = bool(message[2])
+    return RankOutcome(rank=rank, status="ok", pid=worker.pid)
+
+
 class _Pool:
+    """One flat pool of warm workers, regrouped per call (see "Warm workers" above)."""
+
     def __init__(self) -> None:
         self.owner_pid = os.getpid()
         self.lock = threading.Lock()
@@ -408,63 +570,8 @@ class _Pool:
             self.live[ident] = worker
         return worker
 
-    def _wait_ready(self, workers: list[_Worker], timeout: float) -> list[RankOutcome]:
-        """Wait for the "ready" message of each new worker; returns failure outcomes (or [])."""
-        deadline = time.monotonic() + timeout
-        pending = {worker.ident: worker for worker in workers}
-        failures: dict[int, RankOutcome] = {}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            waitables = {}
-            for worker in pending.values():
-                waitables[worker.conn] = worker
-                waitables[worker.process.sentinel] = worker
-            for ready in multiprocessing.connection.wait(list(waitables), remaining):
-                worker = waitables[ready]
-                if worker.ident not in pending:
-                    continue
-                message = None
-                try:
-                    if worker.conn.poll(0):
-                        message = worker.conn.recv()
-                except (EOFError, OSError):
-                    message = None
-                if message is not None and message[0] == "ready":
-                    worker.pid = message[1]
-                    worker.own_group = bool(message[2])
-                    del pending[worker.ident]
-                elif not worker.process.is_alive() or message is None:
-                    worker.reap()
-                    failures[worker.ident] = RankOutcome(
-                        rank=-1,
-                        status="died",
-                        message="worker process died during start-up",
-                        traceback=_read_from(worker.dump_path, 0)
-                        or "(worker died before reporting ready; see the test's stderr)",
-                        exitcode=worker.process.exitcode,
-                        pid=worker.pid,
-                    )
-                    del pending[worker.ident]
-        for worker in pending.values():
-            _signal_dump(worker)
-        for worker in pending.values():
-            _wait_dump(worker, time.monotonic() + _DUMP_WAIT_S)
-            worker.kill()
-            worker.reap()
-            failures[worker.ident] = RankOutcome(
-                rank=-1,
-                status="hung",
-                message=f"worker did not become ready within {timeout:g} s",
-                traceback=worker.read_dump()
-                or "(no stack dump: the worker had not installed its handler yet)",
-                exitcode=worker.process.exitcode,
-                pid=worker.pid,
-            )
-        return [failures[worker.ident] for worker in workers if worker.ident in failures]
-
     def checkout(self, count: int) -> list[_Worker]:
+        """``count`` ready workers: idle ones first, then new ones (bounded start-up)."""
         with self.lock:
             if self.closed:
                 raise RuntimeError("the rank worker pool has been shut down")
@@ -480,15 +587,21 @@ class _Pool:
         try:
             for _ in range(count - len(taken)):
                 fresh.append(self._start_one())
-            failures = self._wait_ready(fresh, _STARTUP_TIMEOUT_S) if fresh else []
+            started = _supervise(
+                fresh,
+                _accept_ready,
+                timeout=_STARTUP_TIMEOUT_S,
+                failure_grace=math.inf,  # workers start independently: wait for each
+                overdue=f"did not become ready within the {_STARTUP_TIMEOUT_S:g} s start-up bound",
+                silent="ended during start-up, before reporting ready (its output so far went "
+                "to the caller's stderr)",
+            )
         except BaseException:
             self.discard(taken + fresh)
             raise
-        if failures:
+        if any(not outcome.ok for outcome in started):
             self.discard(taken + fresh)
-            for index, outcome in enumerate(failures):
-                outcome.rank = index
-            raise RankFailure(failures, "rank worker processes failed to start")
+            raise RankFailure(started, "rank worker processes failed to start")
         return taken + fresh
 
     # -- returning --------------------------------------------------------------------------
@@ -596,33 +709,6 @@ def _fork_server_pid() -> int | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _signal_dump(worker: _Worker) -> None:
-    try:
-        if worker.pid is not None and worker.process.is_alive():
-            os.kill(worker.pid, signal.SIGUSR1)
-    except (OSError, ValueError):
-        pass
-
-
-def _wait_dump(worker: _Worker, deadline: float) -> None:
-    """Wait until the worker's stack dump has been written (size grew, then stopped growing)."""
-    last = worker.dump_offset
-    stable_since = None
-    while time.monotonic() < deadline:
-        size = _file_size(worker.dump_path)
-        if size > worker.dump_offset:
-            if size == last:
-                if stable_since is None:
-                    stable_since = time.monotonic()
-                elif time.monotonic() - stable_since >= _DUMP_SETTLE_S:
-                    return
-            else:
-                last, stable_since = size, None
-        if not worker.process.is_alive():
-            return
-        time.sleep(0.01)
-
-
 def _decode_report(rank: int, worker: _Worker, report: dict) -> RankOutcome:
     if report.get("status") == "ok":
         try:
@@ -631,9 +717,9 @@ def _decode_report(rank: int, worker: _Worker, report: dict) -> RankOutcome:
             return RankOutcome(
                 rank=rank,
                 status="raised",
-                exc_type=_rank_worker._qualified_name(type(exc)),
+                exc_type=qualified_name(type(exc)),
                 message=f"the return value could not be unpickled in the caller: {exc}",
-                traceback=_rank_worker._format_exception(exc),
+                traceback=format_exception(exc),
                 pid=worker.pid,
                 exception=exc,
             )
@@ -655,119 +741,7 @@ def _decode_report(rank: int, worker: _Worker, report: dict) -> RankOutcome:
     )
 
 
-def _supervise(
-    workers: list[_Worker], call_id: int, timeout: float, failure_grace: float
-) -> list[RankOutcome]:
-    world_size = len(workers)
-    outcomes: list[RankOutcome | None] = [None] * world_size
-    pending = set(range(world_size))
-    start = time.monotonic()
-    deadline = start + timeout
-    first_failure: tuple[float, int] | None = None
-
-    def settle(rank: int, outcome: RankOutcome) -> None:
-        nonlocal first_failure
-        outcomes[rank] = outcome
-        pending.discard(rank)
-        if not outcome.ok and first_failure is None:
-            first_failure = (time.monotonic(), rank)
-
-    at_eof: set[int] = set()
-
-    def collect(rank: int) -> None:
-        """Read whatever rank ``rank`` has to say; decide died if it exited without a report."""
-        worker = workers[rank]
-        try:
-            while rank not in at_eof and worker.conn.poll(0):
-                message = worker.conn.recv()
-                if message[0] == "result" and message[1] == call_id:
-                    settle(rank, _decode_report(rank, worker, message[2]))
-                    return
-        except (EOFError, OSError):
-            at_eof.add(rank)  # from now on only its exit (the sentinel) is waited for
-        if not worker.process.is_alive():
-            worker.reap()
-            code = worker.process.exitcode
-            dump = worker.read_dump().strip()
-            text = (
-                f"rank {rank} (pid {worker.pid}) ended without reporting a result: "
-                f"{_describe_exitcode(code)}"
-            )
-            settle(
-                rank,
-                RankOutcome(
-                    rank=rank,
-                    status="died",
-                    message=text,
-                    traceback=text + ("\n" + dump if dump else "\n(no Python stack was dumped)"),
-                    exitcode=code,
-                    pid=worker.pid,
-                ),
-            )
-
-    while pending:
-        limit = deadline
-        if first_failure is not None:
-            limit = min(deadline, first_failure[0] + failure_grace)
-        remaining = limit - time.monotonic()
-        if remaining <= 0:
-            break
-        waitables = {}
-        for rank in pending:
-            if rank not in at_eof:
-                waitables[workers[rank].conn] = rank
-            waitables[workers[rank].process.sentinel] = rank
-        ready = multiprocessing.connection.wait(list(waitables), remaining)
-        for rank in sorted({waitables[obj] for obj in ready}):
-            if rank in pending:
-                collect(rank)
-
-    if pending:
-        for rank in sorted(pending):  # a last look: a report may have arrived just now
-            collect(rank)
-    if pending:
-        elapsed = time.monotonic() - start
-        if first_failure is not None and first_failure[0] + failure_grace < deadline:
-            why = (
-                f"still running {elapsed:.1f} s into the call, {failure_grace:g} s after "
-                f"rank {first_failure[1]} failed"
-            )
-        else:
-            why = f"did not finish within the {timeout:g} s deadline"
-        stragglers = [workers[rank] for rank in sorted(pending)]
-        for worker in stragglers:
-            _signal_dump(worker)
-        dump_deadline = time.monotonic() + _DUMP_WAIT_S
-        for worker in stragglers:
-            _wait_dump(worker, dump_deadline)
-        for worker in stragglers:
-            worker.kill()
-        for rank in sorted(pending):
-            worker = workers[rank]
-            worker.reap()
-            dump = worker.read_dump().strip() or "(no stack dump was written)"
-            message = f"{why}; stacks dumped, process killed"
-            outcomes[rank] = RankOutcome(
-                rank=rank,
-                status="hung",
-                message=message,
-                traceback=f"rank {rank} (pid {worker.pid}) {message}\n{dump}",
-                exitcode=worker.process.exitcode,
-                pid=worker.pid,
-            )
-        pending.clear()
-    return [outcome for outcome in outcomes if outcome is not None]
-
-
-_CALL_COUNTER = 0
-_CALL_COUNTER_LOCK = threading.Lock()
-
-
-def _next_call_id() -> int:
-    global _CALL_COUNTER
-    with _CALL_COUNTER_LOCK:
-        _CALL_COUNTER += 1
-        return _CALL_COUNTER
+_CALL_IDS = itertools.count(1)  # next() on a count is atomic: no lock needed
 
 
 def run_on_ranks(
@@ -779,7 +753,7 @@ def run_on_ranks(
     timeout: float = 60.0,
     allow_failure: bool = False,
     pg_timeout: float | None = None,
-    failure_grace: float = _DEFAULT_FAILURE_GRACE_S,
+    failure_grace: float = DEFAULT_FAILURE_GRACE_S,
 ) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; see the module docstring.
 
@@ -813,12 +787,19 @@ def run_on_ranks(
 
     pool = _pool()
     workers = pool.checkout(world_size)
-    call_id = _next_call_id()
+    call_id = next(_CALL_IDS)
     store_path = os.path.join(pool.tmpdir, f"store-{call_id}")
+
+    def accept_result(rank: int, worker: _Worker, message: tuple) -> RankOutcome | None:
+        if message[0] == "result" and message[1] == call_id:
+            return _decode_report(rank, worker, message[2])
+        return None
+
     try:
         base_task = {
             "call_id": call_id,
             "world_size": world_size,
+            "device": "cpu",
             "store_path": store_path,
             "master_addr": _HOST,
             "master_port": _free_port(),
@@ -831,11 +812,16 @@ def run_on_ranks(
         for rank, worker in enumerate(workers):
             worker.mark_offsets()
             worker.conn.send(("run", dict(base_task, rank=rank)))
-        outcomes = _supervise(workers, call_id, float(timeout), float(failure_grace))
+        outcomes = _supervise(
+            workers,
+            accept_result,
+            timeout=float(timeout),
+            failure_grace=float(failure_grace),
+            overdue=f"did not finish within the {timeout:g} s deadline",
+            silent="ended without reporting a result",
+        )
     except BaseException:
         # KeyboardInterrupt, a broken pipe, anything: no worker of this call may survive it.
-        for worker in workers:
-            worker.kill()
         pool.discard(workers, ask_first=False)
         raise
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -9,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from . import world
 
 
 def forget_dtensor_caches() -> None:
@@ -28,8 +31,12 @@ def forget_dtensor_caches() -> None:
 
 
 def world_mesh():
-    """A 1-D CPU mesh over the whole default group, in rank order."""
+    """The current World's 1-D mesh (SPEC 4.2.4), or outside a scenario call a 1-D CPU mesh over
+    the default group in rank order (for scripts that set up their own group)."""
     forget_dtensor_caches()
+    current = world.bound()
+    if current is not None:
+        return current.mesh
     return init_device_mesh("cpu", (dist.get_world_size(),))
 
 
@@ -45,16 +52,30 @@ def sharded_parameter(full: torch.Tensor, mesh) -> torch.nn.Parameter:
     return p
 
 
+def _no_dying_in_process(exitcode: int):
+    raise RuntimeError(
+        f"World.die({exitcode}) in a WorldOfOne would end the calling process; simulate a dying "
+        "rank in a launched scenario (conformance.launch.run)"
+    )
+
+
 class WorldOfOne:
     """A gloo process group of one in this process (file store, no port), with its mesh and a
-    scratch directory for checkpoints; ``close()`` destroys the group if it made it."""
+    scratch directory for checkpoints; ``close()`` destroys the group if it made it.
+
+    While open, a group it made is also the process's current World (rank 0 of 1, cpu), so a
+    rank body runs in-process as it does under a launcher; ``die()`` raises there instead.
+    """
 
     def __init__(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
         self.owned = not dist.is_initialized()
+        self._scope = contextlib.ExitStack()
         if self.owned:
             store = dist.FileStore(os.path.join(self.tmp.name, "store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+            one = world.World(0, 1, dist.group.WORLD, torch.device("cpu"), _no_dying_in_process)
+            self._scope.enter_context(world.scope(one))
         self.mesh = world_mesh()
         self.count = 0
 
@@ -63,6 +84,7 @@ class WorldOfOne:
         return os.path.join(self.tmp.name, f"ckpt{self.count}")
 
     def close(self):
+        self._scope.close()
         if self.owned and dist.is_initialized():
             dist.destroy_process_group()
         self.tmp.cleanup()

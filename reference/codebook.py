@@ -23,14 +23,14 @@ BIN_WIDTH = 2.0 / HISTOGRAM_BINS  # 2**-11, exact
 
 
 def block_normalised(flat: torch.Tensor, period: int) -> torch.Tensor:
-    """``x / max|x|`` per block in fp32; an all-zero block becomes zeros (SPEC 1.6.2)."""
+    """``x / max|x|`` per block in fp32; an all-zero block becomes zeros (SPEC 1.6.4)."""
     blocks = flat.float().reshape(-1, period)
     absmax = blocks.abs().amax(dim=1, keepdim=True)
     return torch.where(absmax > 0, blocks / absmax, torch.zeros_like(blocks))
 
 
 def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> Optional[torch.Tensor]:
-    """int64 counts over the 4096 bins for ``(flat local gradient, period)`` pieces (SPEC 1.6.3).
+    """int64 counts over the 4096 bins for ``(flat local gradient, period)`` pieces (SPEC 1.6.3-1.6.5).
 
     The bin of a normalised value ``u`` is ``floor(fp32(u + 1) / 2**-11)`` clamped to
     [0, 4095], so tiny values and all-zero blocks land in bin 2048. Returns None
@@ -49,13 +49,13 @@ def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> Optional[tor
 
 
 def bin_centers() -> torch.Tensor:
-    """Exact fp32 centers ``-1 + (2i + 1) / 4096`` of the 4096 bins."""
+    """Exact fp32 centers ``-1 + (2i + 1) / 4096`` of the 4096 bins (SPEC 1.6.6)."""
     edges = torch.linspace(-1.0, 1.0, HISTOGRAM_BINS + 1, dtype=torch.float32)
     return 0.5 * (edges[:-1] + edges[1:])
 
 
 def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
-    """Solve the optimal codebook for int64 bin counts (SPEC 1.6.4).
+    """Solve the optimal codebook for int64 bin counts (SPEC 1.6.5-1.6.8).
 
     Counts are rounded to float32 once (above 2**24 they lose precision, as specified)
     and only active bins (count > 0) take part.
@@ -70,7 +70,7 @@ def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
 def learn_codebook(
     pieces: Iterable[tuple[torch.Tensor, int]], device: torch.device | str = "cpu"
 ) -> Optional[torch.Tensor]:
-    """The fp32[256] codebook for the given gradient pieces, or None when they are all empty."""
+    """The fp32[256] codebook for the given gradient pieces, or None when they are all empty (SPEC 1.6.2)."""
     counts = histogram_counts(pieces)
     if counts is None:
         return None

@@ -31,7 +31,7 @@ def nearest_codeword_indices(codebook: torch.Tensor, values: torch.Tensor) -> to
 
 
 def dequantize(codebook: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Codewords for ``indices``, rounded to ``dtype`` (the gradient's dtype, SPEC 1.8.7)."""
+    """Codewords for ``indices``, rounded to ``dtype`` (the gradient's dtype, SPEC 1.8.8 steps 1 and 6)."""
     if codebook.device != indices.device:
         raise ValueError(
             f"codebook on {codebook.device} but indices on {indices.device}: they must share a device"

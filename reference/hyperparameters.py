@@ -1,7 +1,7 @@
 """Validation of per-group hyperparameters (SPEC 1.1.3).
 
 The same rules apply at construction, to every added group and to every group
-restored by a native load (SPEC 1.12).
+restored by a native load (SPEC 1.12.6).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def validate_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, weight_d
 
 
 def split_betas(betas: Any) -> tuple[Any, Any]:
-    """``betas`` must be a pair; the group stores it as ``beta1``/``beta2`` (SPEC 1.2.2)."""
+    """``betas`` must be a pair; the group stores it as ``beta1``/``beta2`` (SPEC 1.2.3-1.2.4)."""
     try:
         beta1, beta2 = betas
     except (TypeError, ValueError):

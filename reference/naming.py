@@ -34,7 +34,7 @@ def name_group_params(
     registered_count: int,
     taken: set[str],
 ) -> tuple[list[str], list[bool]]:
-    """Names and synthesized flags for the params of one new group (SPEC 1.3.2).
+    """Names and synthesized flags for the params of one new group (SPEC 1.3.2-1.3.3).
 
     ``given`` holds each param's caller name or None. ``registered_count`` is how many
     params earlier groups registered; ``taken`` the names they hold (not mutated).
@@ -65,7 +65,7 @@ def reconcile_flags(
     live_flags: list[bool],
     checkpoint_flags: Optional[list],
 ) -> list[bool]:
-    """Provenance after a native load (SPEC 1.3.4).
+    """Provenance after a native load (SPEC 1.3.6).
 
     An unchanged name keeps its live flag; a changed name takes the checkpoint's flag;
     without a usable checkpoint flag list the name counts as synthesized (fail closed).

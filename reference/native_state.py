@@ -20,13 +20,13 @@ from .hyperparameters import HYPERPARAMETER_KEYS, validate_hyperparameters
 from .naming import reconcile_flags
 
 FORMAT_VERSION = 1
-#: Versions whose group metadata the native loader understands (SPEC 1.12.2).
+#: Versions whose group metadata the native loader understands (SPEC 1.12.2 item 3).
 ACCEPTED_FORMAT_VERSIONS = (1, 2)
 METADATA_KEY = "_gefen_checkpoint_metadata"
 COUNTER_KEYS = ("step", "vmean_step", "factored_step")
 #: Per-step buffers that some implementations keep in state; never serialized.
 SCRATCH_KEYS = ("stepsize", "_h_buf")
-#: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.14 D9).
+#: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.12.4 item 6, 1.14 D9).
 DROPPED_KEYS = SCRATCH_KEYS + ("m_codebook_shape",)
 #: Every per-parameter key a native state may carry (SPEC 1.11.3).
 STATE_KEYS = (
@@ -36,9 +36,13 @@ STATE_KEYS = (
 CODEBOOK_SIZE = 256
 
 
+def is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "to_local")
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor, or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "placements") else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def _compact(value: Any) -> Any:
@@ -97,7 +101,7 @@ class StagedLoad:
 
 
 def counter_value(key: str, value: Any) -> int:
-    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.5)."""
+    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.4 item 1)."""
     if torch.is_tensor(value):
         if value.numel() != 1 or value.dtype == torch.bool or not bool(torch.isfinite(value).all()):
             raise ValueError(f"counter {key} must be a finite scalar, got {value!r}")
@@ -112,7 +116,7 @@ def counter_value(key: str, value: Any) -> int:
 
 
 def validate_codebook(codebook: Any, *, required: bool) -> None:
-    """fp32, 1-D, 256 entries, finite, sorted non-decreasing, endpoints exactly -1 and +1 (SPEC 1.12.7)."""
+    """fp32, 1-D, 256 entries, finite, sorted non-decreasing, endpoints exactly -1 and +1 (SPEC 1.12.5)."""
     if codebook is None:
         if required:
             raise ValueError("checkpoint has quantized momentum but no codebook")
@@ -137,7 +141,7 @@ def _check_tensor(key: str, t: Any, dtype: torch.dtype, shape: tuple, *, non_neg
 
 
 def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
-    """Validate one parameter's restored state (SPEC 1.12.6); True when it carries momentum."""
+    """Validate one parameter's restored state (SPEC 1.12.4); True when it carries momentum."""
     where = f"parameter {name!r}: "
     try:
         counters = {k: counter_value(k, entry[k]) for k in COUNTER_KEYS if k in entry}
@@ -178,7 +182,7 @@ def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
             _check_tensor("v_row", entry["v_row"], torch.float32, (shape[0],), non_negative=True)
             _check_tensor("v_col", entry["v_col"], torch.float32, (shape[1],), non_negative=True)
     except ValueError as error:
-        raise ValueError(where + str(error)) from None
+        raise ValueError(f"{where}{error}") from None
     return has_momentum
 
 
@@ -189,7 +193,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tuple[Any, Any]:
-    """Reconcile top-level and per-group run metadata; return (global_step, codebook) (SPEC 1.12.2-3)."""
+    """Reconcile top-level and per-group run metadata (SPEC 1.12.2 items 1-7).
+
+    Returns ``(global_step, codebook)``.
+    """
     metadata = [g.pop(METADATA_KEY) for g in groups if METADATA_KEY in g]
     step = sd.pop("gefen_global_step", None)
     codebook = sd.pop("gefen_codebook", None)
@@ -230,7 +237,7 @@ def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tupl
 
 
 def _pack_legacy_groups(saved_groups: list, live_groups: list) -> list:
-    """Map one-param-per-group checkpoints onto the live grouping (SPEC 1.12.9)."""
+    """Map one-param-per-group checkpoints onto the live grouping (SPEC 1.12.7)."""
     if not saved_groups or len(saved_groups) == len(live_groups):
         return saved_groups
     if not all(len(g.get("params", ())) == 1 for g in saved_groups):
@@ -262,6 +269,26 @@ def _pack_legacy_groups(saved_groups: list, live_groups: list) -> list:
     return packed
 
 
+def _refuse_tensor_state_for_dtensors(saved_state: dict, codebook: Any) -> None:
+    """Into DTensor parameters only a never-stepped checkpoint loads (SPEC 1.12.11).
+
+    Per-parameter state and the codebook are rank-local: a native checkpoint holds one
+    unsharded copy, which no rank of a sharded optimizer may take as its own.
+    """
+    carried = sorted(
+        {key for entry in saved_state.values() if isinstance(entry, dict) for key in entry if key != "name"}
+    )
+    if codebook is not None:
+        carried.append("a codebook")
+    if carried:
+        raise ValueError(
+            "a native load into DTensor parameters accepts only a never-stepped checkpoint (no "
+            f"per-parameter state, no codebook), but this one carries {', '.join(carried)}; "
+            "restore sharded optimizer state with reference.GefenDCPState and "
+            "torch.distributed.checkpoint"
+        )
+
+
 def stage_load(optimizer, state_dict: dict) -> StagedLoad:
     """Validate ``state_dict`` against ``optimizer`` and build the replacement (SPEC 1.12)."""
     if not isinstance(state_dict, dict) or "param_groups" not in state_dict or "state" not in state_dict:
@@ -276,6 +303,8 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
         raise ValueError(
             "checkpoint has quantized momentum indices but no codebook; loading it would reinterpret the indices"
         )
+    if any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
+        _refuse_tensor_state_for_dtensors(saved_state, codebook)
     saved_groups = _pack_legacy_groups(saved_groups, optimizer.param_groups)
     if len(saved_groups) != len(optimizer.param_groups):
         raise ValueError("loaded state dict has a different number of parameter groups")

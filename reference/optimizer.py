@@ -22,7 +22,7 @@ from . import native_state
 from .codebook import learn_codebook
 from .hyperparameters import scalar_lr, split_betas, validate_hyperparameters
 from .naming import name_group_params
-from .native_state import local_tensor
+from .native_state import is_dtensor, local_tensor
 from .periods import PeriodRules, check_period_divides, choose_period, squared_gradient
 from .steps import (
     StepHyper,
@@ -39,10 +39,6 @@ _CONSUMED_GROUP_KEYS = (
     "params", "name", "lr", "betas", "beta1", "beta2", "eps", "weight_decay",
     "param_names", "param_names_synthesized", _IMPLICIT_GROUP,
 )
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "placements") and hasattr(t, "to_local")
 
 
 class Gefen(torch.optim.Optimizer):
@@ -198,7 +194,7 @@ class Gefen(torch.optim.Optimizer):
             if grad.numel() == 0:
                 continue
             state = self.state[p]
-            factored = self.factored_v_2d and p.ndim == 2 and not _is_dtensor(p)
+            factored = self.factored_v_2d and p.ndim == 2 and not is_dtensor(p)
             self._prepare_state(name, p, grad, state, factored)
             hyper = StepHyper(
                 lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
@@ -223,7 +219,7 @@ class Gefen(torch.optim.Optimizer):
                 raise RuntimeError(f"Gefen does not support complex gradients (parameter {name!r})")
             if tuple(g.shape) != tuple(p.shape):
                 raise RuntimeError(f"gradient shape {tuple(g.shape)} of {name!r} does not match parameter shape {tuple(p.shape)}")
-            if not _is_dtensor(p) and not _is_dtensor(g) and g.device != p.device:
+            if not is_dtensor(p) and not is_dtensor(g) and g.device != p.device:
                 raise RuntimeError(f"parameter {name!r} and its gradient must live on the same device")
 
     def _apply_grad_scaler(self) -> bool:
@@ -272,7 +268,8 @@ class Gefen(torch.optim.Optimizer):
         self.codebook = codebook
 
     def _prepare_state(self, name: str, p: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool) -> None:
-        """Create state on a param's first step; add a missing second moment after a mode switch (SPEC 1.10.5)."""
+        """Create state on a param's first step (SPEC 1.8.1, 1.9.2); add a missing second moment
+        after a mode switch (SPEC 1.10.8) or a legacy ``vmean_step`` (SPEC 1.8.2)."""
         if "step" not in state:
             period = state.get("automatic_period")
             if period is None:
@@ -289,16 +286,17 @@ class Gefen(torch.optim.Optimizer):
             state["vmean_step"] = state["step"]
 
     # --------------------------------------------------------------- state dicts
-    def _refuse_dtensors(self, what: str) -> None:
-        if any(_is_dtensor(p) for _, _, p in self.named_params()):
+    def state_dict(self) -> dict:
+        """The native state dict (SPEC 1.11). Tensors are the live ones, as torch optimizers do.
+
+        Refused for DTensor parameters (SPEC 1.12.11, 1.14 D13): their state is saved with
+        the DCP adapter.
+        """
+        if any(is_dtensor(p) for _, _, p in self.named_params()):
             raise ValueError(
-                f"native {what} of DTensor parameters is not supported by the reference; "
+                "native state_dict of DTensor parameters is not supported by the reference; "
                 "use reference.GefenDCPState with torch.distributed.checkpoint"
             )
-
-    def state_dict(self) -> dict:
-        """The native state dict (SPEC 1.11). Tensors are the live ones, as torch optimizers do."""
-        self._refuse_dtensors("state_dict")
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
         sd = native_state.pack_state_dict(self)
@@ -313,9 +311,9 @@ class Gefen(torch.optim.Optimizer):
 
         A rejected load raises ValueError and leaves state, groups, codebook and
         counters exactly as they were; the caller's dict is never modified, and the
-        restored tensors are copies in their saved dtypes.
+        restored tensors are copies in their saved dtypes. Into DTensor parameters only a
+        never-stepped checkpoint loads (SPEC 1.12.11).
         """
-        self._refuse_dtensors("load_state_dict")
         sd = state_dict.copy() if isinstance(state_dict, dict) else state_dict
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = hook(self, sd)

@@ -19,16 +19,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-#: The searched period is discarded below this size (SPEC 1.5.4).
+#: The smallest period the search keeps and the fallback returns (SPEC 1.5.5-1.5.6).
 SMALLEST_SEARCHED_PERIOD = 8
-#: The memory-safe fallback never picks a capped divisor above this (SPEC 1.5.5).
+#: The memory-safe fallback never picks a capped divisor above this (SPEC 1.5.6).
 FALLBACK_PERIOD_CAP = 2048
-#: Score of the first candidate (period 1), a fixed positive sentinel (SPEC 1.5.3).
+#: Score of the first candidate (period 1), a fixed positive sentinel (SPEC 1.5.5).
 FIRST_CANDIDATE_SCORE = 1e-12
 
 
 def proper_divisors(n: int) -> list[int]:
-    """Every divisor of ``n`` except ``n`` itself, ascending (``proper_divisors(12) == [1, 2, 3, 4, 6]``)."""
+    """The candidates: every divisor of ``n`` except ``n`` itself, ascending (SPEC 1.5.4)."""
     if n < 1:
         raise ValueError(f"proper_divisors needs a positive integer, got {n}")
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -42,13 +42,13 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 def block_spread(squared: np.ndarray, period: int) -> float:
-    """E(p): sqrt of the mean over blocks of each block's population variance (float64)."""
+    """E(p): sqrt of the mean over blocks of each block's population variance, float64 (SPEC 1.5.4)."""
     blocks = squared.reshape(-1, period)
     return float(np.sqrt(blocks.var(axis=1).mean()))
 
 
 def search_period(squared: np.ndarray) -> int:
-    """Return the searched period for a float64 vector of squared gradients (before any fallback).
+    """The searched period for a float64 vector of squared gradients, before any fallback (SPEC 1.5.5).
 
     Candidates are the proper divisors in ascending order. Each candidate's score is
     the increase of E over the previous candidate (the first gets a tiny positive
@@ -69,7 +69,7 @@ def search_period(squared: np.ndarray) -> int:
 
 
 def fallback_period(n: int, global_shape: Sequence[int]) -> int:
-    """The memory-safe fallback applied when the search returns 1 (SPEC 1.5.5).
+    """The memory-safe fallback applied when the search returns 1 (SPEC 1.5.6).
 
     The larger of: the trailing dimension (when the parameter is at least 2-D, that
     dimension is >= 8 and divides ``n``) and the largest divisor of ``n`` not above 2048
@@ -89,7 +89,7 @@ def fallback_period(n: int, global_shape: Sequence[int]) -> int:
 
 
 def period_from_squares(squared: np.ndarray, global_shape: Sequence[int]) -> int:
-    """Search, then the fallback when the search found no structure."""
+    """Search, then the fallback when the search found no structure (SPEC 1.5.5 step 4)."""
     period = search_period(squared)
     if period == 1:
         return fallback_period(len(squared), global_shape)
@@ -97,13 +97,13 @@ def period_from_squares(squared: np.ndarray, global_shape: Sequence[int]) -> int
 
 
 def squared_gradient(local_grad: torch.Tensor) -> np.ndarray:
-    """Square in float32 (torch), flatten in logical order, widen to float64 (SPEC 1.5.2)."""
+    """Square in float32 (torch), flatten in logical order, widen to float64 (SPEC 1.5.3)."""
     return local_grad.detach().float().square().reshape(-1).cpu().numpy().astype(np.float64)
 
 
 @dataclass(frozen=True)
 class PeriodRules:
-    """The constructor options that force period 1 (SPEC 1.5.1)."""
+    """The constructor options that force period 1 (SPEC 1.5.2 rows 2-4)."""
 
     force_1d_period_one: bool = False
     force_2d_period_one: bool = False
@@ -121,7 +121,7 @@ class PeriodRules:
 def choose_period(
     rules: PeriodRules, name: str, global_shape: Sequence[int], squared: np.ndarray
 ) -> int:
-    """Route one parameter to its period (SPEC 1.5.1).
+    """Route one parameter to its period (SPEC 1.5.2).
 
     ``global_shape`` is the parameter's (global) shape; ``squared`` the local shard's
     squared values in float64. Single-element shards get 1; forced rules come next;
@@ -136,7 +136,7 @@ def choose_period(
 
 
 def check_period_divides(name: str, numel: int, period: int) -> None:
-    """A period that does not divide the local numel is an error (SPEC 1.5.7)."""
+    """A period that does not divide the local numel is an error (SPEC 1.5.8)."""
     if type(period) is not int or period < 1 or numel % period != 0:
         raise ValueError(
             f"period {period!r} of parameter {name!r} does not divide its {numel} local elements"

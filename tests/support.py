@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import zlib
 
+import pytest
 import torch
 
 #: Shapes whose periods come out searched, by fallback and 1 (see test_optimizer_parity).
@@ -108,3 +110,20 @@ def deep_equal(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
+
+
+@contextlib.contextmanager
+def world_of_one():
+    """An in-process gloo group of one (``conformance.sharding.WorldOfOne``, closed on exit);
+    skips the test when this process already has a default group."""
+    import torch.distributed as dist
+
+    from conformance.sharding import WorldOfOne
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    world = WorldOfOne()
+    try:
+        yield world
+    finally:
+        world.close()

@@ -147,10 +147,10 @@ def agreed_slot_scalars(local) -> list:
         lowest, highest = row[:3], [-v for v in row[3:]]
         if lowest != highest:
             raise RuntimeError(
-                "Gefen DCP save aborted: the ranks holding slot %d disagree on its "
-                "(initialized, step, vmean_step): between %s and %s. DCP would keep one "
-                "rank's copy and write a torn slot; the ranks sharing a parameter must "
-                "step it together." % (index, tuple(lowest), tuple(highest))
+                f"Gefen DCP save aborted: the ranks holding slot {index} disagree on its "
+                f"(initialized, step, vmean_step): between {tuple(lowest)} and {tuple(highest)}. "
+                "DCP would keep one rank's copy and write a torn slot; the ranks sharing a "
+                "parameter must step it together."
             )
         agreed.append(tuple(lowest))
     return agreed

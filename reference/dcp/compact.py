@@ -32,9 +32,9 @@ def is_initialized(slot, state) -> bool:
     missing = [key for key in REQUIRED_FIELDS if key not in state]
     if missing:
         raise ValueError(
-            "Gefen DCP slot %d (%s) has partial optimizer state: %s missing. Saving "
-            "it as a fresh slot would silently zero its history, so the save is "
-            "refused." % (slot.index, slot.name, ", ".join(missing))
+            f"Gefen DCP slot {slot.index} ({slot.name}) has partial optimizer state: "
+            f"{', '.join(missing)} missing. Saving it as a fresh slot would silently zero its "
+            "history, so the save is refused."
         )
     return True
 
@@ -59,33 +59,32 @@ def check_expandable(codebook, local: torch.Tensor, state) -> None:
     if codebook.dim() != 1 or codebook.numel() < 256:
         raise ValueError(
             "Gefen momentum codebook geometry is invalid: need a 1-D codebook of at "
-            "least 256 entries, got shape %s" % (tuple(codebook.shape),)
+            f"least 256 entries, got shape {tuple(codebook.shape)}"
         )
     indices = state["m_codebook"]
     if indices.dtype != torch.uint8:
         raise ValueError(
-            "Gefen momentum index dtype is invalid: m_codebook must be uint8, got %s"
-            % indices.dtype
+            f"Gefen momentum index dtype is invalid: m_codebook must be uint8, got "
+            f"{indices.dtype}"
         )
     for key in BLOCK_TENSORS:
         if state[key].device != local.device:
             raise ValueError(
-                "Gefen optimizer state device is inconsistent: %s is on %s but the "
-                "parameter shard is on %s" % (key, state[key].device, local.device)
+                f"Gefen optimizer state device is inconsistent: {key} is on "
+                f"{state[key].device} but the parameter shard is on {local.device}"
             )
     period = schema.as_counter(state["automatic_period"], "automatic_period")
     n_local = local.numel()
     n_indices = indices.numel()
     if period < 1 or n_indices != state["m_magnitude"].numel() * period or n_indices != n_local:
         raise ValueError(
-            "Gefen momentum block geometry is invalid: period %d, %d indices, %d "
-            "magnitudes, %d shard elements"
-            % (period, n_indices, state["m_magnitude"].numel(), n_local)
+            f"Gefen momentum block geometry is invalid: period {period}, {n_indices} indices, "
+            f"{state['m_magnitude'].numel()} magnitudes, {n_local} shard elements"
         )
     if state["vmean"].numel() * period != n_local:
         raise ValueError(
-            "Gefen second-moment block geometry is invalid: period %d, %d block "
-            "means, %d shard elements" % (period, state["vmean"].numel(), n_local)
+            f"Gefen second-moment block geometry is invalid: period {period}, "
+            f"{state['vmean'].numel()} block means, {n_local} shard elements"
         )
     for label, tensor in (
         ("codebook", codebook),
@@ -94,6 +93,4 @@ def check_expandable(codebook, local: torch.Tensor, state) -> None:
     ):
         # In fp32, as written: a finite fp64 value can still overflow there.
         if not bool(torch.isfinite(tensor.float()).all()):
-            raise ValueError(
-                "Gefen optimizer state is non-finite (%s); refusing to write" % label
-            )
+            raise ValueError(f"Gefen optimizer state is non-finite ({label}); refusing to write")

@@ -71,23 +71,22 @@ def read_saved_value(saved: Any, *, key: str) -> float:
     ``eps > 0``, ``weight_decay >= 0``).
     """
     if key not in HYPER_KEYS:
-        raise HyperparameterRejected("unknown hyperparameter key %r" % (key,))
+        raise HyperparameterRejected(f"unknown hyperparameter key {key!r}")
     number = saved
     if torch.is_tensor(number):
         if number.numel() != 1 or number.is_complex() or number.dtype == torch.bool:
             raise HyperparameterRejected(
-                "saved %s must be a real scalar, got a %s tensor of %d element(s)"
-                % (key, number.dtype, number.numel())
+                f"saved {key} must be a real scalar, got a {number.dtype} tensor of "
+                f"{number.numel()} element(s)"
             )
         number = number.item()
     if isinstance(number, bool) or not isinstance(number, (int, float)):
         raise HyperparameterRejected(
-            "saved %s is non-numeric (%r); a checkpoint stores hyperparameters as floats"
-            % (key, saved)
+            f"saved {key} is non-numeric ({saved!r}); a checkpoint stores hyperparameters as floats"
         )
     value = float(number)
     if not math.isfinite(value):
-        raise HyperparameterRejected("saved %s is not finite (%r)" % (key, value))
+        raise HyperparameterRejected(f"saved {key} is not finite ({value!r})")
     if key in BETA_KEYS:
         legal = 0.0 <= value < 1.0
     elif key == "eps":
@@ -96,7 +95,7 @@ def read_saved_value(saved: Any, *, key: str) -> float:
         legal = value >= 0.0
     if not legal:
         required = {"eps": "> 0", "beta1": "in [0, 1)", "beta2": "in [0, 1)"}.get(key, ">= 0")
-        raise HyperparameterRejected("invalid %s %r (must be %s)" % (key, value, required))
+        raise HyperparameterRejected(f"invalid {key} {value!r} (must be {required})")
     return value
 
 
@@ -110,9 +109,9 @@ def _value_in_dtype(value: float, dtype: torch.dtype) -> float:
 
 def _refuse(key: str, value: float, destination: torch.Tensor, why: str) -> HyperparameterRejected:
     return HyperparameterRejected(
-        "the live %s tensor (%s) cannot represent the saved value %r: %s. Give the group a "
-        "tensor of a wider dtype (or a plain number) before loading."
-        % (key, destination.dtype, value, why)
+        f"the live {key} tensor ({destination.dtype}) cannot represent the saved value "
+        f"{value!r}: {why}. Give the group a tensor of a wider dtype (or a plain number) "
+        "before loading."
     )
 
 
@@ -141,31 +140,33 @@ def stage_hyperparameter(destination: Any, saved_value: Any, *, key: str) -> Sta
         return StagedValue(key, value, None, value)
     if destination.numel() != 1:
         raise HyperparameterRejected(
-            "the live %s tensor has %d elements; a hyperparameter tensor must hold exactly one"
-            % (key, destination.numel())
+            f"the live {key} tensor has {destination.numel()} elements; a hyperparameter "
+            "tensor must hold exactly one"
         )
     if destination.is_complex():
-        raise HyperparameterRejected("the live %s tensor is complex (%s)" % (key, destination.dtype))
+        raise HyperparameterRejected(f"the live {key} tensor is complex ({destination.dtype})")
     if destination.requires_grad and not destination.is_leaf:
         raise HyperparameterRejected(
-            "the live %s tensor is a non-leaf that requires grad (an autograd intermediate); "
-            "filling it in place would corrupt the graph that produced it" % key
+            f"the live {key} tensor is a non-leaf that requires grad (an autograd intermediate); "
+            "filling it in place would corrupt the graph that produced it"
         )
     dtype = destination.dtype
     if dtype == torch.bool or not dtype.is_floating_point:
         if value != math.floor(value):
-            raise _refuse(key, value, destination, "the in-place fill would truncate it to %d" % int(value))
+            why = f"the in-place fill would truncate it to {int(value)}"
+            raise _refuse(key, value, destination, why)
         low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
         if not low <= value <= high:
-            raise _refuse(key, value, destination, "outside the representable range [%d, %d]" % (low, high))
+            why = f"outside the representable range [{low}, {high}]"
+            raise _refuse(key, value, destination, why)
         stored = float(int(value))
     else:
         largest = torch.finfo(dtype).max
         if abs(value) > largest:
             raise _refuse(
                 key, value, destination,
-                "outside the representable range [-%r, %r]; the in-place fill would overflow to inf"
-                % (largest, largest),
+                f"outside the representable range [-{largest!r}, {largest!r}]; the in-place "
+                "fill would overflow to inf",
             )
         stored = _value_in_dtype(value, dtype)
         if value != 0.0 and stored == 0.0:
@@ -173,8 +174,8 @@ def stage_hyperparameter(destination: Any, saved_value: Any, *, key: str) -> Sta
     if key in BETA_KEYS and not 0.0 <= stored < 1.0:
         raise _refuse(
             key, value, destination,
-            "it rounds to %r, outside [0, 1); a beta of 1 would make the next bias "
-            "correction 1 - beta**t divide by zero" % stored,
+            f"it rounds to {stored!r}, outside [0, 1); a beta of 1 would make the next bias "
+            "correction 1 - beta**t divide by zero",
         )
     return StagedValue(key, value, destination, stored)
 
@@ -186,16 +187,16 @@ def stage_group(group: Mapping, entry: Any, *, group_index: int) -> dict:
     """Stage every key of one saved group entry against the live ``group``."""
     if not isinstance(entry, Mapping):
         raise HyperparameterRejected(
-            "group %d hyperparameters must be a mapping, got %s" % (group_index, type(entry).__name__)
+            f"group {group_index} hyperparameters must be a mapping, got {type(entry).__name__}"
         )
     staged = {}
     for key in HYPER_KEYS:
         if key not in entry:
-            raise HyperparameterRejected("group %d is missing hyperparameter %r" % (group_index, key))
+            raise HyperparameterRejected(f"group {group_index} is missing hyperparameter {key!r}")
         try:
             staged[key] = stage_hyperparameter(group.get(key), entry[key], key=key)
         except HyperparameterRejected as exc:
-            raise HyperparameterRejected("group %d: %s" % (group_index, exc)) from None
+            raise HyperparameterRejected(f"group {group_index}: {exc}") from None
     return staged
 
 
@@ -229,20 +230,20 @@ def check_aliases(staged_groups: Sequence[Mapping[str, StagedValue]]) -> None:
             other_group, other_key, other_value = first_seen[where]
             if item.value != other_value:
                 raise HyperparameterRejected(
-                    "one live tensor is aliased by group %d %s and group %d %s, which the "
-                    "checkpoint gives different values (%r and %r); filling it in place "
-                    "cannot restore both. Give each group its own tensor before loading."
-                    % (other_group, other_key, group_index, key, other_value, item.value)
+                    f"one live tensor is aliased by group {other_group} {other_key} and group "
+                    f"{group_index} {key}, which the checkpoint gives different values "
+                    f"({other_value!r} and {item.value!r}); filling it in place cannot restore "
+                    "both. Give each group its own tensor before loading."
                 )
 
 
 def stage_groups(param_groups: Sequence[Mapping], entries: Any) -> list:
     """Stage every group's saved entry, then the aliasing rule; returns one dict per group."""
     if not isinstance(entries, (list, tuple)) or len(entries) != len(param_groups):
+        count = len(entries) if isinstance(entries, (list, tuple)) else type(entries).__name__
         raise HyperparameterRejected(
-            "checkpoint hyperparameters differ in count: %s entries for %d parameter groups"
-            % (len(entries) if isinstance(entries, (list, tuple)) else type(entries).__name__,
-               len(param_groups))
+            f"checkpoint hyperparameters differ in count: {count} entries for "
+            f"{len(param_groups)} parameter groups"
         )
     staged_groups = [
         stage_group(group, entry, group_index=index)

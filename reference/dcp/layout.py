@@ -53,33 +53,32 @@ def _check_optimizer_flags(optimizer) -> None:
 def _check_parameter(slot_index: int, name: str, parameter, world: int) -> None:
     if not _looks_like_dtensor(parameter):
         raise RuntimeError(
-            "GefenDCPState needs every parameter to be a DTensor (slot %d, %r is a "
-            "plain tensor)" % (slot_index, name)
+            f"GefenDCPState needs every parameter to be a DTensor (slot {slot_index}, {name!r} "
+            "is a plain tensor)"
         )
     mesh = parameter.device_mesh
     if len(mesh.shape) != 1 or mesh.size() != world:
         raise RuntimeError(
             "GefenDCPState handles only a one-dimensional DeviceMesh that spans the "
-            "whole default world (slot %d, %r has mesh shape %s, world size %d)"
-            % (slot_index, name, tuple(mesh.shape), world)
+            f"whole default world (slot {slot_index}, {name!r} has mesh shape "
+            f"{tuple(mesh.shape)}, world size {world})"
         )
     if mesh.mesh.flatten().tolist() != list(range(world)):
         raise RuntimeError(
-            "GefenDCPState needs the mesh ranks in canonical order 0..%d; slot %d "
-            "(%r) uses the reordered mesh %s"
-            % (world - 1, slot_index, name, mesh.mesh.flatten().tolist())
+            f"GefenDCPState needs the mesh ranks in canonical order 0..{world - 1}; slot "
+            f"{slot_index} ({name!r}) uses the reordered mesh {mesh.mesh.flatten().tolist()}"
         )
     placements = tuple(parameter.placements)
     if len(placements) != 1:
         raise RuntimeError(
             "GefenDCPState needs exactly one DTensor placement per parameter "
-            "(slot %d, %r has %d)" % (slot_index, name, len(placements))
+            f"(slot {slot_index}, {name!r} has {len(placements)})"
         )
     placement = placements[0]
     if type(placement).__name__ != "Shard" or getattr(placement, "dim", None) != 0:
         raise RuntimeError(
-            "GefenDCPState handles only Shard(0) parameters (slot %d, %r is placed "
-            "as %r)" % (slot_index, name, placement)
+            f"GefenDCPState handles only Shard(0) parameters (slot {slot_index}, {name!r} is "
+            f"placed as {placement!r})"
         )
 
 
@@ -92,25 +91,24 @@ def collect_slots(optimizer) -> tuple:
         if group.get("sharded_mode") is not None:
             raise RuntimeError(
                 "GefenDCPState does not handle groups in a Muon sharded mode "
-                "(group %d)" % group_index
+                f"(group {group_index})"
             )
         params = group["params"]
         names = group.get("param_names")
         if names is None or len(names) != len(params):
             raise RuntimeError(
                 "GefenDCPState needs stable param_names given by the caller on every "
-                "group: group %d has %d name(s) for %d parameter(s). Pass named "
-                "parameters so a resharded slot is matched by name, not by position."
-                % (group_index, 0 if names is None else len(names), len(params))
+                f"group: group {group_index} has {0 if names is None else len(names)} name(s) "
+                f"for {len(params)} parameter(s). Pass named parameters so a resharded slot is "
+                "matched by name, not by position."
             )
         for position, (name, parameter) in enumerate(zip(names, params)):
             index = len(slots)
             if optimizer_view.name_is_synthesized(group, position):
                 raise RuntimeError(
-                    "GefenDCPState needs names given by the caller, but slot %d is "
-                    "called %r, a positional name the optimizer synthesized for an "
-                    "unnamed parameter. Build the optimizer from named parameters."
-                    % (index, str(name))
+                    f"GefenDCPState needs names given by the caller, but slot {index} is "
+                    f"called {str(name)!r}, a positional name the optimizer synthesized for "
+                    "an unnamed parameter. Build the optimizer from named parameters."
                 )
             _check_parameter(index, str(name), parameter, world)
             slots.append(SlotRef(index, group_index, str(name), parameter))
@@ -131,7 +129,7 @@ def reject_name_collisions(slots) -> None:
         if slot.name in first_slot:
             raise RuntimeError(
                 "GefenDCPState needs parameter names that are unique across every "
-                "group, but %r is used by slots %d and %d"
-                % (slot.name, first_slot[slot.name], slot.index)
+                f"group, but {slot.name!r} is used by slots {first_slot[slot.name]} and "
+                f"{slot.index}"
             )
         first_slot[slot.name] = slot.index

@@ -71,17 +71,13 @@ class _DeferredDenseShard(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.is_pinned.default:
             return False  # metadata DCP reads while planning
-        raise RuntimeError(
-            "A Gefen DCP placeholder cannot run %s. %s" % (func, _MISUSE_HINT)
-        )
+        raise RuntimeError(f"A Gefen DCP placeholder cannot run {func}. {_MISUSE_HINT}")
 
     def __repr__(self, *, tensor_contents=None):
         built = getattr(self, "_kept", None) is not None
-        return "<Gefen DCP placeholder (%s) for dense fp32 shard: shape=%s, dtype=%s, device=%s>" % (
-            "built" if built else "not built",
-            tuple(self.shape),
-            self.dtype,
-            self.device,
+        return (
+            f"<Gefen DCP placeholder ({'built' if built else 'not built'}) for dense fp32 shard: "
+            f"shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}>"
         )
 
     __str__ = __repr__

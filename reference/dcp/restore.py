@@ -63,27 +63,27 @@ class RestorePlan:
 def _check_header(state_dict, optimizer, slots) -> None:
     """SPEC 3.3.1-3.3.5: keys, version, group topology and identities."""
     if not isinstance(state_dict, dict):
-        raise ValueError("Gefen DCP checkpoint must be a dict, got %s" % type(state_dict).__name__)
+        raise ValueError(f"Gefen DCP checkpoint must be a dict, got {type(state_dict).__name__}")
     missing = [key for key in schema.HEADER_KEYS if key not in state_dict]
     if missing:
-        raise ValueError("Gefen DCP checkpoint metadata is incomplete: missing %s" % ", ".join(missing))
+        raise ValueError(f"Gefen DCP checkpoint metadata is incomplete: missing {', '.join(missing)}")
     version = schema.as_counter(state_dict["format_version"], "format_version")
     if version != schema.FORMAT_VERSION:
         raise ValueError(
-            "Unsupported Gefen DCP checkpoint format version %d (this adapter reads version %d)"
-            % (version, schema.FORMAT_VERSION)
+            f"Unsupported Gefen DCP checkpoint format version {version} (this adapter reads "
+            f"version {schema.FORMAT_VERSION})"
         )
     slot_count = schema.as_counter(state_dict["slot_count"], "slot_count")
     if slot_count != len(slots):
         raise ValueError(
-            "Gefen DCP checkpoint parameter count differs: it holds %d slot(s), this optimizer has %d"
-            % (slot_count, len(slots))
+            f"Gefen DCP checkpoint parameter count differs: it holds {slot_count} slot(s), this "
+            f"optimizer has {len(slots)}"
         )
     group_count = schema.as_counter(state_dict["group_count"], "group_count")
     if group_count != len(optimizer.param_groups):
         raise ValueError(
-            "Gefen DCP checkpoint parameter-group count differs: it holds %d group(s), this "
-            "optimizer has %d" % (group_count, len(optimizer.param_groups))
+            f"Gefen DCP checkpoint parameter-group count differs: it holds {group_count} "
+            f"group(s), this optimizer has {len(optimizer.param_groups)}"
         )
     saved = state_dict["param_identities"]
     expected = [slot.identity() for slot in slots]
@@ -92,14 +92,16 @@ def _check_header(state_dict, optimizer, slots) -> None:
         if isinstance(saved, list):
             for index, (got, want) in enumerate(zip(saved, expected)):
                 if got != want:
-                    where = " (first difference at slot %d: checkpoint %r, optimizer %r)" % (index, got, want)
+                    where = (
+                        f" (first difference at slot {index}: checkpoint {got!r}, optimizer {want!r})"
+                    )
                     break
             else:
-                where = " (%d saved identities for %d slots)" % (len(saved), len(expected))
+                where = f" ({len(saved)} saved identities for {len(expected)} slots)"
         raise ValueError(
             "Gefen DCP checkpoint parameter identities (name/group/shape) do not match this "
-            "optimizer%s; state is addressed by slot number, so loading it could hand one "
-            "parameter's momentum to another" % where
+            f"optimizer{where}; state is addressed by slot number, so loading it could hand one "
+            "parameter's momentum to another"
         )
 
 
@@ -107,13 +109,13 @@ def _check_deterministic(state_dict, optimizer) -> None:
     """SPEC 3.3.7: the flag must match; it is never changed by a load."""
     saved = schema.as_counter(state_dict["deterministic"], "deterministic")
     if saved not in (0, 1):
-        raise ValueError("Gefen DCP checkpoint deterministic flag must be 0 or 1, got %d" % saved)
+        raise ValueError(f"Gefen DCP checkpoint deterministic flag must be 0 or 1, got {saved}")
     live = optimizer_view.deterministic_of(optimizer)
     if bool(saved) != live:
         raise ValueError(
-            "Gefen DCP checkpoint was saved with deterministic=%r, but this optimizer was built "
-            "with deterministic=%r; a load does not change the flag, so build the optimizer "
-            "with the checkpoint's setting" % (bool(saved), live)
+            f"Gefen DCP checkpoint was saved with deterministic={bool(saved)!r}, but this "
+            f"optimizer was built with deterministic={live!r}; a load does not change the flag, so "
+            "build the optimizer with the checkpoint's setting"
         )
 
 
@@ -131,7 +133,7 @@ def dense_value(value) -> torch.Tensor:
     if placeholder.is_placeholder(value):
         return value.__get_tensor_shard__(None)
     if not torch.is_tensor(value):
-        raise ValueError("expected a tensor, got %s" % type(value).__name__)
+        raise ValueError(f"expected a tensor, got {type(value).__name__}")
     return layout.local_part(value)
 
 
@@ -141,50 +143,52 @@ def _read_slot(state_dict, slot) -> SlotReading:
     absent = [key for key in keys.values() if key not in state_dict]
     if absent:
         raise ValueError(
-            "Gefen DCP checkpoint is missing state for slot %d (%s): %s"
-            % (slot.index, slot.name, ", ".join(absent))
+            f"Gefen DCP checkpoint is missing state for slot {slot.index} ({slot.name}): "
+            f"{', '.join(absent)}"
         )
     flag = schema.as_counter(state_dict[keys["initialized"]], keys["initialized"])
     if flag not in (0, 1):
-        raise ValueError("Gefen DCP slot %d initialized flag must be 0 or 1, got %d" % (slot.index, flag))
+        raise ValueError(f"Gefen DCP slot {slot.index} initialized flag must be 0 or 1, got {flag}")
     step = schema.as_counter(state_dict[keys["step"]], keys["step"])
     vmean_step = schema.as_counter(state_dict[keys["vmean_step"]], keys["vmean_step"])
     try:
         momentum = dense_value(state_dict[keys["momentum"]]).detach().float()
         second = dense_value(state_dict[keys["second_moment"]]).detach().float()
     except ValueError as exc:
-        raise ValueError("Gefen DCP slot %d dense state: %s" % (slot.index, exc)) from None
+        raise ValueError(f"Gefen DCP slot {slot.index} dense state: {exc}") from None
     local = layout.local_part(slot.parameter)
     if momentum.shape != local.shape or second.shape != local.shape:
         raise ValueError(
-            "Gefen DCP checkpoint local shape differs for slot %d (%s): momentum %s, second "
-            "moment %s, shard %s"
-            % (slot.index, slot.name, tuple(momentum.shape), tuple(second.shape), tuple(local.shape))
+            f"Gefen DCP checkpoint local shape differs for slot {slot.index} ({slot.name}): "
+            f"momentum {tuple(momentum.shape)}, second moment {tuple(second.shape)}, "
+            f"shard {tuple(local.shape)}"
         )
     if not bool(torch.isfinite(momentum).all()) or not bool(torch.isfinite(second).all()):
-        raise ValueError("Gefen DCP checkpoint contains non-finite state in slot %d (%s)" % (slot.index, slot.name))
+        raise ValueError(
+            f"Gefen DCP checkpoint contains non-finite state in slot {slot.index} ({slot.name})"
+        )
     if bool((second < 0).any()):
         raise ValueError(
-            "Gefen DCP second moment must be nonnegative, but slot %d (%s) holds a negative value"
-            % (slot.index, slot.name)
+            f"Gefen DCP second moment must be nonnegative, but slot {slot.index} ({slot.name}) "
+            "holds a negative value"
         )
     initialized = flag == 1
     if initialized and (step < 1 or vmean_step < 1):
         raise ValueError(
-            "Gefen DCP slot %d (%s) is initialized but carries step=%d, vmean_step=%d; "
-            "initialized state requires both counters >= 1.%s"
-            % (slot.index, slot.name, step, vmean_step, TORN_SLOT_HINT)
+            f"Gefen DCP slot {slot.index} ({slot.name}) is initialized but carries step={step}, "
+            f"vmean_step={vmean_step}; initialized state requires both counters >= 1."
+            f"{TORN_SLOT_HINT}"
         )
     if not initialized and (step != 0 or vmean_step != 0):
         raise ValueError(
-            "Gefen DCP slot %d (%s) is uninitialized but carries nonzero counters "
-            "(step=%d, vmean_step=%d).%s" % (slot.index, slot.name, step, vmean_step, TORN_SLOT_HINT)
+            f"Gefen DCP slot {slot.index} ({slot.name}) is uninitialized but carries nonzero counters "
+            f"(step={step}, vmean_step={vmean_step}).{TORN_SLOT_HINT}"
         )
     if not initialized and (bool(momentum.any()) or bool(second.any())):
         raise ValueError(
-            "Gefen DCP slot %d (%s) is uninitialized but carries nonzero momentum or "
-            "second-moment history, which a fresh slot would silently discard.%s"
-            % (slot.index, slot.name, TORN_SLOT_HINT)
+            f"Gefen DCP slot {slot.index} ({slot.name}) is uninitialized but carries nonzero "
+            "momentum or second-moment history, which a fresh slot would silently discard."
+            f"{TORN_SLOT_HINT}"
         )
     return SlotReading(slot, initialized, step, vmean_step, momentum, second)
 

@@ -33,7 +33,7 @@ HEADER_KEYS = (
 
 def slot_key(index: int, field: str) -> str:
     """``slot_00000007.momentum`` style key for slot ``index``."""
-    return "slot_%08d.%s" % (index, field)
+    return f"slot_{index:08d}.{field}"
 
 
 def as_counter(value, what: str) -> int:
@@ -45,7 +45,7 @@ def as_counter(value, what: str) -> int:
     """
     if torch.is_tensor(value):
         if value.numel() != 1:
-            raise ValueError("%s must be a single number, got %d elements" % (what, value.numel()))
+            raise ValueError(f"{what} must be a single number, got {value.numel()} elements")
         value = value.item()
     if (
         type(value) not in (int, float)
@@ -53,7 +53,7 @@ def as_counter(value, what: str) -> int:
         or value < 0
         or int(value) != value
     ):
-        raise ValueError("%s must be a nonnegative integer, got %r" % (what, value))
+        raise ValueError(f"{what} must be a nonnegative integer, got {value!r}")
     return int(value)
 
 

@@ -26,7 +26,7 @@ class GefenDCPState:
     def __init__(self, optimizer):
         if not optimizer_view.is_supported(optimizer):
             raise TypeError(
-                "GefenDCPState supports exactly reference.Gefen, got %s" % type(optimizer).__name__
+                f"GefenDCPState supports exactly reference.Gefen, got {type(optimizer).__name__}"
             )
         _require_process_group()
         self.optimizer = optimizer

@@ -1,0 +1,196 @@
+"""Run a scenario's rank body on the active launcher (SPEC 4.2.5-4.2.7).
+
+A scenario calls :func:`run` exactly as it would call ``conformance.ranks.run_on_ranks``: the
+same arguments, the same return values, the same :class:`~conformance.ranks.RankFailure` and
+:class:`~conformance.ranks.RankOutcome` statuses. Which processes run the ranks is the active
+launcher's business:
+
+* :class:`PoolLauncher` (the default): the local pool of :mod:`conformance.ranks`, a fresh gloo
+  world of ``world_size`` CPU processes per call;
+* another launcher (torchrun, where one job's world runs every scenario that fits it, each on a
+  subgroup) is installed process-wide with :func:`set_launcher`, or for a block with
+  :func:`using`.
+
+Inside the body, :func:`conformance.world.current` says which rank, group, device and mesh to
+use. :func:`execution` describes the active launcher for the certificate, and
+:func:`unfit_reason` says why a scenario is too large for it (the caller skips it with that
+reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+from . import ranks
+
+__all__ = [
+    "Execution",
+    "Launcher",
+    "PoolLauncher",
+    "WorldTooLarge",
+    "active",
+    "execution",
+    "run",
+    "set_launcher",
+    "unfit_reason",
+    "using",
+]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where a launcher runs scenarios (the certificate's ``execution``, SPEC 4.4.1).
+
+    ``world_size`` is the number of ranks launched together (None for the pool: every call starts
+    a world of its own size); ``max_world_size`` the largest scenario it can run (None: no limit).
+    """
+
+    launcher: str
+    nodes: int
+    world_size: int | None
+    max_world_size: int | None
+    backend: str
+    device_type: str
+    device_names: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        record = asdict(self)
+        record["device_names"] = list(self.device_names)
+        return record
+
+
+class WorldTooLarge(ValueError):
+    """A scenario asked the active launcher for more ranks than it can run."""
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """What :func:`run` needs of a launcher.
+
+    ``run`` has the contract of ``conformance.ranks.run_on_ranks`` (SPEC 4.2.1-4.2.2): it binds a
+    :class:`conformance.world.World` around every rank's call of ``fn``, returns the values (index
+    = rank), or the outcomes with ``allow_failure``, and raises ``RankFailure`` otherwise.
+    """
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        world_size: int,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        timeout: float,
+        allow_failure: bool,
+        pg_timeout: float | None,
+        failure_grace: float,
+    ) -> list: ...
+
+    def execution(self) -> Execution: ...
+
+
+class PoolLauncher:
+    """The local pool of :mod:`conformance.ranks`: gloo on CPU, one fresh world per call."""
+
+    run = staticmethod(ranks.run_on_ranks)
+
+    def execution(self) -> Execution:
+        return Execution(
+            launcher="pool",
+            nodes=1,
+            world_size=None,
+            max_world_size=None,
+            backend="gloo",
+            device_type="cpu",
+            device_names=("cpu",),
+        )
+
+
+_LOCK = threading.Lock()
+_ACTIVE: Launcher = PoolLauncher()
+
+
+def active() -> Launcher:
+    """The launcher :func:`run` dispatches to."""
+    return _ACTIVE
+
+
+def set_launcher(launcher: Launcher) -> Launcher:
+    """Install ``launcher`` process-wide (torchrun's entry point does this once); returns the
+    launcher it replaces."""
+    global _ACTIVE
+    if not isinstance(launcher, Launcher):
+        raise TypeError(
+            f"set_launcher() takes an object with run() and execution(), got {type(launcher).__name__}"
+        )
+    with _LOCK:
+        previous, _ACTIVE = _ACTIVE, launcher
+    return previous
+
+
+@contextlib.contextmanager
+def using(launcher: Launcher) -> Iterator[Launcher]:
+    """Use ``launcher`` for the block, then put the previous one back."""
+    previous = set_launcher(launcher)
+    try:
+        yield launcher
+    finally:
+        set_launcher(previous)
+
+
+def execution() -> Execution:
+    """The active launcher's description."""
+    return _ACTIVE.execution()
+
+
+def unfit_reason(world_size: int) -> str | None:
+    """Why the active launcher cannot run a ``world_size``-rank scenario, or None if it can."""
+    return _unfit(_ACTIVE, world_size)
+
+
+def _unfit(launcher: Launcher, world_size: int) -> str | None:
+    described = launcher.execution()
+    limit = described.max_world_size
+    if limit is None or world_size <= limit:
+        return None
+    return (
+        f"needs {world_size} ranks; the {described.launcher} launcher runs at most {limit} "
+        f"({described.nodes} node(s), world size {described.world_size})"
+    )
+
+
+def run(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float = 60.0,
+    allow_failure: bool = False,
+    pg_timeout: float | None = None,
+    failure_grace: float = ranks.DEFAULT_FAILURE_GRACE_S,
+) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of the active launcher.
+
+    Same contract as ``conformance.ranks.run_on_ranks``; in addition raises
+    :class:`WorldTooLarge` (a ``ValueError``) naming the reason when the launcher cannot run that
+    many ranks.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    launcher = _ACTIVE
+    reason = _unfit(launcher, world_size)
+    if reason is not None:
+        raise WorldTooLarge(reason)
+    return launcher.run(
+        fn,
+        world_size,
+        tuple(args),
+        dict(kwargs or {}),
+        timeout=timeout,
+        allow_failure=allow_failure,
+        pg_timeout=pg_timeout,
+        failure_grace=failure_grace,
+    )
