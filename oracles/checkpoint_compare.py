@@ -59,9 +59,12 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.d
         if dense is None or not e.is_floating_point():
             out.add(bitwise_comparison("saved state: counters and flags", e, a, label=label))
             continue
-        if bitwise or not bool(e.any()):
+        if not bool(e.any()):
+            out.add(bitwise_comparison("saved state: fresh slots (zeros)", e, a, label=label))
+            continue
+        if bitwise:
             kind = "momentum" if dense.group(2) == "momentum" else "second moment"
-            out.add(bitwise_comparison(f"saved state: {kind} ({dtype_name})", e, a, label=label))
+            out.add(bitwise_comparison(f"saved state: {kind} ({dtype_name}, bitwise)", e, a, label=label))
             continue
         slot = int(dense.group(1))
         group = identities[slot]["group"] if slot < len(identities) else 0

@@ -75,17 +75,17 @@ def trajectory(name: str, dtype: torch.dtype, expected: list, actual: torch.Tens
     """A parameter after ``T`` free-running steps. ``expected`` holds the reference's values after
     steps 0..T (``expected[0]`` the common start); ``actual`` the implementation's after step T.
 
-    Returns ``(comparison, observed, reference)``: the per-element comparison (within ``factor``
-    times the accumulated largest update of the parameter plus one parameter ulp per step), and the
-    displacements ``actual - start`` and ``expected[T] - start`` of the elements whose reference
-    displacement is at least VISIBLE_UPDATE_FACTOR times that rounding, for :func:`displacement_bias`.
+    Returns ``(comparison, displacements)``: the per-element comparison (within ``factor`` times the
+    accumulated largest update of the parameter plus one parameter ulp per step), and
+    ``(actual - start, expected[T] - start, start)`` of the elements whose reference displacement
+    is at least VISIBLE_UPDATE_FACTOR times that rounding, for :func:`displacement_bias`.
     """
     steps = len(expected) - 1
     ref = [t.detach().double().reshape(-1) for t in expected]
     got = actual.detach().double().reshape(-1)
     what = label("parameters", dtype)
     if got.numel() == 0:
-        return Comparison(what, "tolerance", 0.0, factor), got, got
+        return Comparison(what, "tolerance", 0.0, factor), (got, got, got)
     accumulated = sum(float((ref[t + 1] - ref[t]).abs().max()) for t in range(steps))
     rounding = (steps + 1) * kb.ulp(ref[-1], dtype)
     allowed = factor * accumulated + rounding
@@ -100,12 +100,14 @@ def trajectory(name: str, dtype: torch.dtype, expected: list, actual: torch.Tens
                           f"worst at flat index {i}: {got[i].item()!r} vs {ref[-1][i].item()!r}")
     moved = ref[-1] - ref[0]
     visible = moved.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
-    return c, (got - ref[0])[visible], moved[visible]
+    return c, ((got - ref[0])[visible], moved[visible], ref[0][visible])
 
 
-def displacement_bias(dtype: torch.dtype, observed: list, expected: list, systematic: float):
-    """SPEC 5.6.10: the bias statistic of SPEC 5.6.9 over the visible displacements of every parameter."""
-    if not observed:
+def displacement_bias(dtype: torch.dtype, displacements: list, systematic: float):
+    """SPEC 5.6.10: the bias statistic of SPEC 5.6.9 over the visible displacements of every
+    parameter (``displacements``: the third values :func:`trajectory` returns)."""
+    if not displacements:
         return None
-    return update_bias(label("displacement bias", dtype), "parameter displacements", torch.cat(observed),
-                       torch.cat(expected), systematic)
+    observed, expected, start = (torch.cat([d[i] for d in displacements]) for i in range(3))
+    return update_bias(label("displacement bias", dtype), "parameter displacements", observed, expected,
+                       systematic, start)

@@ -72,6 +72,17 @@ class Comparisons:
         self.problems: list[str] = []
 
     def add(self, comparison: Comparison) -> Comparison:
+        self._keep(comparison)
+        self.problems.extend(comparison.problems)
+        return comparison
+
+    def merge(self, other: "Comparisons") -> None:
+        """Take over every comparison and every problem of ``other``."""
+        for comparison in other:
+            self._keep(comparison)
+        self.problems.extend(other.problems)
+
+    def _keep(self, comparison: Comparison) -> None:
         old = self._by_what.get(comparison.what)
         if old is None:
             self._by_what[comparison.what] = comparison
@@ -84,8 +95,6 @@ class Comparisons:
                                     old.total + (comparison.total if old.kind == "bitwise" else 0))
             merged.problems = old.problems + comparison.problems
             self._by_what[comparison.what] = merged
-        self.problems.extend(comparison.problems)
-        return comparison
 
     def extend(self, comparisons: Iterable[Comparison]) -> None:
         for c in comparisons:
