@@ -19,8 +19,7 @@ cloned with it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import torch
 
@@ -426,3 +425,14 @@ for _name, _variant in CATALOGUE.items():
 
 def spec(name: str) -> str:
     return "tests.benign:benign_" + name.replace("-", "_")
+
+#: The reference itself declared as a kernel backend (the tolerance profile): the baseline every
+#: benign variant and every tolerance-profile mutant run is measured against.
+reference_as_kernel = Implementation(
+    name="reference-as-kernel", version="benign",
+    make_optimizer=reference_impl.IMPLEMENTATION.make_optimizer,
+    dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
+    save_planner=reference_impl.IMPLEMENTATION.save_planner,
+    async_writer=reference_impl.IMPLEMENTATION.async_writer,
+    capabilities=KERNEL_CAPS,
+)
