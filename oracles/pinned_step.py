@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kernel_bounds as kb
-from .numeric import Comparison, Comparisons
+from .numeric import Comparison, Comparisons, relative_comparison
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
@@ -108,9 +108,10 @@ def _structure_problems(s: ParamStep) -> list[str]:
     return []
 
 
-def _previous(s: ParamStep, key: str, shape, default=0.0) -> torch.Tensor:
+def _previous(s: ParamStep, key: str, shape) -> torch.Tensor:
+    """The pinned value of ``key``, or zeros for a fresh (or lazily repaired) state (SPEC 1.8.1, 1.8.2)."""
     value = s.before.get(key)
-    return _d(value).reshape(shape) if torch.is_tensor(value) else torch.full(shape, default, dtype=torch.float64)
+    return _d(value).reshape(shape) if torch.is_tensor(value) else torch.zeros(shape, dtype=torch.float64)
 
 
 def _bias_corrections(s: ParamStep, moment_counter: str) -> tuple[float, float]:
@@ -123,8 +124,7 @@ def _block_moment(s: ParamStep, out: Comparisons):
     period = s.after["automatic_period"]
     g = _d(s.grad).reshape(-1, period)
     blocks = g.shape[0]
-    v_prev = _previous(s, "vmean", (blocks, 1)) if "vmean_step" in s.before or "vmean" in s.before else torch.zeros(blocks, 1, dtype=torch.float64)
-    v = s.beta2 * v_prev + (1.0 - s.beta2) * (g * g).mean(dim=1, keepdim=True)
+    v = s.beta2 * _previous(s, "vmean", (blocks, 1)) + (1.0 - s.beta2) * (g * g).mean(dim=1, keepdim=True)
     error = kb.second_moment(period, s.grad.dtype, s.beta2)
     out.add(_relative(_label("second moment", s.grad.dtype), f"{s.name}.vmean", v, s.after["vmean"], error))
     bc1, bc2 = _bias_corrections(s, "vmean_step")
@@ -151,8 +151,6 @@ def _factored_moment(s: ParamStep, out: Comparisons):
 
 
 def _relative(what: str, label: str, expected: torch.Tensor, actual, rtol: float) -> Comparison:
-    from .numeric import relative_comparison
-
     if not torch.is_tensor(actual) or actual.dtype != torch.float32:
         kind = actual.dtype if torch.is_tensor(actual) else type(actual).__name__
         return Comparison(what, "tolerance", math.inf, rtol, problems=[f"{label}: {kind}, expected float32"])
