@@ -11,9 +11,10 @@ same comparisons the suite makes under the tolerance profile:
 * ``free-running``: the six-step trajectories of ``test_block_step_matches_reference`` (the only
   numeric check for an implementation without ``native-state-dict``).
 
-The reported figure is the smallest ``e`` of the grid detected with both signs (and at every
-larger ``e`` of the grid); ">1" means not detected up to 100%, "n/a" that the grid left the
-hyperparameter's valid range first (betas must stay below 1). Run from the repository root:
+The reported figure is the smallest ``e`` of the grid (1e-7 to 1, steps 1-2-5) detected with both
+signs, and at every larger ``e`` of the grid; "<=1e-07": detected at the grid's smallest error;
+">e": not detected even at ``e``, the largest error the grid tries (betas stay below 1: at most
+1e-3 for beta2 = 0.999 and 1e-1 for beta1 = 0.9). Run from the repository root:
 
     python benchmarks/sensitivity.py [--quick]
 """
@@ -116,18 +117,18 @@ class FreeRunning:
 
 
 def threshold(check, kind: str, grid) -> str:
-    """The smallest grid error detected with both signs, and at every larger valid error."""
+    """The smallest grid error detected with both signs, and at every larger valid error:
+    "<=e" when that is the grid's smallest, ">e" when not even the largest valid error ``e`` is."""
     found = None
-    for error in reversed(grid):
-        if not valid(kind, error):
-            continue
+    usable = [e for e in grid if valid(kind, e)]
+    for error in reversed(usable):
         both = all(check.detects(lambda g, cls=perturbed(kind, sign * error), **o: cls(g, **o)) for sign in (1, -1))
         if not both:
             break
         found = error
     if found is None:
-        return ">1" if valid(kind, 1.0) or kind not in ("beta1", "beta2") else "n/a"
-    return f"{found:.0e}"
+        return f">{usable[-1]:.0e}"
+    return f"<={found:.0e}" if found == usable[0] else f"{found:.0e}"
 
 
 def main() -> int:
