@@ -3,7 +3,8 @@
 Each case trains an implementation on sharded parameters at a given world size and saves it
 through the implementation's DCP adapter. Generated from the reference, the cases are the
 goldens committed under ``conformance/golden``; generated from another implementation, they
-are compared with the goldens (file md5 under the same torch version, content digests always).
+are compared with the goldens: bitwise (file md5 under the same torch version, content digests)
+for an implementation that claims the torch-exact profile, by the rules of SPEC 5.6.11 otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from oracles import golden_manifest
+from oracles.numeric import Comparison, Comparisons
 
 from . import registry
 from .ranks import run_on_ranks
@@ -102,6 +104,14 @@ def write_case(impl_spec: str, case_name: str, path: str) -> None:
     dcp.save({"optimizer": impl.dcp_state(optimizer)}, checkpoint_id=path)
 
 
+def reference_codebook_gap(case_name: str) -> float:
+    """Rank body: the largest gap between adjacent codewords of the codebook the reference learns
+    on this rank for ``case_name`` (a checkpoint carries no codebook; SPEC 5.6.11 needs it)."""
+    _, optimizer = train_case(registry.resolve("reference"), CASES[case_name])
+    cb = optimizer.codebook.detach().cpu().double()
+    return float((cb[1:] - cb[:-1]).max())
+
+
 def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: float = 120.0) -> dict:
     """Write every case under ``root/<case>`` with ``impl_spec``; return the manifest (not written)."""
     root = Path(root)
@@ -121,32 +131,60 @@ def generate_into(root: Path, impl_spec: str = "reference") -> Path:
     return golden_manifest.write_manifest(root, generate(root, impl_spec))
 
 
-def compare_with_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR) -> list[str]:
-    """Differences between ``impl_spec``'s saves and the goldens (empty when they agree).
+def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None) -> Comparisons:
+    """``impl_spec``'s saves of the catalogue against the goldens, by the rules of its profile.
 
-    Content digests (and the canonical metadata digest) are always compared; file md5s only
-    when this torch version is the one that generated the goldens.
+    Both profiles: every case's canonical metadata digest (structure: keys, dtypes, shapes,
+    chunks, storage layout) exactly, and every non-float value exactly (SPEC 5.6.11). Bitwise
+    profile (``bitwise``, by default whether the implementation declares ``cpu-bit-exact``):
+    content digests and every element's bits, and file md5s when this torch version generated the
+    goldens. Tolerance profile: float state by :func:`oracles.checkpoint_compare.compare`, never by
+    digest: a kernel that rounds differently writes other bytes for a correct state.
     """
+    from oracles import checkpoint_compare
+    from oracles.checkpoint_reader import read_nested
+
+    from .implementation import CPU_BIT_EXACT
+
+    if bitwise is None:
+        bitwise = registry.resolve(impl_spec).has(CPU_BIT_EXACT)
     manifest = golden_manifest.read_manifest(golden_root)
     same_torch = manifest["environment"]["torch"] == torch.__version__
+    out = Comparisons()
     with tempfile.TemporaryDirectory(prefix="gefen-golden-") as tmp:
         ours = generate(Path(tmp), impl_spec, cases=list(manifest["cases"]))
-    problems = []
-    for name, info in manifest["cases"].items():
-        mine = ours["cases"][name]
-        if mine["metadata_digest"] != info["metadata_digest"]:
-            problems.append(f"{name}: metadata digest differs from the golden")
-        for key in sorted(set(info["content"]) | set(mine["content"])):
-            if info["content"].get(key) != mine["content"].get(key):
-                problems.append(f"{name}/{key}: content differs from the golden")
-    if same_torch:
+        for name, info in manifest["cases"].items():
+            mine = ours["cases"][name]
+            same_metadata = mine["metadata_digest"] == info["metadata_digest"]
+            out.add(Comparison("golden metadata digest", "bitwise", differing=int(not same_metadata), total=1,
+                               problems=[] if same_metadata else [f"{name}: metadata digest differs from the golden"]))
+            expected = read_nested(Path(golden_root) / name).get("optimizer", {})
+            actual = read_nested(Path(tmp) / name).get("optimizer", {})
+            gap = 2.0 if bitwise else max(run_on_ranks(reference_codebook_gap, CASES[name].world_size, args=(name,),
+                                                       timeout=120.0))
+            out.merge(checkpoint_compare.compare(expected, actual, bitwise=bitwise, param_dtype=CASES[name].dtype,
+                                                 where=name, largest_gap=gap))
+            if bitwise:
+                keys = sorted(set(info["content"]) | set(mine["content"]))
+                changed = [k for k in keys if info["content"].get(k) != mine["content"].get(k)]
+                out.add(Comparison("golden content digests", "bitwise", differing=len(changed), total=len(keys),
+                                   problems=[f"{name}/{k}: content differs from the golden" for k in changed]))
+    if bitwise and same_torch:
         # .metadata carries a random save id and the path: it is covered by the metadata digest
-        for rel, file_info in manifest["files"].items():
-            if not rel.endswith(".distcp"):
-                continue
+        payloads = {rel: info for rel, info in manifest["files"].items() if rel.endswith(".distcp")}
+        changed = []
+        for rel, file_info in payloads.items():
             mine = ours["files"].get(rel)
             if mine is None:
-                problems.append(f"{rel}: not written")
+                changed.append(f"{rel}: not written")
             elif mine["md5"] != file_info["md5"]:
-                problems.append(f"{rel}: md5 differs from the golden")
-    return problems
+                changed.append(f"{rel}: md5 differs from the golden")
+        out.add(Comparison("golden payload files (md5)", "bitwise", differing=len(changed), total=len(payloads),
+                           problems=changed))
+    return out
+
+
+def compare_with_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None) -> list[str]:
+    """Differences between ``impl_spec``'s saves and the goldens (empty when they agree); see
+    :func:`compare_goldens`."""
+    return list(compare_goldens(impl_spec, golden_root, bitwise).problems)

@@ -33,8 +33,9 @@ def proxy(module: types.ModuleType, **overrides) -> types.SimpleNamespace:
     return types.SimpleNamespace(**attrs)
 
 
-def run_suite(impl_spec: str, select: str, workdir, timeout: float = 600.0) -> dict:
-    """Run ``pytest --pyargs conformance --impl=SPEC -k SELECT`` in a subprocess; return its certificate."""
+def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.0) -> dict:
+    """Run ``pytest --pyargs conformance --impl=SPEC [-k SELECT]`` in a subprocess (the whole suite
+    when ``select`` is None); return its certificate."""
     import json
     import os
     import subprocess
@@ -44,7 +45,8 @@ def run_suite(impl_spec: str, select: str, workdir, timeout: float = 600.0) -> d
     cert = Path(workdir) / "certificate.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "conformance", f"--impl={impl_spec}", "-k", select,
+        [sys.executable, "-m", "pytest", "--pyargs", "conformance", f"--impl={impl_spec}",
+         *(["-k", select] if select is not None else []),
          f"--certificate={cert}", "-p", "no:cacheprovider", "-q", "-p", "no:xdist"],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
     )
@@ -53,6 +55,16 @@ def run_suite(impl_spec: str, select: str, workdir, timeout: float = 600.0) -> d
     data = json.loads(cert.read_text())
     data["_exit_code"] = proc.returncode
     return data
+
+
+def failures(certificate: dict) -> int:
+    """Failed plus errored tests, from the certificate's summary counts (not its verdict string)."""
+    summary = certificate["summary"]
+    return int(summary.get("failed", 0)) + int(summary.get("error", 0))
+
+
+def failed_tests(certificate: dict) -> list:
+    return [t for t in certificate["tests"] if t["outcome"] in ("failed", "error")]
 
 
 def failed_clauses(certificate: dict) -> set:

@@ -2,14 +2,22 @@
 
 Every mutant is a :class:`conformance.Implementation`; ``CATALOGUE`` says which SPEC clause
 must catch it and which suite tests exercise that clause (a ``-k`` selection, so the meta-test
-stays fast). tests/test_suite_catches_mutants.py runs the suite against each one.
+stays fast). Every mutant is judged in both numeric profiles (SPEC 0.4): as declared (with
+``cpu-bit-exact`` where its base declares it) and as a kernel backend would declare it, without
+``cpu-bit-exact`` (the tolerance profile, ``tolerant_<name>``); an entry names a clause and
+selection per profile where they differ. tests/test_suite_catches_mutants.py runs the suite
+against each one in each profile. A change that only rounds differently is not a bug under the
+tolerance profile: such variants live in the benign catalogue (tests/benign.py), which the suite
+must accept. ``beta-rounding`` moved there (as ``fp32-betas-in-ema``, built as kernels do it: the
+groups keep the user's betas); what stays here is ``betas-stored-rounded``, which also rewrites
+the user's hyperparameters, a bug in both profiles.
 Mutants are built from module clones (tests/mutant_tools.py), never by patching the reference.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -64,10 +72,52 @@ def _optimizer_with(**step_overrides):
 # --------------------------------------------------------------------------- optimizer
 
 
-def _betas_rounded_to_fp32(params, **hp):
-    """EMA weights formed as ``1 - fp32(beta)`` (as fused kernels do) instead of ``fp32(1 - beta)``."""
+def _betas_stored_rounded(params, **hp):
+    """The user's betas rounded to fp32 when the optimizer is built: the groups store (and
+    checkpoint) ``fp32(beta)`` instead of the user's value, and the step uses it."""
     b1, b2 = hp.pop("betas", (0.9, 0.999))
     return reference.Gefen(params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp)
+
+
+def _lr_half_percent_high(params, **hp):
+    """Every step applies 1.005 x the group's lr (the stored lr is the user's)."""
+    opt = reference.Gefen(params, **hp)
+    original = opt.step
+
+    def step(closure=None):
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * 1.005
+        try:
+            return original(closure)
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr
+
+    opt.step = step
+    return opt
+
+
+def _codewords_in_bf16(codebook, indices, dtype):
+    """Decoded codewords rounded to bf16 whatever the grad dtype (fp32 included)."""
+    return codebook[indices.long()].to(torch.bfloat16).to(dtype)
+
+
+def _block_step_eps_inside_sqrt(param, grad, state, codebook, hyper):
+    """The stepsize denominator ``sqrt(vmean/bc2 + eps)`` instead of ``sqrt(vmean/bc2) + eps``."""
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    denom = (state["vmean"] / bias2).add_(hyper.eps).sqrt_()
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
 
 
 class _StepCountsOnlyGradientSteps(reference.Gefen):
@@ -234,11 +284,34 @@ class Entry:
     clause: str  # the clause whose tests must fail
     select: str  # -k expression choosing the suite tests that exercise it
     bug: str
+    tolerance_clause: str | None = None  # the clause under the tolerance profile, when another
+    tolerance_select: str | None = None  # the selection under the tolerance profile, when another
 
+    def clause_in(self, profile: str) -> str:
+        return self.tolerance_clause or self.clause if profile == TOLERANCE else self.clause
+
+    def select_in(self, profile: str) -> str:
+        return self.tolerance_select or self.select if profile == TOLERANCE else self.select
+
+
+TORCH_EXACT, TOLERANCE = "torch-exact", "tolerance"
+PROFILES = (TORCH_EXACT, TOLERANCE)
 
 CATALOGUE = {
-    "beta-rounding": Entry(_optimizer_mutant("beta-rounding", _betas_rounded_to_fp32), "1.8", "block_step",
-                           "EMA weights from fp32-rounded betas"),
+    "betas-stored-rounded": Entry(_optimizer_mutant("betas-stored-rounded", _betas_stored_rounded), "1.8", "block_step",
+                                  "the user's betas rounded to fp32 and stored (the step uses them too)",
+                                  tolerance_clause="1.2.4", tolerance_select="state_matches"),
+    "lr-half-percent-high": Entry(_optimizer_mutant("lr-half-percent-high", _lr_half_percent_high), "1.8",
+                                  "block_step", "every step applies 1.005 x lr",
+                                  tolerance_select="pinned_block_step and float32"),
+    "bf16-codewords": Entry(
+        _optimizer_mutant("bf16-codewords", _optimizer_with(dequantize=_codewords_in_bf16)), "1.8", "block_step",
+        "codewords rounded to bf16 for every grad dtype (fp32: 2^-8 relative where 2^-24 is allowed)",
+        tolerance_select="pinned_block_step and float32"),
+    "eps-inside-sqrt": Entry(
+        _optimizer_mutant("eps-inside-sqrt", _optimizer_with(block_vmean_step=_block_step_eps_inside_sqrt)), "1.8",
+        "block_step", "eps added under the square root of the stepsize denominator",
+        tolerance_select="pinned_block_step"),
     "global-step": Entry(_optimizer_mutant("global-step", lambda p, **hp: _StepCountsOnlyGradientSteps(p, **hp)),
                          "1.10.6", "global_step", "global step skips steps without gradients"),
     "zero-eps": Entry(_optimizer_mutant("zero-eps", _accepts_zero_eps), "1.1.3", "invalid",
@@ -249,7 +322,7 @@ CATALOGUE = {
         _optimizer_mutant("no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen),
         "1.5", "state_matches", "period search ignores the memory-safe fallback"),
     "no-weight-decay": Entry(_optimizer_mutant("no-weight-decay", _without_weight_decay), "1.8", "block_step",
-                             "decoupled weight decay dropped"),
+                             "decoupled weight decay dropped", tolerance_select="pinned_block_step"),
     "reallocating-step": Entry(
         Implementation(name="reallocating-step", version="mutant",
                        make_optimizer=lambda p, **hp: _ReallocatingStep(p, **hp), capabilities=ALL_CAPS,
@@ -257,7 +330,8 @@ CATALOGUE = {
         "5.4.3", "in_place", "state rebuilt every step instead of updated in place"),
     "dense-momentum-rounding": Entry(
         _dcp_mutant("dense-momentum-rounding", _state_with(dense=proxy(dense, momentum=_momentum_codewords_in_bf16))),
-        "2.2.5", "payload or golden", "dense momentum from bf16-rounded codewords"),
+        "2.2.5", "payload or golden", "dense momentum from bf16-rounded codewords",
+        tolerance_clause="2.1.6", tolerance_select="restore_and_resave"),
     "second-moment-alias": Entry(
         _dcp_mutant("second-moment-alias", _state_with(dense=proxy(dense, second_moment=_second_moment_aliasing))),
         "3.10.1", "hostile", "dense second moment aliases live vmean at period 1"),
@@ -290,13 +364,20 @@ CATALOGUE = {
         "2.4", "caller_name", "a caller's name that looks positional is refused"),
 }
 
+def as_kernel(implementation: Implementation) -> Implementation:
+    """The same implementation declared as a kernel backend would: without ``cpu-bit-exact``."""
+    return replace(implementation, capabilities=implementation.capabilities - {CPU_BIT_EXACT})
+
+
 # Spec strings for --impl: tests.mutants:<attribute>
 for _name, _entry in CATALOGUE.items():
     globals()["mutant_" + _name.replace("-", "_")] = _entry.implementation
+    globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(_entry.implementation)
 
 
-def spec(name: str) -> str:
-    return "tests.mutants:mutant_" + name.replace("-", "_")
+def spec(name: str, profile: str = TORCH_EXACT) -> str:
+    prefix = "tolerant_" if profile == TOLERANCE else "mutant_"
+    return "tests.mutants:" + prefix + name.replace("-", "_")
 
 
 #: A correct implementation that declares fewer capabilities and carries expected failures,
@@ -311,6 +392,6 @@ partial = Implementation(
         "test_optimizer.py::test_no_such_test": "stale entry",
     },
 )
-beta_rounding = CATALOGUE["beta-rounding"].implementation
+beta_rounding = CATALOGUE["betas-stored-rounded"].implementation
 global_step = CATALOGUE["global-step"].implementation
 zero_eps = CATALOGUE["zero-eps"].implementation

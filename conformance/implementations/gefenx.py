@@ -54,6 +54,8 @@ _TORN = (
 EXPECTED_FAILURES = {
     "test_dcp_payload.py::test_payload_md5s_match_the_reference[w4-empty-shards]":
         _TORN + "; only that slot's scalars differ from the reference's payload",
+    "test_dcp_payload.py::test_payload_content_matches_the_reference[w4-empty-shards]":
+        _TORN + "; that slot's initialized flag and counters differ from the reference's",
     "test_dcp_schema.py::test_checkpoint_schema_from_the_files[w4-empty-shards]":
         _TORN + "; the file pairs initialized=0 with non-zero dense history",
     "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[4->2-empty-source-shards]":

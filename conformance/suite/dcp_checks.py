@@ -8,16 +8,19 @@ an implementation's loader.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import torch
 
+from conformance import observations
 from conformance.ranks import RankFailure, run_on_ranks
+from oracles import checkpoint_compare
 from oracles import gefen_schema
 from oracles.checkpoint_reader import read_nested
 
-from . import dcp_ranks
+from . import dcp_ranks, margins
 
 TIMEOUT = 60.0
 CONTINUATION_BOUND = 5e-3  # SPEC 3.7.3, 5.3.3
@@ -85,7 +88,8 @@ class Checkpoints:
         root = self.root / f"payloads-{_safe(spec)}-{model}-w{world}"
 
         def make():
-            run_on_ranks(dcp_ranks.payload_saves, world, args=(spec, model, str(root), True), timeout=TIMEOUT)
+            gaps = run_on_ranks(dcp_ranks.payload_saves, world, args=(spec, model, str(root), True), timeout=TIMEOUT)
+            (root / "reference_codebook_gaps.json").write_text(json.dumps(gaps))
             return root
 
         return self._once(("payloads", spec, model, world), make)
@@ -108,17 +112,26 @@ def model_problems(restore: dict) -> list[str]:
     """Restored model parameters (gathered) against those saved and those the oracle reads."""
     problems = []
     on_disk = read_nested(restore["source"])["model"]
+    differing = total = 0
     for rank, report in enumerate(restore["reports"]):
         for name, value in report["full_params"].items():
             for what, expected in (("saved", restore["saved_params"][name]), ("checkpoint", on_disk[name])):
-                if value.dtype != expected.dtype or not torch.equal(value, expected):
+                total += expected.numel()
+                if value.dtype != expected.dtype or value.shape != expected.shape:
+                    differing += expected.numel()
                     problems.append(f"rank {rank}: restored parameter {name} differs from the {what} one")
+                elif not torch.equal(value, expected):
+                    differing += int((value != expected).sum())
+                    problems.append(f"rank {rank}: restored parameter {name} differs from the {what} one")
+    # DCP copies the parameters' bytes: exact in every profile (SPEC 3.7.1)
+    margins.exact("restored model parameters", differing, total)
     return problems
 
 
 def continuation_problems(restore: dict) -> list[str]:
     problems = []
     worst = max(e for rep in restore["reports"] for e in rep["continuation"].values())
+    observations.margin("continuation after reshard (max-abs)", error=worst, bound=CONTINUATION_BOUND)
     if not worst <= CONTINUATION_BOUND:
         where = [(r, n, e) for r, rep in enumerate(restore["reports"]) for n, e in rep["continuation"].items()
                  if e > CONTINUATION_BOUND]
@@ -143,6 +156,7 @@ def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]
     the documented bounds (``MOMENTUM_BOUND``, ``SECOND_MOMENT_SUM_RTOL``); both schema-clean."""
     problems = [f"original: {p}" for p in gefen_schema.problems(original)]
     problems += [f"re-saved: {p}" for p in gefen_schema.problems(resaved)]
+    before = len(problems)
     for key in HEADER_SCALARS:
         if _scalar(original.get(key)) != _scalar(resaved.get(key)):
             problems.append(f"{key}: {_scalar(resaved.get(key))} after the restore, {_scalar(original.get(key))} saved")
@@ -157,6 +171,10 @@ def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]
             a, b = _scalar(original.get(key)), _scalar(resaved.get(key))
             if a != b:
                 problems.append(f"{slot}: {field} {b} after the restore, {a} saved")
+    margins.exact("re-save after restore: header, identities, hyperparameters, counters", len(problems) - before,
+                  len(HEADER_SCALARS) + 2 + len(SLOT_SCALARS) * len(identities))
+    for i, identity in enumerate(identities):
+        slot = f"slot {i} ({identity['name']})"
         m0, m1 = original.get(gefen_schema.slot_key(i, "momentum")), resaved.get(gefen_schema.slot_key(i, "momentum"))
         v0, v1 = (original.get(gefen_schema.slot_key(i, "second_moment")),
                   resaved.get(gefen_schema.slot_key(i, "second_moment")))
@@ -176,17 +194,29 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
             out.append(f"{slot}: fresh when saved, carries dense history after the restore")
         return out
     error = float((m1 - m0).abs().max())
+    observations.margin("re-save after restore: momentum re-quantization (of max|m|)", error=error / top,
+                        bound=MOMENTUM_BOUND)
     if error > MOMENTUM_BOUND * top:
         out.append(f"{slot}: momentum re-quantization error {error:.3e} exceeds {MOMENTUM_BOUND:.3e} x max|m| = "
                    f"{MOMENTUM_BOUND * top:.3e}")
     new_top = float(m1.abs().max())
+    if bit_exact:
+        margins.exact("re-save after restore: largest momentum magnitude", int(new_top != top), 1)
+    else:
+        observations.margin("re-save after restore: largest momentum magnitude (relative)",
+                            error=abs(new_top - top) / top, bound=FP32_RTOL)
     if (new_top != top) if bit_exact else abs(new_top - top) > FP32_RTOL * top:
         out.append(f"{slot}: largest momentum magnitude {new_top!r} after the restore, {top!r} saved "
                    "(a block's largest element is the codeword +-1 times the block magnitude)")
     s0, s1 = float(v0.sum()), float(v1.sum())
+    observations.margin("re-save after restore: second-moment sum (relative)",
+                        error=abs(s1 - s0) / abs(s0) if s0 else abs(s1), bound=SECOND_MOMENT_SUM_RTOL)
     if abs(s1 - s0) > SECOND_MOMENT_SUM_RTOL * abs(s0):
         out.append(f"{slot}: second-moment sum {s1!r} after the restore, {s0!r} saved (block means keep block sums)")
     lo, hi = float(v0.min()), float(v0.max())
+    outside = max(lo - float(v1.min()), float(v1.max()) - hi, 0.0) / max(hi, torch.finfo(torch.float64).tiny)
+    observations.margin("re-save after restore: second moment within the saved range (relative)", error=outside,
+                        bound=FP32_RTOL)
     if float(v1.min()) < lo * (1 - FP32_RTOL) or float(v1.max()) > hi * (1 + FP32_RTOL):
         out.append(f"{slot}: second moment leaves the saved range [{lo!r}, {hi!r}]: "
                    f"[{float(v1.min())!r}, {float(v1.max())!r}]")
@@ -215,8 +245,27 @@ def resave_only_problems(restore: dict, bit_exact: bool) -> list[str]:
     original = read_nested(restore["source"])
     resaved = read_nested(restore["resave"])
     problems = resave_problems(original["optimizer"], resaved["optimizer"], bit_exact)
+    differing = 0
     for name, value in original["model"].items():
         again = resaved.get("model", {}).get(name)
         if not torch.is_tensor(again) or again.dtype != value.dtype or not torch.equal(again, value):
+            differing += 1
             problems.append(f"model parameter {name}: re-saved value differs from the restored checkpoint's")
+    margins.exact("re-save after restore: model parameters", differing, len(original["model"]))
     return problems
+
+
+def restores_agree(reference_restore: dict, impl_restore: dict, bitwise: bool) -> list[str]:
+    """One reference checkpoint restored at one world size by the reference and by the
+    implementation, both re-saved at once: the two re-saves by SPEC 5.6.11
+    (:func:`oracles.checkpoint_compare.compare_restores`)."""
+    failures = load_failures(impl_restore)
+    if failures:
+        return failures
+    errors = [f"rank {r}: re-saving the restored state raised {rep['resave_error']['type']}"
+              for r, rep in enumerate(impl_restore["reports"]) if rep["resave_error"]]
+    if errors:
+        return errors
+    expected = read_nested(reference_restore["resave"])["optimizer"]
+    actual = read_nested(impl_restore["resave"])["optimizer"]
+    return margins.record(checkpoint_compare.compare_restores(expected, actual, bitwise=bitwise))

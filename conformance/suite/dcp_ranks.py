@@ -308,12 +308,14 @@ def load_and_continue(spec: str, path: str) -> dict:
 # -------------------------------------------------------------------- payload identity
 
 
-def payload_saves(spec: str, model: str, root: str, with_reference: bool) -> None:
+def payload_saves(spec: str, model: str, root: str, with_reference: bool):
     """Save one trained state several ways under ``root`` (collective; optimizer only):
 
     ``impl_planned`` and ``impl_planned_again`` with ``impl.save_planner()``, ``impl_default``
     with DCP's default planner and, when ``with_reference``, ``reference`` from the reference
-    trained on identical gradients and saved with its own adapter and planner.
+    trained on identical gradients and saved with its own adapter and planner. Returns the
+    largest gap between adjacent codewords of the reference's codebook on this rank (a checkpoint
+    carries no codebook; SPEC 5.6.11 needs it), or None.
     """
     impl = registry.resolve(spec)
     mesh = world_mesh()
@@ -325,6 +327,16 @@ def payload_saves(spec: str, model: str, root: str, with_reference: bool) -> Non
         ref = registry.resolve("reference")
         _, ref_optimizer = trained(ref, model, mesh)
         save(ref, ref_optimizer, os.path.join(root, "reference"))
+        return largest_codeword_gap(ref_optimizer.codebook)
+    return None
+
+
+def largest_codeword_gap(codebook) -> float | None:
+    """The largest gap between adjacent codewords (None without a codebook)."""
+    if codebook is None:
+        return None
+    cb = codebook.detach().cpu().double()
+    return float((cb[1:] - cb[:-1]).max())
 
 
 # ------------------------------------------------------------------------------- async

@@ -13,7 +13,7 @@ from conformance.ranks import run_on_ranks
 from oracles.checkpoint_reader import CheckpointError, read_metadata
 from oracles.digests import content_digests, payload_md5s
 
-from . import dcp_ranks
+from . import dcp_ranks, margins
 
 # The bound within which every surviving rank must have raised: a healthy rank waiting on a failed
 # peer gets the gloo error after about half of it (conformance.ranks sets the collective timeout).
@@ -80,6 +80,9 @@ def test_load_refused_by_one_rank_changes_no_rank(request, saved):
     problems = [p for p in problems if p]
     digests_before, digests_after = content_digests(before), content_digests(after)
     changed = sorted(k for k in set(digests_before) | set(digests_after) if digests_before.get(k) != digests_after.get(k))
+    # the live state of one implementation saved twice: exact in every profile (SPEC 5.6.11)
+    margins.exact("live state before and after a refused load (content digests)", len(changed),
+                  len(set(digests_before) | set(digests_after)))
     if changed:
         problems.append(f"live state changed by the refused load: {changed}")
     assert not problems, "\n".join(problems)
@@ -104,7 +107,10 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(reque
     assert ".metadata" not in _written(killed), _written(killed)
     with pytest.raises(CheckpointError, match="did not commit"):
         read_metadata(killed)
-    assert payload_md5s(earlier) == md5s
+    after = payload_md5s(earlier)
+    margins.exact("earlier checkpoint after a killed save (payload md5)",
+                  sum(after.get(k) != v for k, v in md5s.items()), len(md5s))
+    assert after == md5s
     reports = run_on_ranks(dcp_ranks.load_and_continue, WORLD, args=(spec, str(earlier)), timeout=TIMEOUT)
     for rank, report in enumerate(reports):
         assert report["moved"] and report["finite"], (rank, report)

@@ -12,7 +12,7 @@ from conformance.ranks import run_on_ranks
 from oracles.digests import content_digests
 from oracles.memory import pointer_reuse, state_addresses
 
-from . import dcp_checks, dcp_ranks
+from . import dcp_checks, dcp_ranks, margins
 
 KiB = 1024
 # SPEC 5.4.2: twice the largest slot's dense form plus 64 KiB. Informative: the reference and
@@ -39,7 +39,12 @@ def test_planned_save_holds_one_slot_at_a_time(request, saved):
     assert sum(slots) > bound, "the workload cannot tell a bounded save from one holding every slot"
     standard = content_digests(root / "standard")
     for name in ("planned", "default"):
-        assert content_digests(root / name) == standard, f"the {name} save's content differs from a standard save"
+        digests = content_digests(root / name)
+        # one state saved three ways by one implementation: byte identity in every profile (SPEC 5.6.11)
+        margins.exact("one state saved with a file per item (content digests)",
+                      sum(digests.get(k) != v for k, v in standard.items()) + len(set(digests) - set(standard)),
+                      len(standard))
+        assert digests == standard, f"the {name} save's content differs from a standard save"
     assert peaks["planned"] <= bound, (
         f"peak extra bytes {peaks['planned']} with the planner exceed twice the largest slot's dense form "
         f"2 x {max(slots)} + {SLACK} (all slots: {sum(slots)}; with DCP's default planner: {peaks['default']})")

@@ -1,4 +1,7 @@
-"""Hostile checkpoints are refused with a clear error on every rank, and change nothing (SPEC 3.10)."""
+"""Hostile checkpoints are refused with a clear error on every rank, and change nothing (SPEC 3.10).
+
+"Nothing changed" compares one implementation's live state with itself, bit for bit (tensor
+values, identities and versions), in both numeric profiles (SPEC 5.6.11)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import pytest
 from conformance.implementation import DCP_RESHARD
 from conformance.ranks import run_on_ranks
 
-from . import hostile
+from . import hostile, margins
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,7 @@ def test_refused_without_mutation(impl, variants, case):
     world, paths = variants
     outcome = hostile.load_attempt(impl, paths[case], world.mesh)
     assert outcome["error"] is not None, f"{case}: the load was accepted"
+    margins.exact("live state after a refused hostile load", int(not outcome["unchanged"]), 1)
     assert outcome["unchanged"], f"{case}: refused, but live state changed ({outcome['error']})"
 
 
@@ -43,4 +47,5 @@ def test_refused_on_every_rank(impl, variants, case, request):
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"
+        margins.exact("live state after a refused hostile load", int(not o.value["unchanged"]), 1)
         assert o.value["unchanged"], f"rank {o.rank} changed live state"

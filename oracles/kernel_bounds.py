@@ -1,0 +1,187 @@
+"""What a correct kernel may change by rounding, stage by stage: the bounds of SPEC 5.6.
+
+Every bound here follows from one rule (SPEC 5.6.1): *at each stage of the step a kernel may
+round each operation to the precision at which the reference rounds there, or finer, in any
+order, and may form ``1 - beta`` from ``beta`` rounded to fp32.* The functions turn that rule
+into relative error bounds per stage, with ``U`` the fp32 unit roundoff ``2**-24`` (first-order
+bounds; the constant terms are generous multiples of ``U`` so that second-order terms and
+torch's 1-ulp square root are covered). Each function names its SPEC clause.
+
+Nothing here compares anything; :mod:`oracles.pinned_step`, :mod:`oracles.free_running`,
+:mod:`oracles.codebook_quality` and :mod:`oracles.checkpoint_compare` apply these bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: fp32 unit roundoff (half an ulp of 1).
+U = 2.0 ** -24
+#: Unit roundoff of each dtype (half its ulp at 1).
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float64: 2.0 ** -53}
+SIGNIFICAND_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}
+
+#: SPEC 3.7.3 / 5.3.3: one step after a reshard, max-abs against a native run (both profiles).
+CONTINUATION_MAX_ABS = 5e-3
+#: SPEC 5.6.9: the mean signed relative error of the updates may exceed the systematic bound by at
+#: most this many standard errors of that mean.
+BIAS_STANDARD_ERRORS = 4.0
+#: SPEC 5.6.9: an element enters the bias statistic only when its update is at least this many
+#: times its parameter's rounding allowance (an update lost to rounding is biased by construction).
+VISIBLE_UPDATE_FACTOR = 8.0
+#: SPEC 5.6.7: the learned codebook's cost on the reference's histogram may exceed the reference
+#: codebook's by what moving this share of the elements (at least CODEBOOK_MIN_MOVED) by one bin
+#: can cost.
+CODEBOOK_MOVED_SHARE = 2.0 ** -9
+CODEBOOK_MIN_MOVED = 8
+HISTOGRAM_BIN_WIDTH = 2.0 ** -11
+#: SPEC 5.6.11: a restore re-saved by two implementations: each momentum element within this
+#: relative rounding (a maximum is exact, the normalization one division, the dense form one
+#: multiply), except at most RESTORE_FLIP_SHARE of a slot's elements whose nearest codeword sat
+#: within rounding of a decision boundary (expected share about 2 x 8U / 2^-11 = 2e-3 for codewords
+#: a histogram bin apart; the bound is five times that).
+RESTORE_ROUNDING = 8 * U
+RESTORE_FLIP_SHARE = 0.01
+
+
+def roundoff(dtype: torch.dtype) -> float:
+    return UNIT_ROUNDOFF.get(dtype, U)
+
+
+def codeword_rounding(grad_dtype: torch.dtype) -> float:
+    """SPEC 1.13.5, 5.6.4: the reference rounds decoded codewords to the grad dtype (bf16, fp16), a
+    kernel may keep them in fp32: relative difference up to the grad dtype's unit roundoff."""
+    return roundoff(grad_dtype) if grad_dtype in (torch.bfloat16, torch.float16) else 0.0
+
+
+def square_rounding(grad_dtype: torch.dtype) -> float:
+    """SPEC 1.8.3, 5.6.2: bf16 squares and the bf16 block mean are each rounded to bf16 by the
+    reference (two bf16 roundings); fp16 is promoted, fp32 squares in fp32."""
+    return 2.0 * roundoff(torch.bfloat16) if grad_dtype == torch.bfloat16 else 0.0
+
+
+def ema_weight(beta: float) -> float:
+    """SPEC 5.6.3: relative error of ``1 - beta`` formed from fp32(beta): ``U*beta/(1-beta)``, plus
+    the fp32 rounding of the weight. 6.0e-5 at beta = 0.999, 5.4e-7 at 0.9."""
+    return U * beta / (1.0 - beta) + U if beta < 1.0 else math.inf
+
+
+def mean_of_squares(count: int, grad_dtype: torch.dtype) -> float:
+    """SPEC 5.6.2: a mean of ``count`` nonnegative fp32 squares summed in any order is within
+    ``(count + 1) U`` (relative) of exact, plus the bf16 roundings of the reference."""
+    return (count + 1) * U + square_rounding(grad_dtype)
+
+
+def second_moment(count: int, grad_dtype: torch.dtype, beta2: float) -> float:
+    """SPEC 5.6.3: ``beta2*v + (1-beta2)*q`` of nonnegative terms keeps the larger relative error
+    of its terms plus the weight's and three roundings (multiply, fused or separate add)."""
+    return mean_of_squares(count, grad_dtype) + ema_weight(beta2) + 3 * U
+
+
+def stepsize(second_moment_error: float) -> float:
+    """SPEC 5.6.5: ``(1/bc1) / (sqrt(v/bc2) + eps)``: half the second moment's relative error
+    (square root; adding eps > 0 only shrinks it), plus square root (torch's may be 1 ulp off),
+    bias-correction constants, add, reciprocal or division, multiply: 12 U."""
+    return 0.5 * second_moment_error + 12 * U
+
+
+def momentum(grad_dtype: torch.dtype, beta1: float) -> float:
+    """SPEC 5.6.4: coefficient of ``|cur| + (1-beta1)|g|`` bounding the error of the new momentum
+    ``beta1*cur + (1-beta1)*g`` before quantization: the codeword's rounding to the grad dtype,
+    the weight, and six roundings (dequantize, difference or products, fused or separate add)."""
+    return codeword_rounding(grad_dtype) + ema_weight(beta1) + 6 * U
+
+
+def update(grad_dtype: torch.dtype, stepsize_error: float) -> float:
+    """SPEC 5.6.8: relative error of ``lr * stepsize * codeword * magnitude``: the codeword's
+    rounding to the grad dtype, the stepsize's error, lr's rounding and three multiplies."""
+    return codeword_rounding(grad_dtype) + stepsize_error + 4 * U
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at ``|x|`` (float64 tensor; subnormal spacing near zero)."""
+    bits = SIGNIFICAND_BITS.get(dtype, 24)
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(x.double().abs().clamp_min(info.tiny))
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float64), (exponent - bits).to(torch.int64))
+
+
+def parameter_rounding(p0: torch.Tensor, p1: torch.Tensor, dtype: torch.dtype, decayed: bool) -> torch.Tensor:
+    """SPEC 5.6.8: absolute rounding a correct kernel may add to a parameter update: half an ulp of
+    the result in the parameter dtype, an fp32 rounding before it, and, with weight decay, the
+    reference's separate rounding of the decayed parameter and of the decay factor."""
+    allowance = 0.5 * ulp(p1, dtype) + U * p1.double().abs()
+    if decayed:
+        allowance = allowance + 0.5 * ulp(p0, dtype) + 2 * U * p0.double().abs()
+    return allowance
+
+
+def codebook_cost_allowance(elements: int, largest_gap: float) -> float:
+    """SPEC 5.6.7: moving ``k`` elements by one histogram bin ``w`` changes the optimal codebook's
+    cost on the reference histogram by at most ``2 k w (G + w)`` (each moved element's distance to
+    its nearest codeword changes by at most ``w``, twice: once per histogram), with ``G`` the
+    largest gap between codewords; ``k`` is CODEBOOK_MOVED_SHARE of the elements (at least
+    CODEBOOK_MIN_MOVED)."""
+    k = max(CODEBOOK_MIN_MOVED, CODEBOOK_MOVED_SHARE * elements)
+    w = HISTOGRAM_BIN_WIDTH
+    return 2.0 * k * w * (largest_gap + w)
+
+
+def describe() -> dict:
+    """The tolerance profile's rules and bounds, for the certificate (SPEC 5.6). Every entry names
+    its clause; formulas use U = 2^-24 and rho_G (the grad dtype's unit roundoff where the
+    reference rounds to it)."""
+    examples = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        v = second_moment(64, dtype, 0.999)
+        examples[name] = {"second_moment": v, "stepsize": stepsize(v), "update": update(dtype, stepsize(v)),
+                          "momentum_coefficient": momentum(dtype, 0.9)}
+    return {
+        "rule": "at each stage a kernel may round each operation to the precision at which the reference rounds "
+                "there, or finer, in any order, and may form 1-beta from fp32(beta) (SPEC 5.6.1)",
+        "exact": "counters, flags, periods, names, provenance, identities, hyperparameters, key sets, dtypes, shapes, "
+                 "checkpoint metadata and non-float values, restored model parameters, the tie rule on exact "
+                 "values, a loaded codebook (SPEC 5.6.6, 5.6.7, 5.6.11)",
+        "pinned_step": {
+            "how": "native-state-dict: the reference's state loaded into the implementation, one step from the same "
+                   "parameters and gradient, compared with float64 arithmetic of SPEC 1.8/1.9 (SPEC 5.6.1)",
+            "mean_of_squares_rtol": "(n+1)U + 2^-7 for bf16 blocks (SPEC 5.6.2)",
+            "second_moment_rtol": "mean_of_squares_rtol + U*beta2/(1-beta2) + 4U (SPEC 5.6.3)",
+            "momentum_abs": "(rho_G + U*beta1/(1-beta1) + 6U)(|cur| + (1-beta1)|g|); magnitude: the block's worst "
+                            "plus 2U*mag (SPEC 5.6.4)",
+            "stepsize_rtol": "second_moment_rtol/2 + 12U (SPEC 5.6.5)",
+            "codeword_choice": "|c - u| <= min_k |cb_k - u| + 2 delta_u + 4U for every element (SPEC 5.6.6)",
+            "update": "(rho_G + stepsize_rtol + 4U)|update| + half an ulp of the parameter dtype + U|p1| (+ half an ulp "
+                      "and 2U|p0| with weight decay) (SPEC 5.6.8)",
+            "update_bias": f"mean signed relative error within the update rtol + {BIAS_STANDARD_ERRORS:g} standard "
+                           f"errors, elements with update >= {VISIBLE_UPDATE_FACTOR:g}x their rounding, identical "
+                           "inputs once (SPEC 5.6.9)",
+            "U": U,
+            "rho_G": {"float32": 0.0, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11},
+            "examples_period_64_beta2_0.999": examples,
+        },
+        "codebook": {
+            "structure": "fp32, 256 finite entries, sorted, -1 and +1 at the ends: exact (SPEC 5.6.7)",
+            "quality": "bitwise the reference's, or its quantization cost on the reference's step-1 histogram at most "
+                       f"2k w (G + w) above the reference codebook's, w = 2^-11, k = max({CODEBOOK_MIN_MOVED}, "
+                       f"{CODEBOOK_MOVED_SHARE:g} x elements), G the reference's largest gap (SPEC 5.6.7)",
+        },
+        "free_running": {
+            "momentum": "within tau = (G + 4(rho_G + 1e-5))(1 - beta1^T)/(1 - beta1) of the larger block magnitude "
+                        "(SPEC 5.6.10)",
+            "parameters": "within tau x the accumulated largest update plus one parameter ulp per step; displacement "
+                          "bias as update_bias (SPEC 5.6.10)",
+            "second_moment_rtol": "the pinned bound + 3U per step (SPEC 5.6.10)",
+        },
+        "checkpoints": {
+            "same_implementation": "saves of one state by one implementation: byte for byte (SPEC 5.6.11)",
+            "against_the_reference": "metadata and non-float values exact; dense momentum within tau (G: the "
+                                     "reference codebook's largest gap, measured) of the slot's largest magnitude; "
+                                     "dense second moment at the free-running bound (SPEC 5.6.11)",
+            "restore_and_resave": f"second moment within (n+4)U; momentum within {RESTORE_ROUNDING / U:g}U relative "
+                                  f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements (SPEC 5.6.11)",
+        },
+        "continuation_after_reshard": {"max_abs": CONTINUATION_MAX_ABS, "clause": "5.3.3"},
+    }

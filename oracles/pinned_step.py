@@ -1,0 +1,276 @@
+"""One optimizer step from a pinned state, against exact arithmetic (SPEC 5.6.2-5.6.9).
+
+The suite loads one state (codebook, periods, indices, magnitudes, second moments, counters) into
+the implementation, sets the same parameters and gradient, and takes one step. This module
+recomputes that step in float64 from the same inputs, by the formulas of SPEC 1.8 and 1.9 without
+any rounding, and checks each result the implementation reports (its native state dict and its
+parameters) within the stage bounds of :mod:`oracles.kernel_bounds`:
+
+* second moment (block ``vmean``, factored ``v_row``/``v_col``): relative, per block / row / column;
+* momentum magnitude: within the block's worst pre-quantization error;
+* codeword choice: the chosen codeword may be farther from the exact normalized momentum than
+  the nearest one by at most twice the normalized value's error bound (the only way rounding can
+  change a nearest-codeword choice); every other choice is a bug;
+* parameter update: against ``p0 * (1 - lr*wd) - lr * stepsize * codeword * magnitude`` with the
+  implementation's own new codeword and magnitude (both checked above) and the exact stepsize;
+* update bias: the mean signed relative update error, so that a systematic bias cannot hide
+  under the per-element bounds.
+
+Because the state is pinned, no error accumulates: every bound is one step's. The module never
+imports an implementation (the reference included).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import kernel_bounds as kb
+from .numeric import Comparison, Comparisons, relative_comparison
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+@dataclass
+class ParamStep:
+    """One parameter's pinned step: inputs, and what the implementation reported after it.
+
+    ``before``/``after`` are native state entries (SPEC 1.11.3); ``before`` may be a fresh entry
+    (no ``step``). Hyperparameters are the user's (the pinned state dict's), as Python floats.
+    """
+
+    name: str
+    p0: torch.Tensor
+    p1: torch.Tensor
+    grad: torch.Tensor
+    before: dict
+    after: dict
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    factored: bool
+
+
+def _label(kind: str, dtype: torch.dtype) -> str:
+    return f"pinned step: {kind} ({DTYPE_NAMES.get(dtype, str(dtype))})"
+
+
+def _d(t) -> torch.Tensor:
+    return t.detach().cpu().double()
+
+
+def check_step(steps: list[ParamStep], codebook: torch.Tensor) -> Comparisons:
+    """Every comparison of SPEC 5.6.2-5.6.9 for one pinned step of the given parameters."""
+    out = Comparisons()
+    cb = _d(codebook).reshape(-1)
+    bias = {}
+    for s in steps:
+        problems = _structure_problems(s)
+        if problems:
+            for p in problems:
+                out.problem(p)
+            continue
+        moment = _factored_moment(s, out) if s.factored else _block_moment(s, out)
+        if moment is None:
+            continue
+        stepsize, stepsize_error = moment
+        q_new = _momentum(s, cb, out)
+        if q_new is None:
+            continue
+        rows = _update(s, stepsize, stepsize_error, q_new, out)
+        if rows is not None:
+            bias.setdefault(s.grad.dtype, []).append(rows)
+    for dtype, parts in bias.items():
+        _bias(dtype, parts, out)
+    return out
+
+
+def _structure_problems(s: ParamStep) -> list[str]:
+    need = ["automatic_period", "step", "m_codebook", "m_magnitude"] + (["v_row", "v_col"] if s.factored else ["vmean"])
+    missing = [k for k in need if k not in s.after]
+    if missing:
+        return [f"{s.name}: state after the step lacks {missing}"]
+    n = s.grad.numel()
+    period = s.after["automatic_period"]
+    if type(period) is not int or period < 1 or n % period:
+        return [f"{s.name}: period {period!r} does not divide {n}"]
+    idx, mag = s.after["m_codebook"], s.after["m_magnitude"]
+    if idx.dtype != torch.uint8 or tuple(idx.shape) != (n // period, period):
+        return [f"{s.name}: m_codebook {idx.dtype} {tuple(idx.shape)}, expected uint8 {(n // period, period)}"]
+    if mag.dtype != torch.float32 or tuple(mag.shape) != (n // period, 1):
+        return [f"{s.name}: m_magnitude {mag.dtype} {tuple(mag.shape)}, expected float32 {(n // period, 1)}"]
+    if s.p1.dtype != s.p0.dtype or s.p1.shape != s.p0.shape:
+        return [f"{s.name}: parameter {s.p1.dtype} {tuple(s.p1.shape)} after the step, {s.p0.dtype} {tuple(s.p0.shape)} before"]
+    return []
+
+
+def _previous(s: ParamStep, key: str, shape) -> torch.Tensor:
+    """The pinned value of ``key``, or zeros for a fresh (or lazily repaired) state (SPEC 1.8.1, 1.8.2)."""
+    value = s.before.get(key)
+    return _d(value).reshape(shape) if torch.is_tensor(value) else torch.zeros(shape, dtype=torch.float64)
+
+
+def _bias_corrections(s: ParamStep, moment_counter: str) -> tuple[float, float]:
+    step = s.before.get("step", 0) + 1
+    counter = s.before.get(moment_counter, s.before.get("step", 0) if moment_counter == "vmean_step" else 0) + 1
+    return 1.0 - s.beta1 ** step, 1.0 - s.beta2 ** counter
+
+
+def _block_moment(s: ParamStep, out: Comparisons):
+    period = s.after["automatic_period"]
+    g = _d(s.grad).reshape(-1, period)
+    blocks = g.shape[0]
+    v = s.beta2 * _previous(s, "vmean", (blocks, 1)) + (1.0 - s.beta2) * (g * g).mean(dim=1, keepdim=True)
+    error = kb.second_moment(period, s.grad.dtype, s.beta2)
+    out.add(_relative(_label("second moment", s.grad.dtype), f"{s.name}.vmean", v, s.after["vmean"], error))
+    bc1, bc2 = _bias_corrections(s, "vmean_step")
+    stepsize = (1.0 / bc1) / ((v / bc2).sqrt() + s.eps)
+    return stepsize.expand(blocks, period).reshape(-1), kb.stepsize(error)
+
+
+def _factored_moment(s: ParamStep, out: Comparisons):
+    rows, cols = s.p0.shape
+    g2 = _d(s.grad).reshape(rows, cols) ** 2
+    v_row = s.beta2 * _previous(s, "v_row", (rows,)) + (1.0 - s.beta2) * g2.mean(dim=1)
+    v_col = s.beta2 * _previous(s, "v_col", (cols,)) + (1.0 - s.beta2) * g2.mean(dim=0)
+    row_error = kb.second_moment(cols, torch.float32, s.beta2)
+    col_error = kb.second_moment(rows, torch.float32, s.beta2)
+    what = _label("factored second moment", s.grad.dtype)
+    out.add(_relative(what, f"{s.name}.v_row", v_row, s.after["v_row"], row_error))
+    out.add(_relative(what, f"{s.name}.v_col", v_col, s.after["v_col"], col_error))
+    mean = max(float(v_row.mean()), torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(v_row, v_col) / mean
+    bc1, bc2 = _bias_corrections(s, "factored_step")
+    stepsize = (1.0 / bc1) / ((v_hat / bc2).sqrt() + s.eps)
+    v_hat_error = row_error + col_error + (row_error + (rows + 1) * kb.U) + 3 * kb.U
+    return stepsize.reshape(-1), kb.stepsize(v_hat_error)
+
+
+def _relative(what: str, label: str, expected: torch.Tensor, actual, rtol: float) -> Comparison:
+    if not torch.is_tensor(actual) or actual.dtype != torch.float32:
+        kind = actual.dtype if torch.is_tensor(actual) else type(actual).__name__
+        return Comparison(what, "tolerance", math.inf, rtol, problems=[f"{label}: {kind}, expected float32"])
+    return relative_comparison(what, expected.reshape(actual.shape), actual, rtol, label=label)
+
+
+def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
+    """Magnitude and codeword checks; returns the implementation's new dense momentum (float64)."""
+    period = s.after["automatic_period"]
+    g = _d(s.grad).reshape(-1, period)
+    blocks = g.shape[0]
+    beta1, w = s.beta1, 1.0 - s.beta1
+    if "m_codebook" in s.before:
+        current = cb[s.before["m_codebook"].long().reshape(blocks, period)] * _d(s.before["m_magnitude"]).reshape(blocks, 1)
+    else:
+        current = torch.zeros_like(g)
+    exact = beta1 * current + w * g
+    upd_error = kb.momentum(s.grad.dtype, beta1) * (current.abs() + w * g.abs())
+    magnitude = exact.abs().amax(dim=1, keepdim=True)
+    magnitude_error = upd_error.amax(dim=1, keepdim=True) + 2 * kb.U * magnitude
+    got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
+    scale = magnitude.clamp_min(torch.finfo(torch.float64).tiny)
+    out.add(_worst(_label("momentum magnitude", s.grad.dtype), f"{s.name}.m_magnitude",
+                   (got_magnitude - magnitude).abs() / scale, magnitude_error / scale))
+
+    idx = s.after["m_codebook"].long().reshape(blocks, period)
+    chosen = cb[idx]
+    room = magnitude - magnitude_error
+    safe = room > 0
+    normalized = torch.where(magnitude > 0, exact / scale, torch.zeros_like(exact))
+    normalized_error = torch.where(
+        safe, (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny) + 4 * kb.U,
+        torch.full_like(exact, math.inf))
+    excess = (chosen - normalized).abs() - _nearest_distance(cb, normalized)
+    allowed = 2 * normalized_error + 4 * kb.U
+    judged = (got_magnitude > 0).expand(blocks, period)
+    excess = torch.where(judged, excess.clamp_min(0.0), torch.zeros_like(excess))
+    out.add(_worst(_label("codeword choice", s.grad.dtype), f"{s.name}.m_codebook",
+                   excess, torch.where(judged, allowed, torch.ones_like(allowed)),
+                   unit="beyond the nearest codeword's distance"))
+    return (chosen * got_magnitude).reshape(-1)
+
+
+def _nearest_distance(cb: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    flat = values.reshape(-1)
+    upper = torch.searchsorted(cb, flat).clamp(0, cb.numel() - 1)
+    lower = (upper - 1).clamp(0, cb.numel() - 1)
+    return torch.minimum((flat - cb[lower]).abs(), (flat - cb[upper]).abs()).reshape(values.shape)
+
+
+def _update(s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: torch.Tensor, out: Comparisons):
+    p0, p1 = _d(s.p0).reshape(-1), _d(s.p1).reshape(-1)
+    decayed = s.weight_decay > 0.0
+    decay = 1.0 - s.lr * s.weight_decay if decayed else 1.0
+    delta = s.lr * stepsize * q_new
+    expected = p0 * decay - delta
+    magnitude = _d(s.after["m_magnitude"]).reshape(-1, 1).expand(-1, s.after["automatic_period"]).reshape(-1)
+    update_scale = (s.lr * stepsize * magnitude).clamp_min(torch.finfo(torch.float64).tiny)
+    rel = kb.update(s.grad.dtype, stepsize_error)
+    rounding = kb.parameter_rounding(p0, expected, s.p0.dtype, decayed)
+    allowed = rel * delta.abs() + rounding
+    out.add(_worst(_label("parameter update", s.grad.dtype), s.name, (p1 - expected).abs() / update_scale,
+                   allowed / update_scale, unit="of the block's update scale lr*stepsize*magnitude"))
+    observed = p0 * decay - p1
+    visible = delta.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
+    return observed[visible], delta[visible], rel, p0[visible]
+
+
+def _bias(dtype, parts, out: Comparisons) -> None:
+    observed = torch.cat([p[0] for p in parts])
+    delta = torch.cat([p[1] for p in parts])
+    rel = max(p[2] for p in parts)
+    start = torch.cat([p[3] for p in parts])
+    comparison = update_bias(_label("update bias", dtype), "updates", observed, delta, rel, start)
+    if comparison is not None:
+        out.add(comparison)
+
+
+def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.Tensor, systematic: float,
+                start: torch.Tensor):
+    """SPEC 5.6.9: the mean signed relative error ``mean((obs - exp) sign(exp)) / mean|exp|`` must be
+    within ``systematic`` plus BIAS_STANDARD_ERRORS standard errors of that mean.
+
+    The standard error models the parameter's final rounding as independent from element to
+    element, which holds for distinct inputs only: elements with the same start value and the same
+    expected change round identically, so each such input counts once. None when fewer than 16
+    distinct inputs are available."""
+    pairs = torch.stack([start.double().reshape(-1), expected.double().reshape(-1)], dim=1)
+    if pairs.shape[0]:
+        _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), pairs.shape[0], dtype=torch.long)
+        first.scatter_reduce_(0, inverse, torch.arange(pairs.shape[0]), reduce="amin")
+        observed, expected = observed.reshape(-1)[first], expected.reshape(-1)[first]
+    if observed.numel() < 16:
+        return None
+    signed = (observed - expected) * expected.sign()
+    scale = float(expected.abs().mean())
+    if scale == 0.0:
+        return None
+    mean = float(signed.mean()) / scale
+    standard_error = float(signed.std()) / math.sqrt(signed.numel()) / scale
+    bound = systematic + kb.BIAS_STANDARD_ERRORS * standard_error
+    problems = []
+    if not abs(mean) <= bound:
+        problems.append(f"{label}: mean signed relative error {mean:+.3e} over {signed.numel()} elements exceeds "
+                        f"{bound:.3e} (systematic {systematic:.3e} + {kb.BIAS_STANDARD_ERRORS:g} standard errors "
+                        f"{standard_error:.3e})")
+    return Comparison(what, "tolerance", abs(mean), bound, problems=problems)
+
+
+def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, unit: str = "relative") -> Comparison:
+    error, allowed = error.reshape(-1), allowed.reshape(-1)
+    if error.numel() == 0:
+        return Comparison(what, "tolerance", 0.0, 0.0)
+    bad = ~(error <= allowed)
+    ratio = torch.where(allowed > 0, error / allowed, torch.where(error > 0, torch.full_like(error, math.inf), torch.zeros_like(error)))
+    i = int(ratio.argmax())
+    e, b = float(error[i]), float(allowed[i])
+    problems = []
+    if bool(bad.any()):
+        problems.append(f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
+                        f"index {i}: error {e:.3e} {unit}, bound {b:.3e}")
+    return Comparison(what, "tolerance", e, b, problems=problems)

@@ -1,0 +1,438 @@
+"""The benign catalogue: legitimate kernel variants of the reference, each differing only in rounding.
+
+A kernel backend is never bit-exact with the reference: it contracts multiply-adds, sums in
+another order, forms ``1 - beta`` from fp32-rounded betas, multiplies by reciprocals, keeps
+16-bit parameters' math in fp32. Each variant below does exactly one such thing, at one stage
+of the step (SPEC 5.6 lists the stages and what each may change), and declares every capability
+except ``cpu-bit-exact``: the suite must certify every one of them **conformant** under the
+tolerance profile (tests/test_suite_accepts_benign.py). A benign variant the suite rejects is a
+suite defect, exactly as a surviving mutant (tests/mutants.py) is.
+
+Variants are built like mutants, from module clones of the reference (tests/mutant_tools.py):
+the replaced functions below are copies of the reference's with the one change marked
+``# kernel:``. The DCP adapter is the reference's, cloned so that it accepts the variant's
+optimizer class (it accepts exactly ``reference.Gefen`` otherwise, SPEC 2.3.1); where a variant's
+rounding change also applies to the restore's re-blocking (SPEC 3.6.4), the re-blocking is
+cloned with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+import reference.codebook as codebook_module
+import reference.dcp.optimizer_view as optimizer_view
+import reference.dcp.reblock as reblock_module
+import reference.dcp.restore as restore_module
+import reference.dcp.state as state_module
+import reference.optimizer as optimizer_module
+import reference.steps as steps
+from conformance.implementation import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
+from conformance.implementations import reference as reference_impl
+from reference.codewords import dequantize, nearest_codeword_indices
+
+from .mutant_tools import clone, proxy
+
+#: What a kernel backend declares: everything but bit-exactness (the tolerance profile).
+KERNEL_CAPS = KNOWN_CAPABILITIES - {CPU_BIT_EXACT}
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32).item())
+
+
+# ------------------------------------------------------------------ 1. fp32-rounded betas
+
+
+def _ema_momentum_fp32_betas(state, codebook, grad_blocks, beta1):
+    return steps.requantized_momentum(state, codebook, grad_blocks, _f32(beta1))  # kernel: 1.0f - float(beta1)
+
+
+def _block_step_fp32_betas(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - _f32(hyper.beta2))  # kernel
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    momentum = _ema_momentum_fp32_betas(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+
+
+def _factored_step_fp32_betas(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - _f32(hyper.beta2))  # kernel
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - _f32(hyper.beta2))  # kernel
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
+    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
+    momentum = _ema_momentum_fp32_betas(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+# -------------------------------------------------------- 2. separate multiply and add (no FMA)
+
+
+def _momentum_without_fma(state, codebook, grad_blocks, beta1):
+    period = grad_blocks.shape[1]
+    current = dequantize(codebook, state["m_codebook"], grad_blocks.dtype) * state["m_magnitude"]
+    updated = current.mul(beta1).add_(grad_blocks.to(current.dtype).mul(1 - beta1))  # kernel: two roundings
+    magnitude = state["m_magnitude"]
+    magnitude.copy_(updated.abs().reshape(-1, period).amax(dim=1, keepdim=True))
+    updated.div_(magnitude)
+    updated.masked_fill_(~(magnitude > 0), 0.0)
+    indices = nearest_codeword_indices(codebook, updated)
+    state["m_codebook"].copy_(indices)
+    return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
+
+
+def _ema_without_fma(moment, beta, fresh):
+    moment.mul_(beta).add_(fresh.float().mul(1 - beta))  # kernel: beta*v + (1-beta)*q, rounded separately
+
+
+def _block_step_without_fma(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    _ema_without_fma(state["vmean"], hyper.beta2, steps.block_mean_square(grad_blocks))
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    momentum = _momentum_without_fma(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+
+
+def _factored_step_without_fma(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    _ema_without_fma(state["v_row"], hyper.beta2, row_ms)
+    _ema_without_fma(state["v_col"], hyper.beta2, col_ms)
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
+    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
+    momentum = _momentum_without_fma(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+# ------------------------------------------------------------ 3. float64 accumulation of sums
+
+
+def _squares_as_reference(grad_blocks):
+    g = grad_blocks.float() if grad_blocks.dtype == torch.float16 else grad_blocks
+    return g * g  # bf16 squares round to bf16, as the reference's
+
+
+def _block_mean_square_float64(grad_blocks):
+    squares = _squares_as_reference(grad_blocks)
+    mean = squares.double().sum(dim=1, keepdim=True).div_(grad_blocks.shape[1])  # kernel: float64 accumulator
+    return mean.to(squares.dtype)
+
+
+def _row_and_column_mean_squares_float64(grad):
+    rows, cols = grad.shape
+    squares = grad.float().square().double()  # kernel: fp32 squares, float64 sums, no chunking
+    return squares.sum(dim=1).div_(cols).float(), squares.sum(dim=0).div_(rows).float()
+
+
+# ---------------------------------------------------------------- 4. multiply by reciprocals
+
+
+def _momentum_by_reciprocal(state, codebook, grad_blocks, beta1):
+    period = grad_blocks.shape[1]
+    current = dequantize(codebook, state["m_codebook"], grad_blocks.dtype) * state["m_magnitude"]
+    updated = current.lerp(grad_blocks.to(current.dtype), 1 - beta1)
+    magnitude = state["m_magnitude"]
+    magnitude.copy_(updated.abs().reshape(-1, period).amax(dim=1, keepdim=True))
+    updated.mul_(torch.reciprocal(magnitude))  # kernel: x * (1/m) instead of x / m
+    updated.masked_fill_(~(magnitude > 0), 0.0)
+    indices = nearest_codeword_indices(codebook, updated)
+    state["m_codebook"].copy_(indices)
+    return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
+
+
+def _block_step_by_reciprocal(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    inverse_sqrt_bc2 = _f32(1.0 / _f32(math.sqrt(bias2)))  # kernel: h * (1/sqrt(bc2)), as torch on CUDA
+    denom = torch.sqrt(state["vmean"]).mul_(inverse_sqrt_bc2).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    momentum = _momentum_by_reciprocal(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+
+
+def _factored_step_by_reciprocal(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).mul_(torch.reciprocal(row_scale))  # kernel
+    stepsize = v_hat.mul_(_f32(1.0 / _f32(bias2))).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)  # kernel
+    momentum = _momentum_by_reciprocal(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+def _block_normalised_by_reciprocal(flat, period):
+    blocks = flat.float().reshape(-1, period)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    return torch.where(absmax > 0, blocks * torch.reciprocal(absmax), torch.zeros_like(blocks))  # kernel
+
+
+def _reblock_by_reciprocal(codebook, momentum, second, period):
+    table = codebook.to(device=momentum.device, dtype=torch.float32)
+    blocks = momentum.detach().float().reshape(-1).view(-1, period)
+    magnitude = blocks.abs().amax(dim=1, keepdim=True)
+    scaled = torch.where(magnitude > 0, blocks * torch.reciprocal(magnitude), torch.zeros_like(blocks))  # kernel
+    indices = nearest_codeword_indices(table, scaled)
+    vmean = second.detach().float().reshape(-1).view(-1, period).mean(dim=1, keepdim=True)
+    return indices, magnitude, vmean
+
+
+# ------------------------------------------------- 5. fp32 master math for 16-bit parameters
+
+
+def _block_mean_square_fp32(grad_blocks):
+    g = grad_blocks.float()  # kernel: squares and mean in fp32 for every dtype
+    return torch.mean(g * g, dim=1, keepdim=True)
+
+
+def _decay_and_update_in_fp32(param, update_fn, hyper):
+    """``p <- rP(fp32(p) * (1 - lr*wd) - update)``: one rounding to the parameter dtype at the end."""
+    work = param.float()
+    if hyper.weight_decay > 0.0:
+        work.mul_(1 - hyper.lr * hyper.weight_decay)
+    update_fn(work)
+    param.copy_(work)
+
+
+def _block_step_fp32_master(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(_block_mean_square_fp32(grad_blocks), alpha=1 - hyper.beta2)
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad_blocks.float(), hyper.beta1)  # kernel: fp32 math
+    update = momentum.mul_(stepsize).mul_(hyper.lr)
+    _decay_and_update_in_fp32(param, lambda work: steps._subtract_flat(work, update), hyper)
+
+
+def _factored_step_fp32_master(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
+    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad.float().reshape(-1).view(-1, period), hyper.beta1)
+    update = momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr)
+    _decay_and_update_in_fp32(param, lambda work: work.sub_(update), hyper)
+
+
+# ------------------------------------------------------------ 6. another reduction order
+
+
+def _sequential_sum(x, dim):
+    """fp32 left-to-right sum along ``dim`` (cumsum's last element), not torch's cascade."""
+    return x.cumsum(dim=dim).select(dim, -1)
+
+
+def _block_mean_square_sequential(grad_blocks):
+    squares = _squares_as_reference(grad_blocks)
+    total = _sequential_sum(squares.float(), 1).unsqueeze(1)  # kernel: sequential order
+    return total.div_(grad_blocks.shape[1]).to(squares.dtype)
+
+
+def _row_and_column_mean_squares_sequential(grad):
+    rows, cols = grad.shape
+    squares = grad.float().square()
+    return _sequential_sum(squares, 1).div_(cols), _sequential_sum(squares, 0).div_(rows)  # kernel
+
+
+# ------------------------------------------------------ 7. stepsize as a single division
+
+
+def _block_step_one_division(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
+    state["step"] += 1
+    state["vmean_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
+    stepsize = torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel: (1/bc1) / h in one division
+    momentum = steps.requantized_momentum(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+
+
+def _factored_step_one_division(param, grad, state, codebook, hyper):
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
+    denom = v_hat.div_(bias2).sqrt_().add_(hyper.eps)
+    stepsize = torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel
+    momentum = steps.requantized_momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+# ------------------------------------------------------------------------------ assembly
+
+
+@dataclass(frozen=True)
+class Variant:
+    implementation: Implementation
+    stage: str  # the SPEC 5.6 stage whose rounding it changes
+    reason: str  # why this is a legitimate kernel, not a bug
+
+
+def _kernel(name, *, step_overrides=None, codebook_overrides=None, reblock_overrides=None) -> Implementation:
+    """The reference with some step / codebook / re-blocking functions replaced, and a DCP adapter
+    that accepts its optimizer class."""
+    mutated_steps = clone(steps, **(step_overrides or {}))
+    mutated_codebook = clone(codebook_module, **codebook_overrides) if codebook_overrides else codebook_module
+    optimizer_class = clone(optimizer_module, block_vmean_step=mutated_steps.block_vmean_step,
+                            factored_step=mutated_steps.factored_step,
+                            learn_codebook=mutated_codebook.learn_codebook).Gefen
+    reblock = clone(reblock_module, learn_codebook=mutated_codebook.learn_codebook, **(reblock_overrides or {}))
+    view = proxy(optimizer_view, is_supported=lambda optimizer: type(optimizer) is optimizer_class)
+    adapter = clone(state_module, optimizer_view=view,
+                    restore=clone(restore_module, reblock=reblock, optimizer_view=view))
+    return Implementation(
+        name=name, version="benign",
+        make_optimizer=lambda params, **hp: optimizer_class(params, **hp),
+        dcp_state=lambda optimizer: adapter.GefenDCPState(optimizer),
+        save_planner=reference_impl.IMPLEMENTATION.save_planner,
+        async_writer=reference_impl.IMPLEMENTATION.async_writer,
+        capabilities=KERNEL_CAPS,
+    )
+
+
+CATALOGUE = {
+    "fp32-betas-in-ema": Variant(
+        _kernel("fp32-betas-in-ema", step_overrides=dict(
+            requantized_momentum=_ema_momentum_fp32_betas, block_vmean_step=_block_step_fp32_betas,
+            factored_step=_factored_step_fp32_betas)),
+        "EMA weights",
+        "gefen-x's CUDA kernels form 1 - beta as 1.0f - float(beta); the groups keep and checkpoint the "
+        "user's betas exactly. Was the mutant 'beta-rounding' (issue 10): under the tolerance profile it "
+        "changes the second moment by 1.3e-5 relative at beta2 = 0.999, which is rounding, not a bug."),
+    "separate-multiply-add": Variant(
+        _kernel("separate-multiply-add", step_overrides=dict(
+            requantized_momentum=_momentum_without_fma, block_vmean_step=_block_step_without_fma,
+            factored_step=_factored_step_without_fma)),
+        "EMA (momentum and second moment)",
+        "beta*m + (1-beta)*g with two roundings where torch's lerp and add_(alpha=) fuse one; nvcc may "
+        "contract either way."),
+    "float64-block-sums": Variant(
+        _kernel("float64-block-sums", step_overrides=dict(
+            block_mean_square=_block_mean_square_float64,
+            row_and_column_mean_squares=_row_and_column_mean_squares_float64)),
+        "block mean of squares",
+        "block, row and column sums of squares accumulated in float64 and rounded once; more accurate "
+        "than torch's fp32 cascade."),
+    "reciprocal-multiply": Variant(
+        _kernel("reciprocal-multiply", step_overrides=dict(
+            requantized_momentum=_momentum_by_reciprocal, block_vmean_step=_block_step_by_reciprocal,
+            factored_step=_factored_step_by_reciprocal),
+            codebook_overrides=dict(block_normalised=_block_normalised_by_reciprocal),
+            reblock_overrides=dict(reblock=_reblock_by_reciprocal)),
+        "normalization by the block magnitude; bias correction",
+        "x * (1/m) instead of x / m for the momentum normalization (step, histogram and restore) and "
+        "the bias corrections, as torch's CUDA kernels and gefen-x's __frcp_rn do (up to 2 ulp)."),
+    "fp32-master-math": Variant(
+        _kernel("fp32-master-math", step_overrides=dict(
+            block_vmean_step=_block_step_fp32_master,
+            factored_step=_factored_step_fp32_master)),
+        "16-bit parameters: codewords, squares, decay and update",
+        "for bf16/fp16 parameters everything in fp32 with the fp32 codebook, rounded once to the "
+        "parameter dtype, as gefen-x's fused kernels do; fp32 parameters are unchanged."),
+    "sequential-reduction-order": Variant(
+        _kernel("sequential-reduction-order", step_overrides=dict(
+            block_mean_square=_block_mean_square_sequential,
+            row_and_column_mean_squares=_row_and_column_mean_squares_sequential)),
+        "block mean of squares (order)",
+        "fp32 sums of squares in plain left-to-right order instead of torch's cascade, as a "
+        "one-thread-per-block kernel sums."),
+    "stepsize-one-division": Variant(
+        _kernel("stepsize-one-division", step_overrides=dict(
+            block_vmean_step=_block_step_one_division, factored_step=_factored_step_one_division)),
+        "stepsize",
+        "(1/bc1) / h in one division instead of a reciprocal then a multiply."),
+}
+
+# Spec strings for --impl: tests.benign:<attribute>
+for _name, _variant in CATALOGUE.items():
+    globals()["benign_" + _name.replace("-", "_")] = _variant.implementation
+
+
+def spec(name: str) -> str:
+    return "tests.benign:benign_" + name.replace("-", "_")
+
+#: The reference itself declared as a kernel backend (the tolerance profile): the baseline every
+#: benign variant and every tolerance-profile mutant run is measured against.
+reference_as_kernel = Implementation(
+    name="reference-as-kernel", version="benign",
+    make_optimizer=reference_impl.IMPLEMENTATION.make_optimizer,
+    dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
+    save_planner=reference_impl.IMPLEMENTATION.save_planner,
+    async_writer=reference_impl.IMPLEMENTATION.async_writer,
+    capabilities=KERNEL_CAPS,
+)
