@@ -1,26 +1,28 @@
-"""The nearest-codeword rule of SPEC 1.7 as a table the kernels index in O(1).
+"""The nearest-codeword rule of SPEC 1.7 as a small table the kernels index in O(1).
 
 SPEC 1.7.1 defines the index of a value ``u`` by a lower-bound search over the sorted
 codebook followed by one fp32 distance comparison (ties to the lower index). As a function
-of ``u`` that rule is piecewise constant: it changes only at
+of ``u`` that rule is piecewise constant. It changes only at
 
 * the fp32 *decision threshold* between two consecutive distinct codewords ``cL < cR``:
   the largest fp32 ``u`` with ``|r32(u - cL)| <= |r32(u - cR)|`` (the predicate is
-  monotone in ``u``, so the threshold is well defined and found exactly by stepping over
-  fp32 neighbours), and
+  monotone in ``u``, so a binary search over the fp32 values in between finds it exactly);
 * the value ``t`` of a run of duplicate codewords at indices ``a < b``: ``u <= t`` picks
   ``a`` and ``u > t`` picks ``b`` (SPEC 1.7.3).
 
-The table cuts [-1, 1] into ``CELLS`` equal cells. For each cell it stores a threshold and
-two indices: ``index = low if u <= threshold else high``. That is exact as long as no cell
-holds two change points. Codebooks learned by SPEC 1.6 always satisfy this: distinct
-codewords are at least one histogram bin (2**-11) apart, so change points are at least
-2**-12 apart and a cell is 2**-13 wide. A codebook that does not (one loaded from a
-checkpoint can be anything sorted with endpoints -1 and +1) gets ``exact=False`` and the
-kernels fall back to the plain lower-bound search.
+So with the sorted change points ``T[0] < T[1] < ...`` and the results ``R[0], R[1], ...``
+between them, ``index(u) = R[number of T below u]``. The kernels find that count from the
+cell of ``u``: [-1, 1] is cut into ``CELLS`` equal cells and ``first[cell]`` is the number of
+change points below the cell; then at most two comparisons finish it:
+``index = R[j + (u > T[j]) + (u > T[j + 1])]`` with ``j = first[cell]``. That is exact as long
+as no cell holds more than two change points. Codebooks learned by SPEC 1.6 always satisfy
+this (distinct codewords are at least one histogram bin, 2**-11, apart, so change points are
+about 2**-12 apart or more, and a cell is 2**-12 wide). A codebook that does not (a loaded
+one can be anything sorted with endpoints -1 and +1) gets ``exact=False`` and the kernels
+use the plain lower-bound search. Everything fits in 24 KiB, so lookups hit the L1 cache.
 
 The table is checked against the rule itself at every change point and its fp32
-neighbours before it is used (:func:`build`), so a wrong table can never be used silently.
+neighbours before it is used (:func:`build`), so a wrong table is never used.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ import torch
 
 CODEBOOK_SIZE = 256
 #: Cells over [-1, 1]; a value's cell is ``int(r32(u + 1) * CELLS / 2)`` (CELLS + 1 entries, u = 1 included).
-CELLS = 1 << 14
+CELLS = 1 << 13
+#: Change points a cell may hold for the table to be exact (the comparisons the kernels make).
+POINTS_PER_CELL = 2
+#: Room for every change point of 256 codewords (at most 2 per run boundary and duplicate run).
+MAX_POINTS = 2 * CODEBOOK_SIZE
 CELL_SCALE = np.float32(CELLS // 2)
 #: Slack added to each cell's range when collecting change points, far above the rounding of ``u + 1``.
 _CELL_SLACK = 2.0 ** -20
@@ -43,16 +49,18 @@ class CodewordTable:
     """Everything a kernel needs to quantize against one codebook."""
 
     codebook: np.ndarray    # fp32[256], the search codebook
-    threshold: np.ndarray   # fp32[CELLS + 1]
-    pair: np.ndarray        # int32[CELLS + 1]: low index | high index << 8
+    first: np.ndarray       # uint16[CELLS + 1]: change points below each cell
+    points: np.ndarray      # fp32[MAX_POINTS + 2]: the change points, padded with +inf
+    results: np.ndarray     # int32[MAX_POINTS + 3]: the index between consecutive points
     exact: bool             # False: the kernels must use the lower-bound search
 
     def indices(self, values: np.ndarray) -> np.ndarray:
-        """The table's answer for fp32 ``values`` in [-1, 1] (numpy, for checks and tests)."""
+        """The table's answer for fp32 ``values`` in [-1, 1], as the kernels compute it."""
         v = np.asarray(values, dtype=np.float32)
         cell = np.clip(((v + np.float32(1.0)) * CELL_SCALE).astype(np.int64), 0, CELLS)
-        pair = self.pair[cell]
-        return np.where(v <= self.threshold[cell], pair & 0xFF, pair >> 8).astype(np.uint8)
+        j = self.first[cell].astype(np.int64)
+        j = j + (v > self.points[j]) + (v > self.points[j + 1])
+        return self.results[j].astype(np.uint8)
 
 
 def rule_indices(codebook: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -125,23 +133,21 @@ def build(codebook: torch.Tensor) -> CodewordTable:
     t = np.asarray(thresholds, dtype=np.float64)
     lows = -1.0 + np.arange(CELLS + 1, dtype=np.float64) / float(CELL_SCALE) - _CELL_SLACK
     highs = lows + 1.0 / float(CELL_SCALE) + 2 * _CELL_SLACK
-    first = np.searchsorted(t, lows, side="left")  # the first change point at or above the cell's low end
-    count = np.searchsorted(t, highs, side="left") - first
-    exact = bool(count.max(initial=0) <= 1)
-    r = np.asarray(results + [results[-1]], dtype=np.int32)
-    low = r[first]
-    high = np.where(count == 1, r[np.minimum(first + 1, len(r) - 1)], low)
-    pair = (low | (high << 8)).astype(np.int32)
-    padded = np.asarray(list(thresholds) + [np.inf], dtype=np.float32)
-    threshold = np.where(count == 1, padded[first], np.float32(np.inf)).astype(np.float32)
-    table = CodewordTable(cb, threshold, pair, exact)
-    if exact:
+    first = np.searchsorted(t, lows, side="left")  # change points strictly below the cell (with slack)
+    inside = np.searchsorted(t, highs, side="left") - first
+    points = np.full(MAX_POINTS + 2, np.inf, dtype=np.float32)
+    points[: len(thresholds)] = thresholds
+    padded = np.full(MAX_POINTS + 3, results[-1], dtype=np.int32)
+    padded[: len(results)] = results
+    table = CodewordTable(cb, first.astype(np.uint16), points, padded,
+                          bool(inside.max(initial=0) <= POINTS_PER_CELL))
+    if table.exact:
         probes = [np.float32(-1.0), np.float32(0.0), np.float32(1.0)]
         for x in thresholds:
             probes += [np.nextafter(x, np.float32(-2), dtype=np.float32), x, np.nextafter(x, np.float32(2), dtype=np.float32)]
         probes = np.clip(np.asarray(probes, dtype=np.float32), -1.0, 1.0)
         if not np.array_equal(table.indices(probes), rule_indices(cb, probes)):
-            table = CodewordTable(cb, threshold, pair, False)
+            table = CodewordTable(cb, table.first, points, padded, False)
     return table
 
 

@@ -1,19 +1,19 @@
-"""From torch tensors and a group's hyperparameters to one call of a CPU kernel.
+"""From torch tensors and a group's hyperparameters to one call of a C kernel (:mod:`gefen_fast.native`).
 
 This module rounds every scalar once, as SPEC 1.8.5-1.8.7 and 1.9.3 say (Python double,
-then fp32), advances the counters, and hands the kernels flat numpy views of the live
-tensors, so parameters and state are updated in place. fp16 tensors take an fp32 copy
-(numba has no fp16): the gradient widens exactly, and the parameter is rounded back once.
+then fp32), advances the counters, and hands the kernels the live tensors' memory, so
+parameters and state are updated in place (SPEC 5.4.3). fp16 tensors take an fp32 copy
+(the C kernels handle fp32 and bf16): the gradient widens exactly, and the parameter is
+rounded back once, after weight decay was applied in its own dtype as SPEC 1.8.6 says.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from . import codeword_table, cpu_kernels
+from . import codeword_table, native
 
 #: Parameter dtypes the CPU kernels handle; anything else uses the reference's torch path.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -38,33 +38,38 @@ class _Tables:
 
     def get(self, codebook: torch.Tensor, grad_dtype: torch.dtype):
         if codebook is not self._codebook or codebook._version != self._version:
-            self._codebook, self._version = codebook, codebook._version
             self._table = codeword_table.build(codebook)
+            self._codebook, self._version = codebook, codebook._version
             self._decode = {}
         if grad_dtype not in self._decode:
-            self._decode[grad_dtype] = codeword_table.dequantization_table(codebook, grad_dtype)
-        return self._table, self._decode[grad_dtype]
+            decode = codeword_table.dequantization_table(codebook, grad_dtype)
+            t = self._table
+            struct = native.Table(decode.ctypes.data, t.codebook.ctypes.data, t.first.ctypes.data,
+                                  t.points.ctypes.data, t.results.ctypes.data, int(t.exact))
+            self._decode[grad_dtype] = (struct, decode)  # the arrays stay alive with the struct
+        return self._decode[grad_dtype][0]
 
 
 _TABLES = _Tables()
 
 
-def _f32(x: float) -> np.float32:
-    return np.float32(x)
+def _pointer(t: torch.Tensor) -> int:
+    return t.data_ptr()
 
 
-def _flat(t: torch.Tensor) -> np.ndarray:
-    """A flat numpy view of a contiguous CPU tensor (bf16 as its uint16 bit patterns)."""
-    t = t.detach().reshape(-1)
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def _contiguous_state(state: dict, key: str) -> np.ndarray:
+def _state(state: dict, key: str) -> torch.Tensor:
+    """A live state tensor, made contiguous in place of the original if it is not."""
     if not state[key].is_contiguous():
         state[key] = state[key].contiguous()
-    return state[key].view(-1).numpy()
+    return state[key]
+
+
+def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay: bool) -> native.Hyper:
+    return native.Hyper(
+        w=1 - hyper.beta1, beta2=hyper.beta2, one_minus_beta2=1 - hyper.beta2, bias2=bias2_operand,
+        eps=hyper.eps, inv_bias1=1.0 / bias1, lr=hyper.lr, decay=decay, apply_decay=int(apply_decay),
+        threads=torch.get_num_threads(),
+    )
 
 
 class _Buffers:
@@ -72,68 +77,78 @@ class _Buffers:
 
     def __init__(self, param: torch.Tensor, grad: torch.Tensor, decay: float):
         self.param = param
-        self.work = param if param.is_contiguous() else param.contiguous()
+        self.work = param.detach() if param.is_contiguous() else param.detach().contiguous()
         if param.dtype == torch.float16:
             if decay != 1.0:
                 self.work.mul_(decay)  # rP(r32(p) * r32(1 - lr*wd)), SPEC 1.8.6
             self.staged = self.work.float()
-            self.grad = _flat(grad.detach().float().contiguous())
+            self.grad = grad.detach().float().contiguous()
             self.apply_decay = False
         else:
             self.staged = self.work
-            self.grad = _flat(grad.contiguous())
+            self.grad = grad.detach().contiguous()
             self.apply_decay = decay != 1.0
-        self.flat_param = _flat(self.staged)
+        self.suffix = "bf16" if self.staged.dtype == torch.bfloat16 else "f32"
 
     def finish(self) -> None:
         if self.staged is not self.work:
             self.work.copy_(self.staged)
-        if self.work is not self.param:
-            self.param.copy_(self.work)
+        if self.work.data_ptr() != self.param.data_ptr():
+            self.param.detach().copy_(self.work)
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MemoryError("gefen_fast: a kernel could not allocate its scratch memory")
+
+
+def _decay(hyper) -> float:
+    return 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
 
 
 def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, codebook: torch.Tensor, hyper) -> None:
     """SPEC 1.8 for one CPU parameter (its local tensor); ``state`` already initialised."""
-    table, decode = _TABLES.get(codebook, grad.dtype)
+    table = _TABLES.get(codebook, grad.dtype)
     state["step"] += 1
     state["vmean_step"] += 1
     bias1 = 1 - hyper.beta1 ** state["step"]
     bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    decay = 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
+    decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
-    cpu_kernels.block_step(
-        buffers.flat_param, buffers.grad,
-        _contiguous_state(state, "m_codebook"), _contiguous_state(state, "m_magnitude"),
-        _contiguous_state(state, "vmean"),
-        decode, table.codebook, table.threshold, table.pair, table.exact,
-        int(state["automatic_period"]),
-        _f32(1 - hyper.beta1), _f32(hyper.beta2), _f32(1 - hyper.beta2), _f32(math.sqrt(bias2)),
-        _f32(hyper.eps), _f32(1.0 / bias1), _f32(hyper.lr), _f32(decay), buffers.apply_decay,
-        grad.dtype == torch.bfloat16,
+    magnitude = _state(state, "m_magnitude")
+    period = int(state["automatic_period"])
+    kernel = getattr(native.library(), f"gefen_block_step_{buffers.suffix}")
+    status = kernel(
+        _pointer(buffers.staged), _pointer(buffers.grad), _pointer(_state(state, "m_codebook")),
+        _pointer(magnitude), _pointer(_state(state, "vmean")), magnitude.numel(), period,
+        table, _hyper(hyper, math.sqrt(bias2), bias1, decay, buffers.apply_decay),
     )
+    _check(status)
     buffers.finish()
 
 
 def factored_update(param: torch.Tensor, grad: torch.Tensor, state: dict, codebook: torch.Tensor, hyper) -> None:
     """SPEC 1.9 for one plain 2-D CPU parameter; ``state`` already initialised."""
-    table, decode = _TABLES.get(codebook, grad.dtype)
+    table = _TABLES.get(codebook, grad.dtype)
     rows, cols = param.shape
     state["step"] += 1
     state["factored_step"] += 1
     bias1 = 1 - hyper.beta1 ** state["step"]
     bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    decay = 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
+    decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
-    v_row, v_col = _contiguous_state(state, "v_row"), _contiguous_state(state, "v_col")
-    mu = cpu_kernels.factored_second_moment(
-        buffers.grad, rows, cols, v_row, v_col, _f32(hyper.beta2), _f32(1 - hyper.beta2)
+    lib = native.library()
+    h = _hyper(hyper, bias2, bias1, decay, buffers.apply_decay)
+    v_row, v_col = _state(state, "v_row"), _state(state, "v_col")
+    mu = getattr(lib, f"gefen_factored_moments_{buffers.suffix}")(
+        _pointer(buffers.grad), rows, cols, _pointer(v_row), _pointer(v_col), h
     )
-    cpu_kernels.factored_momentum_step(
-        buffers.flat_param, buffers.grad,
-        _contiguous_state(state, "m_codebook"), _contiguous_state(state, "m_magnitude"),
-        decode, table.codebook, table.threshold, table.pair, table.exact,
-        int(state["automatic_period"]), cols, v_row, v_col, np.float32(mu),
-        _f32(1 - hyper.beta1), _f32(bias2), _f32(hyper.eps), _f32(1.0 / bias1), _f32(hyper.lr),
-        _f32(decay), buffers.apply_decay,
+    _check(0 if mu >= 0 else -1)
+    magnitude = _state(state, "m_magnitude")
+    status = getattr(lib, f"gefen_factored_step_{buffers.suffix}")(
+        _pointer(buffers.staged), _pointer(buffers.grad), _pointer(_state(state, "m_codebook")),
+        _pointer(magnitude), magnitude.numel(), int(state["automatic_period"]), cols,
+        _pointer(v_row), _pointer(v_col), mu, table, h,
     )
+    _check(status)
     buffers.finish()
