@@ -27,8 +27,9 @@ def handles(param: torch.Tensor, grad: torch.Tensor) -> bool:
     )
 
 
-class _Tables:
-    """Codeword tables for the optimizer's current codebook, rebuilt when the codebook changes."""
+class CodewordTables:
+    """One optimizer's codeword tables, rebuilt whenever its codebook is another tensor or was
+    modified in place (a load replaces it, SPEC 2.3.6 item 4)."""
 
     def __init__(self):
         self._codebook = None
@@ -48,9 +49,6 @@ class _Tables:
                                   t.points.ctypes.data, t.results.ctypes.data, int(t.exact))
             self._decode[grad_dtype] = (struct, decode)  # the arrays stay alive with the struct
         return self._decode[grad_dtype][0]
-
-
-_TABLES = _Tables()
 
 
 def _pointer(t: torch.Tensor) -> int:
@@ -106,9 +104,10 @@ def _decay(hyper) -> float:
     return 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
 
 
-def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, codebook: torch.Tensor, hyper) -> None:
+def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
+                 codebook: torch.Tensor, hyper) -> None:
     """SPEC 1.8 for one CPU parameter (its local tensor); ``state`` already initialised."""
-    table = _TABLES.get(codebook, grad.dtype)
+    table = tables.get(codebook, grad.dtype)
     state["step"] += 1
     state["vmean_step"] += 1
     bias1 = 1 - hyper.beta1 ** state["step"]
@@ -127,9 +126,10 @@ def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, codebook:
     buffers.finish()
 
 
-def factored_update(param: torch.Tensor, grad: torch.Tensor, state: dict, codebook: torch.Tensor, hyper) -> None:
+def factored_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
+                    codebook: torch.Tensor, hyper) -> None:
     """SPEC 1.9 for one plain 2-D CPU parameter; ``state`` already initialised."""
-    table = _TABLES.get(codebook, grad.dtype)
+    table = tables.get(codebook, grad.dtype)
     rows, cols = param.shape
     state["step"] += 1
     state["factored_step"] += 1

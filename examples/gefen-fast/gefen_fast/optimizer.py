@@ -80,10 +80,11 @@ class Gefen(reference.Gefen):
     def _update(self, p, grad, state, hyper: StepHyper, factored: bool) -> None:
         local = local_tensor(p)
         if kernels.handles(local, grad):
+            tables = self.__dict__.setdefault("_codeword_tables", kernels.CodewordTables())
             if factored:
-                kernels.factored_update(local, grad, state, self.codebook, hyper)
+                kernels.factored_update(local, grad, state, tables, self.codebook, hyper)
             else:
-                kernels.block_update(local, grad, state, self.codebook, hyper)
+                kernels.block_update(local, grad, state, tables, self.codebook, hyper)
         elif factored:
             factored_step(p, grad, state, self.codebook, hyper)
         else:
