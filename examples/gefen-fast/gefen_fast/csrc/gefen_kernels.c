@@ -68,11 +68,16 @@ static inline float lerp32(float cur, float target, float w, int small_weight) {
     return small_weight ? from_cur : from_target;
 }
 
-static inline uint8_t nearest_by_table(float u, const Table *t) {
+/* The table's cell of a normalised value (see codeword_table.py); NaN goes to cell 0. */
+static inline int32_t table_cell(float u) {
     float x = (u + 1.0f) * CELL_SCALE;
     x = x >= 0.0f ? x : 0.0f;
     x = x <= (float)CELLS ? x : (float)CELLS;
-    int j = t->first[(int)x];
+    return (int32_t)x;
+}
+
+static inline uint8_t table_lookup(float u, int32_t cell, const Table *t) {
+    int j = t->first[cell];
     j += (u > t->points[j]) + (u > t->points[j + 1]);
     return (uint8_t)t->results[j];
 }
@@ -140,8 +145,8 @@ static void requantize_##SUFFIX(T *restrict p, const T *restrict g, uint8_t *res
                                 const Table *tab, int64_t n, float old, float mag,               \
                                 float block_ss, const float *restrict ss,                        \
                                 const float *restrict kept, const Hyper *h,                      \
-                                uint8_t *restrict codes, float *restrict deltas,                 \
-                                float *restrict lerped) {                                        \
+                                uint8_t *restrict codes, float *restrict normalised,             \
+                                int32_t *restrict cells, float *restrict lerped) {               \
     const float *restrict decode = tab->decode;                                                  \
     const int positive = mag > 0.0f;                                                             \
     const int small = fabsf(h->w) < 0.5f;                                                        \
@@ -155,37 +160,54 @@ static void requantize_##SUFFIX(T *restrict p, const T *restrict g, uint8_t *res
             for (int64_t j = 0; j < m; j++) lerped[j] = lerp32(decode[is[j]] * old, LOAD(gs[j]), h->w, small); \
         }                                                                                        \
         if (tab->exact) {                                                                        \
+            _Pragma("omp simd")                                                                  \
             for (int64_t j = 0; j < m; j++) {                                                    \
                 float ratio = upd[j] / mag;                                                      \
-                codes[j] = nearest_by_table(positive ? ratio : 0.0f, tab);                       \
+                float u = positive ? ratio : 0.0f;                                               \
+                normalised[j] = u;                                                               \
+                cells[j] = table_cell(u);                                                        \
             }                                                                                    \
+            for (int64_t j = 0; j < m; j++) codes[j] = table_lookup(normalised[j], cells[j], tab); \
         } else {                                                                                 \
             for (int64_t j = 0; j < m; j++) {                                                    \
                 float ratio = upd[j] / mag;                                                      \
                 codes[j] = nearest_by_search(positive ? ratio : 0.0f, tab->codebook);            \
             }                                                                                    \
         }                                                                                        \
-        if (ss) {                                                                                \
-            _Pragma("omp simd")                                                                  \
-            for (int64_t j = 0; j < m; j++) deltas[j] = (decode[codes[j]] * mag * ss[s0 + j]) * h->lr; \
-        } else {                                                                                 \
-            _Pragma("omp simd")                                                                  \
-            for (int64_t j = 0; j < m; j++) deltas[j] = (decode[codes[j]] * mag * block_ss) * h->lr; \
-        }                                                                                        \
         T *restrict ps = p + s0;                                                                 \
         uint8_t *restrict iw = idx + s0;                                                         \
-        if (h->apply_decay) {                                                                    \
+        const float scale = h->lr;                                                               \
+        if (ss && h->apply_decay) {                                                              \
             _Pragma("omp simd")                                                                  \
             for (int64_t j = 0; j < m; j++) {                                                    \
-                iw[j] = codes[j];                                                                \
-                float pv = ROUND_P(LOAD(ps[j]) * h->decay);                                      \
-                ps[j] = STORE(pv - deltas[j]);                                                   \
+                uint8_t k = codes[j];                                                            \
+                iw[j] = k;                                                                       \
+                float delta = (decode[k] * mag * ss[j]) * scale;                                 \
+                ps[j] = STORE(ROUND_P(LOAD(ps[j]) * h->decay) - delta);                          \
+            }                                                                                    \
+        } else if (ss) {                                                                         \
+            _Pragma("omp simd")                                                                  \
+            for (int64_t j = 0; j < m; j++) {                                                    \
+                uint8_t k = codes[j];                                                            \
+                iw[j] = k;                                                                       \
+                float delta = (decode[k] * mag * ss[j]) * scale;                                 \
+                ps[j] = STORE(LOAD(ps[j]) - delta);                                              \
+            }                                                                                    \
+        } else if (h->apply_decay) {                                                             \
+            _Pragma("omp simd")                                                                  \
+            for (int64_t j = 0; j < m; j++) {                                                    \
+                uint8_t k = codes[j];                                                            \
+                iw[j] = k;                                                                       \
+                float delta = (decode[k] * mag * block_ss) * scale;                              \
+                ps[j] = STORE(ROUND_P(LOAD(ps[j]) * h->decay) - delta);                          \
             }                                                                                    \
         } else {                                                                                 \
             _Pragma("omp simd")                                                                  \
             for (int64_t j = 0; j < m; j++) {                                                    \
-                iw[j] = codes[j];                                                                \
-                ps[j] = STORE(LOAD(ps[j]) - deltas[j]);                                          \
+                uint8_t k = codes[j];                                                            \
+                iw[j] = k;                                                                       \
+                float delta = (decode[k] * mag * block_ss) * scale;                              \
+                ps[j] = STORE(LOAD(ps[j]) - delta);                                              \
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \
@@ -203,7 +225,8 @@ int gefen_block_step_##SUFFIX(T *p, const T *g, uint8_t *idx, float *magnitude, 
     _Pragma("omp parallel num_threads(threads)")                                                 \
     {                                                                                            \
         uint8_t codes[STAGE];                                                                    \
-        float deltas[STAGE];                                                                     \
+        float normalised[STAGE];                                                                 \
+        int32_t cells[STAGE];                                                                    \
         float lerped[STAGE];                                                                     \
         int t = 0, nt = 1;                                                                       \
         GEFEN_THREAD_IDS(t, nt);                                                                 \
@@ -223,7 +246,7 @@ int gefen_block_step_##SUFFIX(T *p, const T *g, uint8_t *idx, float *magnitude, 
             float mag = block_magnitude_##SUFFIX(gb, idx + base, tab->decode, period, old, h->w, small, kept); \
             magnitude[b] = mag;                                                                  \
             requantize_##SUFFIX(p + base, gb, idx + base, tab, period, old, mag, stepsize, NULL, \
-                                kept, h, codes, deltas, lerped);                                 \
+                                kept, h, codes, normalised, cells, lerped);                                 \
         }                                                                                        \
     }                                                                                            \
     free(scratch);                                                                               \
@@ -294,7 +317,8 @@ int gefen_factored_step_##SUFFIX(T *p, const T *g, uint8_t *idx, float *magnitud
     _Pragma("omp parallel num_threads(threads)")                                                 \
     {                                                                                            \
         uint8_t codes[STAGE];                                                                    \
-        float deltas[STAGE];                                                                     \
+        float normalised[STAGE];                                                                 \
+        int32_t cells[STAGE];                                                                    \
         float lerped[STAGE];                                                                     \
         float ss[STAGE];                                                                         \
         int t = 0, nt = 1;                                                                       \
@@ -323,7 +347,7 @@ int gefen_factored_step_##SUFFIX(T *p, const T *g, uint8_t *idx, float *magnitud
                     c = 0;                                                                       \
                 }                                                                                \
                 requantize_##SUFFIX(p + first, g + first, idx + first, tab, m, old, mag, 0.0f,   \
-                                    ss, kept ? kept + s0 : NULL, h, codes, deltas, lerped);      \
+                                    ss, kept ? kept + s0 : NULL, h, codes, normalised, cells, lerped);\
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \
