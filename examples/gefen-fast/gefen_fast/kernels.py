@@ -10,6 +10,8 @@ rounded back once, after weight decay was applied in its own dtype as SPEC 1.8.6
 from __future__ import annotations
 
 import math
+import warnings
+from functools import lru_cache
 
 import torch
 
@@ -19,11 +21,24 @@ from . import codeword_table, native
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether the C kernels could be built and loaded; if not, say why once and use torch."""
+    try:
+        native.library()
+    except native.BuildError as exc:
+        warnings.warn(f"gefen_fast: C kernels unavailable, using the reference's torch step instead: {exc}",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
 def handles(param: torch.Tensor, grad: torch.Tensor) -> bool:
     """True when a CPU kernel updates this (local) parameter."""
     return (
         param.device.type == "cpu" and grad.device.type == "cpu"
         and param.dtype in KERNEL_DTYPES and grad.dtype == param.dtype
+        and available()
     )
 
 

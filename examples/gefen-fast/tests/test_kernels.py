@@ -139,3 +139,22 @@ def test_kernels_handle_cpu_float_types_only():
     assert kernels.handles(x, x) and kernels.handles(x.bfloat16(), x.bfloat16())
     assert not kernels.handles(x.double(), x.double())
     assert not kernels.handles(x, x.bfloat16())
+
+
+def test_without_a_compiler_the_torch_step_is_used(monkeypatch, tmp_path):
+    """No C compiler: one RuntimeWarning, then the reference's torch step (bit-exact with it)."""
+    from gefen_fast import native
+
+    monkeypatch.setenv("GEFEN_FAST_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    native.library.cache_clear()
+    kernels.available.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="C kernels unavailable"):
+            fast = _run(gefen_fast.Gefen, torch.float32, steps=2, factored_v_2d=False)
+        ref = _run(reference.Gefen, torch.float32, steps=2, factored_v_2d=False)
+        for name in ref[0]:
+            assert torch.equal(fast[0][name], ref[0][name])
+    finally:
+        native.library.cache_clear()
+        kernels.available.cache_clear()
