@@ -16,6 +16,9 @@ For each: the first step of a fresh optimizer (period search, codebook learning 
 else done once; kernels of ``fast`` already built and cached, the build is timed separately),
 then the steady step: median and minimum over the timed steps after two warm-up steps; and the
 optimizer state in bytes per parameter (every tensor in ``optimizer.state``, scalars included).
+The timed steps run in rounds, one step of every optimizer per round (the reference and gefen-x
+only in the first ``--slow-steps`` rounds), so that a change in the machine's load during the run
+affects every optimizer alike.
 
 Roofline: a ``copy_`` of 64 MiB measured in the same run gives the copy bandwidth (bytes read
 plus bytes written per second); a Gefen step must move at least 14 bytes per fp32 parameter
@@ -142,36 +145,51 @@ def optimizers(only):
     return makers
 
 
-def measure(make, size, steps):
-    params = model(size)
-    sets = gradient_sets(params)
-    optimizer = make(params)
+class Subject:
+    """One optimizer on its own copy of the model, with the two gradient sets."""
 
-    def set_grads(k):
-        for name, p in params.items():
-            p.grad = sets[k % len(sets)][name]
+    def __init__(self, make, size):
+        self.params = model(size)
+        self.sets = gradient_sets(self.params)
+        self.optimizer = make(self.params)
+        self.first = None
+        self.times = []
 
-    set_grads(0)
+    def step(self, k: int) -> float:
+        for name, p in self.params.items():
+            p.grad = self.sets[k % len(self.sets)][name]
+        t = time.perf_counter()
+        self.optimizer.step()
+        return time.perf_counter() - t
+
+    def summary(self):
+        numel = sum(p.numel() for p in self.params.values())
+        periods = sorted({int(e["automatic_period"]) for e in self.optimizer.state.values() if "automatic_period" in e})
+        return (self.first, statistics.median(self.times), min(self.times),
+                state_bytes(self.optimizer) / numel, numel, periods)
+
+
+def measure_all(makers, size, steps, slow_steps, is_slow):
+    """First steps, two warm-up steps each, then the timed steps in rounds: one step of every
+    optimizer per round, so a change of machine load hits them all alike."""
+    subjects = {}
     gc.collect()
     gc.disable()
     try:
-        t = time.perf_counter()
-        optimizer.step()
-        first = time.perf_counter() - t
-        for k in (1, 2):
-            set_grads(k)
-            optimizer.step()
-        times = []
+        for name, make in makers.items():
+            subject = Subject(make, size)
+            subject.first = subject.step(0)
+            for k in (1, 2):
+                subject.step(k)
+            subjects[name] = subject
         for k in range(steps):
-            set_grads(k)
-            t = time.perf_counter()
-            optimizer.step()
-            times.append(time.perf_counter() - t)
+            for name, subject in subjects.items():
+                if is_slow(name) and k >= slow_steps:
+                    continue
+                subject.times.append(subject.step(k))
     finally:
         gc.enable()
-    numel = sum(p.numel() for p in params.values())
-    periods = sorted({int(e["automatic_period"]) for e in optimizer.state.values() if "automatic_period" in e})
-    return first, statistics.median(times), min(times), state_bytes(optimizer) / numel, numel, periods
+    return {name: subject.summary() for name, subject in subjects.items()}
 
 
 def build_time() -> str:
@@ -213,9 +231,8 @@ def main(argv=None) -> int:
         print(header)
         print("-" * len(header))
         results = {}
-        for name, make in makers.items():
-            slow = name.startswith(("reference", "gefen-x"))
-            first, median, best, per_param, numel, periods = measure(make, size, args.slow_steps if slow else args.steps)
+        measured = measure_all(makers, size, args.steps, args.slow_steps, lambda n: n.startswith(("reference", "gefen-x")))
+        for name, (first, median, best, per_param, numel, periods) in measured.items():
             moved = (ADAMW_BYTES_PER_PARAM if name.startswith("AdamW") else GEFEN_BYTES_PER_PARAM) * numel
             roof = moved / bandwidth
             results[name] = median
