@@ -4,8 +4,8 @@
  * One call updates one parameter, in place. Blocks are independent (every step of SPEC 1.8.8
  * is row-local), so they are spread over OpenMP threads; a block is read from memory once and
  * stays in cache for its passes:
- *   1. (block mode) mean square -> vmean -> stepsize (SPEC 1.8.3, 1.8.7);
- *   2. decode old momentum, lerp, absolute maximum -> new magnitude (SPEC 1.8.8 steps 1-3);
+ *   1-2. one read of the block: (block mode) the sum of squares -> vmean -> stepsize (SPEC 1.8.3,
+ *      1.8.7), and decode old momentum, lerp, absolute maximum -> new magnitude (SPEC 1.8.8 1-3);
  *   3. decode and lerp again, normalise, nearest codeword by table, store the index, decode
  *      it, update the parameter (SPEC 1.8.8 steps 4-7).
  *
@@ -139,6 +139,37 @@ static float block_magnitude_##SUFFIX(const T *restrict g, const uint8_t *restri
     return bits_f32(top);                                                                        \
 }                                                                                                \
                                                                                                  \
+/* Block mode: the block's fp32 sum of squares (SPEC 1.8.3) and its new magnitude in one read of g. */ \
+static float block_sum_and_magnitude_##SUFFIX(const T *restrict g, const uint8_t *restrict idx,  \
+                                              const float *restrict decode, int64_t n, float old, \
+                                              float w, int small, float *restrict keep,          \
+                                              float *restrict magnitude) {                       \
+    uint32_t top = 0;                                                                            \
+    float sum = 0.0f;                                                                            \
+    if (keep) {                                                                                  \
+        _Pragma("omp simd reduction(max:top) reduction(+:sum)")                                  \
+        for (int64_t j = 0; j < n; j++) {                                                        \
+            float x = LOAD(g[j]);                                                                \
+            sum += SQUARE(x);                                                                    \
+            float upd = lerp32(decode[idx[j]] * old, x, w, small);                               \
+            keep[j] = upd;                                                                       \
+            uint32_t bits = f32_bits(upd) & 0x7FFFFFFFu;                                         \
+            top = bits > top ? bits : top;                                                       \
+        }                                                                                        \
+    } else {                                                                                     \
+        _Pragma("omp simd reduction(max:top) reduction(+:sum)")                                  \
+        for (int64_t j = 0; j < n; j++) {                                                        \
+            float x = LOAD(g[j]);                                                                \
+            sum += SQUARE(x);                                                                    \
+            float upd = lerp32(decode[idx[j]] * old, x, w, small);                               \
+            uint32_t bits = f32_bits(upd) & 0x7FFFFFFFu;                                         \
+            top = bits > top ? bits : top;                                                       \
+        }                                                                                        \
+    }                                                                                            \
+    *magnitude = bits_f32(top);                                                                  \
+    return sum;                                                                                  \
+}                                                                                                \
+                                                                                                 \
 /* SPEC 1.8.8 steps 4-7 for n elements. ss == NULL: one stepsize (block_ss), else one per     \
    element. kept == NULL: the lerps are recomputed from g and the old indices. */              \
 static void requantize_##SUFFIX(T *restrict p, const T *restrict g, uint8_t *restrict idx,       \
@@ -235,16 +266,15 @@ int gefen_block_step_##SUFFIX(T *p, const T *g, uint8_t *idx, float *magnitude, 
         for (int64_t b = 0; b < blocks; b++) {                                                   \
             const int64_t base = b * period;                                                     \
             const T *restrict gb = g + base;                                                     \
-            float sum = 0.0f;                                                                    \
-            _Pragma("omp simd reduction(+:sum)")                                                 \
-            for (int64_t j = 0; j < period; j++) sum += SQUARE(LOAD(gb[j]));                     \
+            float old = magnitude[b];                                                            \
+            float mag;                                                                           \
+            float sum = block_sum_and_magnitude_##SUFFIX(gb, idx + base, tab->decode, period, old, \
+                                                         h->w, small, kept, &mag);               \
+            magnitude[b] = mag;                                                                  \
             float mean_square = SQUARE_MEAN(sum / (float)period);                                \
             float v = fmaf(h->one_minus_beta2, mean_square, vmean[b] * h->beta2);                \
             vmean[b] = v;                                                                        \
             float stepsize = (1.0f / ((sqrtf(v) / h->bias2) + h->eps)) * h->inv_bias1;           \
-            float old = magnitude[b];                                                            \
-            float mag = block_magnitude_##SUFFIX(gb, idx + base, tab->decode, period, old, h->w, small, kept); \
-            magnitude[b] = mag;                                                                  \
             requantize_##SUFFIX(p + base, gb, idx + base, tab, period, old, mag, stepsize, NULL, \
                                 kept, h, codes, normalised, cells, lerped);                                 \
         }                                                                                        \
