@@ -3,9 +3,30 @@
 Everything the adapter needs from the optimizer object itself, as opposed to
 its ``param_groups`` and per-parameter ``state``, goes through this module, so
 the rest of the adapter never names an attribute of a particular optimizer
-class. Only :class:`reference.optimizer.Gefen` is supported; it exposes these
-facts as public attributes (``codebook``, ``global_step``, ``deterministic``,
-``factored_v_2d``).
+class.
+
+Which optimizers the adapter accepts (SPEC 2.3.1, 2.3.6): exactly
+:class:`reference.optimizer.Gefen`, and any class that declares the reference's
+state layout protocol by setting, in its own class body (an inherited value does
+not count, so a subclass that changes the layout is still refused)::
+
+    gefen_state_layout = reference.dcp.STATE_LAYOUT
+
+The declaration is the class author's promise that its instances are, between
+calls to ``step()``, indistinguishable from a ``reference.Gefen`` as far as this
+module and the adapter can look:
+
+* public attributes ``codebook`` (fp32[256] or None), ``global_step`` (int),
+  ``deterministic`` (bool), ``factored_v_2d``, ``period_rules`` (a
+  ``reference.periods.PeriodRules``) and, if it has one, ``capturable``;
+* ``param_groups`` with ``param_names`` and ``param_names_synthesized`` (SPEC 1.3)
+  and the hyperparameter keys of SPEC 1.11.2;
+* per-parameter ``state`` entries with the keys, dtypes, shapes and devices of
+  SPEC 1.11.3 (compact block momentum, block ``vmean``);
+* the adapter may replace ``state`` (refilling the same mapping), ``codebook``
+  and ``global_step`` on load, and the optimizer's next step must use what it
+  finds there: nothing derived from them may be cached without checking it is
+  still current.
 """
 
 from __future__ import annotations
@@ -18,16 +39,31 @@ import re
 _POSITIONAL_SPELLING = re.compile(r"^(group_\d+_param_\d+|param_\d+)$")
 
 
+#: The value a class sets as ``gefen_state_layout`` to declare the protocol above.
+STATE_LAYOUT = "gefen-reference-state-layout/1"
+#: The class attribute that carries the declaration.
+LAYOUT_ATTRIBUTE = "gefen_state_layout"
+
+
 def supported_class():
-    """The one optimizer class the adapter accepts (imported on demand)."""
+    """The reference optimizer class, always accepted (imported on demand)."""
     from reference.optimizer import Gefen
 
     return Gefen
 
 
+def declares_state_layout(cls) -> bool:
+    """Whether ``cls`` itself (not a base class) declares the reference's state layout."""
+    return vars(cls).get(LAYOUT_ATTRIBUTE) == STATE_LAYOUT
+
+
 def is_supported(optimizer) -> bool:
-    """Exact-type test: subclasses may change the state layout, so they are refused."""
-    return type(optimizer) is supported_class()
+    """Exactly ``reference.Gefen``, or a class that declares the state layout (SPEC 2.3.6).
+
+    Undeclared subclasses are refused: a subclass may change the state layout.
+    """
+    cls = type(optimizer)
+    return cls is supported_class() or declares_state_layout(cls)
 
 
 def codebook_of(optimizer):
@@ -94,6 +130,9 @@ def set_global_step(optimizer, value: int) -> None:
 
 
 __all__ = [
+    "LAYOUT_ATTRIBUTE",
+    "STATE_LAYOUT",
+    "declares_state_layout",
     "supported_class",
     "is_supported",
     "codebook_of",

@@ -15,6 +15,9 @@ def _require_process_group() -> None:
 class GefenDCPState:
     """Wraps a reference Gefen optimizer for ``torch.distributed.checkpoint``.
 
+    Accepts ``reference.Gefen`` and any optimizer class that declares the
+    reference's state layout (``reference.dcp.STATE_LAYOUT``, SPEC 2.3.6).
+
     ``state_dict()`` is collective: every rank must call it (``dcp.save`` and
     ``dcp.load`` do). It returns the v2 checkpoint schema (SPEC.md 2.1) with each
     dense slot as a storage-free placeholder that is expanded only when DCP
@@ -26,7 +29,8 @@ class GefenDCPState:
     def __init__(self, optimizer):
         if not optimizer_view.is_supported(optimizer):
             raise TypeError(
-                f"GefenDCPState supports exactly reference.Gefen, got {type(optimizer).__name__}"
+                "GefenDCPState supports reference.Gefen and classes that declare its state layout "
+                f"(gefen_state_layout = reference.dcp.STATE_LAYOUT in the class body), got {type(optimizer).__name__}"
             )
         _require_process_group()
         self.optimizer = optimizer

@@ -1,0 +1,57 @@
+"""``fast`` as the conformance suite sees it: ``pytest --impl=fast`` (SPEC 4.1).
+
+Registered in this distribution's ``pyproject.toml`` under the entry-point group
+``gefen_conformance.implementations``. The DCP adapter, planner and async writer are the
+reference's: ``gefen_fast.Gefen`` declares the reference's state layout
+(``reference.dcp.STATE_LAYOUT``), which is the adapter's documented extension point
+(SPEC 2.3.6). Judged by the tolerance profile: no ``cpu-bit-exact`` claim.
+"""
+
+from __future__ import annotations
+
+from conformance import (
+    DCP_ASYNC_SAVE,
+    DCP_RESHARD,
+    DCP_SAVE_PLANNER,
+    FACTORED_SECOND_MOMENT,
+    NATIVE_STATE_DICT,
+    Implementation,
+)
+
+import gefen_fast
+
+
+def _make_optimizer(params, **hyperparameters):
+    return gefen_fast.Gefen(params, **hyperparameters)
+
+
+def _dcp_state(optimizer):
+    from reference.dcp import GefenDCPState
+
+    return GefenDCPState(optimizer)
+
+
+def _save_planner():
+    from reference.dcp import GefenSavePlanner
+
+    return GefenSavePlanner()
+
+
+def _async_writer(path):
+    from reference.dcp import GefenFileSystemWriter
+
+    return GefenFileSystemWriter(path)
+
+
+#: Every capability it has; not ``cpu-bit-exact`` (fp32 sums in another order, IEEE sqrt).
+CAPABILITIES = frozenset({NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE})
+
+IMPLEMENTATION = Implementation(
+    name="fast",
+    version=gefen_fast.__version__,
+    make_optimizer=_make_optimizer,
+    dcp_state=_dcp_state,
+    save_planner=_save_planner,
+    async_writer=_async_writer,
+    capabilities=CAPABILITIES,
+)

@@ -1,0 +1,73 @@
+"""The codeword table answers exactly as the nearest-codeword rule (SPEC 1.7)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import reference
+from reference.codewords import nearest_codeword_indices
+
+from gefen_fast import codeword_table
+
+
+def _learned_codebook(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(torch.zeros(256, 512))
+    p.grad = torch.randn(256, 512, generator=g) * (1 + torch.arange(512) % 7)
+    opt = reference.Gefen([("w", p)], factored_v_2d=False)
+    opt.step()
+    return opt.codebook
+
+
+CODEBOOKS = {
+    "learned": lambda: _learned_codebook(0),
+    "learned-other": lambda: _learned_codebook(1),
+    "linspace": lambda: torch.linspace(-1, 1, 256),
+    "padding": lambda: torch.tensor([-1.0] + [1 / 4096] * 254 + [1.0]),
+    "duplicates": lambda: torch.tensor([-1.0, -0.5, 0.25] + [0.5] * 252 + [1.0]),
+}
+
+
+def _probes(codebook: torch.Tensor) -> torch.Tensor:
+    points, _ = codeword_table.change_points(codebook.numpy())
+    t = torch.tensor(np.asarray(points, dtype=np.float32))
+    up, down = torch.nextafter(t, torch.tensor(2.0)), torch.nextafter(t, torch.tensor(-2.0))
+    g = torch.Generator().manual_seed(7)
+    edges = torch.tensor([-1.0, -0.0, 0.0, 1.0, 1 / 4096, 0.0003, 0.5, -0.5])
+    return torch.cat([torch.rand(200_000, generator=g) * 2 - 1, edges, codebook, t, up, down,
+                      (codebook[1:] + codebook[:-1]) / 2]).clamp(-1, 1)
+
+
+@pytest.mark.parametrize("name", list(CODEBOOKS))
+def test_table_matches_the_rule(name):
+    codebook = CODEBOOKS[name]()
+    table = codeword_table.build(codebook)
+    assert table.exact, "a learned or simple codebook must get an exact table"
+    values = _probes(codebook)
+    expected = nearest_codeword_indices(codebook, values).numpy()
+    assert np.array_equal(table.indices(values.numpy()), expected)
+
+
+def test_rule_in_numpy_matches_the_reference():
+    codebook = _learned_codebook(3)
+    values = _probes(codebook)
+    assert np.array_equal(codeword_table.rule_indices(codebook.numpy(), values.numpy()),
+                          nearest_codeword_indices(codebook, values).numpy())
+
+
+def test_crowded_codebook_is_not_exact():
+    """Codewords closer than a cell: the table says so, and the kernels then search (see test_kernels)."""
+    crowded = torch.linspace(-1, 1, 256)
+    crowded[100:110] = crowded[100] + torch.arange(10) * 1e-5
+    assert not codeword_table.build(crowded).exact
+
+
+def test_spec_worked_examples():
+    """SPEC 1.7.2: linspace ties go low; the padding codebook's run picks its ends."""
+    lin = codeword_table.build(torch.linspace(-1, 1, 256))
+    assert lin.indices(np.float32([0.0]))[0] == 127
+    pad = codeword_table.build(torch.tensor([-1.0] + [1 / 4096] * 254 + [1.0]))
+    got = pad.indices(np.float32([0.0, 1 / 4096, 0.0003, 0.5, -0.5]))
+    assert got.tolist() == [1, 1, 254, 254, 0]

@@ -1,0 +1,160 @@
+"""``gefen_fast.Gefen`` against ``reference.Gefen``: same state, numbers within rounding.
+
+The momentum (indices, magnitudes) does not depend on any sum or square root, so the kernels
+reproduce it bit for bit; the second moments and the parameters differ from the reference by
+the order of fp32 sums and the IEEE square root only, a few ulp.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gefen_fast
+import reference
+from gefen_fast import kernels
+
+STEPS = 6
+SHAPES = {
+    "weight": (48, 40),      # searched or fallback period, factored in factored mode
+    "wide": (6, 1000),       # blocks that span rows (factored segments)
+    "vector": (256,),
+    "conv": (8, 3, 3, 3),
+    "prime": (37,),          # one block
+    "scalar": (1,),          # period 1
+    "late": (7, 11),         # first gradient at step 3
+}
+#: Parameters within rounding of the reference after STEPS steps (rtol, atol) per dtype.
+CLOSE = {torch.float32: (1e-5, 1e-7), torch.float64: (0.0, 0.0), torch.bfloat16: (1e-2, 1e-2),
+         torch.float16: (2e-3, 1e-4)}
+
+
+def _gradient(name, shape, step, dtype):
+    if name == "late" and step < 3:
+        return None
+    g = torch.Generator().manual_seed(1000 * step + sum(map(ord, name)))
+    x = torch.randn(shape, generator=g) * (1.0 + torch.arange(shape[-1], dtype=torch.float32) % 5)
+    return x.to(dtype)
+
+
+def _run(cls, dtype, steps=STEPS, shapes=SHAPES, periods=None, codebook=None, params_fn=None, **options):
+    g = torch.Generator().manual_seed(0)
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for n, s in shapes.items()}
+    if params_fn is not None:
+        params = params_fn(params)
+    named = list(params.items())
+    groups = [{"params": named[:3], "weight_decay": 0.05, "lr": torch.tensor(3e-3)}]
+    if named[3:]:
+        groups.append({"params": named[3:], "lr": 1e-3})
+    opt = cls(groups, **options)
+    for n, period in (periods or {}).items():
+        opt.state[params[n]]["automatic_period"] = period
+    if codebook is not None:
+        opt.codebook = codebook.clone()
+    for step in range(steps):
+        for n, p in params.items():
+            p.grad = _gradient(n, tuple(p.shape), step, dtype)
+        opt.step()
+    return params, opt
+
+
+def _compare(ours, theirs, dtype):
+    (p_ref, o_ref), (p_fast, o_fast) = ours, theirs
+    assert o_fast.global_step == o_ref.global_step
+    assert torch.equal(o_fast.codebook, o_ref.codebook)
+    rtol, atol = CLOSE[dtype]
+    for n in p_ref:
+        ref_state, fast_state = o_ref.state[p_ref[n]], o_fast.state[p_fast[n]]
+        assert set(fast_state) == set(ref_state), n
+        for key, value in ref_state.items():
+            got = fast_state[key]
+            if not torch.is_tensor(value):
+                assert got == value, (n, key)
+                continue
+            assert got.dtype == value.dtype and got.shape == value.shape, (n, key)
+            if key in ("m_codebook", "m_magnitude"):
+                assert torch.equal(got, value), f"{n}.{key} is not the reference's bit for bit"
+            else:
+                torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-12, msg=f"{n}.{key}")
+        torch.testing.assert_close(p_fast[n].detach(), p_ref[n].detach(), rtol=rtol, atol=atol, msg=n)
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_matches_reference(dtype, factored):
+    ref = _run(reference.Gefen, dtype, factored_v_2d=factored)
+    fast = _run(gefen_fast.Gefen, dtype, factored_v_2d=factored)
+    _compare(ref, fast, dtype)
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+def test_small_beta1_takes_the_other_lerp_branch(factored):
+    """beta1 < 0.5 makes the lerp weight >= 0.5: torch's second formula (SPEC 1.8.8 step 2)."""
+    kw = dict(betas=(0.3, 0.99), factored_v_2d=factored)
+    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+def test_blocks_larger_than_the_kept_scratch(factored):
+    """Blocks above the kernels' scratch size recompute the lerp instead of keeping it."""
+    shapes = {"big": (2, 65536 + 512), "other": (64,)}
+    kw = dict(shapes=shapes, periods={"big": 65536 + 512, "other": 64}, steps=2, factored_v_2d=factored)
+    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+
+
+def test_crowded_codebook_uses_the_search():
+    """A codebook the table cannot represent exactly still gives the reference's indices."""
+    crowded = torch.linspace(-1, 1, 256)
+    crowded[120:136] = crowded[120] + torch.arange(16) * 1e-5
+    kw = dict(codebook=crowded, factored_v_2d=False)
+    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+
+
+def test_non_contiguous_parameter():
+    def transpose(params):
+        params["weight"] = torch.nn.Parameter(params["weight"].detach().t().contiguous().t())
+        return params
+    shapes = {"weight": (48, 40), "vector": (256,)}
+    for factored in (False, True):
+        kw = dict(shapes=shapes, params_fn=transpose, factored_v_2d=factored)
+        ref, fast = _run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw)
+        assert not fast[0]["weight"].is_contiguous()
+        _compare(ref, fast, torch.float32)
+
+
+def test_state_is_updated_in_place():
+    """SPEC 5.4.3: after the first step the compact state keeps its storage."""
+    p = torch.nn.Parameter(torch.randn(64, 32))
+    opt = gefen_fast.Gefen([("w", p)], factored_v_2d=False)
+    p.grad = torch.randn(64, 32)
+    opt.step()
+    before = {k: v.data_ptr() for k, v in opt.state[p].items() if torch.is_tensor(v)}
+    p.grad = torch.randn(64, 32)
+    opt.step()
+    assert {k: v.data_ptr() for k, v in opt.state[p].items() if torch.is_tensor(v)} == before
+
+
+def test_kernels_handle_cpu_float_types_only():
+    x = torch.zeros(4)
+    assert kernels.handles(x, x) and kernels.handles(x.bfloat16(), x.bfloat16())
+    assert not kernels.handles(x.double(), x.double())
+    assert not kernels.handles(x, x.bfloat16())
+
+
+def test_without_a_compiler_the_torch_step_is_used(monkeypatch, tmp_path):
+    """No C compiler: one RuntimeWarning, then the reference's torch step (bit-exact with it)."""
+    from gefen_fast import native
+
+    monkeypatch.setenv("GEFEN_FAST_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    native.library.cache_clear()
+    kernels.available.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="C kernels unavailable"):
+            fast = _run(gefen_fast.Gefen, torch.float32, steps=2, factored_v_2d=False)
+        ref = _run(reference.Gefen, torch.float32, steps=2, factored_v_2d=False)
+        for name in ref[0]:
+            assert torch.equal(fast[0][name], ref[0][name])
+    finally:
+        native.library.cache_clear()
+        kernels.available.cache_clear()
