@@ -33,6 +33,14 @@ _DCP_DIR = os.sep + os.path.join("torch", "distributed", "checkpoint") + os.sep
 _SWALLOWING_FUNCTIONS = {"__del__", "gc_callback"}
 
 
+def _in_dcp(frame) -> bool:
+    while frame is not None:
+        if _DCP_DIR in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _swallowed_here(frame) -> bool:
     """True when an exception raised in ``frame`` would not reach pytest."""
     current = sys.exc_info()[1]
@@ -81,6 +89,7 @@ class InterruptGuard:
         """pytest has the ``KeyboardInterrupt``: stop re-delivering the signal."""
         self.acknowledged = True
         self._done.set()
+        self._stop_watching()
 
     def _on_signal(self, signum, frame) -> None:
         pulse, self._pulse = self._pulse, False
@@ -94,7 +103,30 @@ class InterruptGuard:
             self._retrying = threading.Thread(target=self._retry, name="gefen-interrupt-retry", daemon=True)
             self._retrying.start()
         if not _swallowed_here(frame):
+            self._stop_watching()
             raise KeyboardInterrupt
+        if _in_dcp(frame):
+            self._watch_for_dcp_return()
+
+    # Held back inside DCP, the interrupt is raised the moment the outermost DCP frame returns (a
+    # profile function in the main thread, set only while an interrupt is pending): an exception
+    # raised by a profile function on a "return" event leaves that frame with the exception instead
+    # of its value, so it surfaces in the caller, past every DCP handler. Retries alone often land in
+    # DCP again: most of a checkpoint test's time is spent there.
+
+    def _watch_for_dcp_return(self) -> None:
+        if threading.current_thread() is threading.main_thread() and sys.getprofile() is None:
+            sys.setprofile(self._on_profile)
+
+    def _stop_watching(self) -> None:
+        if threading.current_thread() is threading.main_thread() and sys.getprofile() == self._on_profile:
+            sys.setprofile(None)
+
+    def _on_profile(self, frame, event, arg) -> None:
+        if event == "return" and _DCP_DIR in frame.f_code.co_filename and not _in_dcp(frame.f_back):
+            sys.setprofile(None)
+            if not self.acknowledged and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                raise KeyboardInterrupt
 
     def _retry(self) -> None:
         main = threading.main_thread().ident
@@ -102,5 +134,5 @@ class InterruptGuard:
             try:
                 self._pulse = True
                 signal.pthread_kill(main, self.signum)
-            except (OSError, ValueError, ProcessLookupError):
+            except (OSError, ValueError):
                 return

@@ -20,6 +20,7 @@ import pytest
 from .selection import SUITE_DIR, in_suite, names_the_suite, suite_id
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
+_IMPL_KEY = pytest.StashKey[object]()
 _CLAUSES = "gefen_conformance_clauses"
 _SUITE_ID = "gefen_conformance_id"
 _MISSING = "gefen_conformance_missing_capabilities"
@@ -42,11 +43,25 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """``--impl`` without paths means the suite, whatever ``testpaths`` the rootdir configures."""
+    """``--impl`` without paths means the suite, whatever ``testpaths`` the rootdir configures; and
+    the implementation is resolved now, so that a broken one is a usage error before anything else
+    (the suite's conftest included) is imported."""
     namespace = early_config.known_args_namespace
-    if getattr(namespace, "impl", None) and not namespace.file_or_dir:
+    if not getattr(namespace, "impl", None) or namespace.help or getattr(namespace, "impl_list", False):
+        return
+    if not namespace.file_or_dir:
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
+    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl)
+
+
+def _resolve(spec: str):
+    from . import registry
+
+    try:
+        return registry.resolve(spec)
+    except registry.ImplementationError as error:
+        raise pytest.UsageError(f"--impl={spec}: {error}") from None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -59,6 +74,8 @@ def pytest_configure(config):
 
         profiles.register()
     config.pluginmanager.register(_SessionHooks(config), "gefen-conformance-session")
+    if getattr(config.option, "help", False) or getattr(config.option, "impl_list", False):
+        return
     if config.option.impl is not None or names_the_suite(config.args, config.invocation_params.dir,
                                                           config.option.pyargs):
         _activate(config)
@@ -87,15 +104,11 @@ def _activate(config) -> "SuiteRun":
     run = _run(config)
     if run is not None:
         return run
-    from . import registry
     from .recorder import SuiteRun
 
     if config.option.impl is None:
         config.option.impl = "reference"
-    try:
-        impl = registry.resolve(config.option.impl)
-    except registry.ImplementationError as error:
-        raise pytest.UsageError(f"--impl={config.option.impl}: {error}") from None
+    impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl)
     run = SuiteRun(config, impl)
     config.stash[_RUN_KEY] = run
     run.open()

@@ -172,6 +172,11 @@ class SuiteRun:
 
     def summary(self, tr) -> None:
         if self.written is None:
+            if self.guard.signum is not None and not self.is_worker:
+                tr.ensure_newline()
+                tr.section("gefen conformance")
+                tr.write_line(f"interrupted by {self.guard.signal_name} before any suite test finished: "
+                              "no certificate written", yellow=True)
             return
         path, instead_of, cert = self.written
         tr.ensure_newline()
