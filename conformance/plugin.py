@@ -13,6 +13,8 @@ the standard library, loads no hypothesis profile, installs no signal handler an
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Optional
 
 import pytest
@@ -21,11 +23,13 @@ from .selection import SUITE_DIR, in_suite, names_the_suite, suite_id
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
+_GUARD_KEY = pytest.StashKey[object]()
 _CLAUSES = "gefen_conformance_clauses"
 _SUITE_ID = "gefen_conformance_id"
-_MISSING = "gefen_conformance_missing_capabilities"
 _OBSERVED = "gefen_conformance_observations"
 _REASON = "gefen_conformance_reason"
+# the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
+_LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
 
 def pytest_addoption(parser):
@@ -52,16 +56,34 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if not namespace.file_or_dir:
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
-    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl)
+    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, _guard(early_config))
 
 
-def _resolve(spec: str):
+def _guard(config):
+    """The run's interrupt guard, installed before anything heavy is imported: a Ctrl-C that lands
+    in a callback of an import (hypothesis registers a garbage-collector callback) is not lost."""
+    from .interrupts import InterruptGuard
+
+    guard = config.stash.get(_GUARD_KEY, None)
+    if guard is None:
+        guard = config.stash[_GUARD_KEY] = InterruptGuard()
+        guard.install()
+    return guard
+
+
+def _resolve(spec: str, guard):
     from . import registry
 
     try:
         return registry.resolve(spec)
     except registry.ImplementationError as error:
+        guard.uninstall()
         raise pytest.UsageError(f"--impl={spec}: {error}") from None
+    except KeyboardInterrupt:
+        guard.uninstall()
+        # before the session exists pytest would print the whole import traceback
+        sys.stderr.write(f"interrupted while loading the implementation {spec!r}\n")
+        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,8 +130,9 @@ def _activate(config) -> "SuiteRun":
 
     if config.option.impl is None:
         config.option.impl = "reference"
-    impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl)
-    run = SuiteRun(config, impl)
+    guard = _guard(config)
+    impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
+    run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
     run.open()
     config.add_cleanup(run.close)
@@ -204,7 +227,6 @@ def pytest_runtest_makereport(item, call):
     # user_properties travel with the report, also from xdist workers to the controller
     report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
     report.user_properties.append((_SUITE_ID, suite_id(item.nodeid)))
-    report.user_properties.append((_MISSING, _missing(item, run.impl)))
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call, item)))
     return report
@@ -238,9 +260,11 @@ class _SessionHooks:
         from .certificate import TestRecord
 
         outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else "passed"
-        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, props.get(_REASON, ""),
+        reason = props.get(_REASON, "")
+        missing = _LACKS.search(reason) if outcome == "skipped" else None
+        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason,
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
-                              list(props.get(_MISSING, []))))
+                              missing.group(1).split(", ") if missing else []))
 
     def pytest_keyboard_interrupt(self, excinfo):
         run = _run(self.config)

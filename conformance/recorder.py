@@ -7,6 +7,7 @@ handlers (:mod:`conformance.interrupts`) and the census process (:mod:`conforman
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -37,11 +38,11 @@ def _profile_line(profile: dict) -> str:
 class SuiteRun:
     """State of the suite run in this process (the controller's, or a worker's under xdist)."""
 
-    def __init__(self, config: pytest.Config, impl: Implementation):
+    def __init__(self, config: pytest.Config, impl: Implementation, guard: InterruptGuard):
         self.config = config
         self.impl = impl
         self.is_worker = hasattr(config, "workerinput")
-        self.guard = InterruptGuard()
+        self.guard = guard  # installed already
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
@@ -54,7 +55,6 @@ class SuiteRun:
 
     def open(self) -> None:
         self.profile.enter()
-        self.guard.install()
 
     def close(self) -> None:
         self.guard.uninstall()
@@ -113,9 +113,9 @@ class SuiteRun:
         if not missing and expected_known:
             return why
         if opt.keyword:
-            why.append(f"-k {opt.keyword}")
-        if opt.markexpr and self.deselected:
-            why.append(f"-m {opt.markexpr}")
+            why.append(f"-k {shlex.quote(opt.keyword)}")
+        if opt.markexpr and (self.deselected or self.collected_ids is None):
+            why.append(f"-m {shlex.quote(opt.markexpr)}")
         if getattr(opt, "deselect", None):
             why.append("--deselect " + " ".join(opt.deselect))
         if getattr(opt, "lf", False):
