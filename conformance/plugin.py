@@ -193,7 +193,7 @@ def pytest_runtest_setup(item):
         observations.drain()  # whatever an earlier test left behind is not this test's
 
 
-def _reason(report, call, item) -> str:
+def _reason(report, call) -> str:
     from .certificate import cut
 
     if hasattr(report, "wasxfail"):
@@ -228,7 +228,7 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
     report.user_properties.append((_SUITE_ID, suite_id(item.nodeid)))
     report.user_properties.append((_OBSERVED, observations.drain()))
-    report.user_properties.append((_REASON, _reason(report, call, item)))
+    report.user_properties.append((_REASON, _reason(report, call)))
     return report
 
 

@@ -102,7 +102,7 @@ class SuiteRun:
             return set(self.collected_ids), None
         return None, self.census.error
 
-    def _narrowed_by(self, missing: set, expected_known: bool, session) -> list[str]:
+    def _narrowed_by(self, missing: set, expected_known: bool, session, interrupted: bool) -> list[str]:
         from . import profiles
 
         opt = self.config.option
@@ -127,7 +127,9 @@ class SuiteRun:
             why.append("node ids " + " ".join(selection.suite_id(a) for a in narrower))
         if session.shouldfail or session.shouldstop:
             why.append(f"stopped early ({session.shouldfail or session.shouldstop})")
-        if not expected_known:
+        if interrupted:
+            pass  # the tests it did not reach are the interruption's, said by the verdict
+        elif not expected_known:
             why.append(f"the whole suite's size is unknown ({self.census.error or 'no census'})")
         elif len(why) == (1 if hyp else 0):
             example = sorted(missing)[0]
@@ -150,7 +152,7 @@ class SuiteRun:
         missing = (expected - executed) if expected is not None else set()
         facts = certificate.RunFacts(
             started=self.run.started, finished=certificate.now(), interrupted=interrupted,
-            narrowed_by=self._narrowed_by(missing, expected is not None, session),
+            narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
             expected_tests=len(expected) if expected is not None else None,
             executed_tests=len(executed), hypothesis=profiles.describe(), exit_status=int(exitstatus),
         )

@@ -98,7 +98,7 @@ def test_a_rank_failure_reason_names_the_ranks_and_their_exception():
     ], "world_size=3, save_trained, timeout 60 s")
     report = SimpleNamespace(failed=True, skipped=False, longrepr=None, longreprtext="ranks.py:860: RankFailure")
     call = SimpleNamespace(excinfo=SimpleNamespace(value=failure))
-    reason = _reason(report, call, None)
+    reason = _reason(report, call)
     assert reason.startswith("RankFailure: 2 of 3 ranks failed")
     assert "rank 1: raised ValueError: Gefen DCP checkpoint slot 3 has the wrong shape" in reason
     assert "rank 2: hung" in reason and "more" not in reason and "ranks.py" not in reason
