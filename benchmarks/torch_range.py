@@ -1,15 +1,17 @@
 """Which torch versions the suite and the reference support: measured, one fresh venv per version.
 
-    python benchmarks/torch_range.py [--venvs DIR] [--keep] [--skip-tests] VERSION [VERSION ...]
+    python benchmarks/torch_range.py [--venvs DIR] [--ref REF] [--keep] [--skip-tests] VERSION [VERSION ...]
 
-For each VERSION, in DIR/torch-VERSION (default DIR: /work/venvs; never inside the repository):
+The repository at REF (default HEAD) is exported once (``git archive``) into a temporary
+directory, so the measurement is of one commit whatever happens to the work tree meanwhile. For
+each VERSION, in DIR/torch-VERSION (default DIR: /work/venvs; never inside the repository):
 
 1. a fresh virtualenv; ``pip install torch==VERSION`` (pip's configured indexes: PyPI and the
    machine's local wheel directories; PyPI's Linux wheels pull NVIDIA's CUDA libraries, a few GB);
-2. ``pip install <this repository>[test]``, not editable;
+2. ``pip install <the export>[test]``, not editable;
 3. the reference's certification in an empty directory:
    ``python -m pytest -p no:cacheprovider --impl=reference --certificate=cert.json``;
-4. the project's tests from the repository: ``python -m pytest -q -n 2 -p no:cacheprovider``.
+4. the project's tests from the export: ``python -m pytest -q -n 2 -p no:cacheprovider``.
 
 One line of results per version is appended to benchmarks/torch_range.results.txt (and printed);
 the full logs go to DIR/logs. The venv is deleted afterwards unless ``--keep``.
@@ -52,7 +54,16 @@ def _tail_counts(text: str) -> str:
     return lines[-1].strip("= ") if lines else "(no summary line)"
 
 
-def one_version(version: str, venvs: Path, keep: bool, skip_tests: bool) -> dict:
+def export(ref: str, into: Path) -> str:
+    """``git archive REF`` unpacked into ``into``; returns the commit."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def one_version(version: str, venvs: Path, keep: bool, skip_tests: bool, source: Path) -> dict:
     venv = venvs / f"torch-{version}"
     logs = venvs / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -66,7 +77,7 @@ def one_version(version: str, venvs: Path, keep: bool, skip_tests: bool) -> dict
     steps = [
         ([sys.executable, "-m", "venv", str(venv)], "venv"),
         ([str(python), "-m", "pip", "install", "-q", f"torch=={version}"], "torch"),
-        ([str(python), "-m", "pip", "install", "-q", f"{REPO}[test]"], "project"),
+        ([str(python), "-m", "pip", "install", "-q", f"{source}[test]"], "project"),
     ]
     for command, what in steps:
         code, seconds, _ = _run(command, log, env=env)
@@ -91,7 +102,7 @@ def one_version(version: str, venvs: Path, keep: bool, skip_tests: bool) -> dict
     }
     if not skip_tests:
         code, seconds, text = _run([str(python), "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"], log,
-                                   cwd=REPO, env=env, timeout=7200)
+                                   cwd=source, env=env, timeout=7200)
         failed = sorted({m for m in re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)})
         row["project_tests"] = {"exit": code, "seconds": round(seconds), "result": _tail_counts(text),
                                 "failed": failed[:30]}
@@ -106,12 +117,16 @@ def main(argv=None) -> int:
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"))
     parser.add_argument("--keep", action="store_true", help="keep the venvs")
     parser.add_argument("--skip-tests", action="store_true", help="only the certification")
+    parser.add_argument("--ref", default="HEAD", help="the commit to measure (default HEAD)")
     args = parser.parse_args(argv)
     if args.venvs.resolve().is_relative_to(REPO):
         parser.error("put the venvs outside the repository")
+    source = Path(tempfile.mkdtemp(prefix="gefen-range-src-"))
+    commit = export(args.ref, source)
     load = os.getloadavg()
     for version in args.versions:
-        row = one_version(version, args.venvs, args.keep, args.skip_tests)
+        row = one_version(version, args.venvs, args.keep, args.skip_tests, source)
+        row["commit"] = commit[:12]
         row["load_at_end"] = round(os.getloadavg()[0], 1)
         row["load_at_start"] = round(load[0], 1)
         line = json.dumps(row)
@@ -119,6 +134,7 @@ def main(argv=None) -> int:
         with open(RESULTS, "a") as out:
             out.write(line + "\n")
         load = os.getloadavg()
+    shutil.rmtree(source, ignore_errors=True)
     return 0
 
 

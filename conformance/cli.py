@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 CERTIFY_EPILOG = """\
-certify runs `pytest --impl=NAME [--certificate=PATH] -p no:cacheprovider` on the whole suite.
+certify runs `python -m pytest --impl=NAME [--certificate=PATH] -p no:cacheprovider` on the whole suite.
 Extra pytest arguments go after `--`, for example:
   gefen-conformance certify --impl fast -- -n 4              # 4 xdist workers
   gefen-conformance certify --impl fast -- -k reshard         # a partial run (verdict `partial`)
@@ -43,12 +43,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def certify(impl: str, certificate, pytest_args: list[str]) -> int:
-    import pytest
+    """``python -m pytest --impl=IMPL ...`` in a child process: the current directory is importable
+    there (as with ``python -m pytest``), and nothing this process imported shadows the suite."""
+    import subprocess
 
-    options = [f"--impl={impl}", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-p", "no:cacheprovider"]
     if certificate is not None:
-        options.append(f"--certificate={certificate}")
-    return int(pytest.main(options + list(pytest_args)))
+        command.append(f"--certificate={certificate}")
+    child = subprocess.Popen(command + list(pytest_args))
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            continue  # Ctrl-C reached pytest too (same process group); it stops and reports
 
 
 def main(argv=None) -> int:

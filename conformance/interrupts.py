@@ -5,22 +5,20 @@ suite run two kinds of code would then swallow it:
 
 * ``torch.distributed.checkpoint`` runs every step of a save or load under ``except
   BaseException`` and re-raises what it caught as a ``CheckpointException`` (an ordinary
-  ``Exception``), so a test that saves in its own process fails instead of stopping, and a
-  property test goes on to shrink that "failure" for minutes;
-* callbacks the interpreter runs on its own (garbage-collector callbacks, ``__del__``) report
-  an exception raised in them as "ignored" and carry on.
+  ``Exception``), so a test that saves in its own process fails instead of stopping, the run goes
+  on, and a property test goes on to shrink that "failure";
+* callbacks the interpreter runs on its own (garbage-collector callbacks such as the one
+  hypothesis installs, ``__del__``) report an exception raised in them as "ignored" and carry on.
 
-:class:`InterruptGuard` replaces the two handlers for the duration of the run. A signal is
-remembered at once; the ``KeyboardInterrupt`` is raised only where nothing will swallow it (no
-DCP frame on the stack, no ``KeyboardInterrupt`` already being handled, not inside ``__del__`` or a
-gc callback); otherwise, and in case it is swallowed anyway, the signal is re-delivered to the main
-thread every :data:`RETRY_S` seconds until pytest reports the interrupt. The run's verdict reads
-:attr:`InterruptGuard.signal_name`, so a run that was interrupted is never certified as complete.
-A handler is only replaced when it is Python's default: a run started with SIGINT ignored keeps it
-ignored.
+:class:`InterruptGuard` replaces the two handlers while the suite runs. A signal is remembered at
+once and the ``KeyboardInterrupt`` raised only where nothing will swallow it: not while DCP is on
+the stack (it is raised the moment the outermost DCP frame returns), not while a
+``KeyboardInterrupt`` is already being handled, not inside ``__del__`` or a gc callback. In case
+it is swallowed anyway, the signal is delivered again every :data:`RETRY_S` seconds until pytest
+reports the interrupt. The run's verdict reads :attr:`InterruptGuard.signal_name`, so a run that
+was interrupted is never certified as complete. A handler is only replaced where it is Python's
+default: a run started with SIGINT ignored keeps it ignored.
 """
-
-from __future__ import annotations
 
 import os
 import signal

@@ -186,6 +186,13 @@ def pytest_sessionstart(session):
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    run = _run(session.config)
+    if run is not None:
+        run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _run(item.config) is not None and in_suite(item.path):
         from . import observations

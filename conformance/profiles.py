@@ -115,5 +115,5 @@ def register_if_missing() -> None:
 def current_name() -> str:
     from hypothesis import settings
 
-    getter = getattr(settings, "get_current_profile_name", None)  # hypothesis >= 6.118
+    getter = getattr(settings, "get_current_profile_name", None)  # not in older hypothesis
     return getter() if getter is not None else (getattr(settings, "_current_profile", None) or "default")

@@ -7,6 +7,7 @@ handlers (:mod:`conformance.interrupts`) and the census process (:mod:`conforman
 
 from __future__ import annotations
 
+import logging
 import shlex
 from pathlib import Path
 from typing import Optional
@@ -50,6 +51,7 @@ class SuiteRun:
         self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
+        self._quieted: list = []
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -60,6 +62,21 @@ class SuiteRun:
         self.guard.uninstall()
         self.census.cancel()
         self.profile.exit()
+        for logger, level in self._quieted:
+            logger.setLevel(level)
+        self._quieted = []
+
+    def quiet_torch_loggers(self) -> None:
+        """Keep torch.distributed's own loggers at WARNING while the suite runs.
+
+        torch sets its c10d loggers (DCP's among them) to DEBUG and gives them a NullHandler;
+        pytest 9.1 and newer also attach their capture to loggers that do not propagate, so every
+        in-process save and load would add its start and end records to the report of a failing
+        test (thousands of lines once a property test shrinks)."""
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.startswith("c10d-") and isinstance(logger, logging.Logger) and logger.level < logging.WARNING:
+                self._quieted.append((logger, logger.level))
+                logger.setLevel(logging.WARNING)
 
     # -- selection ---------------------------------------------------------------------------
 

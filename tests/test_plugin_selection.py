@@ -79,3 +79,23 @@ def test_the_census_counts_the_whole_suite():
     assert len(ids) == len(set(ids)) > 100
     assert all("::" in i and "/" not in i.partition("::")[0] for i in ids)
     assert any(i.startswith("test_dcp_names.py::") for i in ids)
+
+
+LOG_PROBE = """
+import logging
+
+def pytest_runtest_call(item):
+    with open("levels.txt", "a") as out:
+        out.write(f"{logging.getLogger('c10d-NullHandler-dcp_logger').level}\\n")
+"""
+
+
+def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
+    """DCP's logger is at DEBUG with a NullHandler; pytest >= 9.1 captures non-propagating loggers,
+    so each in-process save and load would flood a failing test's report (SPEC 4.4.6)."""
+    pytester.makepyfile(log_probe=LOG_PROBE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "log_probe", "--impl=reference",
+                                           "-k", "test_dcp_names")
+    assert result.ret == 0, result.stdout.str()
+    levels = {int(x) for x in (pytester.path / "levels.txt").read_text().split()}
+    assert levels and min(levels) >= 30, levels
