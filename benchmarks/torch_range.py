@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,10 @@ def _run(command, log: Path, cwd=None, env=None, timeout=3600) -> tuple[int, flo
         out.write(f"\n$ {' '.join(map(str, command))}\n")
         out.flush()
         try:
+            # Ctrl-C as in a terminal, even when this script runs as a background job (SIGINT ignored)
             proc = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout)
+                                  text=True, timeout=timeout,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             text, code = proc.stdout, proc.returncode
         except subprocess.TimeoutExpired as error:
             text, code = (error.stdout or b"").decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or ""), -1

@@ -4,9 +4,20 @@ and a broken implementation failing the clause it breaks (SPEC 4.1-4.4)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def repo_importable(monkeypatch):
+    """The mutants live in tests/, which is not installed: the child pytest must find it."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
 def run_suite(pytester, impl, *extra, select=None):

@@ -39,8 +39,9 @@ def test_nothing_heavy_was_imported_and_no_handler_installed():
     heavy = sorted(m for m in ("torch", "numpy", "conformance.recorder", "conformance.registry", "oracles", "reference")
                    if m in sys.modules)
     assert not heavy, heavy
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # whatever this process inherited (a background job starts with SIGINT ignored), not ours
+    assert signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_IGN)
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN)
 """
 
 

@@ -34,7 +34,16 @@ needs_main_thread = pytest.mark.skipif(threading.current_thread() is not threadi
 
 
 @pytest.fixture
-def guard():
+def default_sigint():
+    """Python's own SIGINT handler for the test (and the children it starts): a test process
+    launched in the background inherits SIGINT ignored, and the guard leaves an ignored SIGINT be."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def guard(default_sigint):
     g = InterruptGuard()
     g.install()
     yield g
@@ -111,7 +120,8 @@ default_planner.DefaultSavePlanner.create_local_plan = create_local_plan
 """
 
 
-def test_ctrl_c_inside_an_in_process_dcp_save_stops_the_run(pytester):
+@needs_main_thread
+def test_ctrl_c_inside_an_in_process_dcp_save_stops_the_run(pytester, default_sigint):
     pytester.makepyfile(interrupter=INTERRUPTER)
     cert_path = pytester.path / "c.json"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "interrupter", "--impl=reference",
@@ -134,8 +144,11 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert not report["finished_before_signal"]
     assert report["exit"] not in (0, None), report["output"][-3000:]
     assert report["left"] == [], report["left"]
-    assert report["stopped_after_s"] < 30, report["output"][-3000:]
-    if report["verdict"] is not None:  # at 5 s no suite test may have finished yet: then no certificate
+    assert report["stopped_after_s"] < 60, report["output"][-3000:]
+    if report["verdict"] is None:  # on a loaded machine 5 s may still be start-up: then it says so
+        assert "before the suite was collected" in report["output"] or \
+            "interrupted while loading the implementation" in report["output"], report["output"][-3000:]
+    else:
         assert report["verdict"] == "incomplete" and report["run"]["interrupted"]
         assert report["certificates"] == ["gefen-certificate-reference.partial.json"]
 
