@@ -141,7 +141,7 @@ class SuiteRun:
             why.append("--stepwise")
         narrower = self.narrower_args()
         if narrower:
-            why.append("node ids " + " ".join(selection.suite_id(a) for a in narrower))
+            why.append("node ids " + " ".join(selection.display_id(a, self.config.option.pyargs) for a in narrower))
         if session.shouldfail or session.shouldstop:
             why.append(f"stopped early ({session.shouldfail or session.shouldstop})")
         if interrupted:

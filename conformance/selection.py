@@ -63,6 +63,14 @@ def arg_scope(arg: str, invocation_dir: Path, pyargs: bool) -> str:
     return OUTSIDE
 
 
+def display_id(arg: str, pyargs: bool) -> str:
+    """A narrowing argument as a suite id: ``test_module.py[::test...]``."""
+    target, sep, rest = arg.partition("::")
+    if pyargs and target.startswith("conformance.suite."):
+        target = target.rsplit(".", 1)[-1] + ".py"
+    return suite_id(target + sep + rest)
+
+
 def names_the_suite(args, invocation_dir: Path, pyargs: bool) -> bool:
     """True when the command line asks for (part of) the suite by name, not by walking into it."""
     return any(arg_scope(a, invocation_dir, pyargs) in (WHOLE, NARROWER) for a in args)
