@@ -161,8 +161,7 @@ class SuiteRun:
         interrupted = self.guard.signal_name
         if interrupted is None and int(exitstatus) == int(pytest.ExitCode.INTERRUPTED):
             interrupted = "KeyboardInterrupt"
-        collected = self.collected_ids is not None or self.census.started
-        if not self.run.records and not (interrupted and collected):
+        if not self.run.records and not interrupted:
             self.census.cancel()  # nothing ran (--collect-only, an empty selection): nothing to certify
             return
         expected, _ = self._expected_ids(interrupted is not None)
@@ -195,8 +194,7 @@ class SuiteRun:
             if self.guard.signum is not None and not self.is_worker:
                 tr.ensure_newline()
                 tr.section("gefen conformance")
-                tr.write_line(f"interrupted by {self.guard.signal_name} before the suite was collected: "
-                              "no certificate written", yellow=True)
+                tr.write_line(f"interrupted by {self.guard.signal_name}: no certificate written", yellow=True)
             return
         path, instead_of, cert = self.written
         tr.ensure_newline()

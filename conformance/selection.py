@@ -90,10 +90,6 @@ class SuiteCensus:
         self._process: Optional[subprocess.Popen] = None
         self._tmp: Optional[str] = None
 
-    @property
-    def started(self) -> bool:
-        return self._process is not None or self.ids is not None or self.error is not None
-
     @staticmethod
     def wanted() -> bool:
         return not os.environ.get(CENSUS_ENV)

@@ -146,8 +146,7 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert report["left"] == [], report["left"]
     assert report["stopped_after_s"] < 60, report["output"][-3000:]
     if report["verdict"] is None:  # on a loaded machine 5 s may still be start-up: then it says so
-        assert "before the suite was collected" in report["output"] or \
-            "interrupted while loading the implementation" in report["output"], report["output"][-3000:]
+        assert "interrupted while loading the implementation" in report["output"], report["output"][-3000:]
     else:
         assert report["verdict"] == "incomplete" and report["run"]["interrupted"]
         assert report["certificates"] == ["gefen-certificate-reference.partial.json"]
