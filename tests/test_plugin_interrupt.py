@@ -145,8 +145,11 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert report["exit"] not in (0, None), report["output"][-3000:]
     assert report["left"] == [], report["left"]
     assert report["stopped_after_s"] < 60, report["output"][-3000:]
-    if report["verdict"] is None:  # on a loaded machine 5 s may still be start-up: then it says so
-        assert "interrupted while loading the implementation" in report["output"], report["output"][-3000:]
+    if report["verdict"] is None:
+        # on a loaded machine 5 s may still be start-up: loading the implementation (it says so), or
+        # even importing pytest, before any plugin runs (Python's own traceback)
+        assert "interrupted while loading the implementation" in report["output"] or \
+            "KeyboardInterrupt" in report["output"], report["output"][-3000:]
     else:
         assert report["verdict"] == "incomplete" and report["run"]["interrupted"]
         assert report["certificates"] == ["gefen-certificate-reference.partial.json"]
