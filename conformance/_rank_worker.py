@@ -44,6 +44,11 @@ _PR_SET_PDEATHSIG = 1
 _INIT_COUNTER_KEY = "conformance.ranks/initialised"
 _INIT_DONE_KEY = "conformance.ranks/all-initialised"
 _WATCHDOG_PERIOD_S = 0.5
+# Process groups the previous call destroyed, freed at the start of the next call. torch 2.5 frees a
+# gloo group by joining its worker threads while holding the GIL, and a worker thread still releasing
+# a finished collective's tensors needs the GIL: rank 0 then hangs in destroy_process_group. Between
+# calls the worker waits on its pipe without the GIL, so by the next call those threads are idle.
+_RETIRED_GROUPS: list = []
 
 
 def _set_parent_death_signal() -> None:
@@ -142,6 +147,7 @@ def _run_call(task: dict, torch, dist) -> dict:
     """Run one scenario call; returns the report dict. Never raises."""
     import datetime
 
+    _RETIRED_GROUPS.clear()
     rank = task["rank"]
     world_size = task["world_size"]
     # The caller's environment as of this call (as a freshly spawned rank would inherit it),
@@ -210,6 +216,8 @@ def _run_call(task: dict, torch, dist) -> dict:
             value = fn(*args, **kwargs)
         stage = "destroying the process group"
         if dist.is_initialized():
+            c10d_world = getattr(dist.distributed_c10d, "_world", None)
+            _RETIRED_GROUPS.extend(getattr(c10d_world, "pg_map", {}) or [dist.group.WORLD])
             dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none escapes
         prefix = "" if stage == "running fn" else f"[while {stage}] "

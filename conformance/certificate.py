@@ -1,11 +1,14 @@
 """The conformance certificate: a JSON record of one suite run (SPEC 4.4).
 
-Schema ``gefen-conformance-certificate/1``: the implementation (name, version, capabilities),
-the suite (version, git commit when known), the platform (python, torch, numpy, OS, CPU),
-the execution target, per-test results with the clause each names, per-clause counts, the
-stale expected-failure entries and a verdict. The verdict is ``conformant`` only when no test
-failed or errored; expected failures are listed and keep the verdict at
-``conformant-with-expected-failures``.
+Schema ``gefen-conformance-certificate/2``, keys in this order: ``schema``, ``implementation``,
+``profile`` (the numeric profile and every tolerance applied), ``suite`` (name, version, content
+hash, git state), ``platform``, ``execution`` (how ranks were launched), ``run`` (start, finish,
+whether the whole suite ran, interruption, what narrowed it, expected and executed test counts,
+the hypothesis profile, the exit status), ``summary``, ``verdict``, ``verdict_reason``,
+``capability_skips``, ``clauses`` (counts and the worst tolerance margin per clause), ``notes``,
+``stale_expected_failures`` and ``tests`` (id, clauses, outcome, duration, reason, margins, notes).
+
+The verdict never claims more than was run; see :func:`verdict`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -22,42 +24,86 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
-SCHEMA = "gefen-conformance-certificate/1"
+SCHEMA = "gefen-conformance-certificate/2"
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+REASON_CHARS = 400
+# setup, call and teardown of one test collapse into one record; the worst outcome wins
+_SEVERITY = ["passed", "skipped", "xfailed", "xpassed", "failed", "error"]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def cut(text: str, limit: int = REASON_CHARS) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    flat = " | ".join(line.rstrip() for line in str(text).strip().splitlines() if line.strip())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 @dataclass
 class TestRecord:
+    __test__ = False  # not a pytest test class
+
     nodeid: str
     clauses: list
-    outcome: str  # passed | failed | error | skipped | xfailed | xpassed
+    outcome: str  # one of OUTCOMES
     duration: float = 0.0
     reason: str = ""
+    margins: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    missing_capabilities: list = field(default_factory=list)
 
 
 @dataclass
 class Run:
+    """What the plugin gathered about one run; :func:`build` turns it into the certificate."""
+
     implementation: dict
     records: dict = field(default_factory=dict)
     stale_expected_failures: list = field(default_factory=list)
-    started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    started: str = field(default_factory=now)
 
     def record(self, rec: TestRecord) -> None:
-        # setup errors/skips and call outcomes of one test collapse into one record; the worst wins
-        order = ["passed", "skipped", "xfailed", "xpassed", "failed", "error"]
         old = self.records.get(rec.nodeid)
-        if old is None or order.index(rec.outcome) >= order.index(old.outcome):
-            if old is not None:
-                rec.duration += old.duration
+        if old is None:
             self.records[rec.nodeid] = rec
+            return
+        worst = rec if _SEVERITY.index(rec.outcome) >= _SEVERITY.index(old.outcome) else old
+        merged = TestRecord(
+            rec.nodeid, old.clauses or rec.clauses, worst.outcome, old.duration + rec.duration,
+            worst.reason or old.reason or rec.reason, old.margins + rec.margins,
+            old.notes + [n for n in rec.notes if n not in old.notes],
+            old.missing_capabilities or rec.missing_capabilities,
+        )
+        self.records[rec.nodeid] = merged
 
 
-def _suite_commit() -> Optional[str]:
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+@dataclass
+class RunFacts:
+    """The certificate's ``run`` entry."""
+
+    started: str
+    finished: str
+    interrupted: Optional[str]  # the signal's name, None when the run was not interrupted
+    narrowed_by: list
+    expected_tests: Optional[int]
+    executed_tests: int
+    hypothesis: Optional[dict]
+    exit_status: int
+
+    @property
+    def complete(self) -> bool:
+        return (self.interrupted is None and not self.narrowed_by and self.expected_tests is not None
+                and self.executed_tests >= self.expected_tests)
+
+    def as_dict(self) -> dict:
+        return {
+            "started": self.started, "finished": self.finished, "complete": self.complete,
+            "interrupted": self.interrupted is not None, "narrowed_by": list(self.narrowed_by),
+            "expected_tests": self.expected_tests, "executed_tests": self.executed_tests,
+            "hypothesis": self.hypothesis, "exit_status": int(self.exit_status),
+        }
 
 
 def _version_of(dist: str) -> Optional[str]:
@@ -82,47 +128,135 @@ def platform_facts() -> dict:
     }
 
 
-def verdict(counts: Counter) -> str:
-    if counts["failed"] or counts["error"]:
-        return "not-conformant"
+def execution_facts() -> dict:
+    """How the suite's ranks ran: today always the warm pool of gloo CPU processes on this node."""
+    return {"launcher": "pool", "nodes": 1, "world_sizes": [1, 2, 3, 4], "distributed_backend": "gloo",
+            "device_type": "cpu", "device_names": ["cpu"]}
+
+
+def profile_facts(capabilities) -> dict:
+    """The numeric profile claimed (SPEC 0.4.3, 4.1.3), with every bound it applies."""
+    from oracles.numeric import profile_description
+
+    if "cpu-bit-exact" in capabilities:
+        name, reason = "torch-exact", "cpu-bit-exact declared"
+    else:
+        name, reason = "tolerance", "cpu-bit-exact not declared"
+    described = dict(profile_description(name))
+    described.pop("name", None)
+    return {"name": name, "reason": reason, **described}
+
+
+def suite_facts() -> dict:
+    from . import provenance
+
+    return {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), **provenance.describe()}
+
+
+def verdict(counts: Counter, facts: RunFacts) -> tuple[str, str]:
+    """``(verdict, reason)``. Precedence: a failed, erroring or unexpectedly passing test makes the
+    run ``not-conformant``; else an interrupted run is ``incomplete``; else a narrowed one
+    ``partial``; else one where no test passed ``inconclusive``; else expected failures make it
+    ``conformant-with-expected-failures``; else ``conformant``."""
+    ran = facts.executed_tests
+    of = f"{ran} of {facts.expected_tests if facts.expected_tests is not None else '?'} suite tests ran"
+    bad = [f"{counts[k]} {label}" for k, label in (("failed", "failed"), ("error", "errors"),
+                                                    ("xpassed", "unexpectedly passed")) if counts[k]]
+    if bad:
+        extra = f" (run interrupted by {facts.interrupted})" if facts.interrupted else ""
+        return "not-conformant", f"{of}; " + ", ".join(bad) + extra
+    if facts.interrupted:
+        return "incomplete", f"interrupted by {facts.interrupted}: {of}"
+    if not facts.complete:
+        why = "; ".join(facts.narrowed_by) or "the whole suite's size is unknown"
+        return "partial", f"{of}; narrowed by {why}"
     if counts["passed"] == 0:
-        return "inconclusive"
+        return "inconclusive", f"{of}; none passed ({counts['skipped']} skipped)"
     if counts["xfailed"]:
-        return "conformant-with-expected-failures"
-    return "conformant"
+        return "conformant-with-expected-failures", f"{of}; {counts['xfailed']} expected failures, none failed"
+    return "conformant", f"{of}; none failed"
 
 
-def build(run: Run) -> dict:
-    counts = Counter(r.outcome for r in run.records.values())
-    clauses: dict = defaultdict(Counter)
-    for r in run.records.values():
+def _worst_margin(records) -> Optional[dict]:
+    worst = None
+    for rec in records:
+        for m in rec.margins:
+            used = m.get("used")
+            if m.get("kind") == "tolerance" and used is not None and (worst is None or used > worst["used"]):
+                worst = {"test": rec.nodeid, "what": m.get("what"), "used": used}
+    return worst
+
+
+def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: dict, execution: dict) -> dict:
+    records = sorted(run.records.values(), key=lambda r: r.nodeid)
+    counts = Counter(r.outcome for r in records)
+    by_clause: dict = defaultdict(list)
+    for r in records:
         for c in r.clauses or ["(none)"]:
-            clauses[c][r.outcome] += 1
+            by_clause[c].append(r)
+    clauses = {}
+    for c, recs in sorted(by_clause.items()):
+        tally = Counter(r.outcome for r in recs)
+        clauses[c] = {**{k: tally.get(k, 0) for k in OUTCOMES}, "worst_margin": _worst_margin(recs)}
+    skips = Counter(cap for r in records if r.outcome == "skipped" for cap in r.missing_capabilities)
+    notes = []
+    for r in records:
+        notes += [n for n in r.notes if n not in notes]
+    name, reason = verdict(counts, facts)
     return {
         "schema": SCHEMA,
         "implementation": run.implementation,
-        "profile": "torch-exact" if "cpu-bit-exact" in run.implementation.get("capabilities", ()) else "tolerance",
-        "suite": {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), "commit": _suite_commit()},
-        "platform": platform_facts(),
-        "execution": {"device": "cpu", "distributed_backend": "gloo"},
-        "started": run.started,
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "summary": {k: counts.get(k, 0) for k in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")},
-        "verdict": verdict(counts),
-        "clauses": {c: dict(v) for c, v in sorted(clauses.items())},
+        "profile": profile,
+        "suite": suite,
+        "platform": platform_,
+        "execution": execution,
+        "run": facts.as_dict(),
+        "summary": {k: counts.get(k, 0) for k in OUTCOMES},
+        "verdict": name,
+        "verdict_reason": reason,
+        "capability_skips": dict(sorted(skips.items())),
+        "clauses": clauses,
+        "notes": notes,
         "stale_expected_failures": list(run.stale_expected_failures),
         "tests": [
-            {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome, "duration_s": round(r.duration, 3), "reason": r.reason}
-            for r in sorted(run.records.values(), key=lambda r: r.nodeid)
+            {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome, "duration_s": round(r.duration, 3),
+             "reason": r.reason, "margins": r.margins, "notes": r.notes}
+            for r in records
         ],
     }
 
 
-def write(run: Run, path: os.PathLike) -> dict:
-    cert = build(run)
+def partial_path(path: Path) -> Path:
+    """Where a run that is not complete goes when ``path`` holds a complete certificate."""
+    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
+    return path.with_name(f"{stem}.partial.json")
+
+
+def holds_complete_certificate(path: Path) -> bool:
+    """True when ``path`` is a certificate of a complete run (schema 1 had no such flag: kept too)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("gefen-conformance-certificate/"):
+        return False
+    if data["schema"].endswith("/1"):
+        return True
+    return bool(isinstance(data.get("run"), dict) and data["run"].get("complete"))
+
+
+def destination(requested: Path, cert: dict) -> Path:
+    """``requested``, unless this run is not complete and ``requested`` holds a complete certificate:
+    a partial or interrupted run never replaces a complete one (SPEC 4.4.5)."""
+    if not cert["run"]["complete"] and holds_complete_certificate(requested):
+        return partial_path(requested)
+    return requested
+
+
+def write(cert: dict, path: os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(cert, indent=2, sort_keys=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cert, indent=2) + "\n")
     tmp.replace(path)
-    return cert
+    return path

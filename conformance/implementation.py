@@ -54,7 +54,8 @@ class Implementation:
             raise TypeError(f"implementation {self.name!r}: make_optimizer must be callable")
         unknown = set(self.capabilities) - KNOWN_CAPABILITIES
         if unknown:
-            raise ValueError(f"implementation {self.name!r} declares unknown capabilities {sorted(unknown)}")
+            raise ValueError(f"implementation {self.name!r} declares unknown capabilities {sorted(unknown)} "
+                             f"(known: {', '.join(sorted(KNOWN_CAPABILITIES))})")
         missing = [k for k, why in self.expected_failures.items() if not str(why).strip()]
         if missing:
             raise ValueError(f"implementation {self.name!r}: expected failures without a reason: {missing}")

@@ -1,60 +1,112 @@
 """The pytest plugin (entry point ``pytest11``): ``--impl``, capability skips, expected failures,
 and the certificate (SPEC 4.1-4.4).
 
-``pytest --pyargs conformance --impl=NAME`` runs the suite in ``conformance/suite`` against the
-implementation NAME (a registered name or ``package.module:attribute``; default ``reference``).
-Only tests under ``conformance/suite`` are touched by this plugin; other test trees that happen
-to run with it installed are left alone, and no certificate is written for them.
+``pytest --impl=NAME`` with no paths runs the suite (``conformance/suite``) against the
+implementation NAME (a registered name or ``package.module:attribute``), from any directory,
+whatever ``testpaths`` the directory's own pytest configuration names; with paths, only those run.
+``pytest --pyargs conformance`` runs it against ``reference``.
+
+The plugin is inert unless the suite is being run, that is ``--impl`` was given, the command line
+names the suite, or suite modules were collected: otherwise it imports nothing beyond pytest and
+the standard library, loads no hypothesis profile, installs no signal handler and writes no file.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+import sys
+from typing import Optional
 
 import pytest
 
-from . import certificate, registry
-from .implementation import Implementation
+from .selection import SUITE_DIR, in_suite, names_the_suite, suite_id
 
-SUITE_DIR = Path(__file__).resolve().parent / "suite"
-_IMPL_KEY = pytest.StashKey[Implementation]()
+_RUN_KEY = pytest.StashKey["SuiteRun"]()
+_IMPL_KEY = pytest.StashKey[object]()
+_GUARD_KEY = pytest.StashKey[object]()
 _CLAUSES = "gefen_conformance_clauses"
 _SUITE_ID = "gefen_conformance_id"
+_OBSERVED = "gefen_conformance_observations"
+_REASON = "gefen_conformance_reason"
+# the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
+_LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("gefen-conformance", "Gefen conformance suite")
-    group.addoption("--impl", default="reference",
-                    help="implementation to certify: a registered name or package.module:attribute (default: reference)")
+    group.addoption("--impl", default=None,
+                    help="run the conformance suite against this implementation: a registered name or "
+                         "package.module:attribute (without paths: the whole suite, from any directory)")
     group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
     group.addoption("--golden-regen", action="store_true",
                     help="rewrite the committed golden checkpoints from the reference, then fail the run")
     group.addoption("--certificate", default=None, metavar="PATH",
-                    help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json)")
+                    help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
+                         "a run that is not complete never replaces a complete certificate)")
 
 
-def _register_hypothesis_profiles(config) -> None:
-    """``gefen-certify`` (bounded, reproducible; the default) and ``gefen-fuzz`` (random, large)."""
-    from hypothesis import HealthCheck, settings
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """``--impl`` without paths means the suite, whatever ``testpaths`` the rootdir configures; and
+    the implementation is resolved now, so that a broken one is a usage error before anything else
+    (the suite's conftest included) is imported."""
+    namespace = early_config.known_args_namespace
+    if not getattr(namespace, "impl", None) or namespace.help or getattr(namespace, "impl_list", False):
+        return
+    if not namespace.file_or_dir:
+        args.append(str(SUITE_DIR))
+        namespace.file_or_dir = [str(SUITE_DIR)]
+    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, _guard(early_config))
 
-    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile("gefen-certify", derandomize=True, database=None, max_examples=300,
-                              deadline=None, suppress_health_check=quiet, print_blob=True)
-    settings.register_profile("gefen-fuzz", derandomize=False, max_examples=5000, deadline=None,
-                              suppress_health_check=quiet, print_blob=True)
-    if not config.getoption("--hypothesis-profile", None):
-        settings.load_profile("gefen-certify")
+
+def _guard(config):
+    """The run's interrupt guard, installed before anything heavy is imported: a Ctrl-C that lands
+    in a callback of an import (hypothesis registers a garbage-collector callback) is not lost."""
+    from .interrupts import InterruptGuard
+
+    guard = config.stash.get(_GUARD_KEY, None)
+    if guard is None:
+        guard = config.stash[_GUARD_KEY] = InterruptGuard()
+        guard.install()
+    return guard
 
 
+def _resolve(spec: str, guard):
+    from . import registry
+
+    try:
+        return registry.resolve(spec)
+    except registry.ImplementationError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--impl={spec}: {error}") from None
+    except KeyboardInterrupt:
+        guard.uninstall()
+        # before the session exists pytest would print the whole import traceback
+        sys.stderr.write(f"interrupted while loading the implementation {spec!r}\n")
+        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    _register_hypothesis_profiles(config)
     config.addinivalue_line("markers", "clause(*ids): the SPEC clauses a conformance test checks")
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the implementation declares them")
-    config.pluginmanager.register(CertificateRecorder(config), "gefen-conformance-certificate")
+    chosen = config.getoption("hypothesis_profile", None)
+    if chosen and str(chosen).startswith("gefen-"):
+        from . import profiles  # registered before hypothesis's own plugin loads the chosen one
+
+        profiles.register()
+    config.pluginmanager.register(_SessionHooks(config), "gefen-conformance-session")
+    if getattr(config.option, "help", False) or getattr(config.option, "impl_list", False):
+        return
+    if config.option.impl is not None or names_the_suite(config.args, config.invocation_params.dir,
+                                                          config.option.pyargs):
+        _activate(config)
 
 
 def pytest_cmdline_main(config):
     if config.getoption("--impl-list"):
+        from . import registry
+
         names = registry.registered()
         if not names:
             print("no implementations are registered")
@@ -64,121 +116,178 @@ def pytest_cmdline_main(config):
     return None
 
 
-def implementation_for(config) -> Implementation:
-    """The implementation named by ``--impl``, resolved once per session."""
-    impl = config.stash.get(_IMPL_KEY, None)
-    if impl is None:
-        spec = config.getoption("--impl")
-        try:
-            impl = registry.resolve(spec)
-        except (LookupError, ImportError, TypeError, AttributeError) as error:
-            raise pytest.UsageError(f"--impl={spec}: {error}") from error
-        config.stash[_IMPL_KEY] = impl
-    return impl
+def _run(config) -> Optional["SuiteRun"]:
+    return config.stash.get(_RUN_KEY, None)
 
 
-def _in_suite(item) -> bool:
-    return Path(str(item.path)).resolve().is_relative_to(SUITE_DIR)
+def _activate(config) -> "SuiteRun":
+    """Start the suite run of this session (once): resolve the implementation, load the profile,
+    guard against interrupts. Every way the implementation fails to load is a usage error."""
+    run = _run(config)
+    if run is not None:
+        return run
+    from .recorder import SuiteRun
+
+    if config.option.impl is None:
+        config.option.impl = "reference"
+    guard = _guard(config)
+    impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
+    run = SuiteRun(config, impl, guard)
+    config.stash[_RUN_KEY] = run
+    run.open()
+    config.add_cleanup(run.close)
+    return run
 
 
-def _suite_id(item) -> str:
-    """``test_module.py::test_name[params]``: the id expected-failure lists use."""
-    return item.nodeid.split("/")[-1]
+def implementation_for(config):
+    """The implementation under test (activates the suite run if needed)."""
+    return _activate(config).impl
 
 
 @pytest.fixture(scope="session")
-def impl(request) -> Implementation:
+def impl(request):
     """The implementation under test."""
     return implementation_for(request.config)
 
 
+def _missing(item, impl) -> list[str]:
+    return [c for m in item.iter_markers("requires") for c in m.args if not impl.has(c)]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    suite_items = [item for item in items if _in_suite(item)]
+    suite_items = [item for item in items if in_suite(item.path)]
     if not suite_items:
-        return
-    impl = implementation_for(config)
+        return (yield)
+    run = _activate(config)
+    impl = run.impl
     matched = set()
     for item in suite_items:
         if not list(item.iter_markers("clause")):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
-        for marker in item.iter_markers("requires"):
-            missing = [c for c in marker.args if not impl.has(c)]
-            if missing:
-                item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))
-        sid = _suite_id(item)
+        missing = _missing(item, impl)
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))
+        sid = suite_id(item.nodeid)
         if sid in impl.expected_failures:
             matched.add(sid)
             item.add_marker(pytest.mark.xfail(reason=impl.expected_failures[sid], strict=True))
-    config.pluginmanager.get_plugin("gefen-conformance-certificate").stale = sorted(set(impl.expected_failures) - matched)
+    run.run.stale_expected_failures = sorted(set(impl.expected_failures) - matched)
+    result = yield
+    run.after_collection([suite_id(i.nodeid) for i in suite_items],
+                         [suite_id(i.nodeid) for i in items if in_suite(i.path)])
+    return result
+
+
+def pytest_sessionstart(session):
+    run = _run(session.config)
+    if run is not None and session.config.pluginmanager.has_plugin("dsession"):
+        run.start_census()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    run = _run(session.config)
+    if run is not None:
+        run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _run(item.config) is not None and in_suite(item.path):
+        from . import observations
+
+        observations.drain()  # whatever an earlier test left behind is not this test's
+
+
+def _reason(report, call) -> str:
+    from .certificate import cut
+
+    if hasattr(report, "wasxfail"):
+        return cut(report.wasxfail)
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return cut(report.longrepr[2])
+    if not report.failed:
+        return ""
+    error = call.excinfo.value if call.excinfo is not None else None
+    if error is None:
+        lines = (report.longreprtext or "").strip().splitlines()
+        return cut(lines[-1]) if lines else ""
+    while isinstance(getattr(error, "exceptions", None), tuple) and error.exceptions:  # an ExceptionGroup
+        error = error.exceptions[0]
+    failed = getattr(error, "failed", None)
+    if type(error).__name__ == "RankFailure" and isinstance(failed, list):
+        head = f"RankFailure: {len(failed)} of {len(error.outcomes)} ranks failed"
+        return cut(head + ": " + "; ".join(o.headline() for o in failed))
+    text = str(error).strip()
+    return cut(f"{type(error).__name__}: {text}" if text else type(error).__name__)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if _in_suite(item):
-        # user_properties travel with the report, also from xdist workers to the controller
-        report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
-        report.user_properties.append((_SUITE_ID, _suite_id(item)))
+    run = _run(item.config)
+    if run is None or not in_suite(item.path):
+        return report
+    from . import observations
+
+    # user_properties travel with the report, also from xdist workers to the controller
+    report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
+    report.user_properties.append((_SUITE_ID, suite_id(item.nodeid)))
+    report.user_properties.append((_OBSERVED, observations.drain()))
+    report.user_properties.append((_REASON, _reason(report, call)))
     return report
 
 
-class CertificateRecorder:
-    """Collects suite outcomes (in the controller under xdist) and writes the certificate."""
+def _outcome(report) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    return report.outcome
+
+
+class _SessionHooks:
+    """The hooks pytest calls without a config or an item; registered per config, idle unless the
+    suite runs in this session."""
 
     def __init__(self, config):
         self.config = config
-        self.run = None
-        self.stale = None
-        self.written = None
-
-    def _outcome(self, report) -> tuple[str, str]:
-        if hasattr(report, "wasxfail"):
-            return ("xfailed" if report.skipped else "xpassed"), str(report.wasxfail)
-        if report.failed:
-            lines = (report.longreprtext or "").strip().splitlines()
-            return ("failed" if report.when == "call" else "error"), (lines[-1][:500] if lines else "")
-        if report.skipped and isinstance(report.longrepr, tuple):
-            return "skipped", str(report.longrepr[2])
-        return report.outcome, ""
 
     def pytest_runtest_logreport(self, report):
         props = dict(report.user_properties)
-        if _CLAUSES not in props or (report.when != "call" and report.outcome == "passed"):
+        if _CLAUSES not in props:
             return
-        if self.run is None:
-            impl = implementation_for(self.config)
-            self.run = certificate.Run(
-                implementation={"name": impl.name, "version": impl.version, "capabilities": sorted(impl.capabilities)}
-            )
-        outcome, reason = self._outcome(report)
-        self.run.record(certificate.TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason))
+        run = _activate(self.config)  # under xdist the controller learns here that the suite runs
+        if run.is_worker:
+            return
+        observed = props.get(_OBSERVED) or {}
+        if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
+            return
+        from .certificate import TestRecord
+
+        outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else "passed"
+        reason = props.get(_REASON, "")
+        missing = _LACKS.search(reason) if outcome == "skipped" else None
+        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason,
+                              list(observed.get("margins", [])), list(observed.get("notes", [])),
+                              missing.group(1).split(", ") if missing else []))
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        run = _run(self.config)
+        if run is not None:
+            run.guard.acknowledge()
 
     def pytest_sessionfinish(self, session, exitstatus):
-        if self.run is None or hasattr(self.config, "workerinput"):
+        run = _run(self.config)
+        if run is None or run.is_worker:
             return
-        if self.stale is not None:
-            self.run.stale_expected_failures = self.stale
-        path = self.config.getoption("--certificate") or Path.cwd() / f"gefen-certificate-{self.run.implementation['name']}.json"
-        self.written = (path, certificate.write(self.run, path))
+        if run.guard.signum is not None and int(session.exitstatus) in (0, 1, 5):
+            # interrupted, yet the last test ended before the interrupt surfaced: still not a clean run
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        run.finish(session, session.exitstatus)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        if self.written is None:
-            return
-        path, cert = self.written
-        tr = terminalreporter
-        tr.section("gefen conformance")
-        if cert["stale_expected_failures"]:
-            tr.write_line("stale expected failures (match no test): " + ", ".join(cert["stale_expected_failures"]), yellow=True)
-        s = cert["summary"]
-        tr.write_line(
-            f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
-            f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
-            f"{s['xfailed']} expected failures)"
-        )
-        for clause, counts in cert["clauses"].items():
-            if counts.get("failed") or counts.get("error") or counts.get("xfailed"):
-                detail = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                tr.write_line(f"  SPEC {clause}: {detail}")
-        passing = sum(1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error")))
-        tr.write_line(f"clauses: {passing} of {len(cert['clauses'])} without failures")
-        tr.write_line(f"certificate: {path}")
+        run = _run(self.config)
+        if run is not None:
+            run.summary(terminalreporter)

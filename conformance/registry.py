@@ -1,8 +1,16 @@
-"""Finding implementations: entry points and ``package.module:attribute`` specs (SPEC 4.1.2)."""
+"""Finding implementations: entry points and ``package.module:attribute`` specs (SPEC 4.1.2).
+
+Every way an implementation can fail to load (an unknown name, a module that is not importable,
+an import that raises anything at all, a missing attribute, a target that is not an
+``Implementation``, an ``Implementation`` that refuses its own fields) is one
+:class:`ImplementationError` whose message is one line naming the spec, the module and the cause.
+The plugin turns it into a usage error (exit status 4).
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 from importlib.metadata import entry_points
 
 from .implementation import Implementation
@@ -10,18 +18,53 @@ from .implementation import Implementation
 ENTRY_POINT_GROUP = "gefen_conformance.implementations"
 
 
+class ImplementationError(LookupError):
+    """The implementation named by a spec cannot be loaded; ``str()`` is one line."""
+
+    def __init__(self, spec: str, module: str, cause: str):
+        self.spec, self.module, self.cause = spec, module, cause
+        where = f" (module {module})" if module else ""
+        super().__init__(f"implementation {spec!r}{where}: {cause}")
+
+
 def registered() -> dict[str, str]:
     """Registered names mapped to their ``module:attribute`` targets."""
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _load_target(target: str) -> object:
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    if isinstance(error, SyntaxError) and error.filename:
+        text = f"{error.msg} ({error.filename}, line {error.lineno})"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _import(spec: str, module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ImplementationError(
+                spec, module_name,
+                f"module {missing!r} is not importable from {os.getcwd()} "
+                "(is the package installed or on PYTHONPATH?)",
+            ) from None
+        raise ImplementationError(spec, module_name, f"importing it failed: {_one_line(error)}") from None
+    except (Exception, SystemExit) as error:  # anything an import can raise: OSError, SyntaxError, ...
+        raise ImplementationError(spec, module_name, f"importing it failed: {_one_line(error)}") from None
+
+
+def _load_target(spec: str, target: str) -> object:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
-        raise LookupError(f"implementation spec {target!r} must look like 'package.module:attribute'")
-    obj = importlib.import_module(module_name)
+        raise ImplementationError(spec, "", f"{target!r} must look like 'package.module:attribute'")
+    obj = _import(spec, module_name)
     for part in attribute.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ImplementationError(spec, module_name, f"module {module_name!r} has no attribute {attribute!r}") from None
     return obj
 
 
@@ -29,7 +72,10 @@ def resolve(spec: str) -> Implementation:
     """An :class:`Implementation` from a registered name or a ``package.module:attribute`` spec.
 
     The attribute may be the instance or a zero-argument callable returning it.
+    Raises :class:`ImplementationError` for every way this can fail.
     """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ImplementationError(str(spec), "", "no implementation named (give a registered name or package.module:attribute)")
     names = registered()
     if ":" in spec:
         target = spec
@@ -37,10 +83,15 @@ def resolve(spec: str) -> Implementation:
         target = names[spec]
     else:
         known = ", ".join(sorted(names)) or "none"
-        raise LookupError(f"no implementation named {spec!r} is registered (registered: {known})")
-    obj = _load_target(target)
+        raise ImplementationError(spec, "", f"no implementation of that name is registered (registered: {known}); "
+                                            "give a registered name or package.module:attribute")
+    module_name = target.partition(":")[0]
+    obj = _load_target(spec, target)
     if not isinstance(obj, Implementation) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as error:
+            raise ImplementationError(spec, module_name, f"calling {target}() failed: {_one_line(error)}") from None
     if not isinstance(obj, Implementation):
-        raise TypeError(f"{target} is {type(obj).__name__}, not a conformance.Implementation")
+        raise ImplementationError(spec, module_name, f"{target} is a {type(obj).__name__}, not a conformance.Implementation")
     return obj

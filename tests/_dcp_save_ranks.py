@@ -165,7 +165,7 @@ def comparable_metadata(path) -> dict:
         "state_dict_metadata": metadata.state_dict_metadata,
         "storage_data": metadata.storage_data,
         "planner_data": metadata.planner_data,
-        "version": metadata.version,
+        "version": getattr(metadata, "version", None),  # older torch (2.7) has no format version
         "modules": getattr(storage_meta, "modules", None),
     }
 

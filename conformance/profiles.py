@@ -1,0 +1,119 @@
+"""The suite's hypothesis profiles, loaded only while the suite runs (SPEC 4.4.4, 4.4.7).
+
+``gefen-certify`` (the default of a suite run: 300 derandomized examples, no example database)
+and ``gefen-fuzz`` (5000 random examples). A certifying run uses ``gefen-certify``; a run under a
+profile that generates differently is ``partial``. Nothing here is imported, registered or loaded
+in a pytest session that does not run the suite, and the profile active before the run is loaded
+again when it ends, so other projects' hypothesis tests keep their own settings.
+
+Hypothesis keeps a cache under ``.hypothesis/`` in the current directory; a suite run points it
+at a temporary directory of its own, removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Optional
+
+CERTIFY = "gefen-certify"
+FUZZ = "gefen-fuzz"
+# the settings that decide which examples run: a profile that differs in one of them narrows the run
+_GENERATION = ("max_examples", "derandomize", "phases", "backend")
+
+
+def register() -> None:
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile(CERTIFY, derandomize=True, database=None, max_examples=300,
+                              deadline=None, suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(FUZZ, derandomize=False, database=None, max_examples=5000, deadline=None,
+                              suppress_health_check=quiet, print_blob=True)
+
+
+class SuiteProfile:
+    """Loads ``gefen-certify`` (unless ``--hypothesis-profile`` chose one) and undoes it afterwards."""
+
+    def __init__(self, requested: Optional[str]):
+        self.requested = requested
+        self._previous: Optional[str] = None
+        self._home: Optional[str] = None
+
+    def enter(self) -> None:
+        from hypothesis import configuration, settings
+
+        register()
+        self._previous = current_name()
+        if not self.requested:
+            settings.load_profile(CERTIFY)
+        self._home = tempfile.mkdtemp(prefix="gefen-hypothesis-")
+        configuration.set_hypothesis_home_dir(self._home)
+
+    def exit(self) -> None:
+        from hypothesis import configuration, settings
+
+        if self._previous is not None:
+            settings.load_profile(self._previous)
+            self._previous = None
+        if self._home is not None:
+            configuration.set_hypothesis_home_dir(None)
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+
+
+def _jsonable(value):
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if hasattr(value, "total_seconds"):  # a deadline
+        return value.total_seconds()
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else repr(value)
+
+
+def describe() -> dict:
+    """``{"profile": name, "settings": {...}}`` of the profile in effect now."""
+    from hypothesis import settings
+
+    current = settings.default
+    names = ("max_examples", "derandomize", "deadline", "phases", "database", "backend",
+             "stateful_step_count", "suppress_health_check", "print_blob")
+    values = {}
+    for name in names:
+        try:
+            values[name] = _jsonable(getattr(current, name))
+        except AttributeError:  # older hypothesis without the setting
+            continue
+    return {"profile": current_name(), "settings": values}
+
+
+def narrowing() -> Optional[str]:
+    """Why the profile in effect generates differently from ``gefen-certify`` (None when it does not)."""
+    from hypothesis import settings
+
+    register_if_missing()
+    current, certify = settings.default, settings.get_profile(CERTIFY)
+    changed = [f"{name}={_jsonable(getattr(current, name, None))}" for name in _GENERATION
+               if _jsonable(getattr(current, name, None)) != _jsonable(getattr(certify, name, None))]
+    if not changed:
+        return None
+    return f"hypothesis profile {current_name()} ({', '.join(changed)})"
+
+
+def register_if_missing() -> None:
+    from hypothesis import settings
+
+    try:
+        settings.get_profile(CERTIFY)
+    except Exception:
+        register()
+
+
+def current_name() -> str:
+    from hypothesis import settings
+
+    getter = getattr(settings, "get_current_profile_name", None)  # not in older hypothesis
+    return getter() if getter is not None else (getattr(settings, "_current_profile", None) or "default")

@@ -1,0 +1,98 @@
+"""Which suite produced a certificate: a content hash of its files, and its git state (SPEC 4.4.3).
+
+The suite is the three packages a certificate's verdict depends on: ``conformance`` (plugin,
+harness, suite modules and the committed goldens), ``oracles`` and ``reference``. Its identity is
+:func:`content_sha256`, computed from the files as they are loaded in this process, so an
+installed wheel and a checkout of the same commit give the same hash, and a local edit changes it.
+
+:func:`git_state` adds the commit and a dirty flag only when those packages sit in a git checkout
+that tracks them (the suite's own repository). It never looks at the current directory: a suite
+installed into a virtual environment inside somebody else's repository has no git state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+SUITE_PACKAGES = ("conformance", "oracles", "reference")
+# what an install carries: the packages' Python modules and the goldens' package data
+_DATA_DIRS = (("conformance", "golden"),)
+
+
+def package_dirs() -> dict[str, Path]:
+    """The directory each suite package is loaded from (found without importing it)."""
+    dirs = {}
+    for name in SUITE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError(f"the suite package {name!r} cannot be found on sys.path")
+        dirs[name] = Path(list(spec.submodule_search_locations)[0]).resolve()
+    return dirs
+
+
+def suite_files() -> list[tuple[str, Path]]:
+    """``(posix path relative to the packages' parent, absolute path)`` of every suite file, sorted."""
+    found = []
+    for name, root in package_dirs().items():
+        data_dirs = [root.joinpath(*parts[1:]) for parts in _DATA_DIRS if parts[0] == name]
+        for path in root.rglob("*"):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            if path.suffix == ".py" or any(path.is_relative_to(d) for d in data_dirs):
+                found.append((f"{name}/{path.relative_to(root).as_posix()}", path))
+    return sorted(found)
+
+
+def content_sha256() -> str:
+    """SHA-256 over the sorted list of ``relative path NUL sha256(file)`` lines of :func:`suite_files`."""
+    outer = hashlib.sha256()
+    for rel, path in suite_files():
+        outer.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
+    return outer.hexdigest()
+
+
+def _git(cwd: Path, *args: str) -> Optional[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state() -> Optional[dict]:
+    """``{"commit": sha, "dirty": bool}`` when the suite packages are tracked files of a git
+    checkout; None otherwise (an installed suite, or git missing).
+
+    ``dirty`` is True when any file under the suite packages differs from the commit or is
+    untracked (ignored files such as ``__pycache__`` aside).
+    """
+    dirs = package_dirs()
+    here = dirs["conformance"]
+    top = _git(here, "rev-parse", "--show-toplevel")
+    if not top:
+        return None
+    top_path = Path(top.strip()).resolve()
+    rels = []
+    for root in dirs.values():
+        if not root.is_relative_to(top_path):
+            return None
+        rels.append(root.relative_to(top_path).as_posix())
+    # the checkout must track the suite itself (not merely contain a virtualenv holding it)
+    if not _git(top_path, "ls-files", "--", f"{rels[0]}/__init__.py"):
+        return None
+    commit = _git(top_path, "rev-parse", "HEAD")
+    status = _git(top_path, "status", "--porcelain", "--untracked-files=all", "--", *rels)
+    if commit is None or status is None:
+        return None
+    return {"commit": commit.strip(), "dirty": bool(status.strip())}
+
+
+def describe() -> dict:
+    """The certificate's ``suite`` entry (without name and version)."""
+    return {"content_sha256": content_sha256(), "git": git_state()}

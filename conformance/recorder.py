@@ -1,0 +1,229 @@
+"""One suite run inside a pytest session: what it selected, what ran, and its certificate (SPEC 4.4).
+
+Created by the plugin only when the suite is being run. It owns the run's side effects and undoes
+them in :meth:`SuiteRun.close`: the hypothesis profile (:mod:`conformance.profiles`), the signal
+handlers (:mod:`conformance.interrupts`) and the census process (:mod:`conformance.selection`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from . import certificate, selection
+from .implementation import Implementation
+from .interrupts import InterruptGuard
+from .profiles import SuiteProfile
+
+
+def _terminal_line(cert: dict) -> str:
+    s = cert["summary"]
+    return (f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
+            f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
+            f"{s['xfailed']} expected failures)")
+
+
+def _profile_line(profile: dict) -> str:
+    if profile["name"] == "torch-exact":
+        return f"numeric profile torch-exact ({profile['reason']}): {profile.get('comparison', 'bitwise')}"
+    bounds = ", ".join(f"{dtype} rtol={b['rtol']:g} atol={b['atol']:g}" for dtype, b in profile.get("parameters", {}).items())
+    extra = profile.get("continuation_after_reshard", {}).get("max_abs")
+    tail = f"; continuation after reshard max-abs {extra:g}" if extra is not None else ""
+    return f"numeric profile tolerance ({profile['reason']}): {bounds}{tail}"
+
+
+class SuiteRun:
+    """State of the suite run in this process (the controller's, or a worker's under xdist)."""
+
+    def __init__(self, config: pytest.Config, impl: Implementation, guard: InterruptGuard):
+        self.config = config
+        self.impl = impl
+        self.is_worker = hasattr(config, "workerinput")
+        self.guard = guard  # installed already
+        self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
+        self.census = selection.SuiteCensus()
+        self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
+                                                   "capabilities": sorted(impl.capabilities)})
+        self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
+        self.deselected = 0
+        self.written: Optional[tuple[Path, Optional[Path], dict]] = None
+        self._quieted: list = []
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.profile.enter()
+
+    def close(self) -> None:
+        self.guard.uninstall()
+        self.census.cancel()
+        self.profile.exit()
+        for logger, level in self._quieted:
+            logger.setLevel(level)
+        self._quieted = []
+
+    def quiet_torch_loggers(self) -> None:
+        """Keep torch.distributed's own loggers at WARNING while the suite runs.
+
+        torch sets its c10d loggers (DCP's among them) to DEBUG and gives them a NullHandler;
+        pytest 9.1 and newer also attach their capture to loggers that do not propagate, so every
+        in-process save and load would add its start and end records to the report of a failing
+        test (thousands of lines once a property test shrinks)."""
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.startswith("c10d-") and isinstance(logger, logging.Logger) and logger.level < logging.WARNING:
+                self._quieted.append((logger, logger.level))
+                logger.setLevel(logging.WARNING)
+
+    # -- selection ---------------------------------------------------------------------------
+
+    def _args(self) -> list[str]:
+        return list(self.config.args)
+
+    def narrower_args(self) -> list[str]:
+        return selection.narrower_args(self._args(), self.config.invocation_params.dir, self.config.option.pyargs)
+
+    def after_collection(self, collected_ids: list[str], selected_ids: list[str]) -> None:
+        """Single-process run: start the census unless the run is already known to be narrowed."""
+        self.collected_ids = collected_ids
+        self.deselected = len(set(collected_ids) - set(selected_ids))
+        if self.is_worker or self.config.option.collectonly or not selection.SuiteCensus.wanted():
+            return
+        if self.deselected and not self.narrower_args():
+            return  # partial already; the suite tests collected before deselection are the whole suite
+        self.census.start()
+
+    def start_census(self) -> None:
+        """Under xdist the controller sees no collection: always count the suite."""
+        if not self.is_worker and not self.config.option.collectonly and selection.SuiteCensus.wanted():
+            self.census.start()
+
+    # -- results -----------------------------------------------------------------------------
+
+    def record(self, rec: certificate.TestRecord) -> None:
+        self.run.record(rec)
+
+    def _expected_ids(self, interrupted: bool) -> tuple[Optional[set], Optional[str]]:
+        if interrupted:
+            self.census.cancel()
+            ids = None
+        else:
+            ids = self.census.finish()
+        if ids is not None:
+            return set(ids), None
+        whole_args = not self.narrower_args()
+        if self.collected_ids is not None and whole_args:
+            return set(self.collected_ids), None
+        return None, self.census.error
+
+    def _narrowed_by(self, missing: set, expected_known: bool, session, interrupted: bool) -> list[str]:
+        from . import profiles
+
+        opt = self.config.option
+        why = []
+        hyp = profiles.narrowing()
+        if hyp:
+            why.append(hyp)
+        if not missing and expected_known:
+            return why
+        if opt.keyword:
+            why.append(f"-k {shlex.quote(opt.keyword)}")
+        if opt.markexpr and (self.deselected or self.collected_ids is None):
+            why.append(f"-m {shlex.quote(opt.markexpr)}")
+        if getattr(opt, "deselect", None):
+            why.append("--deselect " + " ".join(opt.deselect))
+        if getattr(opt, "lf", False):
+            why.append("--lf")
+        if getattr(opt, "stepwise", False) or getattr(opt, "stepwise_skip", False):
+            why.append("--stepwise")
+        narrower = self.narrower_args()
+        if narrower:
+            why.append("node ids " + " ".join(selection.display_id(a, self.config.option.pyargs) for a in narrower))
+        if session.shouldfail or session.shouldstop:
+            why.append(f"stopped early ({session.shouldfail or session.shouldstop})")
+        if interrupted:
+            pass  # the tests it did not reach are the interruption's, said by the verdict
+        elif not expected_known:
+            why.append(f"the whole suite's size is unknown ({self.census.error or 'no census'})")
+        elif len(why) == (1 if hyp else 0):
+            example = sorted(missing)[0]
+            why.append(f"{len(missing)} suite tests not collected or not run (e.g. {example})")
+        return why
+
+    def finish(self, session, exitstatus: int) -> None:
+        """Build and write the certificate (controller or single process, after at least one test)."""
+        from . import profiles
+
+        self.guard.acknowledge()
+        interrupted = self.guard.signal_name
+        if interrupted is None and int(exitstatus) == int(pytest.ExitCode.INTERRUPTED):
+            interrupted = "KeyboardInterrupt"
+        if not self.run.records and not interrupted:
+            self.census.cancel()  # nothing ran (--collect-only, an empty selection): nothing to certify
+            return
+        expected, _ = self._expected_ids(interrupted is not None)
+        executed = set(self.run.records)
+        missing = (expected - executed) if expected is not None else set()
+        facts = certificate.RunFacts(
+            started=self.run.started, finished=certificate.now(), interrupted=interrupted,
+            narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
+            expected_tests=len(expected) if expected is not None else None,
+            executed_tests=len(executed), hypothesis=profiles.describe(), exit_status=int(exitstatus),
+        )
+        cert = certificate.build(
+            self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
+            suite=certificate.suite_facts(), platform_=certificate.platform_facts(),
+            execution=certificate.execution_facts(),
+        )
+        explicit = self.config.getoption("certificate")
+        requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"
+        if explicit:
+            target = certificate.destination(requested, cert)
+        else:
+            target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
+        certificate.write(cert, target)
+        self.written = (target, requested if target != requested else None, cert)
+
+    # -- terminal ----------------------------------------------------------------------------
+
+    def summary(self, tr) -> None:
+        if self.written is None:
+            if self.guard.signum is not None and not self.is_worker:
+                tr.ensure_newline()
+                tr.section("gefen conformance")
+                tr.write_line(f"interrupted by {self.guard.signal_name}: no certificate written", yellow=True)
+            return
+        path, instead_of, cert = self.written
+        tr.ensure_newline()
+        tr.section("gefen conformance")
+        tr.write_line(_terminal_line(cert), bold=True,
+                      green=cert["verdict"].startswith("conformant"), red=cert["verdict"] == "not-conformant",
+                      yellow=cert["verdict"] in ("partial", "incomplete", "inconclusive"))
+        tr.write_line(f"verdict: {cert['verdict']}: {cert['verdict_reason']}")
+        tr.write_line(_profile_line(cert["profile"]))
+        hyp = cert["run"]["hypothesis"]
+        if hyp:
+            s = hyp["settings"]
+            tr.write_line(f"hypothesis profile {hyp['profile']} (max_examples={s.get('max_examples')}, "
+                          f"derandomize={s.get('derandomize')})")
+        if cert["capability_skips"]:
+            tr.write_line("skipped for missing capabilities: "
+                          + ", ".join(f"{cap} {n}" for cap, n in cert["capability_skips"].items()))
+        for note in cert["notes"]:
+            tr.write_line(f"note: {note}", yellow=True)
+        if cert["stale_expected_failures"]:
+            tr.write_line("stale expected failures (match no test): " + ", ".join(cert["stale_expected_failures"]),
+                          yellow=True)
+        for clause, counts in cert["clauses"].items():
+            if counts.get("failed") or counts.get("error") or counts.get("xfailed") or counts.get("xpassed"):
+                detail = ", ".join(f"{counts[k]} {k}" for k in certificate.OUTCOMES if counts.get(k))
+                tr.write_line(f"  SPEC {clause}: {detail}")
+        passing = sum(1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed")))
+        tr.write_line(f"clauses: {passing} of {len(cert['clauses'])} without failures")
+        if instead_of is not None:
+            tr.write_line(f"certificate: {path} (not a complete run, so not written to {instead_of})", yellow=True)
+        else:
+            tr.write_line(f"certificate: {path}")

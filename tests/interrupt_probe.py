@@ -1,0 +1,90 @@
+"""Interrupt a certification the way a user does, and report what was left behind.
+
+Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run is started in a
+session of its own (so every process it starts can be found by session id), with Python's default
+SIGINT handler restored (a background shell starts children with SIGINT ignored), and the signal
+goes to its whole process group, as Ctrl-C in a terminal does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_LAUNCH = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL); import pytest; sys.exit(pytest.console_main())"
+)
+
+
+def session_processes(sid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie is already dead; its parent has not reaped it yet
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ProcessLookupError):
+            continue
+        found.append((int(entry.name), cmd))
+    return found
+
+
+def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum=signal.SIGINT,
+                  to_group: bool = True, stop_within_s: float = 120.0, env=None) -> dict:
+    """Start ``pytest ARGS`` in ``workdir``, send ``signum`` ``at_s`` seconds later, and report:
+    exit status, seconds from the signal to the exit, output lines, the certificate's verdict, and
+    the processes of the run still alive 10 s after it exited (each is then killed)."""
+    workdir = Path(workdir)
+    log = workdir / "output.txt"
+    with open(log, "w") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "-p", "no:cacheprovider", *args], cwd=workdir,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+        sid = proc.pid
+        try:
+            while time.monotonic() - started < at_s and proc.poll() is None:
+                time.sleep(0.05)
+            signalled = time.monotonic()
+            finished_first = proc.poll() is not None
+            if not finished_first:
+                (os.killpg if to_group else os.kill)(proc.pid, signum)
+            try:
+                code = proc.wait(timeout=stop_within_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            stopped_after = time.monotonic() - signalled
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    left = session_processes(sid)
+    deadline = time.monotonic() + 10.0
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = session_processes(sid)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    certificates = sorted(workdir.glob("gefen-certificate-*.json"))
+    cert = json.loads(certificates[-1].read_text()) if certificates else None
+    text = log.read_text(errors="replace")
+    return {
+        "at_s": at_s, "exit": code, "finished_before_signal": finished_first, "stopped_after_s": round(stopped_after, 1),
+        "lines": len(text.splitlines()), "left": left, "certificates": [c.name for c in certificates],
+        "verdict": cert["verdict"] if cert else None, "run": cert["run"] if cert else None, "output": text,
+    }

@@ -1,0 +1,63 @@
+"""Every way ``--impl`` can fail is exit status 4 with one line naming the implementation, its
+module and the cause, before anything is collected, and writes no file (SPEC 4.1.2)."""
+
+from __future__ import annotations
+
+import pytest
+
+MODULES = {
+    "unknown_cap": "from conformance import Implementation\n"
+                   "IMPL = Implementation(name='u', version='1', make_optimizer=lambda p, **h: None,"
+                   " capabilities={'warp-drive'})\n",
+    "raises_oserror": "raise OSError('libfastgefen.so: cannot open shared object file')\n",
+    "bad_syntax": "def broken(:\n    pass\n",
+    "raises_runtime": "raise RuntimeError('CUDA driver too old')\n",
+    "missing_dep": "import no_such_dependency_xyz\n",
+    "not_impl": "IMPL = 42\n",
+    "factory_fails": "def IMPL():\n    raise KeyError('config')\n",
+}
+
+CASES = [
+    ("does-not-exist", "no implementation of that name is registered"),
+    ("unknown_cap:IMPL", "unknown capabilities ['warp-drive']"),
+    ("raises_oserror:IMPL", "OSError: libfastgefen.so: cannot open shared object file"),
+    ("bad_syntax:IMPL", "SyntaxError"),
+    ("raises_runtime:IMPL", "RuntimeError: CUDA driver too old"),
+    ("missing_dep:IMPL", "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+    ("not_impl:IMPL", "is a int, not a conformance.Implementation"),
+    ("factory_fails:IMPL", "calling factory_fails:IMPL() failed: KeyError"),
+    ("not_impl:NOPE", "has no attribute 'NOPE'"),
+    ("nowhere_pkg.fast:IMPL", "is the package installed or on PYTHONPATH?"),
+    ("no-colon-but-dots.x", "no implementation of that name is registered"),
+]
+
+
+@pytest.fixture
+def project(pytester):
+    for name, source in MODULES.items():
+        (pytester.path / f"{name}.py").write_text(source)
+    return pytester
+
+
+@pytest.mark.parametrize("spec,cause", CASES, ids=[c[0] for c in CASES])
+def test_usage_error_is_one_line_exit_4(project, spec, cause):
+    result = project.runpytest_subprocess(f"--impl={spec}", "-p", "no:cacheprovider")
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + err
+    assert "INTERNALERROR" not in err + result.stdout.str()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"ERROR: --impl={spec}: implementation {spec!r}") and cause in lines[0], lines[0]
+    if ":" in spec:
+        assert f"(module {spec.partition(':')[0]})" in lines[0]
+    assert "collected" not in result.stdout.str()  # refused before collection
+    written = [p.name for p in project.path.iterdir() if p.name.startswith((".hypothesis", "gefen-certificate"))]
+    assert not written
+
+
+def test_usage_error_with_pyargs_and_xdist(project):
+    result = project.runpytest_subprocess("--pyargs", "conformance", "--impl=unknown_cap:IMPL", "-n", "2",
+                                          "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+    assert "warp-drive" in result.stderr.str()
