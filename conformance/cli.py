@@ -4,6 +4,8 @@
     gefen-conformance golden generate DIR [--impl NAME]   write every case and MANIFEST.json
     gefen-conformance golden check DIR                    verify DIR against its manifest
     gefen-conformance golden compare [--impl NAME] [DIR]  save with NAME, compare with the goldens
+    gefen-conformance report CERT [--format md|html] [--out PATH]   a certificate for people (SPEC 4.5)
+    gefen-conformance diff OLD NEW [--margin-factor F ...]          exit 1 when NEW regressed (SPEC 4.5.4)
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp_ = g.add_parser("compare", help="save the cases with an implementation and compare with the goldens")
     cmp_.add_argument("dir", type=Path, nargs="?", default=None)
     cmp_.add_argument("--impl", default="reference")
+    from . import report_cli
+
+    report_cli.add_subcommands(sub)
     return parser
 
 
@@ -69,6 +74,8 @@ def main(argv=None) -> int:
         return certify(args.impl, args.certificate, passthrough)
     if passthrough:
         _parser().error("arguments after `--` are only for `certify`")
+    if getattr(args, "handler", None) is not None:
+        return args.handler(args)
 
     from oracles import golden_manifest
 
