@@ -37,6 +37,10 @@ MEMORY = workload.Model(
     quantum=1 / 8,
 )
 
+#: A 2-D parameter (block or factored second moment) and a 1-D one, plain tensors.
+IN_PLACE = workload.Model(shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=workload.one_stream,
+                          salt=5403)
+
 
 def planned_save_peak(spec: str, root: str) -> dict:
     """Rank body (SPEC 5.4.2, world size 1): the peak extra bytes
@@ -99,16 +103,11 @@ def test_planned_save_holds_one_slot_at_a_time(impl_spec, saved):
 def test_step_updates_state_in_place(impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain
     (non-DTensor) parameters: this is the optimizer's own step, no DCP capability is involved."""
-    g = torch.Generator().manual_seed(5403)
-    params = {"w": torch.nn.Parameter(torch.randn(64, 32, generator=g)),
-              "b": torch.nn.Parameter(torch.randn(96, generator=g))}
-    optimizer = impl.make_optimizer(list(params.items()), factored_v_2d=factored)
-    for step in range(2):
-        for p in params.values():
-            p.grad = torch.randn(p.shape, generator=g)
-        if step == 1:
-            before = state_addresses(optimizer.state)
-        optimizer.step()
+    params = workload.parameters(IN_PLACE)
+    optimizer = impl.make_optimizer(workload.param_groups(IN_PLACE, params), factored_v_2d=factored)
+    workload.train(IN_PLACE, optimizer, params, [0])
+    before = state_addresses(optimizer.state)
+    workload.train(IN_PLACE, optimizer, params, [1])
     report = pointer_reuse(before, state_addresses(optimizer.state))
     assert report.total_bytes > 0, "no state tensors to compare"
     assert report.share == 1.0, f"state reallocated by the step: {report.moved}"
