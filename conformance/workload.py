@@ -1,4 +1,4 @@
-"""One workload vocabulary for the suite, the goldens and the project's tests (SPEC 4.2.4, 4.3.1).
+"""One workload vocabulary for the suite, the goldens and the project's tests (SPEC 4.2.4, 4.3).
 
 A :class:`Model` names its parameters (shape, group, default hyperparameters per group) and the
 deterministic rules that give their initial values and their gradient at each step. Every
@@ -37,9 +37,9 @@ from . import world
 from .sharding import shard, sharded_parameter
 
 __all__ = [
-    "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "OPTIMIZER", "REFERENCE",
-    "SAVED_HYPERS", "TARGET_HYPERS", "Model", "PinnedStep", "Trained", "crc32_seed", "device_for",
-    "full_params", "gradient", "group", "initial", "linspace", "load", "one_stream", "optimizer_hypers",
+    "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "OPTIMIZER", "PINNED_SALT",
+    "PINNED_START_SCALE", "REFERENCE", "SAVED_HYPERS", "TARGET_HYPERS", "Model", "PinnedStep", "Trained",
+    "crc32_seed", "device_for", "first_step_pieces", "full_params", "gradient", "group", "initial", "linspace", "load", "one_stream", "optimizer_hypers",
     "param_groups", "param_steps", "parameters", "per_name", "pinned_start", "pinned_state", "pinned_step",
     "save", "set_gradients", "to_cpu", "train", "trained", "trajectory", "zeros",
 ]
