@@ -22,12 +22,11 @@ import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 import reference
-from conformance.sharding import shard, sharded_parameter, world_mesh
+from conformance.sharding import WorldOfOne, shard, sharded_parameter
 from oracles.memory import StorageTracker
 from reference.dcp import GefenDCPState, GefenSavePlanner
 
@@ -78,8 +77,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(2)
     tmp = tempfile.mkdtemp(prefix="gefen-save-memory-")
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
-    mesh = world_mesh()
+    one = WorldOfOne()  # a gloo group of one, bound as the current World
+    mesh = one.mesh
     models = [(8, 1 << 16), (1, 1 << 19)] if args.small else [(32, 1 << 21), (1, 1 << 26)]
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; bytes per parameter of peak extra memory during dcp.save")
     print(f"{'model':>16} {'planner':>8} {'threads':>7} {'writer':>16} {'RSS B/param':>11} {'RSS MiB':>8} "
@@ -97,7 +96,7 @@ def main() -> int:
                           f"{'Gefen' if planned else 'default':>8} {threads:>7} {writer:>16} "
                           f"{rss / total:11.2f} {rss / 2**20:8.1f} {peak / total:15.2f} {seconds:7.2f}")
         del opt
-    dist.destroy_process_group()
+    one.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

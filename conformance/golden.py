@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import torch
 from oracles import golden_manifest
 from oracles.numeric import Comparison, Comparisons
 
-from . import observations, registry
-from .ranks import run_on_ranks
-from .sharding import shard, sharded_parameter, world_mesh
+from . import launch, observations, registry, workload
+from .sharding import world_mesh
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
@@ -46,6 +44,25 @@ class Case:
     tensor_lr: bool = False
     groups: tuple = field(default=({}, {"lr": 2e-3, "betas": (0.8, 0.99), "weight_decay": 0.01}))
 
+    def model(self) -> workload.Model:
+        """The case as a :class:`conformance.workload.Model`: per-parameter seeds ``name:0`` for the
+        start and ``name:step`` for gradients, per-column scales ``1 + column % 4`` where
+        ``structured``; a tensor lr (new for every call) in group 0 when ``tensor_lr``."""
+        hypers = [dict(options) for options in self.groups]
+        if self.tensor_lr:
+            hypers[0]["lr"] = torch.tensor(1e-3)
+        return workload.Model(
+            shapes={p.name: p.shape for p in self.params},
+            groups=tuple(tuple(p.name for p in self.params if p.group == g) for g in range(len(self.groups))),
+            init=workload.per_name,
+            salt=0,
+            seed=workload.crc32_seed("{name}:{step}"),
+            hypers=tuple(hypers),
+            structured=frozenset(p.name for p in self.params if p.structured),
+            column_period=4,
+            frozen=frozenset(p.name for p in self.params if p.frozen),
+        )
+
 
 CASES = {
     "w1_fp32": Case(
@@ -68,52 +85,35 @@ CASES = {
 }
 
 
-def _full(name: str, shape: tuple, salt: int, structured: bool) -> torch.Tensor:
-    g = torch.Generator().manual_seed(zlib.crc32(f"{name}:{salt}".encode()))
-    x = torch.randn(shape, generator=g)
-    if structured:
-        x = x * (1.0 + torch.arange(shape[-1], dtype=torch.float32) % 4)
-    return x
-
-
 def train_case(impl, case: Case):
-    """Build sharded params, the optimizer and train ``case.steps`` steps; return (params, optimizer)."""
-    mesh = world_mesh()
-    params = {p.name: sharded_parameter(_full(p.name, p.shape, 0, False).to(case.dtype), mesh) for p in case.params}
-    groups = []
-    for index, options in enumerate(case.groups):
-        members = [(p.name, params[p.name]) for p in case.params if p.group == index]
-        group = dict(options, params=members)
-        if index == 0 and case.tensor_lr:
-            group["lr"] = torch.tensor(1e-3)
-        groups.append(group)
-    optimizer = impl.make_optimizer(groups, factored_v_2d=False)
-    for step in range(1, case.steps + 1):
-        for p in case.params:
-            params[p.name].grad = None if p.frozen else shard(_full(p.name, p.shape, step, p.structured).to(case.dtype), mesh)
-        optimizer.step()
+    """Rank body helper: the case's sharded parameters on this rank's mesh and the implementation's
+    optimizer over them, trained ``case.steps`` steps; returns ``(params, optimizer)``."""
+    model = case.model()
+    params = workload.parameters(model, dtype=case.dtype, mesh=world_mesh())
+    optimizer = impl.make_optimizer(workload.param_groups(model, params), factored_v_2d=False)
+    workload.train(model, optimizer, params, range(1, case.steps + 1))
     return params, optimizer
 
 
 def write_case(impl_spec: str, case_name: str, path: str) -> None:
     """Rank body: train one case with the implementation and save it with its DCP adapter."""
-    import torch.distributed.checkpoint as dcp
-
     impl = registry.resolve(impl_spec)
     _, optimizer = train_case(impl, CASES[case_name])
-    dcp.save({"optimizer": impl.dcp_state(optimizer)}, checkpoint_id=path)
+    workload.save(impl, optimizer, path, planner=False)
 
 
 def reference_codebook_gap(case_name: str) -> float:
     """Rank body: the largest gap between adjacent codewords of the codebook the reference learns
     on this rank for ``case_name`` (a checkpoint carries no codebook; SPEC 5.6.11 needs it)."""
+    from oracles import codebook_quality
+
     _, optimizer = train_case(registry.resolve("reference"), CASES[case_name])
-    cb = optimizer.codebook.detach().cpu().double()
-    return float((cb[1:] - cb[:-1]).max())
+    return codebook_quality.largest_gap(optimizer.codebook)
 
 
 def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: float = 120.0) -> dict:
-    """Write every case under ``root/<case>`` with ``impl_spec``; return the manifest (not written)."""
+    """Write every case under ``root/<case>`` with ``impl_spec`` on the active launcher
+    (``conformance.launch``); return the manifest (not written)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     chosen = {name: CASES[name] for name in (cases or CASES)}
@@ -121,7 +121,7 @@ def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: floa
         target = root / name
         if target.exists():
             shutil.rmtree(target)
-        run_on_ranks(write_case, case.world_size, args=(impl_spec, name, str(target)), timeout=timeout)
+        launch.run(write_case, case.world_size, args=(impl_spec, name, str(target)), timeout=timeout)
     descriptions = {n: {"world_size": c.world_size, "dtype": str(c.dtype), "covers": c.covers} for n, c in chosen.items()}
     return golden_manifest.build_manifest(root, descriptions)
 
@@ -163,8 +163,8 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
                                    problems=[] if same_metadata else [f"{name}: metadata digest differs from the golden"]))
             expected = read_nested(Path(golden_root) / name).get("optimizer", {})
             actual = read_nested(Path(tmp) / name).get("optimizer", {})
-            gap = 2.0 if bitwise else max(run_on_ranks(reference_codebook_gap, CASES[name].world_size, args=(name,),
-                                                       timeout=120.0))
+            gap = 2.0 if bitwise else max(launch.run(reference_codebook_gap, CASES[name].world_size, args=(name,),
+                                                     timeout=120.0))
             out.merge(checkpoint_compare.compare(expected, actual, bitwise=bitwise, param_dtype=CASES[name].dtype,
                                                  where=name, largest_gap=gap))
             if bitwise:

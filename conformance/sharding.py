@@ -1,4 +1,5 @@
-"""Building FSDP2-style sharded parameters inside a rank: ``Shard(0)`` DTensors on a 1-D CPU mesh."""
+"""Building FSDP2-style sharded parameters inside a rank: ``Shard(0)`` DTensors on the current
+World's 1-D mesh (SPEC 4.2.4), and :class:`WorldOfOne`, a World in this process."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from . import world
@@ -31,13 +31,11 @@ def forget_dtensor_caches() -> None:
 
 
 def world_mesh():
-    """The current World's 1-D mesh (SPEC 4.2.4), or outside a scenario call a 1-D CPU mesh over
-    the default group in rank order (for scripts that set up their own group)."""
+    """The current World's 1-D mesh (SPEC 4.2.4), with torch's DTensor caches dropped first (see
+    :func:`forget_dtensor_caches`). Raises ``conformance.world.NoCurrentWorld`` outside a scenario
+    call or a :class:`WorldOfOne`."""
     forget_dtensor_caches()
-    current = world.bound()
-    if current is not None:
-        return current.mesh
-    return init_device_mesh("cpu", (dist.get_world_size(),))
+    return world.current().mesh
 
 
 def shard(full: torch.Tensor, mesh) -> torch.Tensor:
@@ -64,12 +62,22 @@ class WorldOfOne:
     scratch directory for checkpoints; ``close()`` destroys the group if it made it.
 
     While open, a group it made is also the process's current World (rank 0 of 1, cpu), so a
-    rank body runs in-process as it does under a launcher; ``die()`` raises there instead.
+    rank body runs in-process as it does under a launcher; ``die()`` raises there instead. In a
+    process that already has a default group, it uses the current World, which must then be a
+    World of one (a launcher's); anything else is refused with a ``RuntimeError``.
     """
 
     def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
         self.owned = not dist.is_initialized()
+        if not self.owned:
+            bound = world.bound()
+            if bound is None or bound.size != 1:
+                raise RuntimeError(
+                    "WorldOfOne: this process already has a default process group and the current "
+                    f"World is {'none' if bound is None else f'of size {bound.size}'}; run in-process "
+                    "checks in a process without a group, or bind a World of one first"
+                )
+        self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
         self._scope = contextlib.ExitStack()
         if self.owned:
             store = dist.FileStore(os.path.join(self.tmp.name, "store"), 1)

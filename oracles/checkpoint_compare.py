@@ -34,19 +34,14 @@ def _plain(value):
     return value.item() if torch.is_tensor(value) and value.numel() == 1 else value
 
 
-def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.dtype, where: str = "",
-            largest_gap: float = 2.0) -> Comparisons:
-    """Every rule of SPEC 5.6.11 for two nested optimizer dicts; ``where`` prefixes messages.
-    ``largest_gap``: the largest gap between adjacent codewords of the codebook(s) the reference
-    trained with (2.0, the whole range, when unknown)."""
-    out = Comparisons()
+def _alike_tensors(expected: dict, actual: dict, out: Comparisons, where: str):
+    """Walk the keys of two nested optimizer dicts: record in ``out`` a different key set, any
+    non-tensor value that differs and any tensor of another dtype or shape; yield
+    ``(key, label, expected, actual)`` for the tensors left to compare."""
     prefix = f"{where}: " if where else ""
     if set(expected) != set(actual):
         out.problem(f"{prefix}keys differ: missing {sorted(set(expected) - set(actual))}, extra "
                     f"{sorted(set(actual) - set(expected))}")
-    hypers = expected.get("param_group_hypers") or []
-    identities = expected.get("param_identities") or []
-    dtype_name = DTYPE_NAMES.get(param_dtype, str(param_dtype))
     for key in sorted(set(expected) & set(actual)):
         e, a = expected[key], actual[key]
         label = f"{prefix}{key}"
@@ -58,6 +53,19 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.d
             form = f"{a.dtype} {tuple(a.shape)}" if torch.is_tensor(a) else type(a).__name__
             out.problem(f"{label}: {form}, expected {e.dtype} {tuple(e.shape)}")
             continue
+        yield key, label, e, a
+
+
+def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.dtype, where: str = "",
+            largest_gap: float = 2.0) -> Comparisons:
+    """Every rule of SPEC 5.6.11 for two nested optimizer dicts; ``where`` prefixes messages.
+    ``largest_gap``: the largest gap between adjacent codewords of the codebook(s) the reference
+    trained with (2.0, the whole range, when unknown)."""
+    out = Comparisons()
+    hypers = expected.get("param_group_hypers") or []
+    identities = expected.get("param_identities") or []
+    dtype_name = DTYPE_NAMES.get(param_dtype, str(param_dtype))
+    for key, label, e, a in _alike_tensors(expected, actual, out, where):
         dense = _DENSE.match(key)
         if dense is None or not e.is_floating_point():
             out.add(bitwise_comparison("saved state: counters and flags", e, a, label=label))
@@ -86,7 +94,6 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.d
     return out
 
 
-
 def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str = "") -> Comparisons:
     """Two re-saves of one checkpoint restored at one world size (SPEC 3.6.4, 5.6.11): by the
     reference (``expected``) and by the implementation (``actual``), nested optimizer dicts.
@@ -101,21 +108,7 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
     further: the restore's codebook is not saved). Bitwise profile: every bit.
     """
     out = Comparisons()
-    prefix = f"{where}: " if where else ""
-    if set(expected) != set(actual):
-        out.problem(f"{prefix}keys differ: missing {sorted(set(expected) - set(actual))}, extra "
-                    f"{sorted(set(actual) - set(expected))}")
-    for key in sorted(set(expected) & set(actual)):
-        e, a = expected[key], actual[key]
-        label = f"{prefix}{key}"
-        if not torch.is_tensor(e):
-            if e != a:
-                out.problem(f"{label}: {a!r}, expected {e!r}")
-            continue
-        if not torch.is_tensor(a) or a.dtype != e.dtype or tuple(a.shape) != tuple(e.shape):
-            out.problem(f"{label}: {getattr(a, 'dtype', type(a).__name__)} {tuple(getattr(a, 'shape', ()))}, "
-                        f"expected {e.dtype} {tuple(e.shape)}")
-            continue
+    for key, label, e, a in _alike_tensors(expected, actual, out, where):
         dense = _DENSE.match(key)
         if bitwise or dense is None or not e.is_floating_point() or not bool(e.any()):
             what = "restored state: counters and flags" if dense is None else "restored state (bitwise)"

@@ -1,108 +1,35 @@
 """Rank bodies and fixtures for the DCP load tests (tests/test_dcp_load_*.py).
 
-Every public function is module level and picklable, so it runs on spawned gloo
-ranks (conformance.ranks.run_on_ranks) and, at world size 1, in-process. Rank
-and world size come from torch.distributed.
+Every public function is module level and picklable, so it runs on launched gloo ranks
+(``conformance.launch.run``) and, at world size 1, in-process inside a
+``conformance.sharding.WorldOfOne``. Rank, mesh and group come from
+``conformance.world.current()``; the model, optimizers and saves are those of ``tests.support``
+and ``conformance.workload`` (``tests.support.DCP_MODEL``: on 3 and 4 ranks "dec.weight" splits
+unevenly and "tiny.weight" has empty shards; "head.weight" stays fresh).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
 import reference.dcp as rdcp
+from conformance import registry, workload, world
+from conformance.sharding import world_mesh
 from reference.dcp import layout
-from tests._dcp_save_ranks import mesh
+from tests.support import (
+    COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, DCP_TARGET_OPTIONS, TINY, dcp_optimizer, dcp_trained,
+)
 
-# A small two-group model. On 3 and 4 ranks "dec.weight" splits unevenly
-# (4/4/2, 3/3/3/1) and "tiny.weight" has empty shards (on rank 2 of 3, ranks 2-3
-# of 4); "head.weight" never receives a gradient, so its slot stays fresh.
-SHAPES = {
-    "enc.weight": (64, 48),
-    "enc.bias": (48,),
-    "dec.weight": (10, 8),
-    "head.weight": (16, 8),
-    "tiny.weight": (2, 8),
-}
-FRESH = "head.weight"
-TINY = "tiny.weight"
-HYPERS = dict(lr=2.5e-3, betas=(0.8, 0.97), eps=2e-8, weight_decay=0.03)
-GROUP1 = dict(lr=2e-3, weight_decay=0.01)
-SAVED_HYPERS = [
-    {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},
-    {"lr": 2e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.01},
-]
-# Deliberately different, so a restore that forgot the hyperparameters shows.
-TARGET_HYPERS = dict(lr=9.9e-9, betas=(0.1, 0.2), eps=7e-7, weight_decay=0.5)
-SAVE_STEPS = 3
-COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
 CONTINUE_TOL = 5e-3  # the published bound on one continuation step (SPEC 3.7.3)
 
 
-def shapes(tiny: bool = True) -> dict:
-    return {n: s for n, s in SHAPES.items() if tiny or n != TINY}
-
-
-def make_params(device_mesh, tiny: bool = True) -> dict:
-    params = {}
-    for name, shape in shapes(tiny).items():
-        full = torch.linspace(-0.8, 0.7, torch.Size(shape).numel()).reshape(shape)
-        params[name] = torch.nn.Parameter(distribute_tensor(full, device_mesh, [Shard(0)]))
-    return params
-
-
-def grouped(params) -> list:
-    first = [(n, params[n]) for n in ("enc.weight", "enc.bias")]
-    second = [(n, params[n]) for n in ("dec.weight", FRESH, TINY) if n in params]
-    return [{"params": first}, {"params": second, **GROUP1}]
-
-
-def build(params, impl: str = "ref", **overrides):
-    kwargs = dict(HYPERS, fused=False, factored_v_2d=False, deterministic=True)
-    kwargs.update(overrides)
-    if impl == "ref":
-        return reference.Gefen(grouped(params), **kwargs)
-    import gefen
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return gefen.Gefen(grouped(params), **kwargs)
-
-
-def adapter(optimizer):
-    if isinstance(optimizer, reference.Gefen):
-        return rdcp.GefenDCPState(optimizer)
-    import gefen
-
-    return gefen.GefenDCPState(optimizer)
-
-
-def gradient(name: str, step: int, device_mesh):
-    seed = 1000 * step + sum(map(ord, name))
-    full = torch.randn(SHAPES[name], generator=torch.Generator().manual_seed(seed))
-    return distribute_tensor(full, device_mesh, [Shard(0)])
-
-
-def set_gradients(params, step: int, device_mesh) -> None:
-    for name, p in params.items():
-        p.grad = None if name == FRESH else gradient(name, step, device_mesh)
-
-
-def train(optimizer, params, device_mesh, steps: int = SAVE_STEPS, first_step: int = 0) -> None:
-    for step in range(first_step, first_step + steps):
-        set_gradients(params, step, device_mesh)
-        optimizer.step()
-
-
-def full_params(params) -> dict:
-    """Every parameter's global value (a collective); plain CPU tensors."""
-    return {name: p.detach().full_tensor().clone() for name, p in params.items()}
+def model(tiny: bool = True) -> workload.Model:
+    """The DCP tests' model, with or without the two-row parameter."""
+    return DCP_MODEL if tiny else DCP_MODEL.without(TINY)
 
 
 def state_of(optimizer, param) -> dict:
@@ -132,7 +59,7 @@ def compact_report(optimizer, params) -> dict:
         "slots": slots,
         "codebook": None if codebook is None else codebook.clone(),
         "global_step": global_step_of(optimizer),
-        "hypers": [{k: float(g[k]) for k in SAVED_HYPERS[0]} for g in optimizer.param_groups],
+        "hypers": [{k: float(g[k]) for k in DCP_SAVED_HYPERS[0]} for g in optimizer.param_groups],
     }
 
 
@@ -140,38 +67,29 @@ def compact_report(optimizer, params) -> dict:
 
 
 def save_checkpoints(root: str, jobs) -> dict:
-    """Train and save one checkpoint per job ``(directory, impl, tiny)``; collective.
+    """Train and save one checkpoint per job ``(directory, implementation, tiny)``; collective.
 
-    Each checkpoint holds ``{"model": parameters, "optimizer": adapter}``. Returns
-    the saved global parameter values per directory (on every rank).
+    Each checkpoint holds ``{"model": parameters, "optimizer": adapter}`` (the reference's with
+    its planner). Returns the saved global parameter values per directory (on every rank).
     """
-    device_mesh = mesh()
     saved = {}
     for directory, impl, tiny in jobs:
-        params = make_params(device_mesh, tiny)
-        optimizer = build(params, impl)
-        train(optimizer, params, device_mesh)
-        dcp.save(
-            {"model": dict(params), "optimizer": adapter(optimizer)},
-            storage_writer=dcp.FileSystemWriter(os.path.join(root, directory)),
-            planner=rdcp.GefenSavePlanner() if impl == "ref" else None,
-        )
-        saved[directory] = full_params(params)
+        optimizer, params = dcp_trained(impl, model(tiny))
+        workload.save(registry.resolve(impl), optimizer, os.path.join(root, directory), params=params,
+                      planner=impl == "reference")
+        saved[directory] = workload.full_params(params)
     return saved
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def load(root: str, directory: str, impl: str = "ref", tiny: bool = True, device_mesh=None, **overrides):
+def load(root: str, directory: str, impl: str = "reference", tiny: bool = True, **overrides):
     """A fresh optimizer (target hyperparameters) restored from a checkpoint; collective."""
-    device_mesh = device_mesh or mesh()
-    params = make_params(device_mesh, tiny)
-    optimizer = build(params, impl, **dict(TARGET_HYPERS, **overrides))
-    dcp.load(
-        {"model": dict(params), "optimizer": adapter(optimizer)},
-        storage_reader=dcp.FileSystemReader(os.path.join(root, directory)),
-    )
+    layout_model = model(tiny)
+    params = workload.parameters(layout_model, mesh=world_mesh())
+    optimizer = dcp_optimizer(impl, params, layout_model, **dict(DCP_TARGET_OPTIONS, **overrides))
+    workload.load(registry.resolve(impl), optimizer, os.path.join(root, directory), params=params)
     return optimizer, params
 
 
@@ -184,41 +102,37 @@ def restore_and_continue(root: str, directories, compact_jobs=(), refused=()) ->
     on the same gradients, take one step on both with the same gradient, and
     report the largest difference per parameter (SPEC 3.7.3).
 
-    ``compact_jobs`` are ``(directory, impl, tiny)`` restores whose compact state
+    ``compact_jobs`` are ``(directory, implementation, tiny)`` restores whose compact state
     is only reported (interop, SPEC 3.8). ``refused`` are directories expected to
     fail; their ``(type, message)`` is reported.
     """
-    device_mesh = mesh()
-    native_params = make_params(device_mesh)
-    native = build(native_params)
-    train(native, native_params, device_mesh)
+    next_step = [DCP_SAVE_STEPS]
+    native, native_params = dcp_trained()
     before = {n: layout.local_part(p).detach().clone() for n, p in native_params.items()}
-    set_gradients(native_params, SAVE_STEPS, device_mesh)
-    native.step()
+    workload.train(DCP_MODEL, native, native_params, next_step)
     after = {n: layout.local_part(p).detach().clone() for n, p in native_params.items()}
     native_periods = {n: state_of(native, p).get("automatic_period") for n, p in native_params.items()}
 
     report = {"native_periods": native_periods, "restored": {}, "compact": {}, "refused": {}}
     for directory in directories:
-        optimizer, params = load(root, directory, device_mesh=device_mesh)
+        optimizer, params = load(root, directory)
         entry = compact_report(optimizer, params)
-        entry["full_params"] = full_params(params)
+        entry["full_params"] = workload.full_params(params)
         with torch.no_grad():
             for name, p in params.items():
                 layout.local_part(p).copy_(before[name])
-        set_gradients(params, SAVE_STEPS, device_mesh)
-        optimizer.step()
+        workload.train(DCP_MODEL, optimizer, params, next_step)
         entry["continuation_error"] = {
             name: float((layout.local_part(p).detach() - after[name]).abs().max()) if before[name].numel() else 0.0
             for name, p in params.items()
         }
         report["restored"][directory] = entry
     for directory, impl, tiny in compact_jobs:
-        optimizer, params = load(root, directory, impl, tiny, device_mesh=device_mesh)
+        optimizer, params = load(root, directory, impl, tiny)
         report["compact"][(directory, impl)] = compact_report(optimizer, params)
     for directory in refused:
         try:
-            load(root, directory, device_mesh=device_mesh)
+            load(root, directory)
             report["refused"][directory] = None
         except Exception as exc:  # the outcome is the result
             report["refused"][directory] = (type(exc).__name__, str(exc))
@@ -393,15 +307,15 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
     """
     from reference.dcp import reblock
 
-    device_mesh = mesh()
+    mesh = world_mesh()
     results = []
     for scenario, _clause, corrupt_dict, corrupt_live, patch, _type, _part in FAILURE_SCENARIOS:
         if scenario not in scenario_ids:
             continue
-        params = make_params(device_mesh)
-        optimizer = build(params, **TARGET_HYPERS)
-        train(optimizer, params, device_mesh, steps=1, first_step=7)
-        here = dist.get_rank() == failing_rank
+        params = workload.parameters(DCP_MODEL, mesh=mesh)
+        optimizer = dcp_optimizer("reference", params, **DCP_TARGET_OPTIONS)
+        workload.train(DCP_MODEL, optimizer, params, [7])
+        here = world.current().rank == failing_rank
         if here and corrupt_live is not None:
             corrupt_live(optimizer)
         signature = live_signature(optimizer)
@@ -412,7 +326,7 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
         try:
             dcp.load(
                 {"optimizer": Corrupting(rdcp.GefenDCPState(optimizer), corrupt_dict if here else None)},
-                storage_reader=dcp.FileSystemReader(os.path.join(root, directory)),
+                checkpoint_id=os.path.join(root, directory), process_group=workload.group(),
             )
         except Exception as exc:  # the outcome is the result
             error = (type(exc).__name__, str(exc), tuple(c.__name__ for c in type(exc).__mro__))
@@ -431,16 +345,11 @@ def save_with_one_rank_fresh(root: str, fresh_rank: int):
     Both ranks hold rows of "enc.weight", so they disagree on its scalars.
     Returns ``(type, message)`` of the error, or None.
     """
-    device_mesh = mesh()
-    params = make_params(device_mesh)
-    optimizer = build(params)
-    train(optimizer, params, device_mesh)
-    if dist.get_rank() == fresh_rank:
+    optimizer, params = dcp_trained()
+    if world.current().rank == fresh_rank:
         optimizer.state[params["enc.weight"]] = {"name": "enc.weight"}
     try:
-        dcp.save({"optimizer": rdcp.GefenDCPState(optimizer)},
-                 storage_writer=dcp.FileSystemWriter(os.path.join(root, "disagree")),
-                 planner=rdcp.GefenSavePlanner())
+        workload.save(registry.resolve("reference"), optimizer, os.path.join(root, "disagree"))
     except Exception as exc:  # the outcome is the result
         return (type(exc).__name__, str(exc))
     return None

@@ -1,180 +1,59 @@
 """Rank bodies and fixtures for tests/test_dcp_save.py.
 
-Every public function here is module level and picklable, so it can run on
-spawned gloo ranks (conformance.ranks.run_on_ranks) as well as in-process at
-world size 1. The functions read rank and world size from torch.distributed.
+Every public function here is module level and picklable, so it can run on launched gloo ranks
+(``conformance.launch.run``) as well as in-process at world size 1 (inside a
+``conformance.sharding.WorldOfOne``). Rank, mesh and group come from
+``conformance.world.current()``; the model, optimizers and saves are those of
+``tests.support`` and ``conformance.workload``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import warnings
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.device_mesh import DeviceMesh
 
-import reference
-import reference.dcp as rdcp
+from conformance import registry, workload, world
 from conformance.sharding import world_mesh
-from oracles import checkpoint_reader
+from tests.support import COMPACT_KEYS, DCP_MODEL, FRESH, dcp_optimizer, dcp_trained
 
-# Five slots in two groups: a searched-period matrix, a vector, a matrix whose
-# first dimension does not divide evenly over 4 ranks, a parameter that never
-# receives a gradient (a fresh slot), and a two-row matrix whose shard is empty
-# on ranks 2 and 3 of a 4-rank world.
-SHAPES = {
-    "enc.weight": (64, 48),
-    "enc.bias": (48,),
-    "dec.weight": (10, 8),
-    "head.weight": (16, 8),
-    "tiny.weight": (2, 8),
-}
-FRESH = "head.weight"
-HYPERS = dict(lr=2.5e-3, betas=(0.8, 0.97), eps=2e-8, weight_decay=0.03)
-GROUP1 = dict(lr=2e-3, weight_decay=0.01)
-SAVE_STEPS = 3
-COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
+REFERENCE = registry.resolve("reference")
 
 
-def mesh():
-    return world_mesh()
-
-
-def make_params(device_mesh) -> dict:
-    params = {}
-    for name, shape in SHAPES.items():
-        full = torch.linspace(-0.8, 0.7, torch.Size(shape).numel()).reshape(shape)
-        params[name] = torch.nn.Parameter(distribute_tensor(full, device_mesh, [Shard(0)]))
-        coordinate = params[name].device_mesh.get_coordinate()
-        assert coordinate == device_mesh.get_coordinate(), (
-            "parameter %s landed on a stale mesh (coordinate %s)" % (name, coordinate)
-        )
-    return params
-
-
-def grouped(params) -> list:
-    return [
-        {"params": [("enc.weight", params["enc.weight"]), ("enc.bias", params["enc.bias"])]},
-        {
-            "params": [
-                ("dec.weight", params["dec.weight"]),
-                (FRESH, params[FRESH]),
-                ("tiny.weight", params["tiny.weight"]),
-            ],
-            **GROUP1,
-        },
-    ]
-
-
-def gradient(name: str, step: int, device_mesh):
-    seed = 1000 * step + sum(map(ord, name))
-    full = torch.randn(SHAPES[name], generator=torch.Generator().manual_seed(seed))
-    return distribute_tensor(full, device_mesh, [Shard(0)])
-
-
-def train(optimizer, params, device_mesh, steps=SAVE_STEPS, first_step=0):
-    for step in range(first_step, first_step + steps):
-        for name, p in params.items():
-            p.grad = None if name == FRESH else gradient(name, step, device_mesh)
-        optimizer.step()
-
-
-def reference_optimizer(params, **overrides):
-    kwargs = dict(HYPERS, fused=False, factored_v_2d=False, deterministic=True)
-    kwargs.update(overrides)
-    return reference.Gefen(grouped(params), **kwargs)
-
-
-def gefenx_optimizer(params, **overrides):
-    import gefen
-
-    kwargs = dict(HYPERS, fused=False, factored_v_2d=False, deterministic=True)
-    kwargs.update(overrides)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return gefen.Gefen(grouped(params), **kwargs)
-
-
-def trained_reference(device_mesh=None):
-    device_mesh = device_mesh or mesh()
-    params = make_params(device_mesh)
-    optimizer = reference_optimizer(params)
-    train(optimizer, params, device_mesh)
-    return optimizer, params, device_mesh
-
-
-def copy_of_trained(template, device_mesh):
-    """A new reference Gefen on new parameters holding a clone of ``template``'s state.
-
-    Cheaper than training again; the parameters keep their initial values.
-    """
-    params = make_params(device_mesh)
-    optimizer = reference_optimizer(params)
+def copy_of_trained(template, mesh=None):
+    """``(optimizer, params, mesh)``: a new reference Gefen on new parameters holding a clone of
+    ``template``'s state (cheaper than training again; the parameters keep their initial values)."""
+    mesh = world_mesh() if mesh is None else mesh
+    params = workload.parameters(DCP_MODEL, mesh=mesh)
+    optimizer = dcp_optimizer("reference", params)
     for name, p in params.items():
         source = template.state[_param(template, name)]
         optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in source.items()}
     optimizer.codebook = template.codebook.clone()
     optimizer.global_step = template.global_step
-    return optimizer, params, device_mesh
+    return optimizer, params, mesh
 
 
-def trained_twins(device_mesh):
+def trained_twins(mesh):
     """A gefen-x Gefen and a reference Gefen trained on identical gradients.
 
     Raises AssertionError naming the first difference if their compact state is
     not bit-identical (the md5 comparison would be meaningless then).
     """
-    gx_params, ref_params = make_params(device_mesh), make_params(device_mesh)
-    gx, ref = gefenx_optimizer(gx_params), reference_optimizer(ref_params)
-    train(gx, gx_params, device_mesh)
-    train(ref, ref_params, device_mesh)
+    gx, gx_params = dcp_trained("gefenx", mesh=mesh)
+    ref, ref_params = dcp_trained("reference", mesh=mesh)
     assert gx._gefen_global_step == ref.global_step
     assert torch.equal(gx._gefen_codebook, ref.codebook), "codebooks differ"
-    for name in SHAPES:
+    for name in DCP_MODEL.shapes:
         a, b = gx.state[gx_params[name]], ref.state[ref_params[name]]
         for key in COMPACT_KEYS:
             assert (key in a) == (key in b), (name, key)
             if key in a:
                 same = torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key]
-                assert same, "compact state differs: %s %s" % (name, key)
+                assert same, f"compact state differs: {name} {key}"
     return gx, ref
-
-
-def save(state, path, planner=None, thread_count=1):
-    writer = dcp.FileSystemWriter(path, thread_count=thread_count)
-    dcp.save({"optimizer": state}, storage_writer=writer, planner=planner)
-
-
-def payload_md5(path) -> dict:
-    digests = {}
-    for entry in sorted(os.listdir(path)):
-        if entry.endswith(".distcp"):
-            with open(os.path.join(path, entry), "rb") as handle:
-                digests[entry] = hashlib.md5(handle.read()).hexdigest()
-    return digests
-
-
-def comparable_metadata(path) -> dict:
-    """``.metadata`` parsed, without its random save id and checkpoint path."""
-    metadata = checkpoint_reader.read_metadata(path)
-    storage_meta = metadata.storage_meta
-    return {
-        "state_dict_metadata": metadata.state_dict_metadata,
-        "storage_data": metadata.storage_data,
-        "planner_data": metadata.planner_data,
-        "version": getattr(metadata, "version", None),  # older torch (2.7) has no format version
-        "modules": getattr(storage_meta, "modules", None),
-    }
-
-
-def checkpoint_bytes(path) -> list:
-    """Every ``.metadata`` or ``.distcp`` file (possibly partial) under ``path``."""
-    if not os.path.isdir(path):
-        return []
-    return sorted(e for e in os.listdir(path) if e == ".metadata" or e.endswith(".distcp"))
 
 
 # ----------------------------------------------------------------------------- md5 body
@@ -184,37 +63,28 @@ SAVE_VARIANTS = (
     ("gefenx_plain", "gefenx", False, 1),
     ("gefenx_planned", "gefenx", True, 1),
     ("gefenx_threads", "gefenx", True, 2),
-    ("ref_plain", "ref", False, 1),
-    ("ref_planned", "ref", True, 1),
-    ("ref_planned_again", "ref", True, 1),
-    ("ref_threads", "ref", True, 2),
+    ("ref_plain", "reference", False, 1),
+    ("ref_planned", "reference", True, 1),
+    ("ref_planned_again", "reference", True, 1),
+    ("ref_threads", "reference", True, 2),
 )
 
 
 def save_all_variants(root: str) -> int:
     """Save the same compact state with both adapters in every variant (collective)."""
-    import gefen
-
-    device_mesh = mesh()
-    gx, ref = trained_twins(device_mesh)
+    optimizers = dict(zip(("gefenx", "reference"), trained_twins(world_mesh())))
     for directory, impl, planned, threads in SAVE_VARIANTS:
         path = os.path.join(root, directory)
-        if impl == "gefenx":
-            state, planner = gefen.GefenDCPState(gx), (gefen.GefenSavePlanner() if planned else None)
-        else:
-            state, planner = rdcp.GefenDCPState(ref), (rdcp.GefenSavePlanner() if planned else None)
-        save(state, path, planner, threads)
-    return dist.get_rank()
+        workload.save(registry.resolve(impl), optimizers[impl], planner=planned,
+                      writer=dcp.FileSystemWriter(path, thread_count=threads))
+    return world.current().rank
 
 
 def load_into_gefenx(path: str) -> dict:
     """``dcp.load`` a checkpoint into a fresh gefen-x optimizer; report what it restored."""
-    import gefen
-
-    device_mesh = mesh()
-    params = make_params(device_mesh)
-    target = gefenx_optimizer(params, lr=9.9e-9, betas=(0.1, 0.2), eps=7e-7, weight_decay=0.5)
-    dcp.load({"optimizer": gefen.GefenDCPState(target)}, storage_reader=dcp.FileSystemReader(path))
+    params = workload.parameters(DCP_MODEL, mesh=world_mesh())
+    target = dcp_optimizer("gefenx", params, lr=9.9e-9, betas=(0.1, 0.2), eps=7e-7, weight_decay=0.5)
+    workload.load(registry.resolve("gefenx"), target, path)
     return {
         "global_step": target._gefen_global_step,
         "counters": {
@@ -282,7 +152,7 @@ def _shorten_one_block(opt):
 
 def _plain_tensor_param(opt):
     group = opt.param_groups[1]
-    group["params"][0] = torch.nn.Parameter(torch.zeros(SHAPES["dec.weight"]))
+    group["params"][0] = torch.nn.Parameter(torch.zeros(DCP_MODEL.shapes["dec.weight"]))
 
 
 def _nonfinite(key, value):
@@ -326,6 +196,15 @@ def _outcome(exc):
     return (type(exc).__name__, str(exc))
 
 
+def _saved_outcome(optimizer, path: str):
+    """Save with the reference's planner; ``(type, message)`` of the error, or None."""
+    try:
+        workload.save(REFERENCE, optimizer, path)
+    except Exception as exc:  # the outcome is the result
+        return _outcome(exc)
+    return None
+
+
 def preflight_failures(root: str, failing_rank: int = 0) -> list:
     """Run every preflight scenario through ``dcp.save`` (collective).
 
@@ -333,46 +212,28 @@ def preflight_failures(root: str, failing_rank: int = 0) -> list:
     healthy. Returns one ``(scenario, outcome)`` per scenario, where the outcome
     is ``(exception type, message)`` or None if the save succeeded.
     """
-    device_mesh = mesh()
-    template, _, _ = trained_reference(device_mesh)
+    mesh = world_mesh()
+    template, _ = dcp_trained(mesh=mesh)
     results = []
     for scenario, _clause, corrupt, _type, _part in PREFLIGHT_SCENARIOS:
-        optimizer, _, _ = copy_of_trained(template, device_mesh)
-        if dist.get_rank() == failing_rank:
+        optimizer, _, _ = copy_of_trained(template, mesh)
+        if world.current().rank == failing_rank:
             corrupt(optimizer)
-        error = None
-        try:
-            save(rdcp.GefenDCPState(optimizer), os.path.join(root, scenario), rdcp.GefenSavePlanner())
-        except Exception as exc:  # the outcome is the result
-            error = exc
-        results.append((scenario, _outcome(error)))
+        results.append((scenario, _saved_outcome(optimizer, os.path.join(root, scenario))))
     return results
 
 
 def divergent_layouts(root: str) -> tuple:
     """Each rank renames one parameter differently, then all save (collective)."""
-    device_mesh = mesh()
-    optimizer, _, _ = trained_reference(device_mesh)
+    optimizer, _ = dcp_trained()
     group = optimizer.param_groups[1]
-    group["param_names"] = ["dec.weight_rank%d" % dist.get_rank()] + list(group["param_names"][1:])
-    error = None
-    try:
-        save(rdcp.GefenDCPState(optimizer), os.path.join(root, "divergent"), rdcp.GefenSavePlanner())
-    except Exception as exc:
-        error = exc
-    return _outcome(error)
+    group["param_names"] = [f"dec.weight_rank{world.current().rank}"] + list(group["param_names"][1:])
+    return _saved_outcome(optimizer, os.path.join(root, "divergent"))
 
 
 def reordered_mesh_save(root: str) -> tuple:
     """Parameters on a mesh listing the ranks backwards (collective)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    world = dist.get_world_size()
-    backwards = DeviceMesh("cpu", torch.arange(world - 1, -1, -1))
-    optimizer, _, _ = trained_reference(backwards)
-    error = None
-    try:
-        save(rdcp.GefenDCPState(optimizer), os.path.join(root, "reordered"), rdcp.GefenSavePlanner())
-    except Exception as exc:
-        error = exc
-    return _outcome(error)
+    here = world.current()
+    backwards = DeviceMesh(here.device.type, torch.arange(here.size - 1, -1, -1))
+    optimizer, _ = dcp_trained(mesh=backwards)
+    return _saved_outcome(optimizer, os.path.join(root, "reordered"))

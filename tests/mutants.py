@@ -79,23 +79,32 @@ def _betas_stored_rounded(params, **hp):
     return reference.Gefen(params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp)
 
 
-def _lr_half_percent_high(params, **hp):
-    """Every step applies 1.005 x the group's lr (the stored lr is the user's)."""
-    opt = reference.Gefen(params, **hp)
-    original = opt.step
+def _stepping_with(key: str, change):
+    """A reference optimizer whose every step sees ``change(value)`` for each group's ``key``
+    (the stored value stays the user's)."""
 
-    def step(closure=None):
-        saved = [g["lr"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["lr"] = g["lr"] * 1.005
-        try:
-            return original(closure)
-        finally:
-            for g, lr in zip(opt.param_groups, saved):
-                g["lr"] = lr
+    def make(params, **hp):
+        opt = reference.Gefen(params, **hp)
+        original = opt.step
 
-    opt.step = step
-    return opt
+        def step(closure=None):
+            saved = [g[key] for g in opt.param_groups]
+            for g in opt.param_groups:
+                g[key] = change(g[key])
+            try:
+                return original(closure)
+            finally:
+                for g, value in zip(opt.param_groups, saved):
+                    g[key] = value
+
+        opt.step = step
+        return opt
+
+    return make
+
+
+#: Every step applies 1.005 x the group's lr.
+_lr_half_percent_high = _stepping_with("lr", lambda lr: lr * 1.005)
 
 
 def _codewords_in_bf16(codebook, indices, dtype):
@@ -157,23 +166,8 @@ def _search_without_fallback(rules, name, global_shape, squared):
     return periods.search_period(squared)
 
 
-def _without_weight_decay(params, **hp):
-    """Decoupled weight decay never applied (the factor is dropped)."""
-    opt = reference.Gefen(params, **hp)
-    original = opt.step
-
-    def step(closure=None):
-        saved = [g["weight_decay"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["weight_decay"] = 0.0
-        try:
-            return original(closure)
-        finally:
-            for g, wd in zip(opt.param_groups, saved):
-                g["weight_decay"] = wd
-
-    opt.step = step
-    return opt
+#: Decoupled weight decay never applied (the factor is dropped).
+_without_weight_decay = _stepping_with("weight_decay", lambda weight_decay: 0.0)
 
 
 class _ReallocatingStep(reference.Gefen):

@@ -1,4 +1,5 @@
-"""Shared builders for the project's own tests: small models, gradient streams, state snapshots."""
+"""Shared builders for the project's own tests: their models (in the vocabulary of
+``conformance.workload``), optimizers over them, state snapshots, an in-process world of one."""
 
 from __future__ import annotations
 
@@ -9,43 +10,94 @@ import zlib
 import pytest
 import torch
 
-#: Shapes whose periods come out searched, by fallback and 1 (see test_optimizer_parity).
-SHAPES = {
-    "weight": (96, 40),      # 2-D, structured gradients -> searched period
-    "vector": (256,),        # 1-D
-    "conv": (16, 3, 3, 3),   # conv-like 4-D
-    "prime": (37,),          # prime numel, i.i.d. gradients -> fallback (one block)
-    "big_prime": (4099,),    # prime numel above the fallback cap -> period 1
-    "narrow": (48, 3),       # an (n, 3) parameter
-    "late": (7, 11),         # first gradient arrives at step 3
-    "scalar": (1,),          # one element -> period 1
-}
-LATE_START = 3
-STRUCTURED = {"weight", "conv", "vector"}
+from conformance import workload
 
 
-def initial_tensors(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, generator=g).to(dtype) for name, shape in SHAPES.items()}
+def _parity_seed(name: str, index: int, step: int) -> int:
+    return 1000 + step * 37 + zlib.crc32(name.encode()) % 997
 
 
-def gradient(name: str, shape: tuple, step: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
-    """A deterministic gradient; structured ones repeat a per-column scale, one block is all zero."""
-    g = torch.Generator().manual_seed(seed * 1000 + step * 37 + zlib.crc32(name.encode()) % 997)
-    x = torch.randn(shape, generator=g)
-    if name in STRUCTURED:
-        last = shape[-1]
-        x = x * (1.0 + torch.arange(last, dtype=torch.float32) % 5)
-    if name == "weight":
-        x[:2] = 0.0  # a zero-gradient block
-    return x.to(dtype)
+#: The parity model (tests/test_optimizer_parity.py): periods come out searched (``weight``,
+#: ``conv``, ``vector``: structured gradients; ``weight`` has a zero-gradient block), by
+#: fallback (``prime``: prime numel, i.i.d. gradients) and 1 (``big_prime``: prime numel above
+#: the fallback cap; ``scalar``); ``narrow`` is (n, 3); ``late`` gets its first gradient at step 3.
+PARITY = workload.Model(
+    shapes={"weight": (96, 40), "vector": (256,), "conv": (16, 3, 3, 3), "prime": (37,), "big_prime": (4099,),
+            "narrow": (48, 3), "late": (7, 11), "scalar": (1,)},
+    groups=(("weight", "vector", "conv", "prime"), ("big_prime", "narrow", "late", "scalar")),
+    init=workload.one_stream,
+    seed=_parity_seed,
+    structured=frozenset({"weight", "conv", "vector"}),
+    zero_rows={"weight": 2},
+    first_step={"late": 3},
+)
+LATE_START = PARITY.first_step["late"]
 
 
-def gradients_for_step(names, shapes, step: int, dtype: torch.dtype) -> dict:
-    return {
-        n: None if (n == "late" and step < LATE_START) else gradient(n, shapes[n], step, dtype)
-        for n in names
-    }
+def parity_hypers(*, tensor_lr: bool, weight_decay: float) -> tuple:
+    lr = torch.tensor(3e-3) if tensor_lr else 3e-3
+    return ({"lr": lr, "weight_decay": weight_decay}, {"lr": 1e-3, "betas": (0.8, 0.99), "weight_decay": 0.0})
+
+
+def _dcp_seed(name: str, index: int, step: int) -> int:
+    return 1000 * step + sum(map(ord, name))
+
+
+FRESH = "head.weight"
+TINY = "tiny.weight"
+#: The DCP tests' model (tests/test_dcp_*.py): a searched-period matrix, a vector, a matrix whose
+#: first dimension does not divide evenly over 3 or 4 ranks (4/4/2, 3/3/3/1), a parameter that
+#: never receives a gradient (a fresh slot), and a two-row matrix whose shard is empty on rank 2
+#: of 3 and ranks 2-3 of 4.
+DCP_MODEL = workload.Model(
+    shapes={"enc.weight": (64, 48), "enc.bias": (48,), "dec.weight": (10, 8), FRESH: (16, 8), TINY: (2, 8)},
+    groups=(("enc.weight", "enc.bias"), ("dec.weight", FRESH, TINY)),
+    hypers=({}, dict(lr=2e-3, weight_decay=0.01)),
+    init=workload.linspace(-0.8, 0.7),
+    seed=_dcp_seed,
+    frozen=frozenset({FRESH}),
+)
+#: Constructor keywords of the DCP tests' optimizers (group 1 overrides lr and weight decay).
+DCP_OPTIONS = dict(lr=2.5e-3, betas=(0.8, 0.97), eps=2e-8, weight_decay=0.03, fused=False, factored_v_2d=False,
+                   deterministic=True)
+#: What the DCP tests' checkpoints carry per group.
+DCP_SAVED_HYPERS = [
+    {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},
+    {"lr": 2e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.01},
+]
+#: Deliberately different, so a restore that forgot the hyperparameters shows.
+DCP_TARGET_OPTIONS = dict(lr=9.9e-9, betas=(0.1, 0.2), eps=7e-7, weight_decay=0.5)
+DCP_SAVE_STEPS = 3
+#: The entries of a stepped slot's compact state (a fresh slot holds only its name).
+COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
+
+
+def dcp_optimizer(impl: str, params: dict, model: workload.Model = DCP_MODEL, **overrides):
+    """The optimizer of implementation ``impl`` ("reference" or "gefenx") over ``params``."""
+    from conformance import registry
+
+    options = dict(DCP_OPTIONS, **overrides)
+    return registry.resolve(impl).make_optimizer(workload.param_groups(model, params), **options)
+
+
+def dcp_trained(impl: str = "reference", model: workload.Model = DCP_MODEL, mesh=None, **overrides):
+    """``(optimizer, params)``: ``model`` sharded on ``mesh`` (default: the World's), trained
+    ``DCP_SAVE_STEPS`` steps (indices 0..2) by ``impl``."""
+    from conformance.sharding import world_mesh
+
+    params = workload.parameters(model, mesh=world_mesh() if mesh is None else mesh)
+    optimizer = dcp_optimizer(impl, params, model, **overrides)
+    workload.train(model, optimizer, params, range(DCP_SAVE_STEPS))
+    return optimizer, params
+
+
+def checkpoint_files(path) -> list:
+    """Every ``.metadata`` or ``.distcp`` file (possibly partial) under ``path``."""
+    import os
+
+    if not os.path.isdir(path):
+        return []
+    return sorted(e for e in os.listdir(path) if e == ".metadata" or e.endswith(".distcp"))
 
 
 def silence_gefenx_warnings():

@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 import reference.dcp as rdcp
+from conformance import registry, workload
+from conformance.sharding import world_mesh
+from oracles import checkpoint_reader
 from reference.codebook import learn_codebook
 from reference.codewords import nearest_codeword_indices
-from conformance.sharding import WorldOfOne
-from oracles import checkpoint_reader
 from reference.dcp import reblock, schema
 from reference.periods import PeriodRules, choose_period
 from reference.steps import block_mean_square
 from tests import _dcp_load_ranks as L
+from tests.support import DCP_MODEL, DCP_SAVE_STEPS, DCP_TARGET_OPTIONS, FRESH, dcp_optimizer, world_of_one
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -34,21 +35,22 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """An in-process gloo group of one rank and a one-rank reference checkpoint."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    world = WorldOfOne()
-    try:
+    with world_of_one():
         root = str(tmp_path_factory.mktemp("dcp-load-w1"))
-        L.save_checkpoints(root, [("w1", "ref", True)])
+        L.save_checkpoints(root, [("w1", "reference", True)])
         yield os.path.join(root, "w1")
-    finally:
-        world.close()
+
+
+def _target(**overrides):
+    """A reference optimizer with the target hyperparameters over fresh parameters."""
+    params = workload.parameters(DCP_MODEL, mesh=world_mesh())
+    return dcp_optimizer("reference", params, **dict(DCP_TARGET_OPTIONS, **overrides)), params
 
 
 def _load(path, **overrides):
-    params = L.make_params(L.mesh())
-    optimizer = L.build(params, **dict(L.TARGET_HYPERS, **overrides))
-    dcp.load({"optimizer": rdcp.GefenDCPState(optimizer)}, storage_reader=dcp.FileSystemReader(path))
+    """The optimizer alone restored from ``path`` into a :func:`_target`."""
+    optimizer, params = _target(**overrides)
+    workload.load(registry.resolve("reference"), optimizer, path)
     return optimizer, params
 
 
@@ -56,13 +58,13 @@ def _expected_compact(path, rules=PeriodRules()):
     """The compact state SPEC 3.6 prescribes, recomputed from the files alone."""
     flat = checkpoint_reader.read_flat(path)
     dense = {}
-    for index, name in enumerate(L.SHAPES):
+    for index, name in enumerate(DCP_MODEL.shapes):
         if flat["optimizer." + schema.slot_key(index, "initialized")].item() != 1:
             continue
         momentum = flat["optimizer." + schema.slot_key(index, "momentum")]
         second = flat["optimizer." + schema.slot_key(index, "second_moment")]
         squares = second.reshape(-1).numpy().astype(np.float64)
-        dense[name] = (momentum, second, choose_period(rules, name, L.SHAPES[name], squares))
+        dense[name] = (momentum, second, choose_period(rules, name, DCP_MODEL.shapes[name], squares))
     codebook = learn_codebook([(m.reshape(-1), p) for m, _, p in dense.values()], "cpu")
     expected = {}
     for name, (momentum, second, period) in dense.items():
@@ -84,15 +86,15 @@ def test_restore_matches_an_independent_recomputation_from_the_files(checkpoint)
     optimizer, params = _load(checkpoint)
     expected, codebook = _expected_compact(checkpoint)
     assert torch.equal(optimizer.codebook, codebook)
-    assert set(expected) == set(L.SHAPES) - {L.FRESH}
+    assert set(expected) == set(DCP_MODEL.shapes) - {FRESH}
     for name, want in expected.items():
         state = optimizer.state[params[name]]
         assert state["automatic_period"] == want["automatic_period"], name
         for key in ("m_codebook", "m_magnitude", "vmean"):
             assert state[key].dtype == want[key].dtype and torch.equal(state[key], want[key]), (name, key)
-        assert type(state["step"]) is int and state["step"] == state["vmean_step"] == L.SAVE_STEPS
-    assert optimizer.state[params[L.FRESH]] == {"name": L.FRESH}
-    assert optimizer.global_step == L.SAVE_STEPS
+        assert type(state["step"]) is int and state["step"] == state["vmean_step"] == DCP_SAVE_STEPS
+    assert optimizer.state[params[FRESH]] == {"name": FRESH}
+    assert optimizer.global_step == DCP_SAVE_STEPS
 
 
 @pytest.mark.parametrize(
@@ -131,16 +133,15 @@ def test_direct_round_trip_and_plain_tensor_dicts(checkpoint):
         if key.endswith(("momentum", "second_moment")):
             plain[key] = value.__get_tensor_shard__(None).clone()
     adapter.load_state_dict(plain)
-    assert L.compact_report(optimizer, params)["global_step"] == L.SAVE_STEPS
+    assert L.compact_report(optimizer, params)["global_step"] == DCP_SAVE_STEPS
 
 
 def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
     """SPEC 3.2.5, 3.5.5: unrelated per-parameter keys are dropped, the state mapping and group
     objects are kept, tensor hyperparameters (a grad-requiring leaf, and one tensor aliased by both
     groups' beta1 with equal saved values) are filled in place."""
-    params = L.make_params(L.mesh())
-    optimizer = L.build(params, **L.TARGET_HYPERS)
-    L.train(optimizer, params, L.mesh(), steps=1, first_step=5)
+    optimizer, params = _target()
+    workload.train(DCP_MODEL, optimizer, params, [5])
     optimizer.state[params["enc.weight"]]["scratch"] = torch.zeros(3)
     state_object, groups_object = optimizer.state, optimizer.param_groups
     lr = torch.tensor(1.0, requires_grad=True)
@@ -148,7 +149,7 @@ def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
     optimizer.param_groups[0]["lr"] = lr
     for group in optimizer.param_groups:
         group["beta1"] = beta1
-    dcp.load({"optimizer": rdcp.GefenDCPState(optimizer)}, storage_reader=dcp.FileSystemReader(checkpoint))
+    workload.load(registry.resolve("reference"), optimizer, checkpoint)
     assert optimizer.state is state_object and optimizer.param_groups is groups_object
     assert "scratch" not in optimizer.state[params["enc.weight"]]
     assert optimizer.param_groups[0]["lr"] is lr and lr.requires_grad and lr.item() == pytest.approx(2.5e-3)
@@ -158,20 +159,19 @@ def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
 def test_restore_without_initialized_slots_leaves_codebook_unset_and_steps(checkpoint, tmp_path):
     """SPEC 3.6.3: a checkpoint of a never-stepped optimizer restores name-only slots and no
     codebook; the next step learns one from gradients. A restored codebook stays frozen."""
-    params = L.make_params(L.mesh())
-    fresh = L.build(params)
-    dcp.save({"optimizer": rdcp.GefenDCPState(fresh)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)))
+    fresh = dcp_optimizer("reference", workload.parameters(DCP_MODEL, mesh=world_mesh()))
+    workload.save(registry.resolve("reference"), fresh, tmp_path, planner=False)
     optimizer, params = _load(str(tmp_path))
     assert optimizer.codebook is None and optimizer.global_step == 0
     assert all(optimizer.state[p] == {"name": n} for n, p in params.items())
-    L.train(optimizer, params, L.mesh(), steps=1)
+    workload.train(DCP_MODEL, optimizer, params, [0])
     assert optimizer.codebook is not None
 
     restored, params = _load(checkpoint)
     frozen = restored.codebook.clone()
-    L.train(restored, params, L.mesh(), steps=1, first_step=L.SAVE_STEPS)
+    workload.train(DCP_MODEL, restored, params, [DCP_SAVE_STEPS])
     assert torch.equal(restored.codebook, frozen)
-    assert restored.state[params["enc.weight"]]["step"] == L.SAVE_STEPS + 1
+    assert restored.state[params["enc.weight"]]["step"] == DCP_SAVE_STEPS + 1
 
 
 def test_reblock_formulas_and_device_of_the_codebook():

@@ -15,11 +15,10 @@ import torch.distributed as dist
 
 from reference.dcp import agreement
 from tests import _dcp_load_ranks as L
-from tests._dcp_save_ranks import checkpoint_bytes
 
 pytest.importorskip("gefen")
-from conformance.ranks import run_on_ranks  # noqa: E402
-from conformance.sharding import WorldOfOne
+from conformance import launch  # noqa: E402
+from tests.support import DCP_SAVE_STEPS, checkpoint_files, world_of_one  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -31,21 +30,16 @@ BY_ID = {s[0]: s for s in L.FAILURE_SCENARIOS}
 @pytest.fixture(scope="module")
 def world1(tmp_path_factory):
     """An in-process gloo group of one rank and a one-rank reference checkpoint."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    world = WorldOfOne()
-    try:
+    with world_of_one():
         root = str(tmp_path_factory.mktemp("dcp-load-fail-w1"))
-        L.save_checkpoints(root, [("ref_w1", "ref", True)])
+        L.save_checkpoints(root, [("ref_w1", "reference", True)])
         yield root
-    finally:
-        world.close()
 
 
 @pytest.fixture(scope="module")
 def two_rank_checkpoint(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("dcp-load-fail-w2"))
-    run_on_ranks(L.save_checkpoints, 2, args=(root, [("ref_w2", "ref", True)]), timeout=120)
+    launch.run(L.save_checkpoints, 2, args=(root, [("ref_w2", "reference", True)]), timeout=120)
     return root
 
 
@@ -69,7 +63,7 @@ def test_rejected_load_at_world_one_changes_nothing(world1, scenario):
 def test_one_rank_failure_aborts_every_rank_before_commit(two_rank_checkpoint, failing_rank):
     """SPEC 3.2.3, 3.2.5: with the damage on one rank of two, that rank raises its own error, the
     other raises the abort error naming another rank, and neither rank's optimizer changed."""
-    results = run_on_ranks(L.failing_loads, 2, args=(two_rank_checkpoint, "ref_w2", failing_rank), timeout=90)
+    results = launch.run(L.failing_loads, 2, args=(two_rank_checkpoint, "ref_w2", failing_rank), timeout=90)
     for rank, per_rank in enumerate(results):
         assert [r[0] for r in per_rank] == list(L.FAILURE_IDS)
         for scenario, outcome, problems in per_rank:
@@ -84,17 +78,17 @@ def test_one_rank_failure_aborts_every_rank_before_commit(two_rank_checkpoint, f
 def test_healthy_load_after_aborted_ones_commits(two_rank_checkpoint):
     """SPEC 3.2.5: the same checkpoint restores once nothing is damaged (the failures above are
     caused by the damage, not by the checkpoint)."""
-    reports = run_on_ranks(L.restore_and_continue, 2, args=(two_rank_checkpoint, ["ref_w2"]), timeout=90)
+    reports = launch.run(L.restore_and_continue, 2, args=(two_rank_checkpoint, ["ref_w2"]), timeout=90)
     for report in reports:
-        assert report["restored"]["ref_w2"]["global_step"] == L.SAVE_STEPS
+        assert report["restored"]["ref_w2"]["global_step"] == DCP_SAVE_STEPS
 
 
 @pytest.mark.parametrize("fresh_rank", [0, 1])
 def test_save_refuses_ranks_that_disagree_on_a_slot(tmp_path, fresh_rank):
     """SPEC 2.4.5: ranks that both hold rows of a parameter but disagree on its (initialized, step,
     vmean_step) make every rank raise the same error, and nothing is written."""
-    outcomes = run_on_ranks(L.save_with_one_rank_fresh, 2, args=(str(tmp_path), fresh_rank), timeout=60)
+    outcomes = launch.run(L.save_with_one_rank_fresh, 2, args=(str(tmp_path), fresh_rank), timeout=60)
     assert outcomes[0] == outcomes[1]
     kind, message = outcomes[0]
     assert kind == "RuntimeError" and "slot 0 disagree" in message, message
-    assert checkpoint_bytes(str(tmp_path / "disagree")) == []
+    assert checkpoint_files(str(tmp_path / "disagree")) == []

@@ -15,7 +15,8 @@ from reference.dcp import restore
 from tests import _dcp_load_ranks as L
 
 pytest.importorskip("gefen")
-from conformance.ranks import run_on_ranks  # noqa: E402
+from conformance import launch  # noqa: E402
+from tests.support import COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, FRESH, TINY  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -23,16 +24,16 @@ pytestmark = pytest.mark.skipif(
 
 # Checkpoints per source world size: (directory, implementation, with the two-row parameter).
 SAVES = {
-    1: [("ref_w1", "ref", True)],
-    2: [("ref_w2", "ref", True), ("gx_w2", "gx", True)],
-    3: [("ref_w3", "ref", True)],
-    4: [("ref_w4", "ref", True), ("gx_w4_torn", "gx", True), ("ref_w4_nt", "ref", False), ("gx_w4_nt", "gx", False)],
+    1: [("ref_w1", "reference", True)],
+    2: [("ref_w2", "reference", True), ("gx_w2", "gefenx", True)],
+    3: [("ref_w3", "reference", True)],
+    4: [("ref_w4", "reference", True), ("gx_w4_torn", "gefenx", True), ("ref_w4_nt", "reference", False), ("gx_w4_nt", "gefenx", False)],
 }
 # gefen-x writes a torn slot for a parameter with fewer rows than ranks (SPEC 2.4.5), so
 # the 4 -> 2 interop uses the model without the two-row parameter ("_nt").
 INTEROP = {
-    "2->4": (4, [("ref_w2", "ref", True), ("gx_w2", "ref", True), ("ref_w2", "gx", True), ("gx_w2", "gx", True)]),
-    "4->2": (2, [("ref_w4_nt", "ref", False), ("gx_w4_nt", "ref", False), ("ref_w4_nt", "gx", False), ("gx_w4_nt", "gx", False)]),
+    "2->4": (4, [("ref_w2", "reference", True), ("gx_w2", "reference", True), ("ref_w2", "gefenx", True), ("gx_w2", "gefenx", True)]),
+    "4->2": (2, [("ref_w4_nt", "reference", False), ("gx_w4_nt", "reference", False), ("ref_w4_nt", "gefenx", False), ("gx_w4_nt", "gefenx", False)]),
 }
 # Reshard paths: name -> (target world, reference checkpoint).
 PATHS = {
@@ -56,13 +57,13 @@ def scenarios(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("dcp-load"))
     saved = {}
     for world, jobs in SAVES.items():
-        saved.update(run_on_ranks(L.save_checkpoints, world, args=(root, jobs), timeout=120)[0])
+        saved.update(launch.run(L.save_checkpoints, world, args=(root, jobs), timeout=120)[0])
     reports = {}
     for world in (1, 2, 4):
         directories = sorted({d for w, d in PATHS.values() if w == world})
         compact = [job for w, jobs in INTEROP.values() if w == world for job in jobs]
         refused = ["gx_w4_torn"] if world == 2 else []
-        reports[world] = run_on_ranks(
+        reports[world] = launch.run(
             L.restore_and_continue, world, args=(root, directories, compact, refused), timeout=180
         )
     return saved, reports
@@ -79,18 +80,18 @@ def test_reshard_restores_model_counters_hypers_and_compact_state(scenarios, pat
         entry = report["restored"][directory]
         for name, value in saved[directory].items():
             assert torch.equal(entry["full_params"][name], value), (rank, name)
-        assert entry["global_step"] == L.SAVE_STEPS
-        assert entry["hypers"] == L.SAVED_HYPERS
+        assert entry["global_step"] == DCP_SAVE_STEPS
+        assert entry["hypers"] == DCP_SAVED_HYPERS
         assert entry["codebook"] is not None and entry["codebook"].shape == (256,)
         for name, slot in entry["slots"].items():
-            assert slot["local_numel"] == _local_rows(L.SHAPES[name][0], world)[rank] * (
-                torch.Size(L.SHAPES[name][1:]).numel()
+            assert slot["local_numel"] == _local_rows(DCP_MODEL.shapes[name][0], world)[rank] * (
+                torch.Size(DCP_MODEL.shapes[name][1:]).numel()
             ), (rank, name)
-            if name == L.FRESH or slot["local_numel"] == 0:
+            if name == FRESH or slot["local_numel"] == 0:
                 assert slot["keys"] == ["name"], (rank, name)
                 continue
-            assert slot["keys"] == sorted(L.COMPACT_KEYS + ("name",)), (rank, name)
-            assert slot["step"] == slot["vmean_step"] == L.SAVE_STEPS
+            assert slot["keys"] == sorted(COMPACT_KEYS + ("name",)), (rank, name)
+            assert slot["step"] == slot["vmean_step"] == DCP_SAVE_STEPS
             period = slot["automatic_period"]
             assert type(period) is int and period >= 1 and slot["local_numel"] % period == 0
             blocks = slot["local_numel"] // period
@@ -122,7 +123,7 @@ def test_two_to_four_restores_empty_and_uneven_target_shards(scenarios):
     shards it holds."""
     _, reports = scenarios
     entries = [report["restored"]["ref_w2"]["slots"] for report in reports[4]]
-    assert [e[L.TINY]["keys"] for e in entries] == [sorted(L.COMPACT_KEYS + ("name",))] * 2 + [["name"]] * 2
+    assert [e[TINY]["keys"] for e in entries] == [sorted(COMPACT_KEYS + ("name",))] * 2 + [["name"]] * 2
     assert [e["dec.weight"]["local_numel"] for e in entries] == [24, 24, 24, 8]
 
 
@@ -139,14 +140,14 @@ def test_interop_restored_compact_state_is_bitwise_equal(scenarios, direction):
         assert first["codebook"] is not None
         for other, (directory, impl, _) in zip(restored[1:], jobs[1:]):
             where = (rank, directory, impl)
-            assert other["global_step"] == first["global_step"] == L.SAVE_STEPS, where
-            assert other["hypers"] == first["hypers"] == L.SAVED_HYPERS, where
+            assert other["global_step"] == first["global_step"] == DCP_SAVE_STEPS, where
+            assert other["hypers"] == first["hypers"] == DCP_SAVED_HYPERS, where
             assert torch.equal(other["codebook"], first["codebook"]), where
             assert set(other["slots"]) == set(first["slots"]), where
             for name, slot in first["slots"].items():
                 theirs = other["slots"][name]
                 assert theirs["keys"] == slot["keys"], (where, name)
-                for key in L.COMPACT_KEYS:
+                for key in COMPACT_KEYS:
                     if key not in slot:
                         continue
                     a, b = slot[key], theirs[key]

@@ -3,28 +3,32 @@
 The written checkpoint is read back from its files (``.metadata`` and
 ``.distcp`` payloads via oracles.checkpoint_reader, which unpickles
 ``.metadata`` and torch.loads byte ranges), never through the adapter's loader.
-Multi-rank cases run on spawned gloo CPU ranks (conformance.ranks).
+Multi-rank cases run on launched gloo CPU ranks (conformance.launch).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+import reference
 import reference.dcp as rdcp
+from conformance import launch, workload
+from conformance.sharding import sharded_parameter, world_mesh
 from oracles import checkpoint_reader, gefen_schema
+from oracles.digests import canonical_metadata, payload_md5s
 from reference.dcp import agreement, dense, placeholder, schema
-from tests import _dcp_save_ranks as R
+from tests.support import (
+    DCP_MODEL, DCP_SAVE_STEPS, FRESH, checkpoint_files, dcp_optimizer, dcp_trained, world_of_one,
+)
 
 gefen = pytest.importorskip("gefen")
-from conformance.ranks import run_on_ranks  # noqa: E402
+from tests import _dcp_save_ranks as R  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
@@ -33,29 +37,21 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def world1():
-    """An in-process gloo group of one rank for the single-rank tests."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    store_file = tempfile.mktemp(prefix="gefen-dcp-save-")
-    dist.init_process_group("gloo", init_method="file://" + store_file, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        if os.path.exists(store_file):
-            os.unlink(store_file)
+    """An in-process gloo group of one rank for the single-rank tests (the current World)."""
+    with world_of_one() as one:
+        yield one
 
 
 @pytest.fixture(scope="module")
 def trained_template(world1):
-    optimizer, _, _ = R.trained_reference()
+    optimizer, _ = dcp_trained()
     return optimizer
 
 
 @pytest.fixture
 def trained(trained_template):
-    """A reference Gefen holding the state of three training steps on the four-slot model."""
-    return R.copy_of_trained(trained_template, R.mesh())
+    """A reference Gefen holding the state of three training steps on the five-slot model."""
+    return R.copy_of_trained(trained_template)
 
 
 def _state_dict(optimizer):
@@ -116,8 +112,8 @@ def test_legacy_state_without_vmean_step_saves_vmean_step_equal_to_step(trained)
 def test_written_checkpoint_schema_from_files(trained, tmp_path):
     """SPEC 2.1, 2.2: the files hold the v2 schema; dense slots are fp32 at the global shape."""
     optimizer, params, _ = trained
-    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path), rdcp.GefenSavePlanner())
-    assert R.checkpoint_bytes(str(tmp_path)) == [".metadata", "__0_0.distcp"]
+    workload.save(R.REFERENCE, optimizer, str(tmp_path))
+    assert checkpoint_files(str(tmp_path)) == [".metadata", "__0_0.distcp"]
     metadata = checkpoint_reader.read_metadata(str(tmp_path))
     kinds = {fqn: type(md).__name__ for fqn, md in metadata.state_dict_metadata.items()}
     assert kinds["optimizer.format_version"] == "TensorStorageMetadata"
@@ -130,11 +126,11 @@ def test_written_checkpoint_schema_from_files(trained, tmp_path):
 
     nested = checkpoint_reader.read_nested(str(tmp_path))["optimizer"]
     assert gefen_schema.problems(nested) == []
-    for i, name in enumerate(R.SHAPES):
+    for i, name in enumerate(DCP_MODEL.shapes):
         momentum = nested[schema.slot_key(i, "momentum")]
         second = nested[schema.slot_key(i, "second_moment")]
         assert momentum.dtype == second.dtype == torch.float32
-        assert tuple(momentum.shape) == tuple(second.shape) == R.SHAPES[name]
+        assert tuple(momentum.shape) == tuple(second.shape) == DCP_MODEL.shapes[name]
     # Fresh slot: zeros. Stepped slots: the SPEC 2.1.6 formulas, exactly.
     assert not nested["slot_00000003.momentum"].any() and not nested["slot_00000003.second_moment"].any()
     state = optimizer.state[params["enc.weight"]]
@@ -267,14 +263,15 @@ def test_planner_expands_one_slot_at_a_time_and_keeps_nothing(trained, tmp_path,
     captured = {}
     real_state_dict = state.state_dict
     state.state_dict = lambda: captured.setdefault("sd", real_state_dict())
-    R.save(state, str(tmp_path / "planned"), rdcp.GefenSavePlanner(), thread_count)
-    assert live["peak"] == 1 and live["count"] == 2 * len(R.SHAPES)
+    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "planned"), thread_count=thread_count),
+             planner=rdcp.GefenSavePlanner())
+    assert live["peak"] == 1 and live["count"] == 2 * len(DCP_MODEL.shapes)
     assert all(v._kept is None for v in captured["sd"].values() if placeholder.is_placeholder(v))
 
     captured.clear()
-    R.save(state, str(tmp_path / "plain"), None, thread_count)
+    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "plain"), thread_count=thread_count))
     assert all(v._kept is not None for v in captured["sd"].values() if placeholder.is_placeholder(v))
-    assert R.payload_md5(str(tmp_path / "plain")) == R.payload_md5(str(tmp_path / "planned"))
+    assert payload_md5s(str(tmp_path / "plain")) == payload_md5s(str(tmp_path / "planned"))
 
 
 # ------------------------------------------------------------------------ async saving
@@ -304,13 +301,13 @@ def test_async_save_with_the_default_writer_is_refused_before_writing(trained, t
                              storage_writer=dcp.FileSystemWriter(str(tmp_path))))
     assert "GefenFileSystemWriter" in str(info.value)
     assert "GefenSavePlanner" not in str(info.value)
-    assert R.checkpoint_bytes(str(tmp_path)) == []
+    assert checkpoint_files(str(tmp_path)) == []
 
 
 def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
     """SPEC 2.6.1: a step taken after async_save returns does not reach the checkpoint."""
     optimizer, params, mesh = trained
-    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "before"), rdcp.GefenSavePlanner())
+    workload.save(R.REFERENCE, optimizer, str(tmp_path / "before"))
     gate = threading.Event()
     response = dcp.async_save(
         {"optimizer": rdcp.GefenDCPState(optimizer)},
@@ -318,23 +315,23 @@ def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
         planner=rdcp.GefenSavePlanner(),
     )
     try:
-        R.train(optimizer, params, mesh, steps=1, first_step=R.SAVE_STEPS)
+        workload.train(DCP_MODEL, optimizer, params, [DCP_SAVE_STEPS])
     finally:
         gate.set()
     _wait(response)
-    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "after"), rdcp.GefenSavePlanner())
+    workload.save(R.REFERENCE, optimizer, str(tmp_path / "after"))
     before, landed, after = (checkpoint_reader.read_flat(str(tmp_path / d)) for d in ("before", "async", "after"))
     assert set(landed) == set(before)
     for key in before:
         assert torch.equal(landed[key], before[key]) if torch.is_tensor(before[key]) else landed[key] == before[key], key
     assert not torch.equal(after["optimizer.slot_00000000.momentum"], before["optimizer.slot_00000000.momentum"])
-    assert after["optimizer.global_step"].item() == R.SAVE_STEPS + 1
+    assert after["optimizer.global_step"].item() == DCP_SAVE_STEPS + 1
 
 
 def test_async_save_with_gefen_writer_without_planner_matches_sync_values(trained, tmp_path):
     """SPEC 2.6.1: the async checkpoint holds the same values as the sync one (layout may differ)."""
     optimizer, _, _ = trained
-    R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / "sync"))
+    workload.save(R.REFERENCE, optimizer, str(tmp_path / "sync"), planner=False)
     _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
                          storage_writer=rdcp.GefenFileSystemWriter(str(tmp_path / "async"))))
     sync, landed = checkpoint_reader.read_flat(str(tmp_path / "sync")), checkpoint_reader.read_flat(str(tmp_path / "async"))
@@ -348,10 +345,7 @@ def test_async_save_with_gefen_writer_without_planner_matches_sync_values(traine
 
 def test_constructor_refuses_other_optimizers(world1):
     """SPEC 2.3.1: exactly reference.Gefen; gefen-x's Gefen is another class."""
-    mesh = R.mesh()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        other = R.gefenx_optimizer(R.make_params(mesh))
+    other = dcp_optimizer("gefenx", workload.parameters(DCP_MODEL, mesh=world_mesh()))
     with pytest.raises(TypeError, match="reference.Gefen"):
         rdcp.GefenDCPState(other)
 
@@ -362,7 +356,7 @@ def test_constructor_requires_a_process_group(monkeypatch):
 
     monkeypatch.setattr(state_module.dist, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match="initialized distributed process group"):
-        rdcp.GefenDCPState(object.__new__(R.reference.Gefen))
+        rdcp.GefenDCPState(object.__new__(reference.Gefen))
 
 
 def test_world_one_construction_validates_layout_eagerly(trained):
@@ -377,7 +371,7 @@ def test_retained_wrapper_sees_a_group_added_later(trained):
     """SPEC 2.3.3: the slot list is re-derived on every state_dict() call."""
     optimizer, _, mesh = trained
     wrapper = rdcp.GefenDCPState(optimizer)
-    extra = torch.nn.Parameter(R.distribute_tensor(torch.zeros(4, 4), mesh, [R.Shard(0)]))
+    extra = sharded_parameter(torch.zeros(4, 4), mesh)
     optimizer.add_param_group({"params": [("extra.weight", extra)]})
     sd = wrapper.state_dict()
     assert sd["slot_count"].item() == 6 and sd["group_count"].item() == 3
@@ -396,15 +390,15 @@ def test_preflight_failure_at_world_one_writes_nothing(trained, tmp_path, scenar
     with pytest.raises(error_type, match=part):
         rdcp.GefenDCPState(optimizer).state_dict()
     with pytest.raises(error_type, match=part):
-        R.save(rdcp.GefenDCPState(optimizer), str(tmp_path / name), rdcp.GefenSavePlanner())
-    assert R.checkpoint_bytes(str(tmp_path / name)) == []
+        workload.save(R.REFERENCE, optimizer, str(tmp_path / name))
+    assert checkpoint_files(str(tmp_path / name)) == []
 
 
 def test_one_rank_preflight_failure_stops_every_rank(tmp_path):
     """SPEC 2.4, 2.3.4: on 2 ranks, the failing rank raises its own error, the other the abort
     error; no .metadata or .distcp exists afterwards; no rank is left waiting."""
     root = str(tmp_path)
-    per_rank = run_on_ranks(R.preflight_failures, 2, args=(root, 1), timeout=45)
+    per_rank = launch.run(R.preflight_failures, 2, args=(root, 1), timeout=45)
     healthy, failing = per_rank
     for (name, _clause, _corrupt, error_type, part), (got0, healthy_outcome), (got1, failing_outcome) in zip(
         R.PREFLIGHT_SCENARIOS, healthy, failing
@@ -414,22 +408,22 @@ def test_one_rank_preflight_failure_stops_every_rank(tmp_path):
         assert part in failing_outcome[1], (name, failing_outcome)
         assert healthy_outcome == ("RuntimeError", agreement.ABORT_MESSAGE), (name, healthy_outcome)
         assert "another rank" in healthy_outcome[1]
-        assert R.checkpoint_bytes(os.path.join(root, name)) == [], name
+        assert checkpoint_files(os.path.join(root, name)) == [], name
 
 
 def test_divergent_layouts_make_every_rank_raise(tmp_path):
     """SPEC 2.3.5: same slot count, different names -> every rank raises the layout error."""
-    outcomes = run_on_ranks(R.divergent_layouts, 2, args=(str(tmp_path),), timeout=60)
+    outcomes = launch.run(R.divergent_layouts, 2, args=(str(tmp_path),), timeout=60)
     assert outcomes == [("RuntimeError", agreement.DIVERGENT_LAYOUT_MESSAGE)] * 2
-    assert R.checkpoint_bytes(str(tmp_path / "divergent")) == []
+    assert checkpoint_files(str(tmp_path / "divergent")) == []
 
 
 def test_reordered_mesh_is_refused_on_every_rank(tmp_path):
     """SPEC 2.3.2, 2.3.4, 2.4.1: a mesh listing ranks out of order is refused inside the collective."""
-    outcomes = run_on_ranks(R.reordered_mesh_save, 2, args=(str(tmp_path),), timeout=60)
+    outcomes = launch.run(R.reordered_mesh_save, 2, args=(str(tmp_path),), timeout=60)
     for kind, message in outcomes:
         assert kind == "RuntimeError" and "canonical order" in message
-    assert R.checkpoint_bytes(str(tmp_path / "reordered")) == []
+    assert checkpoint_files(str(tmp_path / "reordered")) == []
 
 
 def test_layout_fingerprint_distinguishes_name_group_and_shape():
@@ -462,7 +456,7 @@ GEFENX_TORN_PROBLEM = "slot_00000004.initialized: fresh slot carries counters or
 
 
 def _assert_same_checkpoints(root, torn_slot=None):
-    md5 = {d: R.payload_md5(os.path.join(root, d)) for d, *_ in R.SAVE_VARIANTS}
+    md5 = {d: payload_md5s(os.path.join(root, d)) for d, *_ in R.SAVE_VARIANTS}
     assert md5["gefenx_plain"], "no payload written"
     for variant in ("gefenx_planned",):
         assert md5[variant] == md5["gefenx_plain"], variant
@@ -470,7 +464,7 @@ def _assert_same_checkpoints(root, torn_slot=None):
         assert md5[variant] == md5["ref_plain"], variant
     pairs = (("ref_plain", "gefenx_plain"), ("ref_planned", "gefenx_planned"), ("ref_threads", "gefenx_threads"))
     for ours, theirs in pairs:
-        assert R.comparable_metadata(os.path.join(root, ours)) == R.comparable_metadata(os.path.join(root, theirs))
+        assert canonical_metadata(os.path.join(root, ours)) == canonical_metadata(os.path.join(root, theirs))
         if torn_slot is None:
             assert md5[ours] == md5[theirs], ours
             continue
@@ -480,7 +474,7 @@ def _assert_same_checkpoints(root, torn_slot=None):
         assert set(a) == set(b)
         for key in set(a) - torn_keys:
             assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
-        assert [a[key].item() for key in sorted(torn_keys)] == [1, R.SAVE_STEPS, R.SAVE_STEPS]
+        assert [a[key].item() for key in sorted(torn_keys)] == [1, DCP_SAVE_STEPS, DCP_SAVE_STEPS]
     for directory, *_ in R.SAVE_VARIANTS:
         nested = checkpoint_reader.read_nested(os.path.join(root, directory))["optimizer"]
         expected = [GEFENX_TORN_PROBLEM] if torn_slot is not None and directory.startswith("gefenx") else []
@@ -500,33 +494,33 @@ def test_payload_md5_matches_gefenx_on_spawned_ranks(tmp_path, world_size):
     """SPEC 2.2.5, 2.4.5: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5,
     except that at world 4 the reference agrees the scalars of the slot whose shard is empty on
     ranks 2-3 where gefen-x writes a torn slot."""
-    assert run_on_ranks(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(range(world_size))
+    assert launch.run(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(range(world_size))
     md5 = _assert_same_checkpoints(str(tmp_path), TORN_SLOT.get(world_size))
     assert len(md5["ref_planned"]) == world_size
     if world_size in TORN_SLOT:
         # SPEC 2.4.5: gefen-x's own loader refuses gefen-x's torn checkpoint ...
-        outcomes = run_on_ranks(R.load_into_gefenx, world_size, args=(str(tmp_path / "gefenx_planned"),),
+        outcomes = launch.run(R.load_into_gefenx, world_size, args=(str(tmp_path / "gefenx_planned"),),
                                 timeout=60, allow_failure=True)
         for outcome in outcomes:
             assert outcome.status == "raised" and outcome.exc_type.endswith("ValueError"), outcome
             assert "uninitialized but carries nonzero counters" in outcome.message
         # ... and accepts the reference's, whose slot scalars agree.
-        restored = run_on_ranks(R.load_into_gefenx, world_size, args=(str(tmp_path / "ref_planned"),), timeout=60)
+        restored = launch.run(R.load_into_gefenx, world_size, args=(str(tmp_path / "ref_planned"),), timeout=60)
         for rank, report in enumerate(restored):
             holds_tiny = rank < 2
-            assert report["counters"]["tiny.weight"] == ((R.SAVE_STEPS,) * 2 if holds_tiny else (None, None))
-            assert report["counters"]["enc.weight"] == (R.SAVE_STEPS, R.SAVE_STEPS)
+            assert report["counters"]["tiny.weight"] == ((DCP_SAVE_STEPS,) * 2 if holds_tiny else (None, None))
+            assert report["counters"]["enc.weight"] == (DCP_SAVE_STEPS, DCP_SAVE_STEPS)
 
 
 def test_reference_checkpoint_loads_into_gefenx(tmp_path):
     """SPEC 2.1: gefen-x's loader accepts the reference's checkpoint and restores counters and hypers."""
     root = str(tmp_path)
-    run_on_ranks(R.save_all_variants, 2, args=(root,), timeout=120)
-    restored = run_on_ranks(R.load_into_gefenx, 2, args=(os.path.join(root, "ref_planned"),), timeout=120)
+    launch.run(R.save_all_variants, 2, args=(root,), timeout=120)
+    restored = launch.run(R.load_into_gefenx, 2, args=(os.path.join(root, "ref_planned"),), timeout=120)
     for report in restored:
-        assert report["global_step"] == R.SAVE_STEPS
-        for name in R.SHAPES:
-            expected = (None, None) if name == R.FRESH else (R.SAVE_STEPS, R.SAVE_STEPS)
+        assert report["global_step"] == DCP_SAVE_STEPS
+        for name in DCP_MODEL.shapes:
+            expected = (None, None) if name == FRESH else (DCP_SAVE_STEPS, DCP_SAVE_STEPS)
             assert report["counters"][name] == expected, name
         assert report["hypers"] == [
             {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},

@@ -121,6 +121,13 @@ def test_checkpoint_hyperparameters_and_names_replace_live_ones():
     assert [fresh.state[p]["name"] for p in group["params"]] == ["x", "y", "z"]
 
 
+def _everywhere(sd, top_key, meta_key, value):
+    """Set ``sd[top_key]`` and the copy every group's checkpoint metadata carries of it."""
+    sd[top_key] = value
+    for g in sd["param_groups"]:
+        g["_gefen_checkpoint_metadata"][meta_key] = value
+
+
 def _corrupt(key):
     """Each corruption names the message fragment the rejection must carry."""
     def period_not_dividing(sd):
@@ -136,17 +143,13 @@ def _corrupt(key):
         return "m_magnitude"
 
     def short_codebook(sd):
-        sd["gefen_codebook"] = sd["gefen_codebook"][:128].clone()
-        for g in sd["param_groups"]:
-            g["_gefen_checkpoint_metadata"]["codebook"] = sd["gefen_codebook"]
+        _everywhere(sd, "gefen_codebook", "codebook", sd["gefen_codebook"][:128].clone())
         return "256"
 
     def unsorted_codebook(sd):
         cb = sd["gefen_codebook"].clone()
         cb[10], cb[11] = cb[11].item(), cb[10].item()
-        sd["gefen_codebook"] = cb
-        for g in sd["param_groups"]:
-            g["_gefen_checkpoint_metadata"]["codebook"] = cb
+        _everywhere(sd, "gefen_codebook", "codebook", cb)
         return "sorted"
 
     def float_counter(sd):
@@ -158,15 +161,11 @@ def _corrupt(key):
         return "vmean"
 
     def momentum_without_codebook(sd):
-        sd["gefen_codebook"] = None
-        for g in sd["param_groups"]:
-            g["_gefen_checkpoint_metadata"]["codebook"] = None
+        _everywhere(sd, "gefen_codebook", "codebook", None)
         return "codebook"
 
     def deterministic_mismatch(sd):
-        sd["gefen_deterministic"] = True
-        for g in sd["param_groups"]:
-            g["_gefen_checkpoint_metadata"]["deterministic"] = True
+        _everywhere(sd, "gefen_deterministic", "deterministic", True)
         return "deterministic"
 
     def bad_beta(sd):

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import reference
+from conformance import workload
 from reference.periods import search_period, squared_gradient
 
-from .support import LATE_START, SHAPES, gradients_for_step, initial_tensors, silence_gefenx_warnings
+from .support import LATE_START, PARITY, parity_hypers, silence_gefenx_warnings
 
 gefen = pytest.importorskip("gefen")
 pytestmark = pytest.mark.gefenx
@@ -21,31 +22,23 @@ pytestmark = pytest.mark.gefenx
 STEPS = 8
 
 
-def build(cls, tensors, *, tensor_lr, weight_decay, factored, **extra):
-    params = {n: torch.nn.Parameter(t.clone()) for n, t in tensors.items()}
-    names = list(params)
-    lr = torch.tensor(3e-3) if tensor_lr else 3e-3
-    groups = [
-        {"params": [(n, params[n]) for n in names[:4]], "lr": lr, "weight_decay": weight_decay},
-        {"params": [(n, params[n]) for n in names[4:]], "lr": 1e-3, "betas": (0.8, 0.99), "weight_decay": 0.0},
-    ]
+def build(cls, dtype, *, tensor_lr, weight_decay, factored, **extra):
+    params = workload.parameters(PARITY, dtype=dtype)
     if cls is gefen.Gefen:
         extra["fused"] = False
+    groups = workload.param_groups(PARITY, params, parity_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay))
     return params, cls(groups, factored_v_2d=factored, **extra)
 
 
 def run_pair(dtype, *, factored, weight_decay, tensor_lr, steps=STEPS, **extra):
     silence_gefenx_warnings()
-    tensors = initial_tensors(dtype)
-    pa, theirs = build(gefen.Gefen, tensors, tensor_lr=tensor_lr, weight_decay=weight_decay, factored=factored, **extra)
-    pb, ours = build(reference.Gefen, tensors, tensor_lr=tensor_lr, weight_decay=weight_decay, factored=factored, **extra)
+    options = dict(tensor_lr=tensor_lr, weight_decay=weight_decay, factored=factored, **extra)
+    pa, theirs = build(gefen.Gefen, dtype, **options)
+    pb, ours = build(reference.Gefen, dtype, **options)
     for step in range(steps):
-        grads = gradients_for_step(SHAPES, SHAPES, step, dtype)
-        for n, g in grads.items():
-            pa[n].grad = None if g is None else g.clone()
-            pb[n].grad = None if g is None else g.clone()
-        theirs.step()
-        ours.step()
+        for params, optimizer in ((pa, theirs), (pb, ours)):
+            workload.set_gradients(PARITY, params, step)
+            optimizer.step()
     return pa, theirs, pb, ours
 
 
@@ -80,7 +73,8 @@ def test_parity_covers_searched_fallback_and_period_one():
     """The parity model must exercise every period route, or the parity test proves less than it claims."""
     pa, theirs, pb, ours = run_pair(torch.float32, factored=False, weight_decay=0.0, tensor_lr=False, steps=LATE_START + 1)
     periods = {n: ours.state[p]["automatic_period"] for n, p in pb.items()}
-    first = {n: squared_gradient(g) for n, g in gradients_for_step(SHAPES, SHAPES, 0, torch.float32).items() if g is not None}
+    grads = {n: workload.gradient(PARITY, n, 0) for n in PARITY.shapes}
+    first = {n: squared_gradient(g) for n, g in grads.items() if g is not None}
     searched = [n for n, sq in first.items() if len(sq) > 1 and search_period(sq) > 1]
     fallback = [n for n, sq in first.items() if len(sq) > 1 and search_period(sq) == 1 and periods[n] > 1]
     assert searched and fallback, (searched, fallback)

@@ -10,7 +10,7 @@ import torch
 import reference
 import reference.optimizer as optimizer_module
 import reference.steps as steps
-from conformance.suite import workloads
+from conformance import workload
 from oracles import pinned_step
 
 from .mutant_tools import clone
@@ -24,9 +24,9 @@ CONFIGS = [
 
 
 def _check(make, dtype, pin_at, kw):
-    sd = workloads.pinned_state(dtype, pin_at, **kw)
-    result = workloads.pinned_step(make, dtype, pin_at, sd, **kw)
-    return pinned_step.check_step(workloads.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"])
+    sd = workload.pinned_state(dtype, pin_at, **kw)
+    result = workload.pinned_step(make, dtype, pin_at, sd, **kw)
+    return pinned_step.check_step(workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"])
 
 
 @pytest.mark.parametrize("pin_at,kw", CONFIGS)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..implementation import KNOWN_CAPABILITIES, Implementation
+from ..implementation import Implementation
+from . import adapter_declared
 
 
 def _gefen():
@@ -23,18 +24,6 @@ def _make_optimizer(params, **hyperparameters):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return _gefen().Gefen(params, **hyperparameters)
-
-
-def _dcp_state(optimizer):
-    return _gefen().GefenDCPState(optimizer)
-
-
-def _save_planner():
-    return _gefen().GefenSavePlanner()
-
-
-def _async_writer(path):
-    return _gefen().GefenFileSystemWriter(path)
 
 
 def _version() -> str:
@@ -82,13 +71,4 @@ EXPECTED_FAILURES = {
 def implementation() -> Implementation:
     """Built lazily so that listing implementations works without gefen-x installed."""
     _gefen()
-    return Implementation(
-        name="gefenx",
-        version=_version(),
-        make_optimizer=_make_optimizer,
-        dcp_state=_dcp_state,
-        save_planner=_save_planner,
-        async_writer=_async_writer,
-        capabilities=KNOWN_CAPABILITIES,  # every capability, bit-exactness on CPU included
-        expected_failures=EXPECTED_FAILURES,
-    )
+    return adapter_declared("gefenx", _version(), _make_optimizer, "gefen", expected_failures=EXPECTED_FAILURES)

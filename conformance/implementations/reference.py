@@ -6,7 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import reference
 
-from ..implementation import KNOWN_CAPABILITIES, Implementation
+from . import adapter_declared
 
 
 def _version() -> str:
@@ -20,30 +20,4 @@ def _make_optimizer(params, **hyperparameters):
     return reference.Gefen(params, **hyperparameters)
 
 
-def _dcp_state(optimizer):
-    from reference.dcp import GefenDCPState
-
-    return GefenDCPState(optimizer)
-
-
-def _save_planner():
-    from reference.dcp import GefenSavePlanner
-
-    return GefenSavePlanner()
-
-
-def _async_writer(path):
-    from reference.dcp import GefenFileSystemWriter
-
-    return GefenFileSystemWriter(path)
-
-
-IMPLEMENTATION = Implementation(
-    name="reference",
-    version=_version(),
-    make_optimizer=_make_optimizer,
-    dcp_state=_dcp_state,
-    save_planner=_save_planner,
-    async_writer=_async_writer,
-    capabilities=KNOWN_CAPABILITIES,  # every capability, bit-exactness on CPU included
-)
+IMPLEMENTATION = adapter_declared("reference", _version(), _make_optimizer, "reference.dcp")

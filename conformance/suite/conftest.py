@@ -6,18 +6,26 @@ import pytest
 
 from conformance.sharding import WorldOfOne
 
-from . import dcp_checks
+from . import checkpoints
 
 
 @pytest.fixture(scope="session")
-def saved(tmp_path_factory) -> dcp_checks.Checkpoints:
+def impl_spec(request) -> str:
+    """The ``--impl`` spec string of the implementation under test: what rank bodies take as
+    their first argument and resolve inside each rank (``conformance.registry.resolve``)."""
+    return request.config.getoption("--impl")
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory) -> checkpoints.Checkpoints:
     """The session's cache of multi-rank checkpoints, shared by every DCP scenario module."""
-    return dcp_checks.Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
+    return checkpoints.Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
 
 
 @pytest.fixture(scope="session")
 def one_rank():
-    """A gloo group of one in this process, for in-process DCP saves and loads."""
+    """A gloo group of one in this process, for in-process DCP saves and loads; it is the
+    process's current World while the session lasts (``conformance.world.current()``)."""
     w = WorldOfOne()
     yield w
     w.close()

@@ -11,23 +11,80 @@ before any byte is written (SPEC 2.6.2).
 
 from __future__ import annotations
 
-import pytest
+import os
+import threading
 
+import pytest
+import torch.distributed.checkpoint as dcp
+
+from conformance import registry, workload, world
 from conformance.implementation import DCP_ASYNC_SAVE, DCP_RESHARD
-from conformance.ranks import run_on_ranks
+from conformance.sharding import world_mesh
 from oracles.digests import content_digests
 
-from . import dcp_checks, dcp_ranks, margins
+from . import checkpoints, margins
 
 WORLD = 2
+GATE_S = 30.0  # how long the held writer waits for the step before giving up
+
+
+def _wait(response):
+    return getattr(response, "upload_completion", response).result(timeout=checkpoints.TIMEOUT)
+
+
+def async_snapshot(spec: str, root: str) -> dict:
+    """Rank body (SPEC 2.6.1): a synchronous save, then ``dcp.async_save`` with
+    ``impl.async_writer``, an optimizer step before the background write may start, the wait, and
+    a synchronous save after the step (collective). The background write is held until the step
+    is done."""
+    impl, model = registry.resolve(spec), workload.BASE
+    params, optimizer = workload.trained(impl, model, world_mesh())
+    workload.save(impl, optimizer, os.path.join(root, "sync_before"))
+    writer = impl.async_writer(os.path.join(root, "async"))
+    gate = threading.Event()
+    write_data = writer.write_data
+    gated = []
+
+    def gated_write_data(plan, planner):
+        gated.append(gate.is_set())
+        if not gate.wait(GATE_S):
+            raise RuntimeError("the test never opened the gate")
+        return write_data(plan, planner)
+
+    writer.write_data = gated_write_data
+    # The next gradients are sharded now: sharding is a collective, and the background save runs
+    # its own collectives on the scenario's group while the step is taken.
+    workload.set_gradients(model, params, workload.DCP_STEPS + 1)
+    planner = impl.save_planner() if impl.save_planner is not None else None
+    response = dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=writer, planner=planner,
+                              process_group=world.current().group)
+    try:
+        optimizer.step()
+    finally:
+        gate.set()
+    _wait(response)
+    workload.save(impl, optimizer, os.path.join(root, "sync_after"))
+    return {"write_data_calls": len(gated)}
+
+
+def async_with_default_writer(spec: str, path: str):
+    """Rank body (SPEC 2.6.2): ``dcp.async_save`` of the adapter with DCP's default
+    ``FileSystemWriter``; the error on this rank (None if it was accepted)."""
+    impl = registry.resolve(spec)
+    _, optimizer = workload.trained(impl, workload.BASE, world_mesh())
+    try:
+        _wait(dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=dcp.FileSystemWriter(path),
+                             process_group=world.current().group))
+    except Exception as exc:  # the outcome is the result
+        return checkpoints.error_report(exc)
+    return None
 
 
 @pytest.mark.clause("4.3.7", "2.6.1", "5.2.3")
 @pytest.mark.requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_checkpoint_holds_the_state_as_of_the_call(request, saved):
+def test_async_checkpoint_holds_the_state_as_of_the_call(impl_spec, saved):
     root = saved.scratch("async")
-    reports = run_on_ranks(dcp_ranks.async_snapshot, WORLD, args=(request.config.getoption("--impl"), str(root)),
-                           timeout=dcp_checks.TIMEOUT)
+    reports = checkpoints.run(async_snapshot, WORLD, (impl_spec, str(root)))
     assert all(r["write_data_calls"] == 1 for r in reports), f"the held writer was not used: {reports}"
     before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
     assert set(landed) == set(before), sorted(set(landed) ^ set(before))
@@ -41,10 +98,9 @@ def test_async_checkpoint_holds_the_state_as_of_the_call(request, saved):
 
 @pytest.mark.clause("4.3.7", "2.6.2")
 @pytest.mark.requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_save_with_the_default_writer_is_refused_before_writing(request, saved):
+def test_async_save_with_the_default_writer_is_refused_before_writing(impl_spec, saved):
     path = saved.scratch("async-default-writer") / "checkpoint"
-    errors = run_on_ranks(dcp_ranks.async_with_default_writer, WORLD, args=(request.config.getoption("--impl"), str(path)),
-                          timeout=dcp_checks.TIMEOUT)
+    errors = checkpoints.run(async_with_default_writer, WORLD, (impl_spec, str(path)))
     for rank, error in enumerate(errors):
         assert error is not None, f"rank {rank}: async_save with the default writer succeeded"
         assert "RuntimeError" in error["mro"] and "GefenFileSystemWriter" in error["message"], (rank, error)

@@ -7,19 +7,116 @@ live state is unchanged.
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
+from conformance import registry, workload, world
 from conformance.implementation import DCP_RESHARD
-from conformance.ranks import run_on_ranks
+from conformance.sharding import world_mesh
 from oracles.checkpoint_reader import CheckpointError, read_metadata
 from oracles.digests import content_digests, payload_md5s
 
-from . import dcp_ranks, margins
+from . import checkpoints, margins
 
 # The bound within which every surviving rank must have raised: a healthy rank waiting on a failed
-# peer gets the gloo error after about half of it (conformance.ranks sets the collective timeout).
+# peer gets the gloo error after about half of it (the launcher sets the collective timeout).
 TIMEOUT = 30.0
 WORLD = 2
 ODD_RANK = 1
+KILLED_EXIT_CODE = 17
+
+
+# ------------------------------------------------------------------------------ rank bodies
+
+
+def save_with_divergent_layout(spec: str, path: str, how: str, odd_rank: int = 1):
+    """Every rank saves; ``odd_rank`` built its optimizer with a different layout (SPEC 2.3.5, 2.4.1).
+    Returns the save's error on this rank (None if it succeeded).
+
+    ``how`` is "renamed" (one parameter named differently: same slot count, different identity)
+    or "unnamed" (plain parameters, so the optimizer synthesizes the names).
+    """
+    impl, model = registry.resolve(spec), workload.BASE
+    params = workload.parameters(model, mesh=world_mesh())
+    groups = workload.param_groups(model, params)
+    if world.current().rank == odd_rank:
+        if how == "renamed":
+            groups = [dict(g, params=[(f"{n}.rank{odd_rank}" if n == "dec.weight" else n, p) for n, p in g["params"]])
+                      for g in groups]
+        elif how == "unnamed":
+            groups = [dict(g, params=[p for _, p in g["params"]]) for g in groups]
+    optimizer = impl.make_optimizer(groups, factored_v_2d=False)
+    workload.train(model, optimizer, params, range(1, workload.DCP_STEPS + 1))
+    try:
+        workload.save(impl, optimizer, path, params=params)
+    except Exception as exc:  # the outcome is the result (a rank that returns stays warm for the next call)
+        return checkpoints.error_report(exc)
+    return None
+
+
+def failing_load(spec: str, path: str, before_dir: str, after_dir: str, odd_rank: int = 1):
+    """A load that one rank refuses: ``odd_rank`` built its optimizer with ``deterministic=True``
+    while the checkpoint says False (SPEC 3.3.7). The live state (trained one step of its own,
+    target hyperparameters), model included, is saved before and after the attempt; returns
+    the load's error."""
+    impl, model = registry.resolve(spec), workload.BASE
+    params = workload.parameters(model, mesh=world_mesh(), salt="target")
+    optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
+                                    factored_v_2d=False, deterministic=world.current().rank == odd_rank)
+    workload.train(model, optimizer, params, [7])
+    workload.save(impl, optimizer, before_dir, params=params)
+    error = None
+    try:
+        # the optimizer only: DCP itself copies model entries into the parameters before the
+        # adapter sees anything, so the adapter's fail-atomicity covers the optimizer
+        workload.load(impl, optimizer, path)
+    except Exception as exc:  # the outcome is the result
+        error = checkpoints.error_report(exc)
+    workload.save(impl, optimizer, after_dir, params=params)
+    return error
+
+
+class DyingWriter(dcp.FileSystemWriter):
+    """DCP's ``FileSystemWriter`` whose rank ``victim`` writes its payload, then dies
+    (``World.die``) before reporting its write results, i.e. before any rank can commit
+    ``.metadata``."""
+
+    def __init__(self, path: str, victim: int):
+        super().__init__(path)
+        self.victim = victim
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        here = world.current()
+        if here.rank == self.victim:
+            future.wait()
+            here.die(KILLED_EXIT_CODE)
+        return future
+
+
+def killed_save(spec: str, path: str, victim: int = 1) -> None:
+    """Train and save with rank ``victim`` killed in the middle of the save (collective)."""
+    impl, model = registry.resolve(spec), workload.BASE
+    params, optimizer = workload.trained(impl, model, world_mesh(), steps=range(1, workload.DCP_STEPS + 2))
+    workload.save(impl, optimizer, params=params, writer=DyingWriter(path, victim))
+
+
+def load_and_continue(spec: str, path: str) -> dict:
+    """Restore ``path`` into a fresh optimizer and take one more step (collective)."""
+    impl, model = registry.resolve(spec), workload.BASE
+    params = workload.parameters(model, mesh=world_mesh(), salt="target")
+    optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
+                                    factored_v_2d=False)
+    workload.load(impl, optimizer, path, params=params)
+    restored = workload.full_params(params)
+    workload.train(model, optimizer, params, [workload.DCP_STEPS + 1])
+    stepped = workload.full_params(params)
+    finite = all(bool(torch.isfinite(v).all()) for v in stepped.values())
+    return {"restored": restored, "moved": any(not torch.equal(restored[n], stepped[n]) for n in restored),
+            "finite": finite}
+
+
+# ----------------------------------------------------------------------------------- checks
 
 
 def _written(path) -> list[str]:
@@ -41,14 +138,12 @@ def _raised(rank: int, error: dict | None, expected: type, part: str) -> str | N
     ("renamed", RuntimeError, "different parameter layouts"),
     ("unnamed", RuntimeError, "synthesized"),
 ], ids=["renamed", "unnamed"])
-def test_save_with_one_rank_layout_differing_writes_nothing(request, saved, how, own_error, part):
+def test_save_with_one_rank_layout_differing_writes_nothing(impl_spec, saved, how, own_error, part):
     """Rank 1 names one parameter differently (same slot count: the layout digest, SPEC 2.3.5,
     every rank raises it) or passes unnamed parameters (rank 1's own check, SPEC 2.4.1; the
     others raise the abort naming "another rank", SPEC 2.3.4). Nothing is written."""
-    spec = request.config.getoption("--impl")
     path = saved.scratch(f"divergent-{how}") / "checkpoint"
-    errors = run_on_ranks(dcp_ranks.save_with_divergent_layout, WORLD, args=(spec, str(path), how, ODD_RANK),
-                          timeout=TIMEOUT)
+    errors = checkpoints.run(save_with_divergent_layout, WORLD, (impl_spec, str(path), how, ODD_RANK), timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
         if how == "renamed" or rank == ODD_RANK:
@@ -63,16 +158,15 @@ def test_save_with_one_rank_layout_differing_writes_nothing(request, saved, how,
 
 @pytest.mark.clause("4.3.3", "3.2.3", "3.2.5", "3.3.7")
 @pytest.mark.requires(DCP_RESHARD)
-def test_load_refused_by_one_rank_changes_no_rank(request, saved):
+def test_load_refused_by_one_rank_changes_no_rank(impl_spec, saved):
     """Rank 1's target optimizer was built with ``deterministic=True``; the checkpoint says False.
     Rank 1 raises ValueError naming "deterministic", rank 0 raises naming "another rank", and the
     live state of both, saved before and after the attempt, has identical content digests."""
-    spec = request.config.getoption("--impl")
-    source, _ = saved.saved(spec, "base", WORLD)
+    source, _ = saved.saved(impl_spec, "base", WORLD)
     scratch = saved.scratch("refused-load")
     before, after = scratch / "before", scratch / "after"
-    errors = run_on_ranks(dcp_ranks.failing_load, WORLD, args=(spec, str(source), str(before), str(after), ODD_RANK),
-                          timeout=TIMEOUT)
+    errors = checkpoints.run(failing_load, WORLD, (impl_spec, str(source), str(before), str(after), ODD_RANK),
+                             timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
         expected, part = (ValueError, "deterministic") if rank == ODD_RANK else (RuntimeError, "another rank")
@@ -90,20 +184,19 @@ def test_load_refused_by_one_rank_changes_no_rank(request, saved):
 
 @pytest.mark.clause("4.3.3", "4.2.2", "5.1.2")
 @pytest.mark.requires(DCP_RESHARD)
-def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(request, saved):
-    """Rank 1 writes its payload and dies (``os._exit``) before reporting it; rank 0 raises
+def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(impl_spec, saved):
+    """Rank 1 writes its payload and dies (``World.die``) before reporting it; rank 0 raises
     within the bound, no ``.metadata`` is committed, and an earlier checkpoint in the same parent
     directory is untouched and still restores and trains on."""
-    spec = request.config.getoption("--impl")
     parent = saved.scratch("killed")
     earlier, killed = parent / "earlier", parent / "killed"
-    run_on_ranks(dcp_ranks.save_trained, WORLD, args=(spec, "base", str(earlier)), timeout=TIMEOUT)
+    checkpoints.run(checkpoints.save_trained, WORLD, (impl_spec, "base", str(earlier)), timeout=TIMEOUT)
     md5s = payload_md5s(earlier)
-    outcomes = run_on_ranks(dcp_ranks.killed_save, WORLD, args=(spec, str(killed), ODD_RANK), timeout=TIMEOUT,
-                            allow_failure=True)
+    outcomes = checkpoints.run(killed_save, WORLD, (impl_spec, str(killed), ODD_RANK), timeout=TIMEOUT,
+                               allow_failure=True)
     statuses = [o.status for o in outcomes]
     assert statuses == ["raised", "died"], "\n".join(o.headline() for o in outcomes)
-    assert outcomes[ODD_RANK].exitcode == 17, outcomes[ODD_RANK].headline()
+    assert outcomes[ODD_RANK].exitcode == KILLED_EXIT_CODE, outcomes[ODD_RANK].headline()
     assert ".metadata" not in _written(killed), _written(killed)
     with pytest.raises(CheckpointError, match="did not commit"):
         read_metadata(killed)
@@ -111,6 +204,6 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(reque
     margins.exact("earlier checkpoint after a killed save (payload md5)",
                   sum(after.get(k) != v for k, v in md5s.items()), len(md5s))
     assert after == md5s
-    reports = run_on_ranks(dcp_ranks.load_and_continue, WORLD, args=(spec, str(earlier)), timeout=TIMEOUT)
+    reports = checkpoints.run(load_and_continue, WORLD, (impl_spec, str(earlier)), timeout=TIMEOUT)
     for rank, report in enumerate(reports):
         assert report["moved"] and report["finite"], (rank, report)

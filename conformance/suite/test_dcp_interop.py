@@ -1,7 +1,7 @@
 """Cross-implementation loads: saved by the implementation and restored by the reference, and the
 reverse (SPEC 4.3.6, 3.8.1), across world sizes.
 
-The restoring side is checked exactly as a reshard (``dcp_checks``): model parameters exact, one
+The restoring side is checked exactly as a reshard (``checkpoints``): model parameters exact, one
 continuation step within 5e-3 of a native run of the restoring implementation at the target
 world size, and the restored state saved again by the restoring side consistent with the
 checkpoint it restored. The model has no empty shards on 4 ranks (SPEC 2.4.5 is covered by the
@@ -18,7 +18,7 @@ import pytest
 
 from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD
 
-from . import dcp_checks
+from . import checkpoints
 
 REFERENCE = "reference"
 
@@ -27,22 +27,20 @@ REFERENCE = "reference"
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
 @pytest.mark.parametrize("direction", ["impl-to-reference", "reference-to-impl"])
-def test_cross_implementation_restore(impl, request, saved, direction, source, target):
-    spec = request.config.getoption("--impl")
-    saver, loader = (spec, REFERENCE) if direction == "impl-to-reference" else (REFERENCE, spec)
+def test_cross_implementation_restore(impl, impl_spec, saved, direction, source, target):
+    saver, loader = (impl_spec, REFERENCE) if direction == "impl-to-reference" else (REFERENCE, impl_spec)
     restore = saved.restored(loader, saver, "base", source, target)
     # the re-saved state is the loader's; its bit-exactness is the reference's or the impl's
     bit_exact = impl.has(CPU_BIT_EXACT) or loader == REFERENCE
-    problems = dcp_checks.restore_problems(restore, bit_exact)
+    problems = checkpoints.restore_problems(restore, bit_exact)
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
-def test_restore_and_resave_match_the_reference(impl, request, saved, source, target):
-    spec = request.config.getoption("--impl")
+def test_restore_and_resave_match_the_reference(impl, impl_spec, saved, source, target):
     ours = saved.restored(REFERENCE, REFERENCE, "base", source, target)
-    theirs = saved.restored(spec, REFERENCE, "base", source, target)
-    problems = dcp_checks.restores_agree(ours, theirs, impl.has(CPU_BIT_EXACT))
+    theirs = saved.restored(impl_spec, REFERENCE, "base", source, target)
+    problems = checkpoints.restores_agree(ours, theirs, impl.has(CPU_BIT_EXACT))
     assert not problems, "\n".join(problems)

@@ -4,15 +4,19 @@ an in-place optimizer step.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
+from conformance import registry, workload, world
 from conformance.implementation import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
-from conformance.ranks import run_on_ranks
+from conformance.sharding import world_mesh
 from oracles.digests import content_digests
-from oracles.memory import pointer_reuse, state_addresses
+from oracles.memory import StorageTracker, pointer_reuse, state_addresses
 
-from . import dcp_checks, dcp_ranks, margins
+from . import checkpoints, margins
 
 KiB = 1024
 # SPEC 5.4.2: twice the largest slot's dense form plus 64 KiB. Informative: the reference and
@@ -20,21 +24,62 @@ KiB = 1024
 # momentum (the output, the indices widened to int64, the gathered codewords), twice one slot's
 # dense form of 8 bytes per element.
 SLACK = 64 * KiB
+_LAYERS = tuple(f"layer{i}.weight" for i in range(8))
+#: Eight equal slots, large enough that a save holding all of them at once exceeds the bound;
+#: gradients are multiples of 1/8 so codebook learning sees few distinct values (cheap).
+MEMORY = workload.Model(
+    shapes={n: (64, 64) for n in _LAYERS},
+    groups=(_LAYERS[:2], _LAYERS[2:]),
+    init=workload.per_name,
+    salt="init",
+    seed=workload.crc32_seed("{name}:grad{step}"),
+    hypers=workload.GROUP_HYPERS,
+    quantum=1 / 8,
+)
+
+#: A 2-D parameter (block or factored second moment) and a 1-D one, plain tensors.
+IN_PLACE = workload.Model(shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=workload.one_stream,
+                          salt=5403)
+
+
+def planned_save_peak(spec: str, root: str) -> dict:
+    """Rank body (SPEC 5.4.2, world size 1): the peak extra bytes
+    (``oracles.memory.StorageTracker``) of a save of the adapter with ``impl.save_planner()``, and
+    the same with DCP's default planner.
+
+    DCP's ``FileSystemWriter`` keeps every tensor it wrote until the file it wrote it to is closed
+    (SPEC 2.5.3), so with one payload file per rank it would hold every slot whatever the planner
+    does. The measured saves use ``single_file_per_rank=False`` (one file per item): the writer
+    then holds one item at a time and the peak is the planner's. A standard save of the same
+    state is written too, for the test to compare contents.
+    """
+    impl = registry.resolve(spec)
+    _, optimizer = workload.trained(impl, MEMORY, world_mesh(), steps=(1, 2))
+    workload.save(impl, optimizer, os.path.join(root, "standard"))
+    peaks = {}
+    for name, planner in (("planned", impl.save_planner() if impl.save_planner else None), ("default", None)):
+        writer = dcp.FileSystemWriter(os.path.join(root, name), single_file_per_rank=False)
+        state = {"optimizer": impl.dcp_state(optimizer)}
+        tracker = StorageTracker()
+        with tracker:
+            dcp.save(state, storage_writer=writer, planner=planner, process_group=world.current().group)
+        del state, writer
+        peaks[name] = tracker.peak_bytes
+    return peaks
 
 
 @pytest.mark.clause("5.4.2", "2.5.2", "5.4.1")
 @pytest.mark.requires(DCP_RESHARD, DCP_SAVE_PLANNER)
-def test_planned_save_holds_one_slot_at_a_time(request, saved):
+def test_planned_save_holds_one_slot_at_a_time(impl_spec, saved):
     """At world size 1, the peak extra bytes of a save with ``impl.save_planner()`` stay within the
     twice the largest slot's dense momentum and second moment plus the slack. The slots are large enough
     that a save holding all of them at once would exceed the bound; a save with DCP's default
     planner (placeholders keep their expansions until the save ends, SPEC 2.5.3) is measured
     alongside for the record. The measured saves write one file per item (see
-    ``dcp_ranks.planned_save_peak``) and must hold the same content as a standard save."""
+    :func:`planned_save_peak`) and must hold the same content as a standard save."""
     root = saved.scratch("memory")
-    [peaks] = run_on_ranks(dcp_ranks.planned_save_peak, 1, args=(request.config.getoption("--impl"), str(root)),
-                           timeout=dcp_checks.TIMEOUT)
-    slots = [2 * 4 * torch.Size(s).numel() for s in dcp_ranks.MEMORY_SHAPES.values()]
+    [peaks] = checkpoints.run(planned_save_peak, 1, (impl_spec, str(root)))
+    slots = [2 * 4 * torch.Size(s).numel() for s in MEMORY.shapes.values()]
     bound = 2 * max(slots) + SLACK
     assert sum(slots) > bound, "the workload cannot tell a bounded save from one holding every slot"
     standard = content_digests(root / "standard")
@@ -51,22 +96,18 @@ def test_planned_save_holds_one_slot_at_a_time(request, saved):
 
 
 @pytest.mark.clause("5.4.3", "5.4.1")
-@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+@pytest.mark.parametrize("factored", [
+    pytest.param(False, id="block"),
+    pytest.param(True, id="factored", marks=pytest.mark.requires(FACTORED_SECOND_MOMENT)),
+])
 def test_step_updates_state_in_place(impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain
     (non-DTensor) parameters: this is the optimizer's own step, no DCP capability is involved."""
-    if factored and not impl.has(FACTORED_SECOND_MOMENT):
-        pytest.skip(f"{impl.name} lacks capability {FACTORED_SECOND_MOMENT}")
-    g = torch.Generator().manual_seed(5403)
-    params = {"w": torch.nn.Parameter(torch.randn(64, 32, generator=g)),
-              "b": torch.nn.Parameter(torch.randn(96, generator=g))}
-    optimizer = impl.make_optimizer(list(params.items()), factored_v_2d=factored)
-    for step in range(2):
-        for p in params.values():
-            p.grad = torch.randn(p.shape, generator=g)
-        if step == 1:
-            before = state_addresses(optimizer.state)
-        optimizer.step()
+    params = workload.parameters(IN_PLACE)
+    optimizer = impl.make_optimizer(workload.param_groups(IN_PLACE, params), factored_v_2d=factored)
+    workload.train(IN_PLACE, optimizer, params, [0])
+    before = state_addresses(optimizer.state)
+    workload.train(IN_PLACE, optimizer, params, [1])
     report = pointer_reuse(before, state_addresses(optimizer.state))
     assert report.total_bytes > 0, "no state tensors to compare"
     assert report.share == 1.0, f"state reallocated by the step: {report.moved}"

@@ -3,43 +3,42 @@
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
 
+from conformance import workload
 from conformance.implementation import DCP_RESHARD
-from conformance.sharding import sharded_parameter
 
 
-def _trained(impl, one_rank, named):
-    opt = impl.make_optimizer([{"params": named}], factored_v_2d=False)
-    for step in range(2):
-        for i, (_, p) in enumerate(named):
-            p.grad = sharded_parameter(torch.randn(p.shape, generator=torch.Generator().manual_seed(step * 10 + i)),
-                                       one_rank.mesh).detach()
-        opt.step()
-    return opt
+def _gradient_seed(name: str, index: int, step: int) -> int:
+    return 10 * step + index
+
+
+#: A model whose caller really named its parameters like the optimizer's synthesized names.
+POSITIONAL_LOOKING = workload.Model(
+    shapes={"param_0": (8, 4), "group_0_param_1": (4, 3)},
+    groups=(("param_0", "group_0_param_1"),),
+    init=workload.linspace(-1, 1),
+    seed=_gradient_seed,
+)
 
 
 @pytest.mark.clause("2.4", "1.3.6")
 @pytest.mark.requires(DCP_RESHARD)
 def test_caller_name_that_looks_positional_saves_and_loads(impl, one_rank):
     """A model may really call a parameter ``param_0``: the caller gave it, so it is a stable identity."""
-    named = [("param_0", sharded_parameter(torch.linspace(-1, 1, 32).reshape(8, 4), one_rank.mesh)),
-             ("group_0_param_1", sharded_parameter(torch.linspace(-1, 1, 12).reshape(4, 3), one_rank.mesh))]
-    opt = _trained(impl, one_rank, named)
+    _, opt = workload.trained(impl, POSITIONAL_LOOKING, one_rank.mesh, steps=range(2))
     path = one_rank.path()
-    dcp.save({"optimizer": impl.dcp_state(opt)}, checkpoint_id=path)
-    fresh = [(n, sharded_parameter(torch.zeros(p.shape), one_rank.mesh)) for n, p in named]
-    target = impl.make_optimizer([{"params": fresh}], factored_v_2d=False)
-    dcp.load({"optimizer": impl.dcp_state(target)}, checkpoint_id=path)
+    workload.save(impl, opt, path, planner=False)
+    fresh = workload.parameters(POSITIONAL_LOOKING, mesh=one_rank.mesh)
+    target = impl.make_optimizer(workload.param_groups(POSITIONAL_LOOKING, fresh), factored_v_2d=False)
+    workload.load(impl, target, path)
 
 
 @pytest.mark.clause("2.4", "1.3.6")
 @pytest.mark.requires(DCP_RESHARD)
 def test_synthesized_names_are_refused(impl, one_rank):
     """Names the optimizer made up depend on registration order: saving against them is refused."""
-    params = [sharded_parameter(torch.linspace(-1, 1, 32).reshape(8, 4), one_rank.mesh)]
-    opt = impl.make_optimizer(params, factored_v_2d=False)
+    params = workload.parameters(POSITIONAL_LOOKING, mesh=one_rank.mesh)
+    opt = impl.make_optimizer(list(params.values())[:1], factored_v_2d=False)
     with pytest.raises(BaseException) as info:
-        dcp.save({"optimizer": impl.dcp_state(opt)}, checkpoint_id=one_rank.path())
+        workload.save(impl, opt, one_rank.path(), planner=False)
     assert not isinstance(info.value, (KeyboardInterrupt, SystemExit))

@@ -16,17 +16,19 @@ one case where SPEC 2.2.5 lets the three scalars of that slot differ from gefen-
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
+from conformance import registry, workload
 from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
-from oracles import checkpoint_compare
+from conformance.sharding import world_mesh
+from oracles import checkpoint_compare, codebook_quality
 from oracles.checkpoint_reader import read_nested
 from oracles.digests import content_digests, metadata_digest, payload_md5s
 
-from . import margins
-
+from . import checkpoints, margins
 
 WORLDS = [
     pytest.param("base", 1, id="w1"),
@@ -34,6 +36,38 @@ WORLDS = [
     pytest.param("base", 4, id="w4"),
     pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.clause("2.4.5")),
 ]
+
+
+def payload_saves(spec: str, model: str, root: str) -> float:
+    """Rank body: save one trained state several ways under ``root`` (collective; optimizer only).
+
+    ``impl_planned`` and ``impl_planned_again`` with ``impl.save_planner()``, ``impl_default``
+    with DCP's default planner, and ``reference`` from the reference trained on identical
+    gradients and saved with its own adapter and planner. Returns the largest gap between
+    adjacent codewords of the reference's codebook on this rank (a checkpoint carries no
+    codebook; SPEC 5.6.11 needs it).
+    """
+    impl, layout, mesh = registry.resolve(spec), workload.DCP_MODELS[model], world_mesh()
+    _, optimizer = workload.trained(impl, layout, mesh)
+    workload.save(impl, optimizer, os.path.join(root, "impl_planned"))
+    workload.save(impl, optimizer, os.path.join(root, "impl_planned_again"))
+    workload.save(impl, optimizer, os.path.join(root, "impl_default"), planner=False)
+    ref = registry.resolve("reference")
+    _, ref_optimizer = workload.trained(ref, layout, mesh)
+    workload.save(ref, ref_optimizer, os.path.join(root, "reference"))
+    return codebook_quality.largest_gap(ref_optimizer.codebook)
+
+
+def _payloads(saved, spec: str, model: str, world: int):
+    """The directory of :func:`payload_saves` for ``model`` at ``world`` ranks (made once)."""
+    root = saved.directory("payloads", spec, model, f"w{world}")
+
+    def make():
+        gaps = checkpoints.run(payload_saves, world, (spec, model, str(root)))
+        (root / "reference_codebook_gaps.json").write_text(json.dumps(gaps))
+        return root
+
+    return saved.once(("payloads", spec, model, world), make)
 
 
 def _payload_differences(a, b, what: str) -> list[str]:
@@ -60,33 +94,35 @@ def _metadata_differences(a, b, what: str) -> list[str]:
     return [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
 
 
+def _byte_identity_problems(root, first: str, second: str, what: str) -> list[str]:
+    """Two saves of one state under ``root``: payload md5s and metadata digest, both exact."""
+    a, b = root / first, root / second
+    return (_payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)"))
+
+
 @pytest.mark.clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_same_state_saved_twice_is_byte_identical(request, saved, model, world):
-    root = saved.payloads(request.config.getoption("--impl"), model, world)
-    a, b = root / "impl_planned", root / "impl_planned_again"
-    problems = (_payload_differences(a, b, "one state saved twice (payload md5)")
-                + _metadata_differences(a, b, "one state saved twice (metadata digest)"))
+def test_same_state_saved_twice_is_byte_identical(impl_spec, saved, model, world):
+    problems = _byte_identity_problems(_payloads(saved, impl_spec, model, world), "impl_planned", "impl_planned_again",
+                                       "one state saved twice")
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_planner_does_not_change_the_bytes(request, saved, model, world):
-    root = saved.payloads(request.config.getoption("--impl"), model, world)
-    a, b = root / "impl_planned", root / "impl_default"
-    problems = (_payload_differences(a, b, "planned and default saves of one state (payload md5)")
-                + _metadata_differences(a, b, "planned and default saves of one state (metadata digest)"))
+def test_planner_does_not_change_the_bytes(impl_spec, saved, model, world):
+    problems = _byte_identity_problems(_payloads(saved, impl_spec, model, world), "impl_planned", "impl_default",
+                                       "planned and default saves of one state")
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.clause("4.3.4", "2.2.5", "5.2.1")
 @pytest.mark.requires(DCP_RESHARD, CPU_BIT_EXACT)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_md5s_match_the_reference(request, saved, model, world):
-    root = saved.payloads(request.config.getoption("--impl"), model, world)
+def test_payload_md5s_match_the_reference(impl_spec, saved, model, world):
+    root = _payloads(saved, impl_spec, model, world)
     problems = _payload_differences(root / "impl_planned", root / "reference", "payload against the reference (md5)")
     assert not problems, "\n".join(problems)
 
@@ -94,11 +130,11 @@ def test_payload_md5s_match_the_reference(request, saved, model, world):
 @pytest.mark.clause("4.3.4", "2.1", "5.6.11")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_content_matches_the_reference(impl, request, saved, model, world):
+def test_payload_content_matches_the_reference(impl, impl_spec, saved, model, world):
     """The checkpoint's content against the reference's trained on the same gradients, read back by
     the independent reader: every non-float value exactly; float state bitwise under
     ``cpu-bit-exact``, otherwise within the free-running bounds (SPEC 5.6.11)."""
-    root = saved.payloads(request.config.getoption("--impl"), model, world)
+    root = _payloads(saved, impl_spec, model, world)
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
@@ -111,7 +147,7 @@ def test_payload_content_matches_the_reference(impl, request, saved, model, worl
 @pytest.mark.clause("4.3.4", "2.2.5", "5.2.2")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_metadata_digest_matches_the_reference(request, saved, model, world):
-    root = saved.payloads(request.config.getoption("--impl"), model, world)
+def test_metadata_digest_matches_the_reference(impl_spec, saved, model, world):
+    root = _payloads(saved, impl_spec, model, world)
     problems = _metadata_differences(root / "impl_planned", root / "reference", "metadata against the reference (digest)")
     assert not problems, "\n".join(problems)

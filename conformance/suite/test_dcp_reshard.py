@@ -1,6 +1,6 @@
 """Resharding: save on N ranks, restore on M (SPEC 4.3.2, Part 3).
 
-Each path trains the implementation on the ``dcp_ranks`` workload at N ranks and saves model
+Each path trains the implementation on ``conformance.workload.BASE`` (or ``EMPTY``) at N ranks and saves model
 and optimizer; at M ranks a fresh optimizer (other hyperparameters, other parameter values) is
 restored with ``dcp.load``. Two tests per path:
 
@@ -9,7 +9,7 @@ restored with ``dcp.load``. Two tests per path:
 * the restored state, saved again at once with the implementation's adapter and read back with
   the independent reader: global step, per-slot counters, identities and hyperparameters exact,
   both checkpoints schema-clean, dense momentum and second moment within the bounds documented
-  in ``dcp_checks`` (SPEC 3.7.1, 3.7.2).
+  in ``checkpoints`` (SPEC 3.7.1, 3.7.2).
 
 ``dec.weight`` (7 rows) splits unevenly on every path; ``empty`` adds a 2-row parameter whose
 shard is empty on ranks 2-3 of 4 (on the target of 2->4, on the source of 4->2).
@@ -21,7 +21,7 @@ import pytest
 
 from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD
 
-from . import dcp_checks
+from . import checkpoints
 
 PATHS = [
     pytest.param("base", 2, 4, id="2->4"),
@@ -37,18 +37,16 @@ PATHS = [
 @pytest.mark.clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_restores_model_and_continues_within_bound(impl, request, saved, model, source, target):
-    spec = request.config.getoption("--impl")
-    restore = saved.restored(spec, spec, model, source, target)
-    problems = dcp_checks.restore_problems(restore, impl.has(CPU_BIT_EXACT), resave=False)
+def test_reshard_restores_model_and_continues_within_bound(impl, impl_spec, saved, model, source, target):
+    restore = saved.restored(impl_spec, impl_spec, model, source, target)
+    problems = checkpoints.restore_problems(restore, impl.has(CPU_BIT_EXACT), resave=False)
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_resaved_state_is_consistent(impl, request, saved, model, source, target):
-    spec = request.config.getoption("--impl")
-    restore = saved.restored(spec, spec, model, source, target)
-    problems = dcp_checks.resave_only_problems(restore, impl.has(CPU_BIT_EXACT))
+def test_reshard_resaved_state_is_consistent(impl, impl_spec, saved, model, source, target):
+    restore = saved.restored(impl_spec, impl_spec, model, source, target)
+    problems = checkpoints.resave_only_problems(restore, impl.has(CPU_BIT_EXACT))
     assert not problems, "\n".join(problems)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conformance import workload
 from conformance.implementation import DCP_RESHARD
 from oracles import gefen_schema
 from oracles.checkpoint_reader import read_nested
 
-from . import dcp_checks, dcp_ranks, margins
+from . import checkpoints, margins
 
 CHECKPOINTS = [
     pytest.param("base", 1, id="w1"),
@@ -26,21 +27,22 @@ CHECKPOINTS = [
 
 def _expected_values(model: str, state: dict) -> list[str]:
     problems = []
-    layout = dcp_ranks.MODELS[model]
-    identities = [{"name": n, "group": g, "shape": list(s)} for n, (s, g) in layout.items()]
+    layout = workload.DCP_MODELS[model]
+    group_of = {n: g for g, names in enumerate(layout.groups) for n in names}
+    identities = [{"name": n, "group": group_of[n], "shape": list(s)} for n, s in layout.shapes.items()]
     if state.get("param_identities") != identities:
         problems.append(f"param_identities: {state.get('param_identities')!r}, trained {identities!r}")
-    if state.get("param_group_hypers") != dcp_ranks.SAVED_HYPERS:
-        problems.append(f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {dcp_ranks.SAVED_HYPERS!r}")
-    expected = {"format_version": 2, "global_step": dcp_ranks.STEPS, "deterministic": 0,
-                "slot_count": len(layout), "group_count": 2}
+    if state.get("param_group_hypers") != workload.SAVED_HYPERS:
+        problems.append(f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {workload.SAVED_HYPERS!r}")
+    expected = {"format_version": 2, "global_step": workload.DCP_STEPS, "deterministic": 0,
+                "slot_count": len(layout.shapes), "group_count": 2}
     for key, value in expected.items():
         got = state.get(key)
         if not torch.is_tensor(got) or got.item() != value:
             problems.append(f"{key}: {got!r}, expected {value}")
-    for i, name in enumerate(layout):
-        fresh = name == dcp_ranks.FRESH
-        for field, value in zip(dcp_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, dcp_ranks.STEPS, dcp_ranks.STEPS)):
+    for i, name in enumerate(layout.shapes):
+        fresh = name in layout.frozen
+        for field, value in zip(checkpoints.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)):
             got = state.get(gefen_schema.slot_key(i, field))
             if not torch.is_tensor(got) or got.item() != value:
                 problems.append(f"{gefen_schema.slot_key(i, field)} ({name}): {got!r}, expected {value}")
@@ -54,8 +56,8 @@ def _expected_values(model: str, state: dict) -> list[str]:
 @pytest.mark.clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
 @pytest.mark.requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
-def test_checkpoint_schema_from_the_files(request, saved, model, world):
-    path, saved_params = saved.saved(request.config.getoption("--impl"), model, world)
+def test_checkpoint_schema_from_the_files(impl_spec, saved, model, world):
+    path, saved_params = saved.saved(impl_spec, model, world)
     nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
     problems = gefen_schema.problems(nested.get("optimizer", {}))
     problems += _expected_values(model, nested.get("optimizer", {}))

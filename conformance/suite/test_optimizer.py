@@ -14,24 +14,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
+from conformance import workload
 from conformance.implementation import CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 from oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from oracles.numeric import Comparisons, bitwise_comparison
 
 from . import margins
-from .workloads import (
-    SHAPES, first_step_pieces, param_steps, pinned_state, pinned_step as run_pinned_step, train,
-    train_reference,
-)
 
 STEPS = 6
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 PIN_POINTS = [pytest.param(0, id="pinned-codebook"), pytest.param(3, id="pinned-after-3")]
-
-
-def _reference(params, **options):
-    return reference.Gefen(params, **options)
 
 
 def _group_hypers(trained) -> dict:
@@ -43,14 +35,14 @@ def _trajectory_problems(impl, ours, theirs, dtype) -> list[str]:
     """Free-running parameters: bitwise, or SPEC 5.6.10 (per element, and the displacement bias)."""
     comparisons = Comparisons()
     if impl.has(CPU_BIT_EXACT):
-        for n in SHAPES:
+        for n in workload.OPTIMIZER.shapes:
             comparisons.add(bitwise_comparison(f"free-running: parameters ({_dtype(dtype)})",
                                                ours.params[n].detach(), theirs.params[n].detach(), label=f"parameter {n}"))
         return margins.record(comparisons)
     gap = codebook_quality.largest_gap(ours.optimizer.codebook)
     betas = _group_hypers(ours)
     displacements, systematic = [], 0.0
-    for n in SHAPES:
+    for n in workload.OPTIMIZER.shapes:
         beta1, beta2 = betas[n]
         factor = free_running.momentum_factor(STEPS, beta1, gap, dtype)
         comparison, moved = free_running.trajectory(n, dtype, ours.history[n], theirs.params[n].detach(), factor)
@@ -73,8 +65,8 @@ def _dtype(dtype) -> str:
 @pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
 def test_block_step_matches_reference(impl, dtype, weight_decay, tensor_lr):
     kw = dict(tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
-    ours = train_reference(dtype, STEPS, **kw)
-    theirs = train(impl.make_optimizer, dtype, STEPS, **kw)
+    ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
+    theirs = workload.trajectory(impl.make_optimizer, dtype, STEPS, **kw)
     problems = _trajectory_problems(impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
 
@@ -84,8 +76,8 @@ def test_block_step_matches_reference(impl, dtype, weight_decay, tensor_lr):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(impl, dtype):
     kw = dict(weight_decay=0.05, factored_v_2d=True)
-    ours = train_reference(dtype, STEPS, **kw)
-    theirs = train(impl.make_optimizer, dtype, STEPS, **kw)
+    ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
+    theirs = workload.trajectory(impl.make_optimizer, dtype, STEPS, **kw)
     problems = _trajectory_problems(impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
 
@@ -94,12 +86,12 @@ def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
     """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
     arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
     in both profiles."""
-    sd = pinned_state(dtype, pin_at, **kw)
-    theirs = run_pinned_step(impl.make_optimizer, dtype, pin_at, sd, **kw)
-    ours = run_pinned_step(_reference, dtype, pin_at, sd, **kw)
+    sd = workload.pinned_state(dtype, pin_at, **kw)
+    theirs = workload.pinned_step(impl.make_optimizer, dtype, pin_at, sd, **kw)
+    ours = workload.pinned_step(workload.REFERENCE, dtype, pin_at, sd, **kw)
     if impl.has(CPU_BIT_EXACT):
         comparisons = native_compare.compare(ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=dtype)
-        for n in SHAPES:
+        for n in workload.OPTIMIZER.shapes:
             comparisons.add(bitwise_comparison(f"pinned step: parameter update ({_dtype(dtype)})", ours.after[n],
                                                theirs.after[n], label=f"parameter {n}"))
         return margins.record(comparisons)
@@ -107,7 +99,7 @@ def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
     for p in native_compare.exact_problems(ours.state_dict, theirs.state_dict, codebook_exact=True):
         comparisons.problem(p)
     if comparisons.ok:
-        comparisons.extend(pinned_step.check_step(param_steps(sd, theirs, factored=kw.get("factored_v_2d", False)),
+        comparisons.extend(pinned_step.check_step(workload.param_steps(sd, theirs, factored=kw.get("factored_v_2d", False)),
                                                   sd["gefen_codebook"]))
     return margins.record(comparisons)
 
@@ -132,16 +124,17 @@ def test_pinned_factored_step(impl, dtype):
 
 @pytest.mark.clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
 @pytest.mark.requires(NATIVE_STATE_DICT)
-@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+@pytest.mark.parametrize("factored", [
+    pytest.param(False, id="block"),
+    pytest.param(True, id="factored", marks=pytest.mark.requires(FACTORED_SECOND_MOMENT)),
+])
 def test_state_matches_reference(impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
-    if factored and not impl.has(FACTORED_SECOND_MOMENT):
-        pytest.skip(f"{impl.name} lacks capability {FACTORED_SECOND_MOMENT}")
-    ours = train_reference(torch.bfloat16, STEPS, factored_v_2d=factored)
-    theirs = train(impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
+    ours = workload.trajectory(workload.REFERENCE, torch.bfloat16, STEPS, factored_v_2d=factored)
+    theirs = workload.trajectory(impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
     expected = ours.optimizer.state_dict()
-    histogram = codebook_quality.histogram(first_step_pieces(expected, torch.bfloat16))
+    histogram = codebook_quality.histogram(workload.first_step_pieces(expected, torch.bfloat16))
     comparisons = native_compare.compare(expected, theirs.optimizer.state_dict(), bitwise=impl.has(CPU_BIT_EXACT),
                                          grad_dtype=torch.bfloat16, histogram=histogram)
     problems = margins.record(comparisons)
@@ -219,7 +212,7 @@ def test_nearest_codeword_ties_follow_the_rule(impl):
                                      factored=False, **hyper)
         return step, after["state"][0]["m_codebook"].clone()
 
-    ours, ours_idx = run(_reference)
+    ours, ours_idx = run(workload.REFERENCE)
     theirs, theirs_idx = run(impl.make_optimizer)
     assert int(ours_idx[0, 1]) == 127
     differing = int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()

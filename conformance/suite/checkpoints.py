@@ -1,26 +1,38 @@
-"""Shared pieces of the DCP scenarios: the checkpoint cache and the checks run in the test process.
+"""The trained checkpoints and restore checks shared by the DCP scenarios (SPEC 4.3.2-4.3.6, 3.7).
 
-Not collected. Checkpoints are written once per session and reused by every DCP module
-(:func:`checkpoints`); everything written is read back through the independent oracles only
+Not collected. Several scenario modules use what is here, by name:
+
+* :func:`run`: a rank body on the active launcher (``conformance.launch``), the test skipped
+  with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
+* the rank bodies :func:`save_trained` (train the DCP model and save it) and
+  :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
+* :class:`Checkpoints`, the session's cache of their results (the ``saved`` fixture): a
+  checkpoint is trained and saved once per session and read by every module that needs it;
+* the checks run in the test process on a restore: model parameters, continuation, re-save
+  (reshard and interop).
+
+Everything written is read back through the independent oracles only
 (``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
-an implementation's loader.
+an implementation's loader. Rank bodies resolve the implementation from its ``--impl`` spec
+inside the rank and take their mesh and group from ``conformance.world.current()``.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
-from conformance import observations
-from conformance.ranks import RankFailure, run_on_ranks
+from conformance import launch, observations, registry, workload
+from conformance.ranks import RankFailure
+from conformance.sharding import world_mesh
 from oracles import checkpoint_compare
 from oracles import gefen_schema
 from oracles.checkpoint_reader import read_nested
 
-from . import dcp_ranks, margins
+from . import margins
 
 TIMEOUT = 60.0
 CONTINUATION_BOUND = 5e-3  # SPEC 3.7.3, 5.3.3
@@ -38,6 +50,91 @@ SECOND_MOMENT_SUM_RTOL = 1e-5
 FP32_RTOL = 1e-6
 
 
+def run(fn, world_size: int, args=(), *, timeout: float = TIMEOUT, **options) -> list:
+    """``launch.run(fn, world_size, args)``; skips the calling test, with the launcher's reason,
+    when the active launcher cannot run ``world_size`` ranks."""
+    reason = launch.unfit_reason(world_size)
+    if reason is not None:
+        pytest.skip(reason)
+    return launch.run(fn, world_size, args, timeout=timeout, **options)
+
+
+def error_report(exc: BaseException) -> dict:
+    """What a rank body returns for an exception it expected (type, base names, message)."""
+    return {"type": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+
+
+# ------------------------------------------------------------------------------ rank bodies
+
+
+def save_trained(spec: str, model: str, path: str) -> dict:
+    """Train ``model`` with the implementation and save model and optimizer; the saved full params."""
+    impl = registry.resolve(spec)
+    params, optimizer = workload.trained(impl, workload.DCP_MODELS[model], world_mesh())
+    workload.save(impl, optimizer, path, params=params)
+    return workload.full_params(params)
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if b.numel() else 0.0
+
+
+def restore_report(spec: str, model: str, path: str, resave_path: str) -> dict:
+    """Restore ``path`` at this world size with the implementation ``spec`` and report (collective).
+
+    1. A native run: the same implementation trained from scratch here on the same gradient
+       stream for steps 1..K, its local parameters recorded, then step K+1.
+    2. A fresh optimizer (other hyperparameters, other parameter values) restored with
+       ``dcp.load`` of model and optimizer; its full parameters are reported.
+    3. The restored state saved again at once with the implementation's adapter to
+       ``resave_path`` (read back by the test through the independent reader).
+    4. The continuation: the restored parameters are set to the native run's after step K and
+       one step is taken on gradient K+1; the max-abs difference from the native run after step
+       K+1 is reported per parameter (SPEC 3.7.3).
+    A failed load is reported (type, message) instead of 2-4.
+    """
+    impl = registry.resolve(spec)
+    layout = workload.DCP_MODELS[model]
+    mesh = world_mesh()
+    next_step = [workload.DCP_STEPS + 1]
+    native_params, native = workload.trained(impl, layout, mesh)
+    before = {n: p.detach().to_local().clone() for n, p in native_params.items()}
+    workload.train(layout, native, native_params, next_step)
+    after = {n: workload.to_cpu(p.to_local()) for n, p in native_params.items()}
+
+    params = workload.parameters(layout, mesh=mesh, salt="target")
+    optimizer = impl.make_optimizer(workload.param_groups(layout, params, workload.TARGET_HYPERS),
+                                    factored_v_2d=False)
+    try:
+        workload.load(impl, optimizer, path, params=params)
+    except Exception as exc:  # the outcome is the result
+        return {"load_error": error_report(exc)}
+    report = {"load_error": None, "full_params": workload.full_params(params)}
+    try:
+        workload.save(impl, optimizer, resave_path, params=params)
+        report["resave_error"] = None
+    except Exception as exc:  # reported; the continuation still runs
+        report["resave_error"] = error_report(exc)
+
+    def continue_from_native(stepping, stepped_params) -> dict:
+        with torch.no_grad():
+            for n, p in stepped_params.items():
+                p.to_local().copy_(before[n])
+        workload.train(layout, stepping, stepped_params, next_step)
+        return {n: _max_abs(workload.to_cpu(p.to_local()), after[n]) for n, p in stepped_params.items()}
+
+    report["continuation"] = continue_from_native(optimizer, params)
+    # Teeth of the bound: the same step from the same parameters by an optimizer that restored
+    # nothing (only its hyperparameters set to the saved ones).
+    blank_params = workload.parameters(layout, mesh=mesh, salt="blank")
+    blank = impl.make_optimizer(workload.param_groups(layout, blank_params), factored_v_2d=False)
+    report["unrestored"] = continue_from_native(blank, blank_params)
+    return report
+
+
+# ------------------------------------------------------------------------------------ cache
+
+
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text)
 
@@ -49,7 +146,9 @@ class Checkpoints:
         self.root = Path(root)
         self._made: dict = {}
 
-    def _once(self, key, make):
+    def once(self, key, make):
+        """``make()`` the first time ``key`` is asked for; its value (or its failure on the ranks,
+        raised again for every test that uses it) afterwards."""
         if key not in self._made:
             try:
                 self._made[key] = (make(), None)
@@ -65,34 +164,26 @@ class Checkpoints:
         path = self.root / f"{_safe(spec)}-{model}-w{world}"
 
         def make():
-            values = run_on_ranks(dcp_ranks.save_trained, world, args=(spec, model, str(path)), timeout=TIMEOUT)
+            values = run(save_trained, world, (spec, model, str(path)))
             return path, values[0]
 
-        return self._once(("saved", spec, model, world), make)
+        return self.once(("saved", spec, model, world), make)
 
     def restored(self, loader: str, saver: str, model: str, source: int, target: int) -> dict:
         """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks:
-        ``{"source", "saved_params", "resave", "reports"}`` (see ``dcp_ranks.restore_report``)."""
+        ``{"source", "saved_params", "resave", "reports"}`` (see :func:`restore_report`)."""
         path, saved_params = self.saved(saver, model, source)
         resave = self.root / f"restore-{_safe(loader)}-from-{path.name}-w{target}"
 
         def make():
-            reports = run_on_ranks(dcp_ranks.restore_report, target, args=(loader, model, str(path), str(resave)),
-                                   timeout=TIMEOUT)
+            reports = run(restore_report, target, (loader, model, str(path), str(resave)))
             return {"source": path, "saved_params": saved_params, "resave": resave, "reports": reports}
 
-        return self._once(("restored", loader, saver, model, source, target), make)
+        return self.once(("restored", loader, saver, model, source, target), make)
 
-    def payloads(self, spec: str, model: str, world: int) -> Path:
-        """A directory of saves of one trained state (see ``dcp_ranks.payload_saves``)."""
-        root = self.root / f"payloads-{_safe(spec)}-{model}-w{world}"
-
-        def make():
-            gaps = run_on_ranks(dcp_ranks.payload_saves, world, args=(spec, model, str(root), True), timeout=TIMEOUT)
-            (root / "reference_codebook_gaps.json").write_text(json.dumps(gaps))
-            return root
-
-        return self._once(("payloads", spec, model, world), make)
+    def directory(self, *parts: str) -> Path:
+        """A directory under the cache's root for ``parts`` (the same path every time)."""
+        return self.root / "-".join(_safe(p) for p in parts)
 
     def scratch(self, name: str) -> Path:
         path = self.root / "scratch" / name
