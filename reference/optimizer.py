@@ -200,12 +200,19 @@ class Gefen(torch.optim.Optimizer):
                 lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
                 eps=group["eps"], weight_decay=group["weight_decay"],
             )
-            if factored:
-                factored_step(p, grad, state, self.codebook, hyper)
-            else:
-                block_vmean_step(local_tensor(p), grad, state, self.codebook, hyper)
+            self._update(p, grad, state, hyper, factored)
         self.global_step += 1
         return loss
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, hyper: StepHyper, factored: bool) -> None:
+        """One parameter's update from its prepared state (SPEC 1.8.3-1.8.8, 1.9). The one method a
+        kernel backend built on the reference overrides (examples/gefen-fast does): everything
+        around it (preflight, GradScaler, periods and codebook, state creation) stays the
+        reference's."""
+        if factored:
+            factored_step(p, grad, state, self.codebook, hyper)
+        else:
+            block_vmean_step(local_tensor(p), grad, state, self.codebook, hyper)
 
     def _check_gradients(self) -> None:
         """Structural preflight over every gradient before anything changes (SPEC 1.10.2)."""
