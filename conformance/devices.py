@@ -20,8 +20,8 @@ import threading
 
 import torch
 
-__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "parse", "select", "selected",
-           "shortage"]
+__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "names", "parse", "select",
+           "selected", "shortage"]
 
 
 class DeviceUnavailable(ValueError):
@@ -97,6 +97,28 @@ def shortage(device: torch.device, ranks_per_node: int) -> str | None:
         return None
     return (f"needs {ranks_per_node} {device.type} devices on a node (one per rank) from {device}; "
             f"this machine has {max(have, 0)}")
+
+
+def names(device: torch.device, ranks: int | None = None) -> tuple[str, ...]:
+    """The devices that ranks ``0 .. ranks-1`` of a node use (every usable one from ``device`` on
+    when ``ranks`` is None), each as ``type:index`` followed by the hardware's name where torch
+    reports one (``"cuda:0 NVIDIA H200"``); ``("cpu",)`` for CPU."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return ("cpu",)
+    first = device.index or 0
+    count = max(available(device.type) - first, 0) if ranks is None else ranks
+    return tuple(_named(torch.device(device.type, first + i)) for i in range(count))
+
+
+def _named(device: torch.device) -> str:
+    module = getattr(torch, device.type, None)
+    getter = getattr(module, "get_device_name", None)
+    try:
+        hardware = getter(device) if getter is not None else ""
+    except Exception:  # noqa: BLE001 - a name is a courtesy; the index is the fact
+        hardware = ""
+    return f"{device} {hardware}".strip()
 
 
 _LOCK = threading.Lock()
