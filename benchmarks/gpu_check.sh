@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# GPU check of the --device path (SPEC 4.6): certify, on one CUDA machine, with --device cuda
+#   1. the reference                  (conformance.implementations.reference:IMPLEMENTATION)
+#   2. the fast example backend       (gefen_fast.conformance:IMPLEMENTATION, from examples/gefen-fast)
+#   3. gefen-x with its CUDA kernels  (conformance.implementations.gefenx:fused_implementation, fused=True)
+# and write one certificate and one log per implementation, plus summary.txt, into OUTDIR
+# (7 files at most).
+#
+# usage: benchmarks/gpu_check.sh [OUTDIR]     (default: $OUT if set, else ./gpu-check)
+# env:   GPU_CHECK_WORKERS  xdist workers per certification (default 4; the three run side by side)
+#        GPU_CHECK_LIMIT_S  wall-clock limit of each certification (default 400: all under 8 minutes)
+#        GPU_CHECK_DEVICE   the --device (default cuda; cpu only to smoke-test this script)
+#        GPU_CHECK_ARGS     extra pytest arguments (e.g. "-k optimizer"; a narrowed run is partial)
+#        GEFENX_WHEELS      a folder of wheels (gefen-x and its needs) installed into a private
+#                           target when `import gefen` fails; without gefen-x step 3 is reported
+#                           as not run
+#
+# Runs from the repository root (or any directory: it finds the root from its own path). Needs
+# python3 with a CUDA build of torch, pytest, pytest-xdist and hypothesis; works whether or not
+# this project is pip-installed. Never resets or reconfigures the GPU: it only reads nvidia-smi.
+# Exit status: 0 when every certificate was written and none is not-conformant, incomplete or
+# missing; 1 otherwise; 2 when there is no usable CUDA device.
+set -u
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-${OUT:-$PWD/gpu-check}}
+workers=${GPU_CHECK_WORKERS:-4}
+limit=${GPU_CHECK_LIMIT_S:-400}
+device=${GPU_CHECK_DEVICE:-cuda}
+read -r -a extra <<<"${GPU_CHECK_ARGS:-}"
+mkdir -p "$out"
+cd "$root" || exit 2
+export PYTHONPATH="$root:$root/examples/gefen-fast${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
+if [ "$device" != cpu ] && ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check: torch $("$py" -c 'import torch; print(torch.__version__)' 2>&1) sees no CUDA device" | tee "$out/summary.txt"
+    exit 2
+fi
+
+if ! "$py" -c 'import gefen' 2>/dev/null && [ -n "${GEFENX_WHEELS:-}" ]; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/gpu-check-site \
+        "$GEFENX_WHEELS"/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/gpu-check-site"
+fi
+
+# The plugin comes from the pytest11 entry point when the project is installed, else by name.
+plugin=()
+if ! "$py" - <<'EOF'
+import sys
+from importlib.metadata import entry_points
+sys.exit(0 if any(e.value == "conformance.plugin" for e in entry_points(group="pytest11")) else 1)
+EOF
+then
+    plugin=(-p conformance.plugin)
+fi
+
+declare -A specs=(
+    [reference]="conformance.implementations.reference:IMPLEMENTATION"
+    [fast]="gefen_fast.conformance:IMPLEMENTATION"
+    [gefenx-fused]="conformance.implementations.gefenx:fused_implementation"
+)
+order=(reference fast gefenx-fused)
+
+if [ "$device" = cpu ]; then
+    echo "--device cpu: no kernel build"
+elif "$py" -c 'import gefen' 2>/dev/null; then
+    # gefen-x builds its CUDA kernels on first use: once here, not in every xdist worker at once
+    started=$(date +%s)
+    timeout 240 "$py" - >"$out/gefenx-fused.log" 2>&1 <<'EOF'
+import torch, gefen
+p = torch.nn.Parameter(torch.randn(64, 48, device="cuda"))
+opt = gefen.Gefen([("w", p)], fused=True)
+for _ in range(2):
+    p.grad = torch.randn_like(p)
+    opt.step()
+torch.cuda.synchronize()
+print("gefen-x fused kernels built and stepped on", torch.cuda.get_device_name())
+EOF
+    echo "gefen-x kernel build: rc $? in $(( $(date +%s) - started )) s"
+fi
+if ! "$py" -c 'import gefen' 2>/dev/null; then
+    unset 'specs[gefenx-fused]'
+    echo "gefen-x is not importable (set GEFENX_WHEELS): gefenx-fused is not certified" | tee "$out/gefenx-fused.log"
+fi
+
+started=$(date +%s)
+pids=()
+for name in "${order[@]}"; do
+    [ -n "${specs[$name]:-}" ] || continue
+    rm -f "$out/$name.json" "$out/$name.partial.json"
+    [ "$name" = gefenx-fused ] || rm -f "$out/$name.log"
+    # -o addopts=: this project's own pytest options (-m 'not slow') must not narrow the suite
+    timeout --kill-after=20 "$limit" "$py" -m pytest "${plugin[@]}" "--impl=${specs[$name]}" --device "$device" \
+        "--certificate=$out/$name.json" -n "$workers" -o addopts= -p no:cacheprovider -q -rfE "${extra[@]}" >>"$out/$name.log" 2>&1 &
+    pids+=("$!:$name")
+done
+for entry in "${pids[@]}"; do
+    wait "${entry%%:*}"
+    echo "${entry#*:}: pytest exit $? after $(( $(date +%s) - started )) s"
+done
+
+"$py" - "$out" "${order[@]}" <<'EOF' | tee "$out/summary.txt"
+import json, sys
+from pathlib import Path
+
+out, names = Path(sys.argv[1]), sys.argv[2:]
+bad = 0
+for name in names:
+    path = out / f"{name}.json"
+    if not path.exists():
+        partial = out / f"{name}.partial.json"
+        path = partial if partial.exists() else None
+    if path is None:
+        print(f"{name}: NO CERTIFICATE (see {name}.log)")
+        bad += 1
+        continue
+    c = json.loads(path.read_text())
+    ex, s = c["execution"], c["summary"]
+    print(f"{name}: {c['verdict']}: {c['verdict_reason']}")
+    print(f"  {', '.join(f'{v} {k}' for k, v in s.items() if v)}; profile {c['profile']['name']} ({c['profile']['reason']})")
+    print(f"  execution {ex.get('launcher')} {ex.get('backend')} {ex.get('device_type')} {ex.get('device_names')} "
+          f"world sizes {ex.get('world_sizes')}; torch {c['platform']['torch']}")
+    for t in c["tests"]:
+        if t["outcome"] in ("failed", "error", "xpassed"):
+            print(f"  {t['outcome']}: {t['id']}: {t['reason'][:300]}")
+    bad += c["verdict"] in ("not-conformant", "incomplete", "inconclusive")
+sys.exit(1 if bad else 0)
+EOF
