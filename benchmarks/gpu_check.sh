@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the --device path (SPEC 4.6): certify, on one CUDA machine, with --device cuda
+# GPU check of the device path (SPEC 4.6): certify, on one CUDA machine, with --gefen-device cuda
 #   1. the reference                  (conformance.implementations.reference:IMPLEMENTATION)
 #   2. the fast example backend       (gefen_fast.conformance:IMPLEMENTATION, from examples/gefen-fast)
 #   3. gefen-x with its CUDA kernels  (conformance.implementations.gefenx:fused_implementation, fused=True)
@@ -9,7 +9,7 @@
 # usage: benchmarks/gpu_check.sh [OUTDIR]     (default: $OUT if set, else ./gpu-check)
 # env:   GPU_CHECK_WORKERS  xdist workers per certification (default 4; the three run side by side)
 #        GPU_CHECK_LIMIT_S  wall-clock limit of each certification (default 400: all under 8 minutes)
-#        GPU_CHECK_DEVICE   the --device (default cuda; cpu only to smoke-test this script)
+#        GPU_CHECK_DEVICE   the --gefen-device (default cuda; cpu only to smoke-test this script)
 #        GPU_CHECK_ARGS     extra pytest arguments (e.g. "-k optimizer"; a narrowed run is partial)
 #        GEFENX_WHEELS      a folder of wheels (gefen-x and its needs) installed into a private
 #                           target when `import gefen` fails; without gefen-x step 3 is reported
@@ -63,7 +63,7 @@ declare -A specs=(
 order=(reference fast gefenx-fused)
 
 if [ "$device" = cpu ]; then
-    echo "--device cpu: no kernel build"
+    echo "device cpu: no kernel build"
 elif "$py" -c 'import gefen' 2>/dev/null; then
     # gefen-x builds its CUDA kernels on first use: once here, not in every xdist worker at once
     started=$(date +%s)
@@ -91,7 +91,7 @@ for name in "${order[@]}"; do
     rm -f "$out/$name.json" "$out/$name.partial.json"
     [ "$name" = gefenx-fused ] || rm -f "$out/$name.log"
     # -o addopts=: this project's own pytest options (-m 'not slow') must not narrow the suite
-    timeout --kill-after=20 "$limit" "$py" -m pytest "${plugin[@]}" "--impl=${specs[$name]}" --device "$device" \
+    timeout --kill-after=20 "$limit" "$py" -m pytest "${plugin[@]}" "--impl=${specs[$name]}" --gefen-device "$device" \
         "--certificate=$out/$name.json" -n "$workers" -o addopts= -p no:cacheprovider -q -rfE "${extra[@]}" >>"$out/$name.log" 2>&1 &
     pids+=("$!:$name")
 done

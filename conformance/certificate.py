@@ -142,7 +142,7 @@ def execution_facts(world_sizes=()) -> dict:
 def profile_facts(capabilities, device=None) -> dict:
     """The numeric profile applied (SPEC 0.4.3, 4.1.3, 4.6.4), with every bound it applies: the
     bitwise ``torch-exact`` profile only for a ``cpu-bit-exact`` implementation on CPU, the
-    ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--device``)."""
+    ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
     from oracles.numeric import profile_description
 
     from . import devices, numeric_profile

@@ -2,7 +2,7 @@
 
 Bitwise equality with the reference is a claim about CPU arithmetic only: an implementation is
 judged bitwise when it declares ``cpu-bit-exact`` *and* its tensors live on the CPU. On any other
-device (``--device cuda``, ...) the tolerance profile applies whatever the implementation
+device (``--gefen-device cuda``, ...) the tolerance profile applies whatever the implementation
 declares, and the certificate's ``profile.reason`` says so. Every place of the suite that chooses
 between the two asks :func:`bitwise`; the certificate asks :func:`choose`.
 """

@@ -41,10 +41,12 @@ def pytest_addoption(parser):
     group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
     group.addoption("--golden-regen", action="store_true",
                     help="rewrite the committed golden checkpoints from the reference, then fail the run")
-    group.addoption("--device", default="cpu", metavar="NAME",
+    # not plain --device: this plugin loads in every pytest session of its environment, and a
+    # project whose conftest adds its own --device would then not start (argparse conflict)
+    group.addoption("--gefen-device", dest="gefen_device", default="cpu", metavar="NAME",
                     help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
                          "device type; the reference runs on CPU, and a non-CPU device is judged by the "
-                         "tolerance profile")
+                         "tolerance profile (gefen-conformance certify --device NAME passes it on)")
     group.addoption("--certificate", default=None, metavar="PATH",
                     help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
                          "a run that is not complete never replaces a complete certificate)")
@@ -62,7 +64,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
     guard = _guard(early_config)
-    _select_device(getattr(namespace, "device", "cpu"), guard)
+    _select_device(getattr(namespace, "gefen_device", "cpu"), guard)
     early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, guard)
 
 
@@ -79,15 +81,15 @@ def _guard(config):
 
 
 def _select_device(name: str, guard) -> None:
-    """``--device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a device
-    it does not have is a usage error naming it."""
+    """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
+    device it does not have is a usage error naming it."""
     from . import devices
 
     try:
         devices.select(devices.parse(name))
     except devices.DeviceUnavailable as error:
         guard.uninstall()
-        raise pytest.UsageError(str(error)) from None
+        raise pytest.UsageError(f"--gefen-device {error}") from None
 
 
 def _resolve(spec: str, guard):
@@ -150,7 +152,7 @@ def _activate(config) -> "SuiteRun":
     if config.option.impl is None:
         config.option.impl = "reference"
     guard = _guard(config)
-    _select_device(config.option.device, guard)
+    _select_device(config.option.gefen_device, guard)
     impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
     run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
@@ -183,7 +185,7 @@ def _not_on_device(item) -> Optional[str]:
     device = devices.selected()
     if device.type == "cpu" or not any(CPU_BIT_EXACT in m.args for m in item.iter_markers("requires")):
         return None
-    return f"{CPU_BIT_EXACT} is judged on CPU only; --device {device} is judged by tolerance (SPEC 4.6.4)"
+    return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

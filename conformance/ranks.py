@@ -1,6 +1,6 @@
 """Multi-rank harness: run one function on N local processes joined in a process group: gloo on
 CPU (the default), or one accelerator per rank with its backend (NCCL for CUDA) under
-``--device`` (SPEC 4.6.3).
+``--gefen-device`` (SPEC 4.6.3).
 
 Contract
 ========

@@ -15,7 +15,7 @@ mesh, on ``Shard(0)`` DTensors:
   adapter, on the current World's group).
 
 Where tensors live is decided in one place, :func:`device_for`: the implementation's parameters
-and gradients on the current World's device (the run's ``--device`` outside a scenario call),
+and gradients on the current World's device (the run's ``--gefen-device`` outside a scenario call),
 the reference's side of an optimizer comparison (:data:`REFERENCE`) on CPU; comparisons take CPU
 copies (:func:`to_cpu`, :func:`state_to_cpu`).
 
@@ -151,7 +151,7 @@ REFERENCE = _Reference()
 def device_for(make_optimizer=None) -> torch.device:
     """Where the tensors of the side that ``make_optimizer`` builds live: the reference's
     (:data:`REFERENCE`) on CPU, an implementation's on the current World's device, or outside a
-    scenario call on the run's device (``--device``, :func:`conformance.devices.selected`; CPU
+    scenario call on the run's device (``--gefen-device``, :func:`conformance.devices.selected`; CPU
     unless a suite run chose another). The one place that decides it (SPEC 4.6.2)."""
     if make_optimizer is REFERENCE:
         return torch.device("cpu")

@@ -1,4 +1,4 @@
-"""``--device`` (SPEC 4.6): the device vocabulary, the profile a device forces, the pool on the
+"""``--gefen-device`` (SPEC 4.6): the device vocabulary, the profile a device forces, the pool on the
 selected device, what the certificate records, and the usage errors.
 
 This machine has no accelerator: the CUDA paths are exercised only as far as their logic goes,
@@ -54,22 +54,22 @@ def _world_device():
 def test_parse_accepts_cpu_and_names_what_it_refuses():
     assert devices.parse("cpu") == torch.device("cpu")
     assert devices.parse(" cpu ") == torch.device("cpu")
-    for name, words in [("nonsense", ["'nonsense'", "not a torch device"]), ("", ["give a torch device"]),
+    for name, words in [("nonsense", ["'nonsense' is not a torch device"]), ("", ["'': give a torch device"]),
                         ("cuda:-1", ["cuda:-1"])]:
         with pytest.raises(devices.DeviceUnavailable) as info:
             devices.parse(name)
         assert all(w in str(info.value) for w in words), str(info.value)
         assert "\n" not in str(info.value)
     if devices.available("cuda") == 0:
-        with pytest.raises(devices.DeviceUnavailable, match=r"--device cuda: no cuda device is available"):
+        with pytest.raises(devices.DeviceUnavailable, match=r"^cuda: no cuda device is available"):
             devices.parse("cuda")
-        with pytest.raises(devices.DeviceUnavailable, match=r"--device cuda:1: no cuda device"):
+        with pytest.raises(devices.DeviceUnavailable, match=r"^cuda:1: no cuda device"):
             devices.parse("cuda:1")
 
 
 def test_parse_refuses_an_index_beyond_the_machine(monkeypatch):
     monkeypatch.setattr(devices, "available", lambda kind: 2)
-    with pytest.raises(devices.DeviceUnavailable, match=r"--device cuda:2: this machine has 2 cuda device\(s\) \(indices 0-1\)"):
+    with pytest.raises(devices.DeviceUnavailable, match=r"^cuda:2: this machine has 2 cuda device\(s\) \(indices 0-1\)"):
         devices.parse("cuda:2")
 
 
@@ -130,7 +130,7 @@ def test_bitwise_only_tests_are_skipped_off_cpu_with_the_reason(run_device):
     assert plugin._not_on_device(item(CPU_BIT_EXACT)) is None  # on CPU it runs
     devices.select(torch.device("cuda:1"))
     reason = plugin._not_on_device(item("dcp-reshard", CPU_BIT_EXACT))
-    assert reason == "cpu-bit-exact is judged on CPU only; --device cuda:1 is judged by tolerance (SPEC 4.6.4)"
+    assert reason == "cpu-bit-exact is judged on CPU only; device cuda:1 is judged by tolerance (SPEC 4.6.4)"
     assert plugin._not_on_device(item("dcp-reshard")) is None
     assert not plugin._LACKS.search(reason)  # not counted as a missing capability
 
@@ -202,14 +202,14 @@ def child_env(monkeypatch):
 
 
 @pytest.mark.parametrize("name,words", [
-    ("cuda", ["--device cuda", "no cuda device is available"]),
-    ("nonsense", ["--device 'nonsense'", "not a torch device"]),
+    ("cuda", ["--gefen-device cuda: no cuda device is available"]),
+    ("nonsense", ["--gefen-device 'nonsense' is not a torch device"]),
 ])
 @pytest.mark.parametrize("how", [["--impl=reference"], ["--pyargs", "conformance"]], ids=["impl", "pyargs"])
 def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_env, name, words, how):
     if name == "cuda" and devices.available("cuda"):
         pytest.skip("this machine has CUDA")
-    result = pytester.runpytest_subprocess(*how, f"--device={name}", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*how, f"--gefen-device={name}", "-p", "no:cacheprovider")
     err = result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -222,7 +222,7 @@ def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_e
 def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester, child_env):
     cert_path = pytester.path / "cert.json"
     result = pytester.runpytest_subprocess(
-        "--impl=reference", "--device=cpu", f"--certificate={cert_path}", "-p", "no:cacheprovider", "-q",
+        "--impl=reference", "--gefen-device=cpu", f"--certificate={cert_path}", "-p", "no:cacheprovider", "-q",
         "-k", "test_async_save_with_the_default_writer_is_refused_before_writing or test_global_step")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     cert = json.loads(cert_path.read_text())
@@ -231,3 +231,25 @@ def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester
                                  "backend": "gloo", "device_type": "cpu", "device_names": ["cpu"],
                                  "world_sizes": [2]}
     assert cert["profile"]["name"] == "torch-exact"
+
+
+def test_a_project_with_its_own_device_option_still_starts(pytester, child_env):
+    """The plugin loads in every pytest session of its environment: its option must not collide
+    with the ``--device`` many projects define for themselves."""
+    pytester.makeconftest("def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n")
+    pytester.makepyfile("def test_own(request):\n    assert request.config.getoption('--device') == 'meta'\n")
+    result = pytester.runpytest_subprocess("--device=meta", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1)
+
+
+def test_the_report_shows_the_backend_and_world_sizes():
+    from conformance import report
+
+    cert = {"implementation": {"name": "x", "version": "1"}, "summary": {}, "verdict": "conformant",
+            "execution": {"launcher": "pool", "nodes": 1, "world_size": None, "backend": "nccl",
+                          "device_type": "cuda", "device_names": ["cuda:0 H200"], "world_sizes": [1, 2]}}
+    rows = dict(report.facts(cert))
+    assert rows["execution"] == "cuda (cuda:0 H200), nccl, world sizes 1, 2, 1 node(s), pool launcher"
+    old = dict(cert, execution={"distributed_backend": "gloo", "device_type": "cpu", "world_sizes": [4]})
+    assert dict(report.facts(old))["execution"] == "cpu, gloo, world sizes 4"

@@ -6,7 +6,7 @@ claims CPU bit-exactness; ``fused`` is forced off because on a machine without C
 would turn it off itself, with a warning.
 
 ``gefenx-fused`` is the same package with ``fused=True`` (gefen-x's default): its fused CUDA
-kernels run for CUDA parameters (certify it with ``--device cuda``, judged by tolerance, SPEC
+kernels run for CUDA parameters (certify it with ``--gefen-device cuda``, judged by tolerance, SPEC
 4.6.4); for CPU parameters gefen-x falls back to its torch path, so its claims are gefenx's.
 """
 

@@ -8,7 +8,7 @@
   at the free-running bounds of SPEC 5.6.10 (every implementation, with or without a native state
   dict, gets these).
 
-The implementation's tensors live on the run's device (``--device``, SPEC 4.6.2), the
+The implementation's tensors live on the run's device (``--gefen-device``, SPEC 4.6.2), the
 reference's on CPU; every comparison takes CPU copies. Bitwise means ``cpu-bit-exact`` declared
 *and* a CPU device (:func:`conformance.numeric_profile.bitwise`).
 """
