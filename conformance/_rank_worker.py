@@ -6,7 +6,8 @@ rank the parent assigns it. The parent and the worker talk over a ``multiprocess
 * worker -> parent ``("ready", pid, own_group)`` once the worker has finished its one-time
   setup (``own_group``: the worker leads its own process group, see ``os.setpgid``);
 * parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`); the worker
-  binds a :class:`conformance.world.World` (the default group, ``task["device"]``) around ``fn``;
+  binds a :class:`conformance.world.World` (the default group, its rank's device of
+  ``task["device"]``) around ``fn``;
 * worker -> parent ``("result", call_id, report)`` with ``report`` a dict of plain, picklable
   values: ``status`` ("ok" or "raised"), ``value`` (pickled bytes, for "ok"), or ``exc_type``,
   ``message``, ``traceback`` (text) and ``exc_bytes`` (the pickled exception, or None);
@@ -143,6 +144,22 @@ def _reseed(torch) -> None:
             pass
 
 
+def _rank_device(name: str, rank: int, torch):
+    """Rank ``rank``'s device for a call on ``name`` (``conformance.devices.for_rank``, imported
+    here because this module must not import torch at import time): ``cpu`` for every rank; on an accelerator
+    ``type:index+rank``, made this process's current device so that a backend's implicit device
+    (NCCL's) is the rank's own."""
+    from .devices import for_rank
+
+    device = for_rank(torch.device(name), rank)
+    if device.type != "cpu":
+        module = getattr(torch, device.type, None)
+        setter = getattr(module, "set_device", None)
+        if setter is not None:
+            setter(device)
+    return device
+
+
 def _run_call(task: dict, torch, dist) -> dict:
     """Run one scenario call; returns the report dict. Never raises."""
     import datetime
@@ -180,7 +197,11 @@ def _run_call(task: dict, torch, dist) -> dict:
     stage = "unpickling fn/args/kwargs"
     try:
         fn, args, kwargs = pickle.loads(task["payload"])
-        stage = "initialising the gloo process group"
+        device = _rank_device(task["device"], rank, torch)
+        from .devices import backend_for  # torch is imported by now
+
+        backend = backend_for(device)
+        stage = f"initialising the {backend} process group on {device}"
         pg_timeout = datetime.timedelta(seconds=task["pg_timeout"])
         # A FileStore, new for every call, rather than a TCPStore hosted by the caller: the
         # TCPStore client's connect stalled for exactly 5 s in about one call in six with four
@@ -188,7 +209,7 @@ def _run_call(task: dict, torch, dist) -> dict:
         store = dist.FileStore(task["store_path"], world_size)
         store.set_timeout(pg_timeout)
         dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world_size, timeout=pg_timeout
+            backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
         # gloo's connectFullMesh can return on one rank before a peer has finished its side; a
         # rank whose fn is quick would then tear its sockets down under that peer. So nobody
@@ -208,7 +229,7 @@ def _run_call(task: dict, torch, dist) -> dict:
             rank=rank,
             size=world_size,
             group=dist.group.WORLD,
-            device=torch.device(task["device"]),
+            device=device,
             die_hook=os._exit,
         )
         stage = "running fn"

@@ -63,6 +63,7 @@ class Run:
     records: dict = field(default_factory=dict)
     stale_expected_failures: list = field(default_factory=list)
     started: str = field(default_factory=now)
+    world_sizes: set = field(default_factory=set)  # sizes of the multi-rank scenario calls that ran
 
     def record(self, rec: TestRecord) -> None:
         old = self.records.get(rec.nodeid)
@@ -128,20 +129,25 @@ def platform_facts() -> dict:
     }
 
 
-def execution_facts() -> dict:
-    """How the suite's ranks ran: today always the warm pool of gloo CPU processes on this node."""
-    return {"launcher": "pool", "nodes": 1, "world_sizes": [1, 2, 3, 4], "distributed_backend": "gloo",
-            "device_type": "cpu", "device_names": ["cpu"]}
+def execution_facts(world_sizes=()) -> dict:
+    """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
+    (:func:`conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
+    device type and device names) and ``world_sizes``, the scenario sizes this run actually ran
+    (sorted, each once; empty when no multi-rank scenario ran)."""
+    from . import launch
+
+    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes})}
 
 
-def profile_facts(capabilities) -> dict:
-    """The numeric profile claimed (SPEC 0.4.3, 4.1.3), with every bound it applies."""
+def profile_facts(capabilities, device=None) -> dict:
+    """The numeric profile applied (SPEC 0.4.3, 4.1.3, 4.6.4), with every bound it applies: the
+    bitwise ``torch-exact`` profile only for a ``cpu-bit-exact`` implementation on CPU, the
+    ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
     from oracles.numeric import profile_description
 
-    if "cpu-bit-exact" in capabilities:
-        name, reason = "torch-exact", "cpu-bit-exact declared"
-    else:
-        name, reason = "tolerance", "cpu-bit-exact not declared"
+    from . import devices, numeric_profile
+
+    name, reason = numeric_profile.choose(capabilities, devices.selected() if device is None else device)
     described = dict(profile_description(name))
     described.pop("name", None)
     return {"name": name, "reason": reason, **described}

@@ -107,7 +107,7 @@ def _identity(cert: dict) -> dict:
         "python": plat.get("python"),
         "numpy": plat.get("numpy"),
         "machine": plat.get("machine"),
-        "execution": {k: ex.get(k) for k in ("device_type", "device_names", "distributed_backend", "world_sizes", "nodes", "launcher") if k in ex},
+        "execution": {k: ex.get(k) for k in ("device_type", "device_names", "backend", "distributed_backend", "world_size", "world_sizes", "nodes", "launcher") if k in ex},
         "hypothesis profile": (run.get("hypothesis") or {}).get("profile"),
         "run": _run_text(run) if run else None,
     }

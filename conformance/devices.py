@@ -1,8 +1,8 @@
-"""Where an implementation's tensors live: the suite's ``--device`` (SPEC 4.6).
+"""Where an implementation's tensors live: the suite's ``--gefen-device`` (SPEC 4.6).
 
 One vocabulary for every launcher:
 
-* :func:`parse` turns the user's ``--device`` into a ``torch.device`` this machine has, or raises
+* :func:`parse` turns the user's device name into a ``torch.device`` this machine has, or raises
   :class:`DeviceUnavailable` naming the device and why (a usage error, exit 4: SPEC 4.1.6);
 * :func:`select` / :func:`selected` hold the device of the run (``cpu`` until a run selects one);
 * :func:`for_rank` is the device of one rank of a multi-rank scenario (one device per rank);
@@ -20,12 +20,13 @@ import threading
 
 import torch
 
-__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "parse", "select", "selected",
-           "shortage"]
+__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "names", "parse", "select",
+           "selected", "shortage"]
 
 
 class DeviceUnavailable(ValueError):
-    """``--device`` names no device this machine can use; the message names it and says why."""
+    """The device names no device this machine can use. The message starts with the name as given
+    and says why, so a caller prefixes the option it came from (``--gefen-device``, ``--gefen-device``)."""
 
 
 def parse(name: str) -> torch.device:
@@ -33,24 +34,24 @@ def parse(name: str) -> torch.device:
     checked against this machine: the type is known to torch, available, the index exists, and one
     element can be allocated there."""
     if not isinstance(name, str) or not name.strip():
-        raise DeviceUnavailable(f"--device {name!r}: give a torch device such as cpu, cuda or cuda:1")
+        raise DeviceUnavailable(f"{name!r}: give a torch device such as cpu, cuda or cuda:1")
     try:
         device = torch.device(name.strip())
     except (RuntimeError, ValueError) as exc:
-        raise DeviceUnavailable(f"--device {name!r} is not a torch device ({_one_line(exc)})") from None
+        raise DeviceUnavailable(f"{name!r} is not a torch device ({_one_line(exc)})") from None
     if device.type == "cpu":
         return device
     count = available(device.type)
     if count == 0:
-        raise DeviceUnavailable(f"--device {name}: no {device.type} device is available on this machine "
+        raise DeviceUnavailable(f"{name}: no {device.type} device is available on this machine "
                                 f"(torch {torch.__version__})")
     if device.index is not None and device.index >= count:
-        raise DeviceUnavailable(f"--device {name}: this machine has {count} {device.type} device(s) "
+        raise DeviceUnavailable(f"{name}: this machine has {count} {device.type} device(s) "
                                 f"(indices 0-{count - 1})")
     try:
         torch.empty(1, device=device)
     except Exception as exc:  # noqa: BLE001 - any failure to allocate means the device is unusable
-        raise DeviceUnavailable(f"--device {name}: allocating on it failed ({_one_line(exc)})") from None
+        raise DeviceUnavailable(f"{name}: allocating on it failed ({_one_line(exc)})") from None
     return device
 
 
@@ -79,7 +80,7 @@ def backend_for(device: torch.device) -> str:
 
 def for_rank(device: torch.device, local_rank: int) -> torch.device:
     """The device of the rank with ``local_rank`` on its node: CPU for every rank; for an
-    accelerator, one device per rank, ``type:local_rank`` (an explicit index in ``--device`` picks
+    accelerator, one device per rank, ``type:local_rank`` (an explicit index in ``--gefen-device`` picks
     the device of a one-rank run only, and is shifted by the local rank otherwise)."""
     device = torch.device(device)
     if device.type == "cpu":
@@ -99,12 +100,34 @@ def shortage(device: torch.device, ranks_per_node: int) -> str | None:
             f"this machine has {max(have, 0)}")
 
 
+def names(device: torch.device, ranks: int | None = None) -> tuple[str, ...]:
+    """The devices that ranks ``0 .. ranks-1`` of a node use (every usable one from ``device`` on
+    when ``ranks`` is None), each as ``type:index`` followed by the hardware's name where torch
+    reports one (``"cuda:0 NVIDIA H200"``); ``("cpu",)`` for CPU."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return ("cpu",)
+    first = device.index or 0
+    count = max(available(device.type) - first, 0) if ranks is None else ranks
+    return tuple(_named(torch.device(device.type, first + i)) for i in range(count))
+
+
+def _named(device: torch.device) -> str:
+    module = getattr(torch, device.type, None)
+    getter = getattr(module, "get_device_name", None)
+    try:
+        hardware = getter(device) if getter is not None else ""
+    except Exception:  # noqa: BLE001 - a name is a courtesy; the index is the fact
+        hardware = ""
+    return f"{device} {hardware}".strip()
+
+
 _LOCK = threading.Lock()
 _SELECTED = torch.device("cpu")
 
 
 def select(device: torch.device) -> torch.device:
-    """Make ``device`` the run's device (the plugin does this once, from ``--device``); returns the
+    """Make ``device`` the run's device (the plugin does this once, from ``--gefen-device``); returns the
     previous one."""
     global _SELECTED
     with _LOCK:

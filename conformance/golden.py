@@ -137,7 +137,8 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
     Both profiles: every non-float value exactly (SPEC 5.6.11), and every case's canonical
     metadata digest (structure: keys, dtypes, shapes, chunks, storage layout, and byte offsets
     that torch's serializer decides) when this torch version generated the goldens. Bitwise
-    profile (``bitwise``, by default whether the implementation declares ``cpu-bit-exact``):
+    profile (``bitwise``, by default whether the implementation declares ``cpu-bit-exact`` and the
+    run's device is the CPU, SPEC 4.6.4):
     content digests and every element's bits, and file md5s under the goldens' torch. Tolerance
     profile: float state by :func:`oracles.checkpoint_compare.compare`, never by digest: a kernel
     that rounds differently writes other bytes for a correct state. What was not compared for
@@ -146,10 +147,10 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
     from oracles import checkpoint_compare
     from oracles.checkpoint_reader import read_nested
 
-    from .implementation import CPU_BIT_EXACT
+    from . import numeric_profile
 
     if bitwise is None:
-        bitwise = registry.resolve(impl_spec).has(CPU_BIT_EXACT)
+        bitwise = numeric_profile.bitwise(registry.resolve(impl_spec))
     manifest = golden_manifest.read_manifest(golden_root)
     same_torch = manifest["environment"]["torch"] == torch.__version__
     out = Comparisons()

@@ -15,6 +15,8 @@ Inside the body, :func:`conformance.world.current` says which rank, group, devic
 use. :func:`execution` describes the active launcher for the certificate, and
 :func:`unfit_reason` says why a scenario is too large for it (the caller skips it with that
 reason).
+:func:`drain_world_sizes` hands over the sizes of the calls made since it was last asked (the
+certificate lists the world sizes a run actually ran, SPEC 4.6.5).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from . import ranks
+from . import devices, ranks
 
 __all__ = [
     "Execution",
@@ -32,6 +34,7 @@ __all__ = [
     "PoolLauncher",
     "WorldTooLarge",
     "active",
+    "drain_world_sizes",
     "execution",
     "run",
     "set_launcher",
@@ -63,7 +66,8 @@ class Execution:
 
 
 class WorldTooLarge(ValueError):
-    """A scenario asked the active launcher for more ranks than it can run."""
+    """A scenario asked the active launcher for more ranks than it can run (more than its world,
+    or more than this machine has devices for, one per rank)."""
 
 
 @runtime_checkable
@@ -92,20 +96,27 @@ class Launcher(Protocol):
 
 
 class PoolLauncher:
-    """The local pool of :mod:`conformance.ranks`: gloo on CPU, one fresh world per call."""
+    """The local pool of :mod:`conformance.ranks`, one fresh world per call, on the run's device
+    (:func:`conformance.devices.selected`): gloo ranks on CPU; on an accelerator one device per
+    rank (rank r on ``type:index+r``) and that device's backend (NCCL for CUDA, SPEC 4.6.3)."""
 
     run = staticmethod(ranks.run_on_ranks)
 
     def execution(self) -> Execution:
+        device = devices.selected()
         return Execution(
             launcher="pool",
             nodes=1,
             world_size=None,
             max_world_size=None,
-            backend="gloo",
-            device_type="cpu",
-            device_names=("cpu",),
+            backend=devices.backend_for(device),
+            device_type=device.type,
+            device_names=devices.names(device),
         )
+
+    def unfit(self, world_size: int) -> str | None:
+        """Why this machine cannot give each of ``world_size`` ranks a device of its own, or None."""
+        return devices.shortage(devices.selected(), world_size)
 
 
 _LOCK = threading.Lock()
@@ -140,6 +151,18 @@ def using(launcher: Launcher) -> Iterator[Launcher]:
         set_launcher(previous)
 
 
+_SIZES_RUN: set[int] = set()
+
+
+def drain_world_sizes() -> list[int]:
+    """The world sizes of the calls :func:`run` passed to a launcher since the last drain (sorted),
+    and forget them: the plugin drains after every test and sends them with the test's report."""
+    with _LOCK:
+        sizes = sorted(_SIZES_RUN)
+        _SIZES_RUN.clear()
+    return sizes
+
+
 def execution() -> Execution:
     """The active launcher's description."""
     return _ACTIVE.execution()
@@ -151,6 +174,12 @@ def unfit_reason(world_size: int) -> str | None:
 
 
 def _unfit(launcher: Launcher, world_size: int) -> str | None:
+    """The world-size limit of :meth:`Launcher.execution`, then the launcher's own ``unfit``
+    (optional: the pool's device shortage, say)."""
+    own = getattr(launcher, "unfit", None)
+    reason = own(world_size) if callable(own) else None
+    if reason is not None:
+        return reason
     described = launcher.execution()
     limit = described.max_world_size
     if limit is None or world_size <= limit:
@@ -184,6 +213,8 @@ def run(
     reason = _unfit(launcher, world_size)
     if reason is not None:
         raise WorldTooLarge(reason)
+    with _LOCK:
+        _SIZES_RUN.add(world_size)
     return launcher.run(
         fn,
         world_size,

@@ -28,6 +28,7 @@ _CLAUSES = "gefen_conformance_clauses"
 _SUITE_ID = "gefen_conformance_id"
 _OBSERVED = "gefen_conformance_observations"
 _REASON = "gefen_conformance_reason"
+_WORLDS = "gefen_conformance_world_sizes"
 # the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
 _LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
@@ -40,6 +41,12 @@ def pytest_addoption(parser):
     group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
     group.addoption("--golden-regen", action="store_true",
                     help="rewrite the committed golden checkpoints from the reference, then fail the run")
+    # not plain --device: this plugin loads in every pytest session of its environment, and a
+    # project whose conftest adds its own --device would then not start (argparse conflict)
+    group.addoption("--gefen-device", dest="gefen_device", default="cpu", metavar="NAME",
+                    help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
+                         "device type; the reference runs on CPU, and a non-CPU device is judged by the "
+                         "tolerance profile (gefen-conformance certify --device NAME passes it on)")
     group.addoption("--certificate", default=None, metavar="PATH",
                     help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
                          "a run that is not complete never replaces a complete certificate)")
@@ -56,7 +63,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if not namespace.file_or_dir:
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
-    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, _guard(early_config))
+    guard = _guard(early_config)
+    _select_device(getattr(namespace, "gefen_device", "cpu"), guard)
+    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, guard)
 
 
 def _guard(config):
@@ -69,6 +78,18 @@ def _guard(config):
         guard = config.stash[_GUARD_KEY] = InterruptGuard()
         guard.install()
     return guard
+
+
+def _select_device(name: str, guard) -> None:
+    """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
+    device it does not have is a usage error naming it."""
+    from . import devices
+
+    try:
+        devices.select(devices.parse(name))
+    except devices.DeviceUnavailable as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--gefen-device {error}") from None
 
 
 def _resolve(spec: str, guard):
@@ -131,6 +152,7 @@ def _activate(config) -> "SuiteRun":
     if config.option.impl is None:
         config.option.impl = "reference"
     guard = _guard(config)
+    _select_device(config.option.gefen_device, guard)
     impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
     run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
@@ -154,6 +176,18 @@ def _missing(item, impl) -> list[str]:
     return [c for m in item.iter_markers("requires") for c in m.args if not impl.has(c)]
 
 
+def _not_on_device(item) -> Optional[str]:
+    """Why a test that requires ``cpu-bit-exact`` does not run on the run's device (SPEC 4.6.4),
+    or None: bitwise claims are judged on CPU only."""
+    from . import devices
+    from .implementation import CPU_BIT_EXACT
+
+    device = devices.selected()
+    if device.type == "cpu" or not any(CPU_BIT_EXACT in m.args for m in item.iter_markers("requires")):
+        return None
+    return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     suite_items = [item for item in items if in_suite(item.path)]
@@ -166,8 +200,11 @@ def pytest_collection_modifyitems(session, config, items):
         if not list(item.iter_markers("clause")):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
         missing = _missing(item, impl)
+        off_device = None if missing else _not_on_device(item)
         if missing:
             item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))
+        elif off_device:
+            item.add_marker(pytest.mark.skip(reason=off_device))
         sid = suite_id(item.nodeid)
         if sid in impl.expected_failures:
             matched.add(sid)
@@ -229,13 +266,14 @@ def pytest_runtest_makereport(item, call):
     run = _run(item.config)
     if run is None or not in_suite(item.path):
         return report
-    from . import observations
+    from . import launch, observations
 
     # user_properties travel with the report, also from xdist workers to the controller
     report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
     report.user_properties.append((_SUITE_ID, suite_id(item.nodeid)))
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
+    report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
     return report
 
 
@@ -261,6 +299,7 @@ class _SessionHooks:
         run = _activate(self.config)  # under xdist the controller learns here that the suite runs
         if run.is_worker:
             return
+        run.run.world_sizes.update(props.get(_WORLDS) or ())
         observed = props.get(_OBSERVED) or {}
         if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
             return

@@ -1,4 +1,6 @@
-"""Multi-rank harness: run one function on N CPU processes joined in a gloo process group.
+"""Multi-rank harness: run one function on N local processes joined in a process group: gloo on
+CPU (the default), or one accelerator per rank with its backend (NCCL for CUDA) under
+``--gefen-device`` (SPEC 4.6.3).
 
 Contract
 ========
@@ -9,7 +11,8 @@ their return values, index = rank.
 
 Inside ``fn``:
 
-* the default process group is initialised with backend ``"gloo"``, ``rank`` r of
+* the default process group is initialised with backend ``"gloo"`` (``devices.backend_for``
+  of the call's device: NCCL for CUDA), ``rank`` r of
   ``world_size``, by rendezvous on a ``FileStore`` that is new for every call (a fresh file in
   the pool's private temporary directory, removed after the call); every rank has its group
   before any rank enters ``fn``. ``torch.distributed.get_rank()``, ``new_group``, device
@@ -17,7 +20,8 @@ Inside ``fn``:
   ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port that was free when the call started,
   for code that builds its own rendezvous from the environment) are set as well;
 * ``conformance.world.current()`` is this rank's :class:`~conformance.world.World`: ``rank`` r of
-  ``size`` ``world_size``, ``group`` the default group, ``device`` cpu, ``mesh`` a 1-D mesh
+  ``size`` ``world_size``, ``group`` the default group, ``device`` cpu (or rank r's
+  accelerator, ``devices.for_rank(device, r)``, made the process's current one), ``mesh`` a 1-D mesh
   over the group, and ``die(code)`` leaves the process with ``os._exit(code)`` (reported "died");
 * ``torch.get_num_threads() == 1``, SIGINT is ignored (Ctrl-C is handled by the caller, which
   then kills the ranks), and stdout/stderr (Python and C level) are captured per rank;
@@ -754,8 +758,15 @@ def run_on_ranks(
     allow_failure: bool = False,
     pg_timeout: float | None = None,
     failure_grace: float = DEFAULT_FAILURE_GRACE_S,
+    device: Any = None,
 ) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; see the module docstring.
+
+    ``device`` (default: the run's, :func:`conformance.devices.selected`) is where the ranks'
+    tensors live: on CPU every rank is a gloo rank on ``cpu``; on an accelerator rank r gets
+    ``devices.for_rank(device, r)`` and the group that device's backend (NCCL for CUDA), and a
+    machine with fewer such devices than ranks is a ``ValueError`` naming the shortage before any
+    rank starts (SPEC 4.6.3).
 
     Returns the per-rank return values (index = rank), or with ``allow_failure=True`` the list
     of :class:`RankOutcome`. Raises :class:`RankFailure` when a rank raised, died or hung (unless
@@ -766,6 +777,14 @@ def run_on_ranks(
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    import torch
+
+    from . import devices
+
+    device = devices.selected() if device is None else torch.device(device)
+    short = devices.shortage(device, world_size)
+    if short is not None:
+        raise ValueError(f"run_on_ranks({world_size} ranks on {device}): {short}")
     if pg_timeout is None:
         pg_timeout = max(timeout / 2.0, timeout - 10.0)
     if not 0 < pg_timeout:
@@ -782,8 +801,9 @@ def run_on_ranks(
 
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_gloo_available():
-        raise RuntimeError("run_on_ranks needs torch.distributed with the gloo backend")
+    backend = devices.backend_for(device)
+    if not dist.is_available() or not dist.is_backend_available(backend):
+        raise RuntimeError(f"run_on_ranks on {device} needs torch.distributed with the {backend} backend")
 
     pool = _pool()
     workers = pool.checkout(world_size)
@@ -799,7 +819,7 @@ def run_on_ranks(
         base_task = {
             "call_id": call_id,
             "world_size": world_size,
-            "device": "cpu",
+            "device": str(device),
             "store_path": store_path,
             "master_addr": _HOST,
             "master_port": _free_port(),

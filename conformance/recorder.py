@@ -176,7 +176,7 @@ class SuiteRun:
         cert = certificate.build(
             self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
             suite=certificate.suite_facts(), platform_=certificate.platform_facts(),
-            execution=certificate.execution_facts(),
+            execution=certificate.execution_facts(self.run.world_sizes),
         )
         explicit = self.config.getoption("certificate")
         requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"

@@ -104,7 +104,9 @@ def facts(cert: dict) -> list:
     devices = _join(ex.get("device_names") or [])
     rows.append(("execution", ", ".join(p for p in (
         f"{ex.get('device_type', '?')}" + (f" ({devices})" if devices else ""),
-        f"{ex['distributed_backend']}" if ex.get("distributed_backend") else "",
+        # schema 2 before SPEC 4.6 said distributed_backend
+        f"{ex.get('backend') or ex.get('distributed_backend')}" if ex.get("backend") or ex.get("distributed_backend") else "",
+        f"world size {ex['world_size']}" if ex.get("world_size") else "",
         f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
         f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
         f"{ex['launcher']} launcher" if ex.get("launcher") else "") if p)))

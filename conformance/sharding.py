@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from . import world
+from . import devices, world
 
 
 def forget_dtensor_caches() -> None:
@@ -61,8 +61,10 @@ class WorldOfOne:
     """A gloo process group of one in this process (file store, no port), with its mesh and a
     scratch directory for checkpoints; ``close()`` destroys the group if it made it.
 
-    While open, a group it made is also the process's current World (rank 0 of 1, cpu), so a
-    rank body runs in-process as it does under a launcher; ``die()`` raises there instead. In a
+    While open, a group it made is also the process's current World (rank 0 of 1, on the run's
+    device, :func:`conformance.devices.selected`: ``cpu`` unless ``--gefen-device`` chose another, whose
+    backend the group then uses, SPEC 4.6.3), so a rank body runs in-process as it does under a
+    launcher; ``die()`` raises there instead. In a
     process that already has a default group, it uses the current World, which must then be a
     World of one (a launcher's); anything else is refused with a ``RuntimeError``.
     """
@@ -80,9 +82,12 @@ class WorldOfOne:
         self.tmp = tempfile.TemporaryDirectory(prefix="gefen-staging-")
         self._scope = contextlib.ExitStack()
         if self.owned:
+            device = devices.selected()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
             store = dist.FileStore(os.path.join(self.tmp.name, "store"), 1)
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-            one = world.World(0, 1, dist.group.WORLD, torch.device("cpu"), _no_dying_in_process)
+            dist.init_process_group(devices.backend_for(device), store=store, rank=0, world_size=1)
+            one = world.World(0, 1, dist.group.WORLD, device, _no_dying_in_process)
             self._scope.enter_context(world.scope(one))
         self.mesh = world_mesh()
         self.count = 0

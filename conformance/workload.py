@@ -15,8 +15,9 @@ mesh, on ``Shard(0)`` DTensors:
   adapter, on the current World's group).
 
 Where tensors live is decided in one place, :func:`device_for`: the implementation's parameters
-and gradients on the current World's device (CPU outside a scenario call), the reference's side
-of an optimizer comparison (:data:`REFERENCE`) on CPU; comparisons take CPU copies.
+and gradients on the current World's device (the run's ``--gefen-device`` outside a scenario call),
+the reference's side of an optimizer comparison (:data:`REFERENCE`) on CPU; comparisons take CPU
+copies (:func:`to_cpu`, :func:`state_to_cpu`).
 
 The numbers are part of the contract: the goldens, the mutant catalogue and the project's tests
 depend on every seed below. A model's rules are module-level functions (or partials of them),
@@ -33,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from . import world
+from . import devices, world
 from .sharding import shard, sharded_parameter
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
     "PINNED_START_SCALE", "REFERENCE", "SAVED_HYPERS", "TARGET_HYPERS", "Model", "PinnedStep", "Trained",
     "crc32_seed", "device_for", "first_step_pieces", "full_params", "gradient", "group", "initial", "linspace", "load", "one_stream", "optimizer_hypers",
     "param_groups", "param_steps", "parameters", "per_name", "pinned_start", "pinned_state", "pinned_step",
-    "save", "set_gradients", "to_cpu", "train", "trained", "trajectory", "zeros",
+    "save", "set_gradients", "state_to_cpu", "to_cpu", "train", "trained", "trajectory", "zeros",
 ]
 
 
@@ -149,17 +150,33 @@ REFERENCE = _Reference()
 
 def device_for(make_optimizer=None) -> torch.device:
     """Where the tensors of the side that ``make_optimizer`` builds live: the reference's
-    (:data:`REFERENCE`) on CPU, an implementation's on the current World's device, CPU outside a
-    scenario call. The one place that decides it."""
+    (:data:`REFERENCE`) on CPU, an implementation's on the current World's device, or outside a
+    scenario call on the run's device (``--gefen-device``, :func:`conformance.devices.selected`; CPU
+    unless a suite run chose another). The one place that decides it (SPEC 4.6.2)."""
     if make_optimizer is REFERENCE:
         return torch.device("cpu")
     here = world.bound()
-    return torch.device("cpu") if here is None else here.device
+    return devices.selected() if here is None else here.device
 
 
 def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
     """A detached CPU copy, for comparisons (never a view of live state)."""
     return tensor.detach().to("cpu", copy=True)
+
+
+def state_to_cpu(value):
+    """``value`` (a state dict, or any nest of dicts, lists and tuples) with every tensor replaced
+    by a detached CPU copy (:func:`to_cpu`); everything else as it is. For comparing an
+    implementation's state on another device with the reference's."""
+    if torch.is_tensor(value):
+        return to_cpu(value)
+    if isinstance(value, dict):
+        return {k: state_to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [state_to_cpu(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(state_to_cpu(v) for v in value)
+    return value
 
 
 # ----------------------------------------------------------------------- values and gradients
@@ -400,7 +417,7 @@ class PinnedStep:
     start: dict  # name -> parameter before the step
     after: dict  # name -> parameter after the step (CPU copy)
     grads: dict  # name -> gradient of the step
-    state_dict: dict  # the optimizer's native state dict after the step (deep copy)
+    state_dict: dict  # the optimizer's native state dict after the step (deep copy, every tensor on CPU)
 
 
 def pinned_start(dtype: torch.dtype) -> dict:
@@ -423,7 +440,8 @@ def pinned_step(make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_
     for n, p in params.items():
         p.grad = None if grads[n] is None else grads[n].clone().to(device)
     opt.step()
-    return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, grads, copy.deepcopy(opt.state_dict()))
+    return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, grads,
+                      state_to_cpu(copy.deepcopy(opt.state_dict())))
 
 
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:

@@ -1,8 +1,13 @@
-"""The published gefen-x package (imports as ``gefen``), certified as ``--impl=gefenx``.
+"""The published gefen-x package (imports as ``gefen``), certified as ``--impl=gefenx``, and its
+CUDA kernel backend as ``--impl=conformance.implementations.gefenx:fused_implementation``.
 
 Only gefen-x's public API is used. Its non-fused CPU path is the torch-exact profile, so it
 claims CPU bit-exactness; ``fused`` is forced off because on a machine without CUDA gefen-x
 would turn it off itself, with a warning.
+
+``gefenx-fused`` is the same package with ``fused=True`` (gefen-x's default): its fused CUDA
+kernels run for CUDA parameters (certify it with ``--gefen-device cuda``, judged by tolerance, SPEC
+4.6.4); for CPU parameters gefen-x falls back to its torch path, so its claims are gefenx's.
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ def _make_optimizer(params, **hyperparameters):
     hyperparameters.setdefault("fused", False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        return _gefen().Gefen(params, **hyperparameters)
+
+
+def _make_fused_optimizer(params, **hyperparameters):
+    hyperparameters.setdefault("fused", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "fused needs CUDA" for CPU parameters
         return _gefen().Gefen(params, **hyperparameters)
 
 
@@ -72,3 +84,11 @@ def implementation() -> Implementation:
     """Built lazily so that listing implementations works without gefen-x installed."""
     _gefen()
     return adapter_declared("gefenx", _version(), _make_optimizer, "gefen", expected_failures=EXPECTED_FAILURES)
+
+
+def fused_implementation() -> Implementation:
+    """gefen-x with its fused CUDA kernels (``fused=True``): the same adapter, claims and known
+    defects as :func:`implementation`; on CUDA the suite judges it by tolerance whatever it claims."""
+    _gefen()
+    return adapter_declared("gefenx-fused", _version(), _make_fused_optimizer, "gefen",
+                            expected_failures=EXPECTED_FAILURES)

@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from conformance import registry, workload
+from conformance import numeric_profile, registry, workload
 from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
 from conformance.sharding import world_mesh
 from oracles import checkpoint_compare, codebook_quality
@@ -138,7 +138,7 @@ def test_payload_content_matches_the_reference(impl, impl_spec, saved, model, wo
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
-    comparisons = checkpoint_compare.compare(expected, actual, bitwise=impl.has(CPU_BIT_EXACT),
+    comparisons = checkpoint_compare.compare(expected, actual, bitwise=numeric_profile.bitwise(impl),
                                              param_dtype=torch.float32, largest_gap=max(gaps, default=2.0))
     problems = margins.record(comparisons)
     assert not problems, "\n".join(problems)

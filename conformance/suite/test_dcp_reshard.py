@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD
+from conformance import numeric_profile
+from conformance.implementation import DCP_RESHARD
 
 from . import checkpoints
 
@@ -39,7 +40,7 @@ PATHS = [
 @pytest.mark.parametrize("model,source,target", PATHS)
 def test_reshard_restores_model_and_continues_within_bound(impl, impl_spec, saved, model, source, target):
     restore = saved.restored(impl_spec, impl_spec, model, source, target)
-    problems = checkpoints.restore_problems(restore, impl.has(CPU_BIT_EXACT), resave=False)
+    problems = checkpoints.restore_problems(restore, numeric_profile.bitwise(impl), resave=False)
     assert not problems, "\n".join(problems)
 
 
@@ -48,5 +49,5 @@ def test_reshard_restores_model_and_continues_within_bound(impl, impl_spec, save
 @pytest.mark.parametrize("model,source,target", PATHS)
 def test_reshard_resaved_state_is_consistent(impl, impl_spec, saved, model, source, target):
     restore = saved.restored(impl_spec, impl_spec, model, source, target)
-    problems = checkpoints.resave_only_problems(restore, impl.has(CPU_BIT_EXACT))
+    problems = checkpoints.resave_only_problems(restore, numeric_profile.bitwise(impl))
     assert not problems, "\n".join(problems)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from conformance import golden, launch
-from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD
+from conformance import numeric_profile
+from conformance.implementation import DCP_RESHARD
 
 from . import margins
 
@@ -21,6 +22,6 @@ def test_saves_match_the_goldens(impl, impl_spec, request):
     if request.config.getoption("--golden-regen"):
         path = golden.generate_into(golden.GOLDEN_DIR, "reference")
         pytest.fail(f"goldens regenerated from the reference into {path.parent}; review and commit them, then rerun")
-    comparisons = golden.compare_goldens(impl_spec, bitwise=impl.has(CPU_BIT_EXACT))
+    comparisons = golden.compare_goldens(impl_spec, bitwise=numeric_profile.bitwise(impl))
     problems = margins.record(comparisons)
     assert not problems, "\n".join(problems)

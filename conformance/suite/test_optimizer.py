@@ -1,12 +1,16 @@
 """The optimizer against the reference (SPEC Part 1), compared by SPEC 5.3 / 5.6.
 
 * pinned step (``native-state-dict``): the reference's state loaded into the implementation, one
-  step on the same parameters and gradient; under ``cpu-bit-exact`` bitwise against the reference's
+  step on the same parameters and gradient; under ``cpu-bit-exact`` on CPU bitwise against the reference's
   same step, otherwise against exact arithmetic within the stage bounds of SPEC 5.6 (no error
   accumulates, so these are the sharp checks);
 * free-running trajectories and state after six steps: bitwise under ``cpu-bit-exact``, otherwise
   at the free-running bounds of SPEC 5.6.10 (every implementation, with or without a native state
   dict, gets these).
+
+The implementation's tensors live on the run's device (``--gefen-device``, SPEC 4.6.2), the
+reference's on CPU; every comparison takes CPU copies. Bitwise means ``cpu-bit-exact`` declared
+*and* a CPU device (:func:`conformance.numeric_profile.bitwise`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import workload
-from conformance.implementation import CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from conformance import numeric_profile, workload
+from conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 from oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from oracles.numeric import Comparisons, bitwise_comparison
 
@@ -34,10 +38,10 @@ def _group_hypers(trained) -> dict:
 def _trajectory_problems(impl, ours, theirs, dtype) -> list[str]:
     """Free-running parameters: bitwise, or SPEC 5.6.10 (per element, and the displacement bias)."""
     comparisons = Comparisons()
-    if impl.has(CPU_BIT_EXACT):
+    if numeric_profile.bitwise(impl):
         for n in workload.OPTIMIZER.shapes:
             comparisons.add(bitwise_comparison(f"free-running: parameters ({_dtype(dtype)})",
-                                               ours.params[n].detach(), theirs.params[n].detach(), label=f"parameter {n}"))
+                                               ours.history[n][-1], theirs.history[n][-1], label=f"parameter {n}"))
         return margins.record(comparisons)
     gap = codebook_quality.largest_gap(ours.optimizer.codebook)
     betas = _group_hypers(ours)
@@ -45,7 +49,7 @@ def _trajectory_problems(impl, ours, theirs, dtype) -> list[str]:
     for n in workload.OPTIMIZER.shapes:
         beta1, beta2 = betas[n]
         factor = free_running.momentum_factor(STEPS, beta1, gap, dtype)
-        comparison, moved = free_running.trajectory(n, dtype, ours.history[n], theirs.params[n].detach(), factor)
+        comparison, moved = free_running.trajectory(n, dtype, ours.history[n], theirs.history[n][-1], factor)
         comparisons.add(comparison)
         displacements.append(moved)
         bound = kernel_bounds.second_moment(ours.params[n].numel(), dtype, beta2)
@@ -89,7 +93,7 @@ def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
     sd = workload.pinned_state(dtype, pin_at, **kw)
     theirs = workload.pinned_step(impl.make_optimizer, dtype, pin_at, sd, **kw)
     ours = workload.pinned_step(workload.REFERENCE, dtype, pin_at, sd, **kw)
-    if impl.has(CPU_BIT_EXACT):
+    if numeric_profile.bitwise(impl):
         comparisons = native_compare.compare(ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=dtype)
         for n in workload.OPTIMIZER.shapes:
             comparisons.add(bitwise_comparison(f"pinned step: parameter update ({_dtype(dtype)})", ours.after[n],
@@ -135,7 +139,8 @@ def test_state_matches_reference(impl, factored):
     theirs = workload.trajectory(impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
     expected = ours.optimizer.state_dict()
     histogram = codebook_quality.histogram(workload.first_step_pieces(expected, torch.bfloat16))
-    comparisons = native_compare.compare(expected, theirs.optimizer.state_dict(), bitwise=impl.has(CPU_BIT_EXACT),
+    comparisons = native_compare.compare(expected, workload.state_to_cpu(theirs.optimizer.state_dict()),
+                                         bitwise=numeric_profile.bitwise(impl),
                                          grad_dtype=torch.bfloat16, histogram=histogram)
     problems = margins.record(comparisons)
     assert not problems, "\n".join(map(str, problems))
@@ -143,10 +148,11 @@ def test_state_matches_reference(impl, factored):
 
 @pytest.mark.clause("1.10.6")
 def test_global_step_counts_every_step_call(impl):
-    p = torch.nn.Parameter(torch.zeros(16))
+    device = workload.device_for(impl.make_optimizer)
+    p = torch.nn.Parameter(torch.zeros(16, device=device))
     opt = impl.make_optimizer([p], factored_v_2d=False)
     opt.step()
-    p.grad = torch.ones(16)
+    p.grad = torch.ones(16, device=device)
     opt.step()
     p.grad = None
     opt.step()
@@ -164,14 +170,16 @@ def test_global_step_counts_every_step_call(impl):
     ids=["lr-neg", "lr-nan", "beta1-one", "beta2-neg", "eps-zero", "eps-inf", "wd-neg", "lr-two-elements"],
 )
 def test_invalid_hyperparameters_are_rejected(impl, kwargs):
+    device = workload.device_for(impl.make_optimizer)
     with pytest.raises(ValueError):
-        impl.make_optimizer([torch.nn.Parameter(torch.zeros(4))], **kwargs)
+        impl.make_optimizer([torch.nn.Parameter(torch.zeros(4, device=device))], **kwargs)
 
 
 @pytest.mark.clause("1.3")
 @pytest.mark.requires(NATIVE_STATE_DICT)
 def test_names_and_provenance(impl):
-    a, b, c, d, e = (torch.nn.Parameter(torch.zeros(4)) for _ in range(5))
+    device = workload.device_for(impl.make_optimizer)
+    a, b, c, d, e = (torch.nn.Parameter(torch.zeros(4, device=device)) for _ in range(5))
     opt = impl.make_optimizer(
         [{"params": [a, b]}, {"params": [("A", c)], "lr": 1e-4}, {"params": [d], "name": "Emb"}, {"params": [e], "name": "emb"}]
     )
@@ -190,7 +198,8 @@ def test_nearest_codeword_ties_follow_the_rule(impl):
     arithmetic (a zero gradient and a zero momentum give exactly 0, a block's one nonzero element
     normalizes to exactly 1), so no rounding can excuse another choice (SPEC 5.6.6)."""
     def run(make):
-        p = torch.nn.Parameter(torch.ones(4, 8))
+        device = workload.device_for(make)
+        p = torch.nn.Parameter(torch.ones(4, 8, device=device))
         opt = make([("w", p)], factored_v_2d=False)
         state = {"name": "w", "automatic_period": 8, "step": 1, "vmean_step": 1,
                  "m_codebook": torch.zeros(4, 8, dtype=torch.uint8), "m_magnitude": torch.zeros(4, 1),
@@ -204,11 +213,11 @@ def test_nearest_codeword_ties_follow_the_rule(impl):
         opt.load_state_dict(sd)
         grad = torch.zeros(4, 8)
         grad[:, 0] = 1.0  # one nonzero per block: the other seven normalise to exactly 0
-        p.grad = grad
+        p.grad = grad.to(device)
         opt.step()
-        after = opt.state_dict()
+        after = workload.state_to_cpu(opt.state_dict())
         hyper = {k: float(after["param_groups"][0][k]) for k in ("lr", "beta1", "beta2", "eps", "weight_decay")}
-        step = pinned_step.ParamStep("w", torch.ones(4, 8), p.detach().clone(), grad, state, after["state"][0],
+        step = pinned_step.ParamStep("w", torch.ones(4, 8), workload.to_cpu(p), grad, state, after["state"][0],
                                      factored=False, **hyper)
         return step, after["state"][0]["m_codebook"].clone()
 
@@ -218,7 +227,7 @@ def test_nearest_codeword_ties_follow_the_rule(impl):
     differing = int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
     margins.exact("nearest-codeword ties (indices)", differing, ours_idx.numel())
     assert differing == 0, "indices differ from the tie rule (ties go to the lower index)"
-    if impl.has(CPU_BIT_EXACT):
+    if numeric_profile.bitwise(impl):
         problems = margins.record(bitwise_comparison("pinned step: parameter update (fp32)", ours.p1, theirs.p1,
                                                      label="parameter"))
     else:
