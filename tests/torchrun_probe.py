@@ -125,3 +125,16 @@ def test_a_hung_rank_is_dumped_and_ends_the_job():
 
 def test_zz_nothing_runs_after_a_hang():
     _record("after-hang", ran=True)
+
+
+def sleep_for(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slept"
+
+
+def test_long_call_to_interrupt():
+    """Only run when selected (tests/test_torchrun.py interrupts it): every rank's pid is
+    recorded, then a 2-rank call sleeps until the job is interrupted."""
+    values = launch.run(describe_rank, launch.execution().world_size, timeout=60)
+    _record("ready", pids=[v["pid"] for v in values])
+    launch.run(sleep_for, 2, (120.0,), timeout=180)
