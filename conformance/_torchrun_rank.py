@@ -1,7 +1,8 @@
 """One torchrun rank's part in one scenario call (private to :mod:`conformance.torchrun`; SPEC 4.7.3).
 
-A scenario call of ``k`` ranks runs on global ranks ``0..k-1`` of the torchrun job. Each of them
-runs ``fn`` in a thread of its own (a :class:`Participation`), so that the rank's main thread stays
+A scenario call of ``k`` ranks runs on global ranks ``0..k-1`` of the torchrun job (rank 0's part
+in the rank-0 server, a child of the process that runs pytest). Each of them runs ``fn`` in a
+thread of its own (a :class:`Participation`), so that the serving process's main thread stays
 free to watch it: to report it when it ends, or to dump every thread's stack when the coordinator
 says the call is overdue.
 
@@ -131,17 +132,15 @@ class Participation:
     """Rank ``rank``'s part in the call described by ``task`` (see :mod:`conformance.torchrun`).
 
     ``pg_store`` is the store the call's process group rendezvouses on (a TCPStore client of this
-    rank, not shared with the thread that watches the call); ``in_caller`` is True on the rank
-    that runs pytest, whose ``sys.path``, working directory and random state are the test
-    process's own and are left alone.
+    rank, not shared with the thread that watches the call). The rank takes the test process's
+    ``sys.path`` and working directory from the task, and fresh random state, for every call.
     """
 
-    def __init__(self, task: dict, rank: int, device, pg_store, *, in_caller: bool) -> None:
+    def __init__(self, task: dict, rank: int, device, pg_store) -> None:
         self.task = task
         self.rank = rank
         self.device = device
         self.pg_store = pg_store
-        self.in_caller = in_caller
         self.died: dict | None = None
         self._report: dict | None = None
         self._owns_group = False
@@ -175,13 +174,12 @@ class Participation:
         deterministic = torch.are_deterministic_algorithms_enabled()
         stage = "unpickling fn/args/kwargs"
         try:
-            if not self.in_caller:
-                sys.path[:] = task["sys_path"]
-                try:
-                    os.chdir(task["cwd"])
-                except OSError:
-                    pass  # another node: the same checkout may live elsewhere
-                _reseed(torch)
+            sys.path[:] = task["sys_path"]
+            try:
+                os.chdir(task["cwd"])
+            except OSError:
+                pass  # another node: the same checkout may live elsewhere
+            _reseed(torch)
             fn, args, kwargs = pickle.loads(task["payload"])
             stage = f"initialising the {task['backend']} process group"
             self._init_group(torch, dist)
@@ -219,9 +217,8 @@ class Participation:
         task = self.task
         if dist.is_initialized():
             raise RuntimeError(
-                f"rank {self.rank} already has a default process group (in the test process: a "
-                "conformance.sharding.WorldOfOne still open?); a scenario call under torchrun forms "
-                "its own default group, so it cannot run while another one exists in the process")
+                f"rank {self.rank} already has a default process group (left by an earlier call that "
+                "hung?); a scenario call under torchrun forms its own default group")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         timeout = datetime.timedelta(seconds=task["pg_timeout"])

@@ -12,10 +12,15 @@ Every rank of the job runs ``python -m conformance.torchrun`` (``gefen-conforman
    is not shared is one clear error before the first scenario.
 2. **Rank 0 runs pytest in-process** with a :class:`TorchrunLauncher` installed
    (``conformance.launch.set_launcher``), the test temp dirs (``--basetemp``) in the run
-   directory, and writes the one certificate. The other ranks serve scenario calls.
+   directory, and writes the one certificate. The other ranks serve scenario calls, and so does
+   the *rank-0 server*, a child process that rank 0 starts for its own part in them: the test
+   process never forms a scenario's process group, because a test may hold a group of its own
+   there (``conformance.sharding.WorldOfOne``, a session fixture) while it runs a scenario, and
+   torch has one default group per process.
 3. **A call** ``launch.run(fn, k, ...)`` runs ``fn`` on global ranks ``0..k-1``: rank 0 posts the
    call on the store (``cmd/<n>``), every participant forms a fresh ``k``-rank default process
    group for it (:mod:`conformance._torchrun_rank`) and posts its outcome; ranks ``>= k`` skip it.
+   A rank-0 server that exits during a call is reported "died" with its exit code.
    Every wait is bounded: rank 0 polls the outcomes against the call's deadline and
    ``failure_grace``, then posts ``call/<n>/abort``; a participant still running then dumps every
    thread's stack and reports "hung". A hung rank cannot be stopped (its thread is stuck), so the
@@ -71,6 +76,7 @@ PYTEST_ARGS = "--pytest-args"
 USAGE_ERROR = 4
 EXIT_PARENT_GONE = 70
 _PREFIX = "gefen-conformance/"
+_SERVER_ROLE = "GEFEN_TORCHRUN_RANK0_SERVER"
 
 
 class TorchrunJobEnded(RuntimeError):
@@ -137,10 +143,10 @@ class TorchrunLauncher:
     (rank -> dict with ``host``, ``pid``, ``node_rank``, ``device_name``).
     """
 
-    def __init__(self, job: Job, control, pg_store, device, backend: str, hellos: dict[int, dict]) -> None:
+    def __init__(self, job: Job, control, server, device, backend: str, hellos: dict[int, dict]) -> None:
         self.job = job
         self.control = control
-        self.pg_store = pg_store
+        self.server = server  # the rank-0 server (a Popen), or None where it cannot be watched
         self.device = device
         self.backend = backend
         self.hellos = hellos
@@ -198,8 +204,7 @@ class TorchrunLauncher:
                     "pg_timeout": float(pg_timeout), "sys_path": list(sys.path), "cwd": os.getcwd(),
                     "payload": payload}
             self.control.set(f"cmd/{call_id}", _dumps(("run", task)))
-            own = Participation(task, 0, self.device, self.pg_store, in_caller=True).start()
-            outcomes = self._supervise(call_id, own, world_size, float(timeout), float(failure_grace))
+            outcomes = self._supervise(call_id, world_size, float(timeout), float(failure_grace))
         if allow_failure:
             return outcomes
         if any(not o.ok for o in outcomes):
@@ -209,7 +214,7 @@ class TorchrunLauncher:
         return [o.value for o in outcomes]
 
     def _outcome(self, rank: int, report: dict) -> RankOutcome:
-        pid = self.hellos.get(rank, {}).get("pid")
+        pid = report.get("pid", self.hellos.get(rank, {}).get("pid"))
         status = report["status"]
         if status == "ok":
             try:
@@ -231,8 +236,7 @@ class TorchrunLauncher:
                            message=report.get("message", ""), traceback=report.get("traceback", ""),
                            exitcode=report.get("exitcode"), pid=pid, exception=exception)
 
-    def _supervise(self, call_id: int, own: Participation, world_size: int, timeout: float,
-                   failure_grace: float) -> list[RankOutcome]:
+    def _supervise(self, call_id: int, world_size: int, timeout: float, failure_grace: float) -> list[RankOutcome]:
         outcomes: list[RankOutcome | None] = [None] * world_size
         pending = set(range(world_size))
         start = time.monotonic()
@@ -250,12 +254,16 @@ class TorchrunLauncher:
 
         try:
             while pending:
-                if 0 in pending and own.finished():
-                    settle(0, own.report())
-                for rank in sorted(pending - {0}):
+                for rank in sorted(pending):
                     key = f"call/{call_id}/outcome/{rank}"
                     if self.control.check([key]):
                         settle(rank, pickle.loads(self.control.get(key)))
+                if 0 in pending and self.server is not None and self.server.poll() is not None:
+                    code = self.server.returncode
+                    settle(0, {"status": "died", "exitcode": code, "pid": self.server.pid,
+                               "message": f"the rank-0 server (pid {self.server.pid}) ended during the call",
+                               "traceback": f"rank 0: the rank-0 server (pid {self.server.pid}) ended during "
+                                            f"call {call_id} with exit code {code} (its stderr is torchrun's)"})
                 if not pending:
                     break
                 now = time.monotonic()
@@ -270,8 +278,6 @@ class TorchrunLauncher:
                             why = f"did not finish within the {timeout:g} s deadline"
                         aborted_at = now
                         self.control.set(f"call/{call_id}/abort", why.encode())
-                        if 0 in pending:
-                            settle(0, hung_report(0, why))
                 elif now >= aborted_at + REPORT_WAIT_S:
                     for rank in sorted(pending):
                         settle(rank, {"status": "hung", "message": f"{why}; the rank sent no report (its stack "
@@ -326,21 +332,21 @@ def serve(job: Job, control, pg_store, device) -> None:
             control.set(outcome_key, _dumps({"status": "raised", "exc_type": "RuntimeError", "message": broken,
                                              "traceback": broken, "exc_bytes": None}))
             continue
-        part = Participation(task, job.rank, device, pg_store, in_caller=False).start()
+        part = Participation(task, job.rank, device, pg_store).start()
         abort_key = f"call/{call_id}/abort"
         while True:
             part.thread.join(0.1)
             if part.finished():
-                control.set(outcome_key, _dumps(part.report()))
+                control.set(outcome_key, _dumps(dict(part.report(), pid=os.getpid())))
                 break
             if control.check([abort_key]):
                 why = control.get(abort_key).decode()
                 if why == "interrupted":
                     _leave(0)  # rank 0 writes the incomplete certificate; a failed exit here would cut it short
                 if part.finished():  # it ended just now: its own report is the truth
-                    control.set(outcome_key, _dumps(part.report()))
+                    control.set(outcome_key, _dumps(dict(part.report(), pid=os.getpid())))
                     break
-                control.set(outcome_key, _dumps(hung_report(job.rank, why)))
+                control.set(outcome_key, _dumps(dict(hung_report(job.rank, why), pid=os.getpid())))
                 broken = f"rank {job.rank} is still stuck in call {call_id}, which hung"
                 break
 
@@ -447,18 +453,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault(name, "1")
     # NCCL: tear down communicators on error without killing the process (SPEC 4.7.4; unverified here)
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-    if job.rank == 0:
-        return _rank_zero(job, options, passthrough)
-    _serving_rank(job, options)
+    if os.environ.get(_SERVER_ROLE) == "1":
+        _rank_zero_server(job, options)
+    elif job.rank == 0:
+        return _rank_zero(job, options, passthrough, argv)
+    else:
+        _serving_rank(job, options)
     return 0  # not reached
 
 
-def _startup(job: Job, options):
+def _startup(job: Job, options, *, serving: bool = True):
     import torch
 
     torch.set_num_threads(1)
     control = job.store_client(STARTUP_TIMEOUT_S)
-    pg_store = job.store_client(STARTUP_TIMEOUT_S)
+    pg_store = job.store_client(STARTUP_TIMEOUT_S) if serving else None
     chosen, device, name, error = _device_facts(options.device, job)
     hello = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": job.node_rank,
              "local_rank": job.local_rank, "device_name": name, "error": error}
@@ -466,18 +475,40 @@ def _startup(job: Job, options):
     return control, pg_store, chosen, device
 
 
-def _serving_rank(job: Job, options) -> None:
-    # Ctrl-C and SIGTERM reach every rank's process group from torchrun: a serving rank just leaves.
+def _serving_process() -> None:
+    """Ctrl-C and SIGTERM reach every rank's process group from torchrun: a server just leaves,
+    and so does one whose parent is gone."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, f: _leave(128 + s))
     threading.Thread(target=_watch_parent, args=(os.getppid(), lambda: _leave(EXIT_PARENT_GONE)),
                      daemon=True, name="torchrun-parent-watchdog").start()
+
+
+def _serving_rank(job: Job, options) -> None:
+    _serving_process()
     control, pg_store, _, device = _startup(job, options)
     if not _wait(control, ["run-dir"], STARTUP_TIMEOUT_S):
         _leave(EXIT_PARENT_GONE)
     run_dir = control.get("run-dir").decode()
     problem = _check_run_dir(job, control, run_dir) if run_dir else None
     control.set(f"seen/{job.rank}", (problem or "").encode())
+    _serve_until_exit(job, control, pg_store, device)
+
+
+def _rank_zero_server(job: Job, options) -> None:
+    """Rank 0's part in scenario calls, in a child of the process that runs pytest."""
+    _serving_process()
+    import torch
+
+    torch.set_num_threads(1)
+    control = job.store_client(STARTUP_TIMEOUT_S)
+    pg_store = job.store_client(STARTUP_TIMEOUT_S)
+    _, device, _, _ = _device_facts(options.device, job)
+    control.set("server-ready/0", str(os.getpid()).encode())
+    _serve_until_exit(job, control, pg_store, device)
+
+
+def _serve_until_exit(job: Job, control, pg_store, device) -> None:
     try:
         serve(job, control, pg_store, device)
     except Exception as exc:  # noqa: BLE001 - the store (torchrun's agent) is gone: so is the job
@@ -499,7 +530,16 @@ def _make_run_dir(checkpoint_dir: str | None) -> str:
     return str(run_dir)
 
 
-def _rank_zero(job: Job, options, passthrough: list[str]) -> int:
+def _start_server(argv: list[str]):
+    """The rank-0 server: this module again, in a child process of the same process group (so
+    torchrun's signals reach it), told its role by the environment."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "conformance.torchrun", *argv],
+                            env=dict(os.environ, **{_SERVER_ROLE: "1"}))
+
+
+def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> int:
     def parent_gone() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # pytest stops and writes an incomplete certificate
         time.sleep(60)
@@ -507,8 +547,8 @@ def _rank_zero(job: Job, options, passthrough: list[str]) -> int:
 
     threading.Thread(target=_watch_parent, args=(os.getppid(), parent_gone), daemon=True,
                      name="torchrun-parent-watchdog").start()
-    control, pg_store, chosen, device = _startup(job, options)
-    status, detail, run_dir = USAGE_ERROR, "", ""
+    control, _, chosen, device = _startup(job, options, serving=False)
+    status, detail, run_dir, server = USAGE_ERROR, "", "", None
     try:
         try:
             run_dir = _make_run_dir(options.checkpoint_dir)
@@ -524,9 +564,12 @@ def _rank_zero(job: Job, options, passthrough: list[str]) -> int:
         errors += [text for _, text in sorted(seen.items()) if text]
         if errors:
             raise _StartupError(errors[0] + (f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""))
+        server = _start_server(argv)
+        if not _wait(control, ["server-ready/0"], STARTUP_TIMEOUT_S):
+            raise _StartupError(f"the rank-0 server did not start within {STARTUP_TIMEOUT_S:g} s")
         from . import devices
 
-        launcher = TorchrunLauncher(job, control, pg_store, device, devices.backend_for(chosen), hellos)
+        launcher = TorchrunLauncher(job, control, server, device, devices.backend_for(chosen), hellos)
         launch.set_launcher(launcher)
         import pytest
 
@@ -542,11 +585,22 @@ def _rank_zero(job: Job, options, passthrough: list[str]) -> int:
             control.set(f"cmd/{_next_free_command(control)}", _dumps(("exit", None)))
         except Exception:  # noqa: BLE001 - the store is gone: the other ranks are too
             pass
+        if server is not None:
+            _reap(server)
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
         _write_result(options.result_file, status, detail)
     _leave(0 if options.result_file else status)
     return status  # not reached
+
+
+def _reap(server, grace: float = 5.0) -> None:
+    """Wait for the rank-0 server to take its ``exit``; kill it if it does not (a hung call)."""
+    try:
+        server.wait(grace)
+    except Exception:  # noqa: BLE001 - TimeoutExpired, or interrupted
+        server.kill()
+        server.wait()
 
 
 class _StartupError(Exception):

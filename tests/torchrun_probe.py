@@ -77,7 +77,7 @@ def test_every_size_runs_on_the_first_ranks_of_the_job():
         assert [v["rank"] for v in values] == list(range(k))
         assert {v["size"] for v in values} == {k} and {v["group_size"] for v in values} == {k}
         assert {v["sum"] for v in values} == {k * (k + 1) // 2}
-        assert values[0]["pid"] == os.getpid()  # rank 0 is the test process
+        assert values[0]["pid"] != os.getpid()  # rank 0's part runs in the rank-0 server, not here
         assert len({v["pid"] for v in values}) == k
         assert all(v["mesh"] == list(range(k)) for v in values)
         pids |= {v["pid"] for v in values}
