@@ -169,7 +169,7 @@ def test_scenario_calls_run_on_the_first_ranks_and_failures_are_reported_as_by_t
 
 @pytest.mark.slow
 def test_a_hung_rank_is_dumped_and_the_job_ends_with_nothing_left_running(tmp_path):
-    result, facts = _probe(tmp_path, "-k", "sizes or hung or after_a_hang")
+    result, facts = _probe(tmp_path, "-k", "every_size or hung or after_a_hang")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     hung = facts["hung"]
     assert hung["statuses"] == ["ok", "hung"]
