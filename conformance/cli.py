@@ -80,7 +80,7 @@ def certify(impl: str, certificate, pytest_args: list[str], device: str | None =
     if certificate is not None:
         command.append(f"--certificate={certificate}")
     if device is not None:
-        command.append(f"--device={device}")
+        command.append(f"--gefen-device={device}")
     return _wait_for(command + list(pytest_args))
 
 

@@ -434,7 +434,7 @@ def pytest_arguments(impl: str, certificate: str | None, device: str | None, run
     if certificate:
         args.append(f"--certificate={certificate}")
     if device:
-        args.append(f"--device={device}")
+        args.append(f"--gefen-device={device}")
     return args + list(passthrough)
 
 
