@@ -68,6 +68,8 @@ STARTUP_TIMEOUT_S = float(os.environ.get("GEFEN_TORCHRUN_STARTUP_TIMEOUT", "300"
 REPORT_WAIT_S = 10.0
 #: how often rank 0 looks at the outcomes of a running call
 POLL_S = 0.05
+#: how much of what a rank printed during a call its outcome keeps (the end of it)
+OUTPUT_TAIL_BYTES = 64 * 1024
 #: how long a serving rank waits between two looks for the next call
 IDLE_POLL_S = 0.1
 #: what separates this module's options from pytest's (torchrun's own parser swallows a ``--``)
@@ -205,6 +207,7 @@ class TorchrunLauncher:
                     "payload": payload}
             self.control.set(f"cmd/{call_id}", _dumps(("run", task)))
             outcomes = self._supervise(call_id, world_size, float(timeout), float(failure_grace))
+        _echo_output(outcomes)
         if allow_failure:
             return outcomes
         if any(not o.ok for o in outcomes):
@@ -225,7 +228,7 @@ class TorchrunLauncher:
                 return RankOutcome(rank=rank, status="raised", exc_type=qualified_name(type(exc)),
                                    message=f"the return value could not be unpickled on rank 0: {exc}",
                                    traceback=format_exception(exc), pid=pid, exception=exc)
-            return RankOutcome(rank=rank, status="ok", value=value, pid=pid)
+            return RankOutcome(rank=rank, status="ok", value=value, pid=pid, output=report.get("output", ""))
         exception = None
         if report.get("exc_bytes") is not None:
             try:
@@ -234,7 +237,8 @@ class TorchrunLauncher:
                 exception = None
         return RankOutcome(rank=rank, status=status, exc_type=report.get("exc_type"),
                            message=report.get("message", ""), traceback=report.get("traceback", ""),
-                           exitcode=report.get("exitcode"), pid=pid, exception=exception)
+                           exitcode=report.get("exitcode"), pid=pid, exception=exception,
+                           output=report.get("output", ""))
 
     def _supervise(self, call_id: int, world_size: int, timeout: float, failure_grace: float) -> list[RankOutcome]:
         outcomes: list[RankOutcome | None] = [None] * world_size
@@ -300,6 +304,15 @@ class TorchrunLauncher:
         return outcomes  # type: ignore[return-value]
 
 
+def _echo_output(outcomes: list[RankOutcome]) -> None:
+    """What the ranks printed, into this process's stdout (pytest captures it per test, as under
+    the pool)."""
+    for outcome in outcomes:
+        if outcome.output:
+            sys.stdout.write("".join(f"[rank {outcome.rank}] {line}\n" for line in outcome.output.splitlines()))
+    sys.stdout.flush()
+
+
 class _StopWhenJobEnds:
     """pytest plugin (rank 0): gives the launcher the session it stops when the job ends."""
 
@@ -330,33 +343,70 @@ def serve(job: Job, control, pg_store, device) -> None:
         outcome_key = f"call/{call_id}/outcome/{job.rank}"
         if broken is not None:
             control.set(outcome_key, _dumps({"status": "raised", "exc_type": "RuntimeError", "message": broken,
-                                             "traceback": broken, "exc_bytes": None}))
+                                             "traceback": broken, "exc_bytes": None, "pid": os.getpid()}))
             continue
-        part = Participation(task, job.rank, device, pg_store).start()
-        abort_key = f"call/{call_id}/abort"
-        while True:
-            part.thread.join(0.1)
-            if part.finished():
-                control.set(outcome_key, _dumps(dict(part.report(), pid=os.getpid())))
-                break
-            if control.check([abort_key]):
-                why = control.get(abort_key).decode()
-                if why == "interrupted":
-                    _leave(0)  # rank 0 writes the incomplete certificate; a failed exit here would cut it short
-                if part.finished():  # it ended just now: its own report is the truth
-                    control.set(outcome_key, _dumps(dict(part.report(), pid=os.getpid())))
-                    break
-                control.set(outcome_key, _dumps(dict(hung_report(job.rank, why), pid=os.getpid())))
-                broken = f"rank {job.rank} is still stuck in call {call_id}, which hung"
-                break
+        with CapturedOutput() as output:
+            report = _take_part(job, control, pg_store, device, task)
+        report["output"] = output.text
+        control.set(outcome_key, _dumps(report))
+        if report["status"] == "hung":
+            broken = f"rank {job.rank} is still stuck in call {call_id}, which hung"
 
 
-def _leave(code: int) -> None:
+def _take_part(job: Job, control, pg_store, device, task: dict) -> dict:
+    """Run this rank's part in a call; its report, or "hung" (stacks dumped) once rank 0 aborts."""
+    part = Participation(task, job.rank, device, pg_store).start()
+    abort_key = f"call/{task['call_id']}/abort"
+    while True:
+        part.thread.join(0.1)
+        if not part.finished() and control.check([abort_key]):
+            why = control.get(abort_key).decode()
+            if why == "interrupted":
+                _leave(0)  # rank 0 writes the incomplete certificate; a failed exit here would cut it short
+            if not part.finished():  # (one that ended just now: its own report is the truth)
+                return dict(hung_report(job.rank, why), pid=os.getpid())
+        if part.finished():
+            return dict(part.report(), pid=os.getpid())
+
+
+class CapturedOutput:
+    """What this process writes to its stdout and stderr (Python or C level) during a call, kept
+    (the last :data:`OUTPUT_TAIL_BYTES`) for the rank's outcome, as the pool keeps a rank's output;
+    the descriptors are restored afterwards."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def __enter__(self) -> "CapturedOutput":
+        _flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = [os.dup(1), os.dup(2)]
+        os.dup2(self._file.fileno(), 1)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _flush()
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        for fd in self._saved:
+            os.close(fd)
+        size = self._file.seek(0, os.SEEK_END)
+        self._file.seek(max(0, size - OUTPUT_TAIL_BYTES))
+        self.text = self._file.read().decode("utf-8", "replace")
+        self._file.close()
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _leave(code: int) -> None:
+    _flush()
     os._exit(code)
 
 

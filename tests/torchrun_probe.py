@@ -44,6 +44,7 @@ def describe_rank() -> dict:
 def raise_on(victim: int) -> str:
     here = world.current()
     if here.rank == victim:
+        print(f"rank {victim} is about to raise", flush=True)
         raise ValueError(f"boom on rank {victim}")
     dist.barrier(group=here.group)  # the victim never comes: its closed sockets end this
     return "survived"
@@ -91,6 +92,7 @@ def test_a_raising_rank_is_reported_and_its_peer_released():
     assert [o.status for o in outcomes] == ["raised", "raised"], [o.headline() for o in outcomes]
     assert outcomes[VICTIM].exc_type == "ValueError" and "boom on rank 1" in outcomes[VICTIM].message
     assert "raise_on" in outcomes[VICTIM].traceback
+    assert "rank 1 is about to raise" in outcomes[VICTIM].output  # what a rank prints reaches its outcome
     with pytest.raises(RankFailure, match="boom on rank 1"):
         launch.run(raise_on, 2, (VICTIM,), timeout=60)
     _record("raised", elapsed=elapsed, headlines=[o.headline() for o in outcomes])
