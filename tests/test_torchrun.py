@@ -120,6 +120,49 @@ def test_the_launcher_describes_the_job_for_the_certificate():
         assert "needs 5 ranks; the torchrun launcher runs at most 4" in launch.unfit_reason(5)
 
 
+class _DictStore:
+    """The part of a TCPStore that the start-up check uses, in memory."""
+
+    def __init__(self):
+        self.values = {}
+
+    def add(self, key, amount):
+        self.values[key] = int(self.values.get(key, 0)) + amount
+        return self.values[key]
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def check(self, keys):
+        return all(k in self.values for k in keys)
+
+
+def _job(rank, world_size):
+    return argparse.Namespace(rank=rank, world_size=world_size)
+
+
+def test_a_checkpoint_directory_that_a_rank_does_not_see_is_named_before_any_scenario(tmp_path):
+    store = _DictStore()
+    store.add("markers", 1)  # rank 1 wrote its marker: somewhere rank 0 does not see
+    problem = torchrun._check_run_dir(_job(0, 2), store, str(tmp_path))
+    assert (tmp_path / ".rank-0").exists()
+    assert "rank 0 on " in problem and "does not see the markers of rank(s) 1" in problem
+    assert "--checkpoint-dir must be one filesystem shared by every node" in problem
+
+
+def test_every_rank_seeing_every_marker_passes_the_check(tmp_path):
+    store = _DictStore()
+    for rank in (1, 2):
+        (tmp_path / f".rank-{rank}").write_text("elsewhere")
+        store.add("markers", 1)
+    assert torchrun._check_run_dir(_job(0, 3), store, str(tmp_path)) is None
+
+
+def test_a_checkpoint_directory_a_rank_cannot_write_is_named(tmp_path):
+    problem = torchrun._check_run_dir(_job(3, 4), _DictStore(), str(tmp_path / "absent"))
+    assert problem.startswith("rank 3 on ") and "cannot write in" in problem
+
+
 # ----------------------------------------------------------------------------- torchrun jobs
 
 
@@ -145,18 +188,21 @@ def _left_running(pids, within: float = 10.0) -> list[int]:
     return alive
 
 
-def _probe(tmp_path: Path, *select: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _probe(tmp_path: Path, *select: str, options=()) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "facts"
     out.mkdir()
     result = _cli(REPO, "certify", "--launcher", "torchrun", "--nproc-per-node", str(RANKS), "--out",
-                  str(tmp_path / "c.json"), "--", PROBE, "-q", "-p", "no:randomly", *select,
+                  str(tmp_path / "c.json"), *options, "--", PROBE, "-q", "-p", "no:randomly", *select,
                   env={"GEFEN_TORCHRUN_PROBE_OUT": str(out)})
     facts = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     return result, facts
 
 
 def test_scenario_calls_run_on_the_first_ranks_and_failures_are_reported_as_by_the_pool(tmp_path):
-    result, facts = _probe(tmp_path, "-k", "not hung and not hang and not interrupt")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    result, facts = _probe(tmp_path, "-k", "not hung and not hang and not interrupt",
+                           options=("--checkpoint-dir", str(shared)))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "5 passed" in result.stdout
     assert facts["sizes"]["execution"] == {"launcher": "torchrun", "nodes": 1, "world_size": RANKS,
@@ -165,6 +211,17 @@ def test_scenario_calls_run_on_the_first_ranks_and_failures_are_reported_as_by_t
     # a raising or dying rank closes its sockets: its peer fails at once, not at the gloo timeout
     assert facts["raised"]["elapsed"] < 10 and facts["died"]["elapsed"] < 10
     assert _left_running(facts["sizes"]["pids"]) == []
+    assert list(shared.iterdir()) == []  # the run directory (markers, test temp dirs) is removed
+
+
+@pytest.mark.slow
+def test_a_checkpoint_directory_that_cannot_be_made_is_a_usage_error_before_any_test(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result, facts = _probe(tmp_path, options=("--checkpoint-dir", str(blocker)))
+    assert result.returncode == 4, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"--checkpoint-dir {blocker}: cannot make the run directory there" in result.stderr
+    assert facts == {}
 
 
 @pytest.mark.slow
