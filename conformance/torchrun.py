@@ -107,10 +107,12 @@ class Job:
         # torchrun's agent hosts the store; anything else that sets MASTER_* leaves it to rank 0
         self.agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
 
-    def store_client(self, timeout: float):
+    def store_client(self, timeout: float, *, may_host: bool = False):
+        """A client of the job's store; with ``may_host`` (rank 0's first client only), the store
+        itself when torchrun's agent does not host it."""
         import torch.distributed as dist
 
-        host_it = self.rank == 0 and not self.agent_store
+        host_it = may_host and self.rank == 0 and not self.agent_store
         store = dist.TCPStore(self.master_addr, self.master_port, self.world_size, host_it,
                               timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
         return dist.PrefixStore(_PREFIX, store)
@@ -516,7 +518,7 @@ def _startup(job: Job, options, *, serving: bool = True):
     import torch
 
     torch.set_num_threads(1)
-    control = job.store_client(STARTUP_TIMEOUT_S)
+    control = job.store_client(STARTUP_TIMEOUT_S, may_host=True)
     pg_store = job.store_client(STARTUP_TIMEOUT_S) if serving else None
     chosen, device, name, error = _device_facts(options.device, job)
     hello = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": job.node_rank,
