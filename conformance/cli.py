@@ -35,7 +35,6 @@ USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6)
 TORCHRUN_ONLY = ("nproc_per_node", "nnodes", "rdzv_endpoint", "node_rank", "checkpoint_dir")
 
 
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gefen-conformance")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,7 +99,7 @@ class UsageError(Exception):
 
 
 def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str]:
-    """The torchrun command line of ``certify --launcher torchrun`` (SPEC 4.7.1); raises
+    """The torchrun command line of ``certify --launcher torchrun`` (SPEC 4.7.2); raises
     :class:`UsageError` for options that do not fit together."""
     nproc = 4 if args.nproc_per_node is None else args.nproc_per_node
     nnodes = 1 if args.nnodes is None else args.nnodes
