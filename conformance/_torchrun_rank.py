@@ -219,8 +219,9 @@ class Participation:
             raise RuntimeError(
                 f"rank {self.rank} already has a default process group (left by an earlier call that "
                 "hung?); a scenario call under torchrun forms its own default group")
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        setter = getattr(getattr(torch, self.device.type, None), "set_device", None)
+        if self.device.type != "cpu" and setter is not None:
+            setter(self.device)  # the rank's current device: NCCL's, and that of bodies' bare .cuda()
         timeout = datetime.timedelta(seconds=task["pg_timeout"])
         store = dist.PrefixStore(f"call/{task['call_id']}/pg/", self.pg_store)
         store.set_timeout(timeout)

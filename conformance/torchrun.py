@@ -437,12 +437,21 @@ def _device_facts(device_arg: str | None, job: Job):
         if short is not None:
             raise devices.DeviceUnavailable(f"--device {device_arg}: {short}")
         device = devices.for_rank(chosen, job.local_rank)
-        name = str(device)
-        if device.type == "cuda":
-            name += f" ({torch.cuda.get_device_name(device)})"
-        return chosen, device, name, None
+        return chosen, device, _device_name(torch, device), None
     except devices.DeviceUnavailable as exc:
         return None, None, "", str(exc)
+
+
+def _device_name(torch, device) -> str:
+    """``type:index`` and the hardware's name where torch reports one (``"cuda:0 NVIDIA H200"``,
+    as the pool's ``execution`` names devices, SPEC 4.6.5); ``cpu`` for CPU."""
+    if device.type == "cpu":
+        return "cpu"
+    getter = getattr(getattr(torch, device.type, None), "get_device_name", None)
+    try:
+        return f"{device} {getter(device)}" if getter is not None else str(device)
+    except Exception:  # noqa: BLE001 - a name is a nicety; the device itself was checked
+        return str(device)
 
 
 def _check_run_dir(job: Job, control, run_dir: str) -> str | None:
