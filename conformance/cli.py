@@ -160,7 +160,8 @@ def _certify(args, pytest_args: list[str]) -> int:
         try:
             devices.parse(args.device)
         except devices.DeviceUnavailable as error:
-            raise UsageError(str(error)) from None
+            text = str(error)  # names the device; say which option it came from
+            raise UsageError(text if text.startswith("--") else f"--device {text}") from None
     return certify_torchrun(args, pytest_args)
 
 
