@@ -1,6 +1,8 @@
 """``gefen-conformance``: certification and golden checkpoints (SPEC 4.4, 5.5).
 
-    gefen-conformance certify [--impl NAME] [--certificate PATH] [-- PYTEST_ARGS...]
+    gefen-conformance certify [--impl NAME] [--certificate PATH] [--device NAME] [-- PYTEST_ARGS...]
+    gefen-conformance certify --launcher torchrun [--nproc-per-node N] [--nnodes M --rdzv-endpoint HOST:PORT
+                              [--node-rank K]] [--checkpoint-dir DIR] ...   one torchrun job (SPEC 4.7)
     gefen-conformance golden generate DIR [--impl NAME]   write every case and MANIFEST.json
     gefen-conformance golden check DIR                    verify DIR against its manifest
     gefen-conformance golden compare [--impl NAME] [DIR]  save with NAME, compare with the goldens
@@ -20,7 +22,17 @@ Extra pytest arguments go after `--`, for example:
   gefen-conformance certify --impl fast -- -n 4              # 4 xdist workers
   gefen-conformance certify --impl fast -- -k reshard         # a partial run (verdict `partial`)
 Paths or node ids after `--` replace the whole suite. The exit status is pytest's.
+
+--launcher torchrun runs one torchrun job (`python -m torch.distributed.run`, --standalone on one
+node) of N ranks per node; every multi-rank scenario that fits the job's world runs on its ranks
+and rank 0 writes the certificate (SPEC 4.7):
+  gefen-conformance certify --impl fast --launcher torchrun --nproc-per-node 4 --out c.json
+  gefen-conformance certify --impl fast --launcher torchrun --nproc-per-node 8 --device cuda \
+      --nnodes 2 --rdzv-endpoint node0:29400 --checkpoint-dir /shared/scratch --out c.json   # on each node
 """
+
+USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6)
+TORCHRUN_ONLY = ("nproc_per_node", "nnodes", "rdzv_endpoint", "node_rank", "checkpoint_dir")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +44,19 @@ def _parser() -> argparse.ArgumentParser:
                       help="registered name or package.module:attribute (default: reference)")
     cert.add_argument("--certificate", "--out", dest="certificate", type=Path, default=None, metavar="PATH",
                       help="certificate path (default ./gefen-certificate-<impl>.json)")
+    cert.add_argument("--device", default=None, metavar="NAME",
+                      help="where the implementation's tensors live: cpu (default), cuda, cuda:N, ... (SPEC 4.6)")
+    cert.add_argument("--launcher", choices=("pool", "torchrun"), default="pool",
+                      help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)")
+    run = cert.add_argument_group("torchrun (with --launcher torchrun)")
+    run.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="ranks per node (default 4)")
+    run.add_argument("--nnodes", type=int, default=None, metavar="M", help="nodes (default 1: --standalone)")
+    run.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                     help="the c10d rendezvous of a multi-node job (needed with --nnodes > 1)")
+    run.add_argument("--node-rank", type=int, default=None, metavar="K", help="this node's rank (optional)")
+    run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                     help="where scenarios write checkpoints: a filesystem every node shares (needed with "
+                          "--nnodes > 1; default a temporary directory)")
     g = sub.add_parser("golden", help="golden checkpoints").add_subparsers(dest="action", required=True)
     gen = g.add_parser("generate", help="write the golden cases and their manifest into DIR")
     gen.add_argument("dir", type=Path)
@@ -47,20 +72,97 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def certify(impl: str, certificate, pytest_args: list[str]) -> int:
+def certify(impl: str, certificate, pytest_args: list[str], device: str | None = None) -> int:
     """``python -m pytest --impl=IMPL ...`` in a child process: the current directory is importable
     there (as with ``python -m pytest``), and nothing this process imported shadows the suite."""
-    import subprocess
-
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-p", "no:cacheprovider"]
     if certificate is not None:
         command.append(f"--certificate={certificate}")
-    child = subprocess.Popen(command + list(pytest_args))
+    if device is not None:
+        command.append(f"--gefen-device={device}")
+    return _wait_for(command + list(pytest_args))
+
+
+def _wait_for(command: list[str]) -> int:
+    import subprocess
+
+    child = subprocess.Popen(command)
     while True:
         try:
             return child.wait()
         except KeyboardInterrupt:
-            continue  # Ctrl-C reached pytest too (same process group); it stops and reports
+            continue  # Ctrl-C reached the child too (same process group); it stops and reports
+
+
+class UsageError(Exception):
+    """A certify command line that cannot run (exit 4, one line)."""
+
+
+def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str]:
+    """The torchrun command line of ``certify --launcher torchrun`` (SPEC 4.7.2); raises
+    :class:`UsageError` for options that do not fit together."""
+    nproc = 4 if args.nproc_per_node is None else args.nproc_per_node
+    nnodes = 1 if args.nnodes is None else args.nnodes
+    if nproc < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, got {nproc}")
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be at least 1, got {nnodes}")
+    if nnodes > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the rendezvous every node joins)")
+    if nnodes > 1 and not args.checkpoint_dir:
+        raise UsageError(f"--nnodes {nnodes} needs --checkpoint-dir DIR on a filesystem every node shares")
+    if args.rdzv_endpoint and ":" not in args.rdzv_endpoint:
+        raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: give HOST:PORT")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
+    if nnodes == 1 and not args.rdzv_endpoint:
+        command.append("--standalone")
+    else:
+        command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+        if args.node_rank is not None:
+            command += ["--node-rank", str(args.node_rank)]
+    command += ["-m", "conformance.torchrun", "--impl", args.impl, "--result-file", result_file]
+    if args.certificate is not None:
+        command += ["--certificate", str(Path(args.certificate).absolute())]
+    if args.checkpoint_dir is not None:
+        command += ["--checkpoint-dir", str(Path(args.checkpoint_dir).absolute())]
+    if args.device is not None:
+        command += ["--device", args.device]
+    return command + ["--pytest-args"] + list(pytest_args)  # torchrun's parser would swallow a `--`
+
+
+def certify_torchrun(args, pytest_args: list[str]) -> int:
+    """One torchrun job (SPEC 4.7); the exit status is rank 0's pytest's, read from a result file."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gefen-certify-") as scratch:
+        result = Path(scratch) / "result.json"
+        status = _wait_for(torchrun_command(args, pytest_args, str(result)))
+        if result.exists():
+            return int(json.loads(result.read_text())["exit_status"])
+    if status == 0:
+        print("gefen-conformance: rank 0 ran on another node; its node has the certificate", file=sys.stderr)
+        return 0
+    print(f"gefen-conformance: the torchrun job ended (exit status {status}) before rank 0 reported a result",
+          file=sys.stderr)
+    return status
+
+
+def _certify(args, pytest_args: list[str]) -> int:
+    if args.launcher == "pool":
+        given = [f"--{name.replace('_', '-')}" for name in TORCHRUN_ONLY if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply with --launcher torchrun")
+        return certify(args.impl, args.certificate, pytest_args, args.device)
+    if args.device not in (None, "cpu"):
+        from . import devices
+
+        try:
+            devices.parse(args.device)
+        except devices.DeviceUnavailable as error:
+            text = str(error)  # names the device; say which option it came from
+            raise UsageError(text if text.startswith("--") else f"--device {text}") from None
+    return certify_torchrun(args, pytest_args)
 
 
 def main(argv=None) -> int:
@@ -71,7 +173,11 @@ def main(argv=None) -> int:
         argv, passthrough = argv[:cut], argv[cut + 1:]
     args = _parser().parse_args(argv)
     if args.command == "certify":
-        return certify(args.impl, args.certificate, passthrough)
+        try:
+            return _certify(args, passthrough)
+        except UsageError as error:
+            print(f"gefen-conformance certify: {error}", file=sys.stderr)
+            return USAGE_ERROR
     if passthrough:
         _parser().error("arguments after `--` are only for `certify`")
     if getattr(args, "handler", None) is not None:
