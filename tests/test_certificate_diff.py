@@ -72,6 +72,15 @@ def test_margin_factor_and_threshold_are_options(capsys):
     assert status == 1 and "state: block magnitudes: 18 % -> 28.8 % (x1.6)" in out
 
 
+def test_a_margin_already_over_the_threshold_in_old_is_listed_but_not_a_regression(capsys, tmp_path):
+    old = _with_continuation(load("reference-run1.json"), 0.97)  # a kernel whose bound is tight by design
+    status, out, _ = diff_cli(capsys, written(tmp_path, "old.json", old), written(tmp_path, "new.json", old))
+    assert status == 0 and "No regression." in out
+    assert "already at or over 90 % of their bound in OLD" in out and "97 % of its bound (was 97 %)" in out
+    crossed = certificate_diff.compare(_with_continuation(old, 0.5), old)
+    assert crossed.over_threshold and not crossed.still_over_threshold and crossed.regressions
+
+
 def _with_continuation(cert, used):
     cert = copy.deepcopy(cert)
     test = next(t for t in cert["tests"] if t["id"].endswith("continues_within_bound[2->4]"))
@@ -155,8 +164,10 @@ def test_markdown_diff_for_a_pull_request(capsys):
     assert "- test\\_optimizer.py::test\\_block\\_step\\_matches\\_reference\\[torch.float32-plain\\]: passed -> failed<br>" in out
 
 
-def test_schema_1_is_refused_with_one_clear_line(capsys):
-    status, out, err = diff_cli(capsys, Path(__file__).parents[1] / "certificates" / "gefenx-0.5.0.json", FIXTURES / "reference-run1.json")
+def test_schema_1_is_refused_with_one_clear_line(capsys, tmp_path):
+    first = written(tmp_path, "schema-1.json", {"schema": "gefen-conformance-certificate/1", "implementation": {"name": "gefenx"},
+                                                "verdict": "conformant-with-expected-failures", "tests": []})
+    status, out, err = diff_cli(capsys, first, FIXTURES / "reference-run1.json")
     assert status == 2 and out == ""
     assert err.strip().endswith("schema gefen-conformance-certificate/1 is not supported, re-run the suite to get a "
                                 "gefen-conformance-certificate/2 certificate")
