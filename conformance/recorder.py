@@ -30,10 +30,12 @@ def _terminal_line(cert: dict) -> str:
 def _profile_line(profile: dict) -> str:
     if profile["name"] == "torch-exact":
         return f"numeric profile torch-exact ({profile['reason']}): {profile.get('comparison', 'bitwise')}"
-    bounds = ", ".join(f"{dtype} rtol={b['rtol']:g} atol={b['atol']:g}" for dtype, b in profile.get("parameters", {}).items())
+    parts = [f"the staged rounding bounds of SPEC 5.6 ({', '.join(k for k in ('pinned_step', 'free_running', 'checkpoints') if k in profile)}; "
+             f"each bound in the certificate's profile)"]
     extra = profile.get("continuation_after_reshard", {}).get("max_abs")
-    tail = f"; continuation after reshard max-abs {extra:g}" if extra is not None else ""
-    return f"numeric profile tolerance ({profile['reason']}): {bounds}{tail}"
+    if extra is not None:
+        parts.append(f"continuation after reshard max-abs {extra:g}")
+    return f"numeric profile tolerance ({profile['reason']}): " + "; ".join(parts)
 
 
 class SuiteRun:

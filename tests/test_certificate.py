@@ -121,3 +121,11 @@ def test_profile_facts_merge_the_numeric_description_with_the_reason():
     # the numeric description of oracles.numeric, merged: the staged bounds of SPEC 5.6, not a flat rtol
     assert "SPEC 5.6.1" in loose["rule"] and "SPEC 5.6.10" in loose["free_running"]["momentum"]
     assert "pinned_step" in loose and "pinned_step" not in exact
+
+
+def test_the_terminal_profile_line_names_the_tolerance_bounds():
+    from conformance import recorder
+
+    line = recorder._profile_line(certificate.profile_facts(set()))
+    assert "SPEC 5.6" in line and "pinned_step" in line and "max-abs 0.005" in line
+    assert "torch-exact" in recorder._profile_line(certificate.profile_facts({"cpu-bit-exact"}))
