@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 INERT = """\
@@ -29,10 +31,11 @@ def test_default_number_of_random_examples(x):
     SEEN.append(x)
 
 
-def test_the_property_ran_100_examples_at_random():
+def test_the_property_ran_the_profile_hypothesis_chose_itself():
     assert len(SEEN) == 100
-    assert settings.default.max_examples == 100 and not settings.default.derandomize
-    assert settings.default.database is not None
+    # hypothesis picks its "ci" profile on a CI machine and "default" elsewhere; the plugin picks neither
+    from hypothesis._settings import is_in_ci
+    assert settings.default == settings.get_profile("ci" if is_in_ci() else "default")
 
 
 def test_nothing_heavy_was_imported_and_no_handler_installed():
@@ -45,9 +48,20 @@ def test_nothing_heavy_was_imported_and_no_handler_installed():
 """
 
 
-def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def _ci_variables() -> tuple[str, ...]:
+    """The environment variables by which hypothesis recognises a CI machine (and loads its "ci" profile)."""
+    from hypothesis import _settings
+    return tuple(getattr(_settings, "_CI_VARS", ("CI", "TF_BUILD", "GITHUB_ACTIONS")))
+
+
+def _pytest(cwd: Path, *args: str, ci: bool = False) -> subprocess.CompletedProcess:
+    """Run pytest in ``cwd`` as on a developer's machine or, with ``ci``, as on a CI machine."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.pop("PYTEST_ADDOPTS", None)
+    for name in _ci_variables():
+        env.pop(name, None)
+    if ci:
+        env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -59,7 +73,7 @@ def test_the_plugin_is_loaded(pytestconfig):
 
 
 def test_an_unrelated_projects_hypothesis_test_keeps_the_default_profile(tmp_path):
-    """The check the project's before-stop hook runs, verbatim."""
+    """The check the project's before-stop hook runs, verbatim (on a machine hypothesis does not take for CI)."""
     (tmp_path / "test_inert.py").write_text(INERT)
     (tmp_path / "test_loaded.py").write_text(LOADED)
     result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "test_inert.py")
@@ -68,14 +82,16 @@ def test_an_unrelated_projects_hypothesis_test_keeps_the_default_profile(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_an_unrelated_session_imports_nothing_heavy_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize("ci", [False, True], ids=["developer-machine", "ci-machine"])
+def test_an_unrelated_session_imports_nothing_heavy_and_writes_nothing(tmp_path, ci):
     (tmp_path / "test_unrelated.py").write_text(UNRELATED)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", ci=ci)
     assert result.returncode == 0, result.stdout + result.stderr
     written = sorted(p.name for p in tmp_path.iterdir()
                      if p.name.startswith("gefen-certificate") or p.name == ".pytest_cache")
     assert not written
-    # hypothesis's own example database is this project's business (it is on by default): it is
-    # written where hypothesis always writes it, not redirected by the plugin
-    assert (tmp_path / ".hypothesis").exists()
+    if not ci:
+        # hypothesis's example database is the other project's business (on by default, off in its
+        # "ci" profile): written where hypothesis always writes it, not redirected by the plugin
+        assert (tmp_path / ".hypothesis").exists()
