@@ -275,15 +275,16 @@ def save(impl, optimizer, path=None, *, params: dict | None = None, planner: boo
     dcp.save(state, planner=chosen, process_group=group(), **target)
 
 
-def load(impl, optimizer, path, *, params: dict | None = None) -> None:
-    """``dcp.load`` of ``path`` into the optimizer through ``impl.dcp_state`` (and into the model
-    when ``params`` is given), on the current World's group."""
+def load(impl, optimizer, path=None, *, params: dict | None = None, reader=None) -> None:
+    """``dcp.load`` of ``path`` or ``reader`` into the optimizer through ``impl.dcp_state`` (and
+    into the model when ``params`` is given), on the current World's group."""
     import torch.distributed.checkpoint as dcp
 
     state = {"optimizer": impl.dcp_state(optimizer)}
     if params is not None:
         state = {"model": dict(params), **state}
-    dcp.load(state, checkpoint_id=str(path), process_group=group())
+    source = {"storage_reader": reader} if reader is not None else {"checkpoint_id": str(path)}
+    dcp.load(state, process_group=group(), **source)
 
 
 # ------------------------------------------------------------------ the DCP scenarios' model

@@ -14,6 +14,7 @@ example database, 300 examples) and ``gefen-fuzz`` (random, 5000 examples).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -24,6 +25,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from conformance import registry, workload
+from conformance.checkpoint_in_memory import InMemoryCheckpoint
 from conformance.implementation import DCP_RESHARD
 from conformance.sharding import WorldOfOne
 
@@ -75,15 +77,21 @@ def _optimizer(impl, world: WorldOfOne):
     return impl.make_optimizer(workload.param_groups(MODEL, params), factored_v_2d=False)
 
 
-def write_checkpoint(world: WorldOfOne, saved: list) -> str:
-    """A reference checkpoint whose two groups carry ``saved[g][key]`` (Python floats)."""
-    ref = registry.resolve("reference")
+@functools.cache
+def _reference():
+    return registry.resolve("reference")
+
+
+def write_checkpoint(world: WorldOfOne, saved: list) -> InMemoryCheckpoint:
+    """A reference checkpoint whose two groups carry ``saved[g][key]`` (Python floats), in memory:
+    staging reads the saved entries DCP hands to ``load_state_dict``, whatever the storage."""
+    ref = _reference()
     opt = _optimizer(ref, world)
     for group, values in zip(opt.param_groups, saved):
         group.update(values)
-    path = world.path()
-    workload.save(ref, opt, path, planner=False)
-    return path
+    checkpoint = InMemoryCheckpoint()
+    workload.save(ref, opt, planner=False, writer=checkpoint.writer())
+    return checkpoint
 
 
 def _describe(value: Any):
@@ -96,8 +104,8 @@ def _describe(value: Any):
     return (type(value).__name__, repr(value))
 
 
-def load_outcome(impl, world: WorldOfOne, path: str, destinations: list) -> Outcome:
-    """Load ``path`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``."""
+def load_outcome(impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list) -> Outcome:
+    """Load ``checkpoint`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``."""
     opt = _optimizer(impl, world)
     shared: dict = {}
     live = []
@@ -110,7 +118,7 @@ def load_outcome(impl, world: WorldOfOne, path: str, destinations: list) -> Outc
     before = [[_describe(v) for v in row.values()] for row in live]
     error = None
     try:
-        workload.load(impl, opt, path)
+        workload.load(impl, opt, reader=checkpoint.reader())
     except Exception as exc:  # the property compares acceptance, so every failure is data
         error = exc
     identities = all(
@@ -187,15 +195,6 @@ def destination_groups(open_cases: bool):
     return st.lists(st.fixed_dictionaries({k: destination(k, open_cases) for k in KEYS}), min_size=2, max_size=2)
 
 
-_REFERENCE = []
-
-
-def _reference():
-    if not _REFERENCE:
-        _REFERENCE.append(registry.resolve("reference"))
-    return _REFERENCE[0]
-
-
 def _lr_group(lr):
     return {"lr": lr, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 
@@ -242,9 +241,9 @@ REGRESSIONS = {
 
 
 def _check(impl, one_rank, saved, dests):
-    path = write_checkpoint(one_rank, saved)
-    expected = load_outcome(_reference(), one_rank, path, dests)
-    actual = load_outcome(impl, one_rank, path, dests)
+    checkpoint = write_checkpoint(one_rank, saved)
+    expected = load_outcome(_reference(), one_rank, checkpoint, dests)
+    actual = load_outcome(impl, one_rank, checkpoint, dests)
     assert actual.accepted == expected.accepted, (
         f"reference {'accepted' if expected.accepted else 'rejected: ' + str(expected.error)}; "
         f"{impl.name} {'accepted' if actual.accepted else 'rejected: ' + repr(actual.error)}"
