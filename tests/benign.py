@@ -8,9 +8,14 @@ except ``cpu-bit-exact``: the suite must certify every one of them **conformant*
 tolerance profile (tests/test_suite_accepts_benign.py). A benign variant the suite rejects is a
 suite defect, exactly as a surviving mutant (tests/mutants.py) is.
 
-Variants are built like mutants, from module clones of the reference (tests/mutant_tools.py):
-the replaced functions below are copies of the reference's with the one change marked
-``# kernel:``. The DCP adapter is the reference's, cloned so that it accepts the variant's
+Variants are built like mutants, from module clones of the reference (tests/mutant_tools.py).
+The reference's block and factored steps are written once below over :class:`Stages`, a frozen
+set of stage functions (second-moment EMA, block mean square, momentum requantization, block and
+factored denominators, stepsize, decay and update) whose defaults are exactly the reference's
+arithmetic; a variant names only the stages it replaces, and each replacement marks its changed
+line ``# kernel:``. Where a variant's change lies in one reference function outside the steps
+(the sums of squares, the codebook's block normalization), that function is replaced in the clone,
+marked the same way. The DCP adapter is the reference's, cloned so that it accepts the variant's
 optimizer class (it accepts exactly ``reference.Gefen`` otherwise, SPEC 2.3.1); where a variant's
 rounding change also applies to the restore's re-blocking (SPEC 3.6.4), the re-blocking is
 cloned with it.
@@ -18,8 +23,10 @@ cloned with it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -44,45 +51,104 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32).item())
 
 
-# ------------------------------------------------------------------ 1. fp32-rounded betas
+# ------------------------------------------------- the reference's steps, written over stages
 
 
-def _ema_momentum_fp32_betas(state, codebook, grad_blocks, beta1):
-    return steps.requantized_momentum(state, codebook, grad_blocks, _f32(beta1))  # kernel: 1.0f - float(beta1)
+def _ema(moment, beta, fresh):
+    """Second-moment EMA in place: ``moment <- beta*moment + (1-beta)*fresh`` (SPEC 1.8.3, 1.9.3 step 4)."""
+    moment.mul_(beta).add_(fresh, alpha=1 - beta)
 
 
-def _block_step_fp32_betas(param, grad, state, codebook, hyper):
+def _block_denominator(vmean, bias2, eps):
+    """``sqrt(vmean) / sqrt(bc2) + eps`` per block (SPEC 1.8.7)."""
+    return torch.sqrt(vmean).div_(math.sqrt(bias2)).add_(eps)
+
+
+def _factored_denominator(v_row, v_col, bias2, eps):
+    """``sqrt(outer(v_row, v_col) / max(mean(v_row), tiny) / bc2) + eps`` (SPEC 1.9.3 steps 5-6)."""
+    row_scale = v_row.mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(v_row, v_col).div_(row_scale)
+    return v_hat.div_(bias2).sqrt_().add_(eps)
+
+
+def _stepsize(denom, bias1):
+    """``(1 / denom) * (1 / bc1)`` (SPEC 1.8.7, 1.9.3 step 7)."""
+    return torch.reciprocal(denom).mul_(1.0 / bias1)
+
+
+def _decay_and_update(param, subtract, hyper):
+    """Decoupled weight decay of ``param`` in its dtype, then ``subtract(param)`` (SPEC 1.8.6, 1.9.3 steps 9-10)."""
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    subtract(param)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The stage functions of one step; every default is exactly the reference's arithmetic
+    (reference/steps.py), so ``Stages()`` steps bit for bit as the reference does. A variant
+    replaces only the stages whose rounding it changes."""
+
+    ema: Callable = _ema  # (moment, beta, fresh), in place
+    block_mean_square: Callable = steps.block_mean_square  # (grad_blocks) -> (blocks, 1)
+    momentum: Callable = steps.requantized_momentum  # (state, codebook, grad_blocks, beta1) -> dequantized
+    block_denominator: Callable = _block_denominator  # (vmean, bias2, eps) -> (blocks, 1)
+    factored_denominator: Callable = _factored_denominator  # (v_row, v_col, bias2, eps) -> (rows, cols)
+    stepsize: Callable = _stepsize  # (denom, bias1) -> stepsize, denom's shape
+    decay_and_update: Callable = _decay_and_update  # (param, subtract, hyper), in place
+
+
+def _block_step(stages: Stages, param, grad, state, codebook, hyper):
+    """``reference.steps.block_vmean_step`` over ``stages`` (the decay, which touches only
+    ``param``, moves after the momentum, as in the factored step)."""
     period = state["automatic_period"]
     grad_blocks = grad.reshape(-1).view(-1, period)
-    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - _f32(hyper.beta2))  # kernel
+    stages.ema(state["vmean"], hyper.beta2, stages.block_mean_square(grad_blocks))
     state["step"] += 1
     state["vmean_step"] += 1
     bias1 = 1 - hyper.beta1 ** state["step"]
     bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
-    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
-    momentum = _ema_momentum_fp32_betas(state, codebook, grad_blocks, hyper.beta1)
-    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+    stepsize = stages.stepsize(stages.block_denominator(state["vmean"], bias2, hyper.eps), bias1)
+    momentum = stages.momentum(state, codebook, grad_blocks, hyper.beta1)
+    update = momentum.mul_(stepsize).mul_(hyper.lr)
+    stages.decay_and_update(param, lambda target: steps._subtract_flat(target, update), hyper)
 
 
-def _factored_step_fp32_betas(param, grad, state, codebook, hyper):
+def _factored_step(stages: Stages, param, grad, state, codebook, hyper):
+    """``reference.steps.factored_step`` over ``stages``."""
     period = state["automatic_period"]
     state["step"] += 1
     state["factored_step"] += 1
     bias1 = 1 - hyper.beta1 ** state["step"]
     bias2 = 1 - hyper.beta2 ** state["factored_step"]
     row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
-    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - _f32(hyper.beta2))  # kernel
-    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - _f32(hyper.beta2))  # kernel
-    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
-    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
-    momentum = _ema_momentum_fp32_betas(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+    stages.ema(state["v_row"], hyper.beta2, row_ms)
+    stages.ema(state["v_col"], hyper.beta2, col_ms)
+    denom = stages.factored_denominator(state["v_row"], state["v_col"], bias2, hyper.eps)
+    stepsize = stages.stepsize(denom, bias1)
+    momentum = stages.momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    update = momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr)
+    stages.decay_and_update(param, lambda target: target.add_(-update), hyper)
+
+
+def _staged(stages: Stages) -> dict:
+    """Step overrides of a steps clone that run both steps over ``stages``."""
+    return dict(block_vmean_step=functools.partial(_block_step, stages),
+                factored_step=functools.partial(_factored_step, stages))
+
+
+# ------------------------------------------------------------------ 1. fp32-rounded betas
+
+
+def _ema_fp32_betas(moment, beta, fresh):
+    moment.mul_(beta).add_(fresh, alpha=1 - _f32(beta))  # kernel: 1.0f - float(beta2)
+
+
+def _momentum_fp32_betas(state, codebook, grad_blocks, beta1):
+    return steps.requantized_momentum(state, codebook, grad_blocks, _f32(beta1))  # kernel: 1.0f - float(beta1)
+
+
+FP32_BETAS = Stages(ema=_ema_fp32_betas, momentum=_momentum_fp32_betas)
 
 
 # -------------------------------------------------------- 2. separate multiply and add (no FMA)
@@ -105,38 +171,7 @@ def _ema_without_fma(moment, beta, fresh):
     moment.mul_(beta).add_(fresh.float().mul(1 - beta))  # kernel: beta*v + (1-beta)*q, rounded separately
 
 
-def _block_step_without_fma(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    grad_blocks = grad.reshape(-1).view(-1, period)
-    _ema_without_fma(state["vmean"], hyper.beta2, steps.block_mean_square(grad_blocks))
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
-    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
-    momentum = _momentum_without_fma(state, codebook, grad_blocks, hyper.beta1)
-    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
-
-
-def _factored_step_without_fma(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
-    _ema_without_fma(state["v_row"], hyper.beta2, row_ms)
-    _ema_without_fma(state["v_col"], hyper.beta2, col_ms)
-    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
-    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
-    momentum = _momentum_without_fma(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+WITHOUT_FMA = Stages(ema=_ema_without_fma, momentum=_momentum_without_fma)
 
 
 # ------------------------------------------------------------ 3. float64 accumulation of sums
@@ -175,39 +210,19 @@ def _momentum_by_reciprocal(state, codebook, grad_blocks, beta1):
     return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
 
 
-def _block_step_by_reciprocal(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    grad_blocks = grad.reshape(-1).view(-1, period)
-    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
+def _block_denominator_by_reciprocal(vmean, bias2, eps):
     inverse_sqrt_bc2 = _f32(1.0 / _f32(math.sqrt(bias2)))  # kernel: h * (1/sqrt(bc2)), as torch on CUDA
-    denom = torch.sqrt(state["vmean"]).mul_(inverse_sqrt_bc2).add_(hyper.eps)
-    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
-    momentum = _momentum_by_reciprocal(state, codebook, grad_blocks, hyper.beta1)
-    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+    return torch.sqrt(vmean).mul_(inverse_sqrt_bc2).add_(eps)
 
 
-def _factored_step_by_reciprocal(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
-    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
-    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
-    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(state["v_row"], state["v_col"]).mul_(torch.reciprocal(row_scale))  # kernel
-    stepsize = v_hat.mul_(_f32(1.0 / _f32(bias2))).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)  # kernel
-    momentum = _momentum_by_reciprocal(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+def _factored_denominator_by_reciprocal(v_row, v_col, bias2, eps):
+    row_scale = v_row.mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(v_row, v_col).mul_(torch.reciprocal(row_scale))  # kernel
+    return v_hat.mul_(_f32(1.0 / _f32(bias2))).sqrt_().add_(eps)  # kernel
+
+
+BY_RECIPROCAL = Stages(momentum=_momentum_by_reciprocal, block_denominator=_block_denominator_by_reciprocal,
+                       factored_denominator=_factored_denominator_by_reciprocal)
 
 
 def _block_normalised_by_reciprocal(flat, period):
@@ -234,45 +249,21 @@ def _block_mean_square_fp32(grad_blocks):
     return torch.mean(g * g, dim=1, keepdim=True)
 
 
-def _decay_and_update_in_fp32(param, update_fn, hyper):
+def _momentum_fp32(state, codebook, grad_blocks, beta1):
+    return steps.requantized_momentum(state, codebook, grad_blocks.float(), beta1)  # kernel: fp32 math
+
+
+def _decay_and_update_in_fp32(param, subtract, hyper):
     """``p <- rP(fp32(p) * (1 - lr*wd) - update)``: one rounding to the parameter dtype at the end."""
     work = param.float()
     if hyper.weight_decay > 0.0:
-        work.mul_(1 - hyper.lr * hyper.weight_decay)
-    update_fn(work)
+        work.mul_(1 - hyper.lr * hyper.weight_decay)  # kernel: decay and update in fp32
+    subtract(work)
     param.copy_(work)
 
 
-def _block_step_fp32_master(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    grad_blocks = grad.reshape(-1).view(-1, period)
-    state["vmean"].mul_(hyper.beta2).add_(_block_mean_square_fp32(grad_blocks), alpha=1 - hyper.beta2)
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
-    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
-    momentum = steps.requantized_momentum(state, codebook, grad_blocks.float(), hyper.beta1)  # kernel: fp32 math
-    update = momentum.mul_(stepsize).mul_(hyper.lr)
-    _decay_and_update_in_fp32(param, lambda work: steps._subtract_flat(work, update), hyper)
-
-
-def _factored_step_fp32_master(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
-    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
-    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
-    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
-    stepsize = v_hat.div_(bias2).sqrt_().add_(hyper.eps).reciprocal_().mul_(1.0 / bias1)
-    momentum = steps.requantized_momentum(state, codebook, grad.float().reshape(-1).view(-1, period), hyper.beta1)
-    update = momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr)
-    _decay_and_update_in_fp32(param, lambda work: work.sub_(update), hyper)
+FP32_MASTER = Stages(block_mean_square=_block_mean_square_fp32, momentum=_momentum_fp32,
+                     decay_and_update=_decay_and_update_in_fp32)
 
 
 # ------------------------------------------------------------ 6. another reduction order
@@ -298,39 +289,11 @@ def _row_and_column_mean_squares_sequential(grad):
 # ------------------------------------------------------ 7. stepsize as a single division
 
 
-def _block_step_one_division(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    grad_blocks = grad.reshape(-1).view(-1, period)
-    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
-    stepsize = torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel: (1/bc1) / h in one division
-    momentum = steps.requantized_momentum(state, codebook, grad_blocks, hyper.beta1)
-    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+def _stepsize_one_division(denom, bias1):
+    return torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel: (1/bc1) / h in one division
 
 
-def _factored_step_one_division(param, grad, state, codebook, hyper):
-    period = state["automatic_period"]
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
-    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
-    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
-    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
-    denom = v_hat.div_(bias2).sqrt_().add_(hyper.eps)
-    stepsize = torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel
-    momentum = steps.requantized_momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
-    if hyper.weight_decay > 0.0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
-    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+ONE_DIVISION = Stages(stepsize=_stepsize_one_division)
 
 
 # ------------------------------------------------------------------------------ assembly
@@ -367,17 +330,13 @@ def _kernel(name, *, step_overrides=None, codebook_overrides=None, reblock_overr
 
 CATALOGUE = {
     "fp32-betas-in-ema": Variant(
-        _kernel("fp32-betas-in-ema", step_overrides=dict(
-            requantized_momentum=_ema_momentum_fp32_betas, block_vmean_step=_block_step_fp32_betas,
-            factored_step=_factored_step_fp32_betas)),
+        _kernel("fp32-betas-in-ema", step_overrides=_staged(FP32_BETAS)),
         "EMA weights",
         "gefen-x's CUDA kernels form 1 - beta as 1.0f - float(beta); the groups keep and checkpoint the "
         "user's betas exactly. Was the mutant 'beta-rounding' (issue 10): under the tolerance profile it "
         "changes the second moment by 1.3e-5 relative at beta2 = 0.999, which is rounding, not a bug."),
     "separate-multiply-add": Variant(
-        _kernel("separate-multiply-add", step_overrides=dict(
-            requantized_momentum=_momentum_without_fma, block_vmean_step=_block_step_without_fma,
-            factored_step=_factored_step_without_fma)),
+        _kernel("separate-multiply-add", step_overrides=_staged(WITHOUT_FMA)),
         "EMA (momentum and second moment)",
         "beta*m + (1-beta)*g with two roundings where torch's lerp and add_(alpha=) fuse one; nvcc may "
         "contract either way."),
@@ -389,18 +348,14 @@ CATALOGUE = {
         "block, row and column sums of squares accumulated in float64 and rounded once; more accurate "
         "than torch's fp32 cascade."),
     "reciprocal-multiply": Variant(
-        _kernel("reciprocal-multiply", step_overrides=dict(
-            requantized_momentum=_momentum_by_reciprocal, block_vmean_step=_block_step_by_reciprocal,
-            factored_step=_factored_step_by_reciprocal),
+        _kernel("reciprocal-multiply", step_overrides=_staged(BY_RECIPROCAL),
             codebook_overrides=dict(block_normalised=_block_normalised_by_reciprocal),
             reblock_overrides=dict(reblock=_reblock_by_reciprocal)),
         "normalization by the block magnitude; bias correction",
         "x * (1/m) instead of x / m for the momentum normalization (step, histogram and restore) and "
         "the bias corrections, as torch's CUDA kernels and gefen-x's __frcp_rn do (up to 2 ulp)."),
     "fp32-master-math": Variant(
-        _kernel("fp32-master-math", step_overrides=dict(
-            block_vmean_step=_block_step_fp32_master,
-            factored_step=_factored_step_fp32_master)),
+        _kernel("fp32-master-math", step_overrides=_staged(FP32_MASTER)),
         "16-bit parameters: codewords, squares, decay and update",
         "for bf16/fp16 parameters everything in fp32 with the fp32 codebook, rounded once to the "
         "parameter dtype, as gefen-x's fused kernels do; fp32 parameters are unchanged."),
@@ -412,8 +367,7 @@ CATALOGUE = {
         "fp32 sums of squares in plain left-to-right order instead of torch's cascade, as a "
         "one-thread-per-block kernel sums."),
     "stepsize-one-division": Variant(
-        _kernel("stepsize-one-division", step_overrides=dict(
-            block_vmean_step=_block_step_one_division, factored_step=_factored_step_one_division)),
+        _kernel("stepsize-one-division", step_overrides=_staged(ONE_DIVISION)),
         "stepsize",
         "(1/bc1) / h in one division instead of a reciprocal then a multiply."),
 }
