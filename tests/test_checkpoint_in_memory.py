@@ -85,3 +85,12 @@ def test_refuses_a_read_before_the_write_and_a_second_write():
     checkpoint.metadata = b"written"
     with pytest.raises(RuntimeError, match="already written"):
         checkpoint.writer()
+
+
+def test_dcp_without_collectives_is_refused_beyond_a_world_of_one_before_anything_is_written(world, monkeypatch):
+    optimizer, _ = dcp_trained("reference")
+    checkpoint = InMemoryCheckpoint()
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    with pytest.raises(ValueError, match="World of one; this one has 2 ranks"):
+        workload.save(resolve("reference"), optimizer, writer=checkpoint.writer(), dcp_collectives=False)
+    assert checkpoint.metadata is None and not checkpoint.items
