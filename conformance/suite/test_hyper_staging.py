@@ -169,25 +169,36 @@ def _plain_value(key):
     return ordinary | st.just(0.0)
 
 
+# built once: a strategy built inside a draw is built (and validated) again for every example
+_EDGE = {key: _edge_value(key) for key in KEYS}
+_PLAIN = {key: _plain_value(key) for key in KEYS}
+
+
 def saved_value(key):
     """Mostly ordinary values, one draw in eight at an edge, so both verdicts are common."""
-    return st.integers(0, 7).flatmap(lambda i: _edge_value(key) if i == 0 else _plain_value(key))
+    edge, plain = _EDGE[key], _PLAIN[key]
+    return st.integers(0, 7).flatmap(lambda i: edge if i == 0 else plain)
 
 
 saved_group = st.fixed_dictionaries({k: saved_value(k) for k in KEYS})
+
+
+_KIND = st.sampled_from(["float"] * 3 + ["float-tensor"] * 4 + ["int-tensor"])
+_DTYPE = {"float-tensor": st.sampled_from(FLOAT_DTYPES), "int-tensor": st.sampled_from(INT_DTYPES)}
+_SHAPE = st.sampled_from([(), (1,)])
 
 
 @st.composite
 def destination(draw, key, open_cases: bool):
     """A live entry; ``open_cases`` adds the two cases gefen-x leaves open (SPEC 3.5.3, 3.5.4):
     destinations that require grad, and one tensor aliased by several keys or groups."""
-    kind = draw(st.sampled_from(["float"] * 3 + ["float-tensor"] * 4 + ["int-tensor"]))
+    kind = draw(_KIND)
     default = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}[key]
     if kind == "float":
         return Destination(None, default)
-    dtype = draw(st.sampled_from(FLOAT_DTYPES if kind == "float-tensor" else INT_DTYPES))
+    dtype = draw(_DTYPE[kind])
     value = default if dtype.is_floating_point else 0.0
-    shape = draw(st.sampled_from([(), (1,)]))
+    shape = draw(_SHAPE)
     requires_grad = open_cases and dtype.is_floating_point and draw(st.booleans())
     alias = draw(st.sampled_from([None, None, f"{dtype}-{shape}-{requires_grad}"])) if open_cases else None
     return Destination(dtype, value, shape, requires_grad, alias)
