@@ -22,9 +22,9 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 
-def _done() -> Future:
+def _done(result=None) -> Future:
     future: Future = Future()
-    future.set_result(None)
+    future.set_result(result)
     return future
 
 
@@ -77,9 +77,7 @@ class _Writer(StorageWriter):
                 self.items[key] = data.detach().to("cpu", copy=True)
                 size = data.numel() * data.element_size()
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=key))
-        future: Future = Future()
-        future.set_result(results)
-        return future
+        return _done(results)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
