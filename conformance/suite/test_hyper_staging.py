@@ -4,8 +4,9 @@ One example = one checkpoint written by the reference with chosen saved hyperpar
 (world size 1, in this process) into a fresh optimizer of the implementation under test and into
 one of the reference, whose groups were given the same chosen *destinations* (Python numbers or
 one-element tensors, possibly aliased across groups and keys). The outcomes are then compared.
-The checkpoint is held in memory (:mod:`conformance.checkpoint_in_memory`): ``dcp.save`` and
-``dcp.load`` plan and call the adapters as always, without a file per example.
+The checkpoint is held in memory (:mod:`conformance.checkpoint_in_memory`) and DCP plans in
+this process (SPEC 4.3.9): ``dcp.save`` and ``dcp.load`` call the adapters as always, without a
+file or an exchange of plans per example.
 
 Property: for any saved hyperparameters and any live destinations, the implementation accepts
 exactly when the reference accepts; on acceptance it commits the same values bit for bit and
