@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from reference.codebook import bin_centers, histogram_counts  # noqa: E402
-from reference.codebook_solver import solve_codebook, solve_codebook_plain  # noqa: E402
+from gefen_reference.codebook import bin_centers, histogram_counts  # noqa: E402
+from gefen_reference.codebook_solver import solve_codebook, solve_codebook_plain  # noqa: E402
 
 # (elements, period, spike): one element per block is set to `spike`, which squeezes the
 # rest of the block into about [-4/spike, 4/spike]; spike 0 leaves the blocks as drawn.

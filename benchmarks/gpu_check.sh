@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the device path (SPEC 4.6): certify, on one CUDA machine, with --gefen-device cuda
-#   1. the reference                  (conformance.implementations.reference:IMPLEMENTATION)
+#   1. the reference                  (gefen_conformance.implementations.reference:IMPLEMENTATION)
 #   2. the fast example backend       (gefen_fast.conformance:IMPLEMENTATION, from examples/gefen-fast)
-#   3. gefen-x with its CUDA kernels  (conformance.implementations.gefenx:fused_implementation, fused=True)
+#   3. gefen-x with its CUDA kernels  (gefen_conformance.implementations.gefenx:fused_implementation, fused=True)
 # and write one certificate and one log per implementation, plus summary.txt, into OUTDIR
 # (7 files at most).
 #
@@ -55,16 +55,16 @@ plugin=()
 if ! "$py" - <<'EOF'
 import sys
 from importlib.metadata import entry_points
-sys.exit(0 if any(e.value == "conformance.plugin" for e in entry_points(group="pytest11")) else 1)
+sys.exit(0 if any(e.value == "gefen_conformance.plugin" for e in entry_points(group="pytest11")) else 1)
 EOF
 then
-    plugin=(-p conformance.plugin)
+    plugin=(-p gefen_conformance.plugin)
 fi
 
 declare -A specs=(
-    [reference]="conformance.implementations.reference:IMPLEMENTATION"
+    [reference]="gefen_conformance.implementations.reference:IMPLEMENTATION"
     [fast]="gefen_fast.conformance:IMPLEMENTATION"
-    [gefenx-fused]="conformance.implementations.gefenx:fused_implementation"
+    [gefenx-fused]="gefen_conformance.implementations.gefenx:fused_implementation"
 )
 order=(reference fast gefenx-fused)
 began=$(date +%s)

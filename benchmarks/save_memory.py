@@ -25,10 +25,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-import reference
-from conformance.sharding import WorldOfOne, shard, sharded_parameter
-from oracles.memory import StorageTracker
-from reference.dcp import GefenDCPState, GefenSavePlanner
+import gefen_reference as reference
+from gefen_conformance.sharding import WorldOfOne, shard, sharded_parameter
+from gefen_oracles.memory import StorageTracker
+from gefen_reference.dcp import GefenDCPState, GefenSavePlanner
 
 
 def build(slots: int, size: int, mesh):

@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import reference.optimizer as optimizer_module  # noqa: E402
-import reference.steps as steps  # noqa: E402
-from conformance import workload  # noqa: E402
-from oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step  # noqa: E402
-from oracles.numeric import Comparisons  # noqa: E402
+import gefen_reference.optimizer as optimizer_module  # noqa: E402
+import gefen_reference.steps as steps  # noqa: E402
+from gefen_conformance import workload  # noqa: E402
+from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step  # noqa: E402
+from gefen_oracles.numeric import Comparisons  # noqa: E402
 from tests.mutant_tools import clone  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import reference  # noqa: E402
+import gefen_reference as reference  # noqa: E402
 
 SIZES = {
     "4.2M": ((1024, 1024), 4, (4096,), 4),

@@ -1,6 +1,6 @@
 """Wall time of a default certification run and the harness overhead per scenario (SPEC 4.2.3).
 
-Runs ``pytest --pyargs conformance --impl=NAME`` in a subprocess (default: the reference), prints its
+Runs ``pytest --pyargs gefen_conformance --impl=NAME`` in a subprocess (default: the reference), prints its
 wall time, the slowest tests from the certificate, and the warm overhead of one ``run_on_ranks``
 call at world sizes 1, 2 and 4 (what each multi-rank scenario pays beyond its own work).
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.ranks import run_on_ranks, shutdown_pool
+from gefen_conformance.ranks import run_on_ranks, shutdown_pool
 
 
 def _noop():
@@ -43,7 +43,7 @@ def main() -> int:
         cert_path = Path(tmp) / "certificate.json"
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "conformance", f"--impl={args.impl}", "-q",
+            [sys.executable, "-m", "pytest", "--pyargs", "gefen_conformance", f"--impl={args.impl}", "-q",
              "-p", "no:cacheprovider", f"--certificate={cert_path}"],
             cwd=tmp, capture_output=True, text=True,
         )

@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--nproc-per-node", type=int, default=4)
     parser.add_argument("--interrupt-at", type=float, default=30.0)
     options = parser.parse_args()
-    base = [sys.executable, "-m", "conformance.cli", "certify", "--impl", options.impl]
+    base = [sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", options.impl]
     torchrun = ["--launcher", "torchrun", "--nproc-per-node", str(options.nproc_per_node)]
     print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs")
     print("| run | exit | wall | verdict | passed / expected failures / failed | execution "

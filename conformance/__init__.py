@@ -1,7 +1,7 @@
 """gefen-conformance: the conformance suite for Gefen implementations.
 
 ``conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
-``conformance.plugin`` and the suite in ``conformance.suite``.
+``gefen_conformance.plugin`` and the suite in ``gefen_conformance.suite``.
 """
 
 from .implementation import (

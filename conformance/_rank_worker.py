@@ -1,4 +1,4 @@
-"""Worker side of :mod:`conformance.ranks` (private; the public contract is documented there).
+"""Worker side of :mod:`gefen_conformance.ranks` (private; the public contract is documented there).
 
 One worker is one long-lived OS process that runs scenario calls, one at a time, for whichever
 rank the parent assigns it. The parent and the worker talk over a ``multiprocessing`` pipe:
@@ -6,7 +6,7 @@ rank the parent assigns it. The parent and the worker talk over a ``multiprocess
 * worker -> parent ``("ready", pid, own_group)`` once the worker has finished its one-time
   setup (``own_group``: the worker leads its own process group, see ``os.setpgid``);
 * parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`); the worker
-  binds a :class:`conformance.world.World` (the default group, its rank's device of
+  binds a :class:`gefen_conformance.world.World` (the default group, its rank's device of
   ``task["device"]``) around ``fn``;
 * worker -> parent ``("result", call_id, report)`` with ``report`` a dict of plain, picklable
   values: ``status`` ("ok" or "raised"), ``value`` (pickled bytes, for "ok"), or ``exc_type``,
@@ -42,8 +42,8 @@ EXIT_PARENT_GONE = 70
 SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _PR_SET_PDEATHSIG = 1
-_INIT_COUNTER_KEY = "conformance.ranks/initialised"
-_INIT_DONE_KEY = "conformance.ranks/all-initialised"
+_INIT_COUNTER_KEY = "gefen_conformance.ranks/initialised"
+_INIT_DONE_KEY = "gefen_conformance.ranks/all-initialised"
 _WATCHDOG_PERIOD_S = 0.5
 # Process groups the previous call destroyed, freed at the start of the next call. torch 2.5 frees a
 # gloo group by joining its worker threads while holding the GIL, and a worker thread still releasing

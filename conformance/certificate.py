@@ -131,7 +131,7 @@ def platform_facts() -> dict:
 
 def execution_facts(world_sizes=()) -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
-    (:func:`conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
+    (:func:`gefen_conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
     device type and device names) and ``world_sizes``, the scenario sizes this run actually ran
     (sorted, each once; empty when no multi-rank scenario ran)."""
     from . import launch
@@ -143,7 +143,7 @@ def profile_facts(capabilities, device=None) -> dict:
     """The numeric profile applied (SPEC 0.4.3, 4.1.3, 4.6.4), with every bound it applies: the
     bitwise ``torch-exact`` profile only for a ``cpu-bit-exact`` implementation on CPU, the
     ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
-    from oracles.numeric import profile_description
+    from gefen_oracles.numeric import profile_description
 
     from . import devices, numeric_profile
 

@@ -120,7 +120,7 @@ def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str
         command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         if args.node_rank is not None:
             command += ["--node-rank", str(args.node_rank)]
-    command += ["-m", "conformance.torchrun", "--impl", args.impl, "--result-file", result_file]
+    command += ["-m", "gefen_conformance.torchrun", "--impl", args.impl, "--result-file", result_file]
     if args.certificate is not None:
         command += ["--certificate", str(Path(args.certificate).absolute())]
     if args.checkpoint_dir is not None:
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     if getattr(args, "handler", None) is not None:
         return args.handler(args)
 
-    from oracles import golden_manifest
+    from gefen_oracles import golden_manifest
 
     from . import golden, observations
 

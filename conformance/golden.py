@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from oracles import golden_manifest
-from oracles.numeric import Comparison, Comparisons
+from gefen_oracles import golden_manifest
+from gefen_oracles.numeric import Comparison, Comparisons
 
 from . import launch, observations, registry, workload
 from .sharding import world_mesh
@@ -105,7 +105,7 @@ def write_case(impl_spec: str, case_name: str, path: str) -> None:
 def reference_codebook_gap(case_name: str) -> float:
     """Rank body: the largest gap between adjacent codewords of the codebook the reference learns
     on this rank for ``case_name`` (a checkpoint carries no codebook; SPEC 5.6.11 needs it)."""
-    from oracles import codebook_quality
+    from gefen_oracles import codebook_quality
 
     _, optimizer = train_case(registry.resolve("reference"), CASES[case_name])
     return codebook_quality.largest_gap(optimizer.codebook)
@@ -113,7 +113,7 @@ def reference_codebook_gap(case_name: str) -> float:
 
 def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: float = 120.0) -> dict:
     """Write every case under ``root/<case>`` with ``impl_spec`` on the active launcher
-    (``conformance.launch``); return the manifest (not written)."""
+    (``gefen_conformance.launch``); return the manifest (not written)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     chosen = {name: CASES[name] for name in (cases or CASES)}
@@ -144,8 +144,8 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
     that rounds differently writes other bytes for a correct state. What was not compared for
     want of the goldens' torch is noted (SPEC 4.4.8).
     """
-    from oracles import checkpoint_compare
-    from oracles.checkpoint_reader import read_nested
+    from gefen_oracles import checkpoint_compare
+    from gefen_oracles.checkpoint_reader import read_nested
 
     from . import numeric_profile
 

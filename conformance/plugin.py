@@ -4,7 +4,7 @@ and the certificate (SPEC 4.1-4.4).
 ``pytest --impl=NAME`` with no paths runs the suite (``conformance/suite``) against the
 implementation NAME (a registered name or ``package.module:attribute``), from any directory,
 whatever ``testpaths`` the directory's own pytest configuration names; with paths, only those run.
-``pytest --pyargs conformance`` runs it against ``reference``.
+``pytest --pyargs gefen_conformance`` runs it against ``reference``.
 
 The plugin is inert unless the suite is being run, that is ``--impl`` was given, the command line
 names the suite, or suite modules were collected: otherwise it imports nothing beyond pytest and
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -166,10 +167,54 @@ def implementation_for(config):
     return _activate(config).impl
 
 
-@pytest.fixture(scope="session")
-def impl(request):
-    """The implementation under test."""
-    return implementation_for(request.config)
+#: The suite's modules are imported under these names, whatever directory pytest runs from.
+SUITE_PACKAGE = "gefen_conformance.suite"
+_FIXTURES = f"{SUITE_PACKAGE}.fixtures"
+
+
+class _SuiteModule(pytest.Module):
+    """A suite module imported by its installed name (``gefen_conformance.suite.test_x``), never
+    by pytest's path-derived one: in an editable install that would be ``conformance.suite.test_x``
+    with the checkout put on ``sys.path``, which collides with a user's own ``conformance``
+    package and makes rank bodies unpicklable in the ranks (SPEC 4.1.7)."""
+
+    def _getobj(self):
+        import importlib
+
+        name = f"{SUITE_PACKAGE}.{self.path.stem}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            raise self.CollectError(f"the suite module {name} failed to import:\n"
+                                    f"{_exception_text()}") from None
+        if Path(module.__file__).resolve() != self.path.resolve():
+            raise self.CollectError(f"{name} was imported from {module.__file__}, not from {self.path}: "
+                                    "another gefen_conformance shadows this one")
+        self.config.pluginmanager.consider_module(module)
+        return module
+
+
+def _exception_text() -> str:
+    import traceback
+
+    return traceback.format_exc(limit=-3)
+
+
+def pytest_collect_directory(path, parent):
+    """The suite's directory is a plain directory to pytest: its ``__init__.py`` is never imported
+    by path (it is a package of the installed distribution, imported by name)."""
+    if Path(path).resolve() == SUITE_DIR:
+        return pytest.Dir.from_parent(parent, path=Path(path))
+    return None
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if not in_suite(module_path):
+        return None
+    config = parent.config
+    if not config.pluginmanager.has_plugin(_FIXTURES):
+        config.pluginmanager.import_plugin(_FIXTURES)
+    return _SuiteModule.from_parent(parent, path=module_path)
 
 
 def _missing(item, impl) -> list[str]:

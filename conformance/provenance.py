@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-SUITE_PACKAGES = ("conformance", "oracles", "reference")
+SUITE_PACKAGES = ("gefen_conformance", "gefen_oracles", "gefen_reference")
 # what an install carries: the packages' Python modules and the goldens' package data
-_DATA_DIRS = (("conformance", "golden"),)
+_DATA_DIRS = (("gefen_conformance", "golden"),)
 
 
 def package_dirs() -> dict[str, Path]:
@@ -73,7 +73,7 @@ def git_state() -> Optional[dict]:
     untracked (ignored files such as ``__pycache__`` aside).
     """
     dirs = package_dirs()
-    here = dirs["conformance"]
+    here = dirs["gefen_conformance"]
     top = _git(here, "rev-parse", "--show-toplevel")
     if not top:
         return None

@@ -19,7 +19,7 @@ Inside ``fn``:
   meshes and friends all work. ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
   ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port that was free when the call started,
   for code that builds its own rendezvous from the environment) are set as well;
-* ``conformance.world.current()`` is this rank's :class:`~conformance.world.World`: ``rank`` r of
+* ``gefen_conformance.world.current()`` is this rank's :class:`~gefen_conformance.world.World`: ``rank`` r of
   ``size`` ``world_size``, ``group`` the default group, ``device`` cpu (or rank r's
   accelerator, ``devices.for_rank(device, r)``, made the process's current one), ``mesh`` a 1-D mesh
   over the group, and ``die(code)`` leaves the process with ``os._exit(code)`` (reported "died");

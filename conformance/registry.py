@@ -93,5 +93,5 @@ def resolve(spec: str) -> Implementation:
         except Exception as error:
             raise ImplementationError(spec, module_name, f"calling {target}() failed: {_one_line(error)}") from None
     if not isinstance(obj, Implementation):
-        raise ImplementationError(spec, module_name, f"{target} is a {type(obj).__name__}, not a conformance.Implementation")
+        raise ImplementationError(spec, module_name, f"{target} is a {type(obj).__name__}, not a gefen_conformance.Implementation")
     return obj

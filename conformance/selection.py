@@ -43,11 +43,11 @@ def arg_scope(arg: str, invocation_dir: Path, pyargs: bool) -> str:
     node id, a subdirectory) or OUTSIDE."""
     target, _, node = arg.partition("::")
     if pyargs and target and "/" not in target and not target.endswith(".py"):
-        if target in ("conformance", "conformance.suite"):
+        if target in ("gefen_conformance", "gefen_conformance.suite"):
             return NARROWER if node else WHOLE
-        if target.startswith("conformance.suite."):
+        if target.startswith("gefen_conformance.suite."):
             return NARROWER
-        if target.startswith("conformance."):
+        if target.startswith("gefen_conformance."):
             return OUTSIDE
     path = Path(target) if Path(target).is_absolute() else Path(invocation_dir) / target
     try:
@@ -66,7 +66,7 @@ def arg_scope(arg: str, invocation_dir: Path, pyargs: bool) -> str:
 def display_id(arg: str, pyargs: bool) -> str:
     """A narrowing argument as a suite id: ``test_module.py[::test...]``."""
     target, sep, rest = arg.partition("::")
-    if pyargs and target.startswith("conformance.suite."):
+    if pyargs and target.startswith("gefen_conformance.suite."):
         target = target.rsplit(".", 1)[-1] + ".py"
     return suite_id(target + sep + rest)
 
@@ -102,7 +102,6 @@ class SuiteCensus:
         ini.write_text("[pytest]\n")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
         env[CENSUS_ENV] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH")) if p)
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                    "-c", str(ini), "--rootdir", self._tmp, "--impl=reference", str(SUITE_DIR)]
         try:

@@ -1,6 +1,6 @@
 """The suite under torchrun: one job whose world runs every multi-rank scenario that fits it (SPEC 4.7).
 
-Every rank of the job runs ``python -m conformance.torchrun`` (``gefen-conformance certify
+Every rank of the job runs ``python -m gefen_conformance.torchrun`` (``gefen-conformance certify
 --launcher torchrun`` builds the torchrun command line). Then:
 
 1. **Start-up** (bounded: :data:`STARTUP_TIMEOUT_S`). Each rank connects two clients to the job's
@@ -11,7 +11,7 @@ Every rank of the job runs ``python -m conformance.torchrun`` (``gefen-conforman
    every rank writes a marker there and must see every other rank's marker, so a directory that
    is not shared is one clear error before the first scenario.
 2. **Rank 0 runs pytest in-process** with a :class:`TorchrunLauncher` installed
-   (``conformance.launch.set_launcher``), the test temp dirs (``--basetemp``) in the run
+   (``gefen_conformance.launch.set_launcher``), the test temp dirs (``--basetemp``) in the run
    directory, and writes the one certificate. The other ranks serve scenario calls, and so does
    the *rank-0 server*, a child process that rank 0 starts for its own part in them: the test
    process never forms a scenario's process group, because a test may hold a group of its own
@@ -19,7 +19,7 @@ Every rank of the job runs ``python -m conformance.torchrun`` (``gefen-conforman
    torch has one default group per process.
 3. **A call** ``launch.run(fn, k, ...)`` runs ``fn`` on global ranks ``0..k-1``: rank 0 posts the
    call on the store (``cmd/<n>``), every participant forms a fresh ``k``-rank default process
-   group for it (:mod:`conformance._torchrun_rank`) and posts its outcome; ranks ``>= k`` skip it.
+   group for it (:mod:`gefen_conformance._torchrun_rank`) and posts its outcome; ranks ``>= k`` skip it.
    A rank-0 server that exits during a call is reported "died" with its exit code.
    Every wait is bounded: rank 0 polls the outcomes against the call's deadline and
    ``failure_grace``, then posts ``call/<n>/abort``; a participant still running then dumps every
@@ -96,7 +96,7 @@ class Job:
     def __init__(self, environ=os.environ) -> None:
         missing = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n not in environ]
         if missing:
-            raise RuntimeError(f"conformance.torchrun must be started by torchrun: {', '.join(missing)} not set")
+            raise RuntimeError(f"gefen_conformance.torchrun must be started by torchrun: {', '.join(missing)} not set")
         self.rank = int(environ["RANK"])
         self.world_size = int(environ["WORLD_SIZE"])
         self.local_rank = int(environ["LOCAL_RANK"])
@@ -141,7 +141,7 @@ def _wait(store, keys: list[str], seconds: float, poll: float = 0.1) -> bool:
 
 
 class TorchrunLauncher:
-    """``conformance.launch`` launcher over the ranks of this torchrun job (SPEC 4.7.3).
+    """``gefen_conformance.launch`` launcher over the ranks of this torchrun job (SPEC 4.7.3).
 
     Lives in rank 0, the process that runs pytest. ``hellos`` are every rank's start-up facts
     (rank -> dict with ``host``, ``pid``, ``node_rank``, ``device_name``).
@@ -476,8 +476,8 @@ def _check_run_dir(job: Job, control, run_dir: str) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m conformance.torchrun",
-                                     description="one rank of a torchrun certification (see conformance.torchrun)")
+    parser = argparse.ArgumentParser(prog="python -m gefen_conformance.torchrun",
+                                     description="one rank of a torchrun certification (see gefen_conformance.torchrun)")
     parser.add_argument("--impl", default="reference")
     parser.add_argument("--certificate", default=None)
     parser.add_argument("--checkpoint-dir", default=None)
@@ -596,7 +596,7 @@ def _start_server(argv: list[str]):
     torchrun's signals reach it), told its role by the environment."""
     import subprocess
 
-    return subprocess.Popen([sys.executable, "-m", "conformance.torchrun", *argv],
+    return subprocess.Popen([sys.executable, "-m", "gefen_conformance.torchrun", *argv],
                             env=dict(os.environ, **{_SERVER_ROLE: "1"}))
 
 

@@ -138,7 +138,7 @@ class _Reference:
     """The oracle's optimizer (``reference.Gefen``), as the reference side of a comparison."""
 
     def __call__(self, groups, **options):
-        import reference
+        import gefen_reference as reference
 
         return reference.Gefen(groups, **options)
 
@@ -470,7 +470,7 @@ def pinned_step(make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_
 
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
     """The oracle's view (:class:`oracles.pinned_step.ParamStep`) of every parameter that stepped."""
-    from oracles.pinned_step import ParamStep
+    from gefen_oracles.pinned_step import ParamStep
 
     out = []
     for g in pinned_sd["param_groups"]:

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-import reference
+import gefen_reference as reference
 
 
 def train(opt_factory, steps=20, seed=0):

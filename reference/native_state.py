@@ -284,7 +284,7 @@ def _refuse_tensor_state_for_dtensors(saved_state: dict, codebook: Any) -> None:
         raise ValueError(
             "a native load into DTensor parameters accepts only a never-stepped checkpoint (no "
             f"per-parameter state, no codebook), but this one carries {', '.join(carried)}; "
-            "restore sharded optimizer state with reference.GefenDCPState and "
+            "restore sharded optimizer state with gefen_reference.GefenDCPState and "
             "torch.distributed.checkpoint"
         )
 

@@ -302,7 +302,7 @@ class Gefen(torch.optim.Optimizer):
         if any(is_dtensor(p) for _, _, p in self.named_params()):
             raise ValueError(
                 "native state_dict of DTensor parameters is not supported by the reference; "
-                "use reference.GefenDCPState with torch.distributed.checkpoint"
+                "use gefen_reference.GefenDCPState with torch.distributed.checkpoint"
             )
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)

@@ -1,9 +1,9 @@
 """Rank bodies and fixtures for the DCP load tests (tests/test_dcp_load_*.py).
 
 Every public function is module level and picklable, so it runs on launched gloo ranks
-(``conformance.launch.run``) and, at world size 1, in-process inside a
+(``gefen_conformance.launch.run``) and, at world size 1, in-process inside a
 ``conformance.sharding.WorldOfOne``. Rank, mesh and group come from
-``conformance.world.current()``; the model, optimizers and saves are those of ``tests.support``
+``gefen_conformance.world.current()``; the model, optimizers and saves are those of ``tests.support``
 and ``conformance.workload`` (``tests.support.DCP_MODEL``: on 3 and 4 ranks "dec.weight" splits
 unevenly and "tiny.weight" has empty shards; "head.weight" stays fresh).
 """
@@ -15,11 +15,11 @@ import os
 import torch
 import torch.distributed.checkpoint as dcp
 
-import reference
-import reference.dcp as rdcp
-from conformance import registry, workload, world
-from conformance.sharding import world_mesh
-from reference.dcp import layout
+import gefen_reference as reference
+import gefen_reference.dcp as rdcp
+from gefen_conformance import registry, workload, world
+from gefen_conformance.sharding import world_mesh
+from gefen_reference.dcp import layout
 from tests.support import (
     COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, DCP_TARGET_OPTIONS, TINY, dcp_optimizer, dcp_trained,
 )
@@ -243,14 +243,14 @@ def _drop_entry(key):
 
 
 def _negative_second_moment(sd):
-    from reference.dcp import restore
+    from gefen_reference.dcp import restore
 
     dense = restore.dense_value(sd["slot_00000000.second_moment"])
     dense.view(-1)[0] = -1.0
 
 
 def _nan_momentum(sd):
-    from reference.dcp import restore
+    from gefen_reference.dcp import restore
 
     dense = restore.dense_value(sd["slot_00000000.momentum"])
     dense.view(-1)[-1] = float("nan")
@@ -305,7 +305,7 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
     outcome is ``(type, message, names of the type and its bases)`` or None, and problems lists how the live
     optimizer differs from before the load (empty when unchanged).
     """
-    from reference.dcp import reblock
+    from gefen_reference.dcp import reblock
 
     mesh = world_mesh()
     results = []

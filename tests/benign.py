@@ -30,16 +30,16 @@ from typing import Callable
 
 import torch
 
-import reference.codebook as codebook_module
-import reference.dcp.optimizer_view as optimizer_view
-import reference.dcp.reblock as reblock_module
-import reference.dcp.restore as restore_module
-import reference.dcp.state as state_module
-import reference.optimizer as optimizer_module
-import reference.steps as steps
-from conformance.implementation import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
-from conformance.implementations import reference as reference_impl
-from reference.codewords import dequantize, nearest_codeword_indices
+import gefen_reference.codebook as codebook_module
+import gefen_reference.dcp.optimizer_view as optimizer_view
+import gefen_reference.dcp.reblock as reblock_module
+import gefen_reference.dcp.restore as restore_module
+import gefen_reference.dcp.state as state_module
+import gefen_reference.optimizer as optimizer_module
+import gefen_reference.steps as steps
+from gefen_conformance.implementation import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
+from gefen_conformance.implementations import reference as reference_impl
+from gefen_reference.codewords import dequantize, nearest_codeword_indices
 
 from .mutant_tools import clone, proxy
 

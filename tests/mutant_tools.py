@@ -34,7 +34,7 @@ def proxy(module: types.ModuleType, **overrides) -> types.SimpleNamespace:
 
 
 def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.0) -> dict:
-    """Run ``pytest --pyargs conformance --impl=SPEC [-k SELECT]`` in a subprocess (the whole suite
+    """Run ``pytest --pyargs gefen_conformance --impl=SPEC [-k SELECT]`` in a subprocess (the whole suite
     when ``select`` is None); return its certificate."""
     import json
     import os
@@ -45,7 +45,7 @@ def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.
     cert = Path(workdir) / "certificate.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "conformance", f"--impl={impl_spec}",
+        [sys.executable, "-m", "pytest", "--pyargs", "gefen_conformance", f"--impl={impl_spec}",
          *(["-k", select] if select is not None else []),
          f"--certificate={cert}", "-p", "no:cacheprovider", "-q", "-p", "no:xdist"],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,

@@ -22,23 +22,23 @@ from types import SimpleNamespace
 
 import torch
 
-import reference
-import reference.dcp.agreement as agreement
-import reference.dcp.dense as dense
-import reference.dcp.hyper_staging as hyper_staging
-import reference.dcp.layout as layout
-import reference.dcp.optimizer_view as optimizer_view
-import reference.dcp.placeholder as placeholder
-import reference.dcp.restore as restore
-import reference.dcp.schema as schema
-import reference.dcp.state as state
-import reference.optimizer as optimizer_module
-import reference.periods as periods
-import reference.steps as steps
-from conformance.implementation import (
+import gefen_reference as reference
+import gefen_reference.dcp.agreement as agreement
+import gefen_reference.dcp.dense as dense
+import gefen_reference.dcp.hyper_staging as hyper_staging
+import gefen_reference.dcp.layout as layout
+import gefen_reference.dcp.optimizer_view as optimizer_view
+import gefen_reference.dcp.placeholder as placeholder
+import gefen_reference.dcp.restore as restore
+import gefen_reference.dcp.schema as schema
+import gefen_reference.dcp.state as state
+import gefen_reference.optimizer as optimizer_module
+import gefen_reference.periods as periods
+import gefen_reference.steps as steps
+from gefen_conformance.implementation import (
     CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, KNOWN_CAPABILITIES, NATIVE_STATE_DICT, Implementation,
 )
-from conformance.implementations import reference as reference_impl
+from gefen_conformance.implementations import reference as reference_impl
 
 from .mutant_tools import clone, proxy
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import certificate_diff, certificate_read, report_cli
+from gefen_conformance import certificate_diff, certificate_read, report_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 
@@ -210,7 +210,7 @@ def test_report_and_diff_of_real_suite_runs(pytester, capsys, monkeypatch):
     certs = {}
     for impl in ("reference", "tests.mutants:global_step"):
         path = pytester.path / f"{impl.replace(':', '-')}.json"
-        pytester.runpytest_subprocess("--pyargs", "conformance", f"--impl={impl}", f"--certificate={path}",
+        pytester.runpytest_subprocess("--pyargs", "gefen_conformance", f"--impl={impl}", f"--certificate={path}",
                                       "-p", "no:cacheprovider", "-q", "-k", "global_step")
         certs[impl] = path
     reference, mutant = certs["reference"], certs["tests.mutants:global_step"]

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance import provenance
+from gefen_conformance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 DESCRIBE = ("import json, os, sys; sys.path.insert(0, os.environ['SUITE_PARENT']); "
-            "from conformance import provenance; print(json.dumps(provenance.describe()))")
+            "from gefen_conformance import provenance; print(json.dumps(provenance.describe()))")
 
 
 def _describe(packages_parent: Path, cwd: Path) -> dict:
@@ -39,8 +39,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 def test_the_files_hashed_are_the_installed_ones():
     files = [rel for rel, _ in provenance.suite_files()]
-    assert "conformance/plugin.py" in files and "oracles/numeric.py" in files and "reference/optimizer.py" in files
-    assert "conformance/golden/MANIFEST.json" in files
+    assert "gefen_conformance/plugin.py" in files and "gefen_oracles/numeric.py" in files and "gefen_reference/optimizer.py" in files
+    assert "gefen_conformance/golden/MANIFEST.json" in files
     assert any(rel.endswith(".distcp") for rel in files)
     assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in files)
     assert provenance.content_sha256() == provenance.content_sha256()
@@ -66,7 +66,7 @@ def test_a_checkout_reports_its_commit_and_local_edits(tmp_path):
     head = _git(checkout, "rev-parse", "HEAD")
     clean = _describe(checkout, cwd=tmp_path)
     assert clean["git"] == {"commit": head, "dirty": False}
-    with open(checkout / "oracles" / "numeric.py", "a") as f:
+    with open(checkout / "gefen_oracles" / "numeric.py", "a") as f:
         f.write("\n# a local edit\n")
     edited = _describe(checkout, cwd=tmp_path)
     assert edited["git"] == {"commit": head, "dirty": True}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import workload
-from conformance.checkpoint_in_memory import InMemoryCheckpoint
-from conformance.registry import resolve
-from conformance.sharding import world_mesh
+from gefen_conformance import workload
+from gefen_conformance.checkpoint_in_memory import InMemoryCheckpoint
+from gefen_conformance.registry import resolve
+from gefen_conformance.sharding import world_mesh
 
 from .support import DCP_MODEL, DCP_TARGET_OPTIONS, dcp_optimizer, dcp_trained, world_of_one
 

@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference.codebook_solver as solver
-from reference.codebook import bin_centers, histogram_counts
-from reference.codebook_solver import solve_codebook, solve_codebook_plain
+import gefen_reference.codebook_solver as solver
+from gefen_reference.codebook import bin_centers, histogram_counts
+from gefen_reference.codebook_solver import solve_codebook, solve_codebook_plain
 
 CENTERS = bin_centers().numpy()  # float32, exact
 def ci_settings(max_examples: int) -> settings:

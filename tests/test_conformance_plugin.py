@@ -22,7 +22,7 @@ def repo_importable(monkeypatch):
 
 def run_suite(pytester, impl, *extra, select=None):
     cert = pytester.path / "cert.json"
-    args = ["--pyargs", "conformance", f"--impl={impl}", f"--certificate={cert}", "-p", "no:cacheprovider", "-q"]
+    args = ["--pyargs", "gefen_conformance", f"--impl={impl}", f"--certificate={cert}", "-p", "no:cacheprovider", "-q"]
     if select:
         args += ["-k", select]
     result = pytester.runpytest_subprocess(*args, *extra)
@@ -91,7 +91,7 @@ def test_capabilities_skip_and_expected_failures_are_strict_and_stale_ones_repor
 
 
 def test_unknown_implementation_is_a_usage_error(pytester):
-    result = pytester.runpytest_subprocess("--pyargs", "conformance", "--impl=does-not-exist", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--pyargs", "gefen_conformance", "--impl=does-not-exist", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "does-not-exist" in result.stderr.str()
 
@@ -99,8 +99,8 @@ def test_unknown_implementation_is_a_usage_error(pytester):
 def test_a_rank_failure_reason_names_the_ranks_and_their_exception():
     from types import SimpleNamespace
 
-    from conformance.plugin import _reason
-    from conformance.ranks import RankFailure, RankOutcome
+    from gefen_conformance.plugin import _reason
+    from gefen_conformance.ranks import RankFailure, RankOutcome
 
     failure = RankFailure([
         RankOutcome(0, "ok"),

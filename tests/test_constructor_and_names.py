@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-import reference
+import gefen_reference as reference
 
 
 def P(n=4):

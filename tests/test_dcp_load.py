@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import reference.dcp as rdcp
-from conformance import registry, workload
-from conformance.sharding import world_mesh
-from oracles import checkpoint_reader
-from reference.codebook import learn_codebook
-from reference.codewords import nearest_codeword_indices
-from reference.dcp import reblock, schema
-from reference.periods import PeriodRules, choose_period
-from reference.steps import block_mean_square
+import gefen_reference.dcp as rdcp
+from gefen_conformance import registry, workload
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles import checkpoint_reader
+from gefen_reference.codebook import learn_codebook
+from gefen_reference.codewords import nearest_codeword_indices
+from gefen_reference.dcp import reblock, schema
+from gefen_reference.periods import PeriodRules, choose_period
+from gefen_reference.steps import block_mean_square
 from tests import _dcp_load_ranks as L
 from tests.support import DCP_MODEL, DCP_SAVE_STEPS, DCP_TARGET_OPTIONS, FRESH, dcp_optimizer, world_of_one
 

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from reference.dcp import hyper_staging as H
-from reference.dcp.schema import HYPER_KEYS
+from gefen_reference.dcp import hyper_staging as H
+from gefen_reference.dcp.schema import HYPER_KEYS
 
 SAVED = {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03}
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference.dcp import restore
+from gefen_reference.dcp import restore
 from tests import _dcp_load_ranks as L
 
 pytest.importorskip("gefen")
-from conformance import launch  # noqa: E402
+from gefen_conformance import launch  # noqa: E402
 from tests.support import COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, FRESH, TINY  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

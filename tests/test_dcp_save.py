@@ -3,7 +3,7 @@
 The written checkpoint is read back from its files (``.metadata`` and
 ``.distcp`` payloads via oracles.checkpoint_reader, which unpickles
 ``.metadata`` and torch.loads byte ranges), never through the adapter's loader.
-Multi-rank cases run on launched gloo CPU ranks (conformance.launch).
+Multi-rank cases run on launched gloo CPU ranks (gefen_conformance.launch).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-import reference
-import reference.dcp as rdcp
-from conformance import launch, workload
-from conformance.sharding import sharded_parameter, world_mesh
-from oracles import checkpoint_reader, gefen_schema
-from oracles.digests import canonical_metadata, payload_md5s
-from reference.dcp import agreement, dense, placeholder, schema
+import gefen_reference as reference
+import gefen_reference.dcp as rdcp
+from gefen_conformance import launch, workload
+from gefen_conformance.sharding import sharded_parameter, world_mesh
+from gefen_oracles import checkpoint_reader, gefen_schema
+from gefen_oracles.digests import canonical_metadata, payload_md5s
+from gefen_reference.dcp import agreement, dense, placeholder, schema
 from tests.support import (
     DCP_MODEL, DCP_SAVE_STEPS, FRESH, checkpoint_files, dcp_optimizer, dcp_trained, world_of_one,
 )
@@ -352,7 +352,7 @@ def test_constructor_refuses_other_optimizers(world1):
 
 def test_constructor_requires_a_process_group(monkeypatch):
     """SPEC 2.3.1: no initialised process group, no GefenDCPState."""
-    import reference.dcp.state as state_module
+    import gefen_reference.dcp.state as state_module
 
     monkeypatch.setattr(state_module.dist, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match="initialized distributed process group"):

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-import reference
-import reference.dcp as rdcp
-from conformance.sharding import WorldOfOne, sharded_parameter
-from reference.dcp import optimizer_view
+import gefen_reference as reference
+import gefen_reference.dcp as rdcp
+from gefen_conformance.sharding import WorldOfOne, sharded_parameter
+from gefen_reference.dcp import optimizer_view
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

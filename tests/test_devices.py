@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance import certificate, devices, launch, numeric_profile, plugin, ranks, workload, world
-from conformance.implementation import CPU_BIT_EXACT
+from gefen_conformance import certificate, devices, launch, numeric_profile, plugin, ranks, workload, world
+from gefen_conformance.implementation import CPU_BIT_EXACT
 
 REPO = Path(__file__).resolve().parents[1]
 needs_pool = pytest.mark.skipif(
@@ -205,7 +205,7 @@ def child_env(monkeypatch):
     ("cuda", ["--gefen-device cuda: no cuda device is available"]),
     ("nonsense", ["--gefen-device 'nonsense' is not a torch device"]),
 ])
-@pytest.mark.parametrize("how", [["--impl=reference"], ["--pyargs", "conformance"]], ids=["impl", "pyargs"])
+@pytest.mark.parametrize("how", [["--impl=reference"], ["--pyargs", "gefen_conformance"]], ids=["impl", "pyargs"])
 def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_env, name, words, how):
     if name == "cuda" and devices.available("cuda"):
         pytest.skip("this machine has CUDA")
@@ -244,7 +244,7 @@ def test_a_project_with_its_own_device_option_still_starts(pytester, child_env):
 
 
 def test_the_report_shows_the_backend_and_world_sizes():
-    from conformance import report
+    from gefen_conformance import report
 
     cert = {"implementation": {"name": "x", "version": "1"}, "summary": {}, "verdict": "conformant",
             "execution": {"launcher": "pool", "nodes": 1, "world_size": None, "backend": "nccl",

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from conformance import golden
-from oracles import golden_manifest
+from gefen_conformance import golden
+from gefen_oracles import golden_manifest
 
 
 def test_committed_goldens_verify():

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-import reference
+import gefen_reference as reference
 
 from .support import assert_same_snapshot, deep_equal, silence_gefenx_warnings, snapshot
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor
 
-import reference
+import gefen_reference as reference
 
 from .support import assert_same_snapshot, deep_equal, silence_gefenx_warnings, snapshot, world_of_one
 
@@ -119,13 +119,14 @@ def test_a_checkpoint_with_state_is_refused_without_mutation(mesh, codebook_only
 
 def test_a_native_save_of_dtensor_params_points_to_the_dcp_adapter(mesh):
     _, optimizer = sharded_optimizer(mesh)
-    with pytest.raises(ValueError, match="DTensor.*reference.GefenDCPState"):
+    with pytest.raises(ValueError, match="DTensor.*gefen_reference.GefenDCPState"):
         optimizer.state_dict()
     # The name the message gives exists, without `import reference` paying for DCP.
     probe = (
-        "import sys, reference\n"
+        "import sys\n"
+        "import gefen_reference as reference\n"
         "assert 'torch.distributed.checkpoint' not in sys.modules\n"
-        "import reference.dcp\n"
+        "import gefen_reference.dcp\n"
         "assert reference.GefenDCPState is reference.dcp.GefenDCPState\n"
         "assert reference.GefenSavePlanner is reference.dcp.GefenSavePlanner\n"
         "assert 'GefenDCPState' in reference.__all__\n"

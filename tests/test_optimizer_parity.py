@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
-from conformance import workload
-from reference.periods import search_period, squared_gradient
+import gefen_reference as reference
+from gefen_conformance import workload
+from gefen_reference.periods import search_period, squared_gradient
 
 from .support import LATE_START, PARITY, parity_hypers, silence_gefenx_warnings
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from oracles import gefen_schema
-from oracles.checkpoint_reader import CheckpointError, list_entries, read_flat, read_nested
-from oracles.digests import content_digests, metadata_digest, payload_md5s, tensor_digest
+from gefen_oracles import gefen_schema
+from gefen_oracles.checkpoint_reader import CheckpointError, list_entries, read_flat, read_nested
+from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s, tensor_digest
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import torch
 
-import reference
-from oracles.memory import StorageTracker, peak_extra_bytes, pointer_reuse, state_addresses
+import gefen_reference as reference
+from gefen_oracles.memory import StorageTracker, peak_extra_bytes, pointer_reuse, state_addresses
 
 MiB = 1 << 20
 

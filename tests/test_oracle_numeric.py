@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from oracles import codebook_quality, free_running, kernel_bounds, numeric, pinned_step
-from oracles.numeric import Comparisons, bitwise_comparison, bitwise_mismatch, relative_comparison
+from gefen_oracles import codebook_quality, free_running, kernel_bounds, numeric, pinned_step
+from gefen_oracles.numeric import Comparisons, bitwise_comparison, bitwise_mismatch, relative_comparison
 
 
 def test_bitwise_catches_one_ulp_signed_zero_dtype_and_shape():
@@ -82,7 +82,7 @@ def _blocks(seed=0, n=4096, period=64):
 
 
 def test_codebook_quality_accepts_a_rounding_neighbour_and_rejects_a_worse_codebook():
-    import reference.codebook as rc
+    import gefen_reference.codebook as rc
 
     pieces = _blocks()
     counts = codebook_quality.histogram(pieces)

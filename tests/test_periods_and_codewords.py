@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference.codebook import bin_centers, histogram_counts
-from reference.codewords import nearest_codeword_indices
-from reference.periods import PeriodRules, choose_period, fallback_period, proper_divisors
+from gefen_reference.codebook import bin_centers, histogram_counts
+from gefen_reference.codewords import nearest_codeword_indices
+from gefen_reference.periods import PeriodRules, choose_period, fallback_period, proper_divisors
 
 CERTIFY = settings(derandomize=True, database=None, max_examples=60, deadline=None,
                    suppress_health_check=[HealthCheck.too_slow])

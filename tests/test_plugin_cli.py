@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gefen_conformance.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

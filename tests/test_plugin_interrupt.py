@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conformance.interrupts import InterruptGuard
+from gefen_conformance.interrupts import InterruptGuard
 
 from .interrupt_probe import interrupt_run
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from conformance.selection import SuiteCensus
+from gefen_conformance.selection import SuiteCensus
 
 COMPLETE = {"schema": "gefen-conformance-certificate/2", "run": {"complete": True}, "verdict": "conformant"}
 
@@ -50,7 +50,7 @@ def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     cert_path = pytester.path / "c.json"
     # by module name: the child resolves it in its own import system (a path from this process could
     # name a second copy of the suite, e.g. a source tree next to an installed one)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "conformance.suite.test_dcp_names",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "gefen_conformance.suite.test_dcp_names",
                                            f"--certificate={cert_path}")
     assert result.ret == 0, result.stdout.str()
     cert = json.loads(cert_path.read_text())
@@ -62,7 +62,7 @@ def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
 
 def test_another_hypothesis_profile_is_partial(pytester):
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "conformance", "--impl=reference",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "gefen_conformance", "--impl=reference",
                                            "-k", "test_staging_regression and fp16", "--hypothesis-profile=gefen-fuzz",
                                            f"--certificate={cert_path}")
     assert result.ret == 0, result.stdout.str()

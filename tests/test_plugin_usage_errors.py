@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 MODULES = {
-    "unknown_cap": "from conformance import Implementation\n"
+    "unknown_cap": "from gefen_conformance import Implementation\n"
                    "IMPL = Implementation(name='u', version='1', make_optimizer=lambda p, **h: None,"
                    " capabilities={'warp-drive'})\n",
     "raises_oserror": "raise OSError('libfastgefen.so: cannot open shared object file')\n",
@@ -24,7 +24,7 @@ CASES = [
     ("bad_syntax:IMPL", "SyntaxError"),
     ("raises_runtime:IMPL", "RuntimeError: CUDA driver too old"),
     ("missing_dep:IMPL", "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
-    ("not_impl:IMPL", "is a int, not a conformance.Implementation"),
+    ("not_impl:IMPL", "is a int, not a gefen_conformance.Implementation"),
     ("factory_fails:IMPL", "calling factory_fails:IMPL() failed: KeyError"),
     ("not_impl:NOPE", "has no attribute 'NOPE'"),
     ("nowhere_pkg.fast:IMPL", "is the package installed or on PYTHONPATH?"),
@@ -56,7 +56,7 @@ def test_usage_error_is_one_line_exit_4(project, spec, cause):
 
 
 def test_usage_error_with_pyargs_and_xdist(project):
-    result = project.runpytest_subprocess("--pyargs", "conformance", "--impl=unknown_cap:IMPL", "-n", "2",
+    result = project.runpytest_subprocess("--pyargs", "gefen_conformance", "--impl=unknown_cap:IMPL", "-n", "2",
                                           "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()

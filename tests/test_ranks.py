@@ -1,4 +1,4 @@
-"""Tests of the multi-rank harness ``conformance.ranks``.
+"""Tests of the multi-rank harness ``gefen_conformance.ranks``.
 
 Scenario functions are module-level so that the worker processes can unpickle them by reference.
 Every failure test also checks that no process of the failed call survives it.
@@ -22,8 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance import ranks
-from conformance.ranks import RankFailure, RankOutcome, run_on_ranks
+from gefen_conformance import ranks
+from gefen_conformance.ranks import RankFailure, RankOutcome, run_on_ranks
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()) or not sys.platform.startswith("linux"),
@@ -377,7 +377,7 @@ def test_unpicklable_exception_and_result_still_report_text():
 _CALLER_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
-    from conformance.ranks import run_on_ranks
+    from gefen_conformance.ranks import run_on_ranks
 
     def sleeper(pid_dir):
         import torch.distributed as dist

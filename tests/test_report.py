@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import certificate_read, report, report_cli
-from conformance.report_html import margin_chart
+from gefen_conformance import certificate_read, report, report_cli
+from gefen_conformance.report_html import margin_chart
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 NAMES = sorted(p.name for p in FIXTURES.glob("*.json"))
@@ -277,7 +277,7 @@ def test_a_malformed_certificate_is_refused_naming_the_key(tmp_path, capsys, cha
 
 
 def test_a_certificate_with_only_the_required_keys_still_reports_and_diffs():
-    from conformance import certificate_diff
+    from gefen_conformance import certificate_diff
 
     full = load("mutant-beta-rounding.json")
     bare = {k: full[k] for k in ("schema", "implementation", "verdict", "summary", "clauses")}

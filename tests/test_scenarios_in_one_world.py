@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from conformance import launch, ranks, workload, world
-from conformance.ranks import RankFailure
-from conformance.sharding import world_mesh
-from conformance.suite import checkpoints
-from oracles.checkpoint_reader import read_nested
-from oracles.digests import payload_md5s
+from gefen_conformance import launch, ranks, workload, world
+from gefen_conformance.ranks import RankFailure
+from gefen_conformance.sharding import world_mesh
+from gefen_conformance.suite import checkpoints
+from gefen_oracles.checkpoint_reader import read_nested
+from gefen_oracles.digests import payload_md5s
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()) or not sys.platform.startswith("linux"),

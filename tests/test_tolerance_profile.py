@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
-import reference.optimizer as optimizer_module
-import reference.steps as steps
-from conformance import workload
-from oracles import pinned_step
+import gefen_reference as reference
+import gefen_reference.optimizer as optimizer_module
+import gefen_reference.steps as steps
+from gefen_conformance import workload
+from gefen_oracles import pinned_step
 
 from .mutant_tools import clone
 

@@ -1,4 +1,4 @@
-"""``certify --launcher torchrun`` and :mod:`conformance.torchrun` (SPEC 4.7).
+"""``certify --launcher torchrun`` and :mod:`gefen_conformance.torchrun` (SPEC 4.7).
 
 The command line and the launcher's description are checked in-process; the launcher itself runs
 real torchrun jobs of 3 CPU ranks on the scenario calls of ``tests/torchrun_probe.py``: every
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import cli, launch, torchrun
+from gefen_conformance import cli, launch, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "tests/torchrun_probe.py"
@@ -43,7 +43,7 @@ def test_one_node_is_a_standalone_job_of_four_ranks_by_default():
     command = cli.torchrun_command(_args(), ["-q"], "/r.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4" and "--standalone" in command
-    assert command[command.index("-m", 3) + 1] == "conformance.torchrun"
+    assert command[command.index("-m", 3) + 1] == "gefen_conformance.torchrun"
     assert command[command.index("--result-file") + 1] == "/r.json"
     # torchrun's own parser swallows `--`: pytest's arguments follow a separator of our own
     assert command[-2:] == [torchrun.PYTEST_ARGS, "-q"] and "--" not in command
@@ -75,7 +75,7 @@ def test_options_that_do_not_fit_together_are_usage_errors(given, problem):
 def _cli(cwd: Path, *args: str, **popen) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.update(popen.pop("env", {}))
-    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gefen_conformance.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600, **popen)
 
 
@@ -243,7 +243,7 @@ def test_ctrl_c_ends_every_rank(tmp_path):
     out.mkdir()
     env = dict(os.environ, GEFEN_TORCHRUN_PROBE_OUT=str(out),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "conformance.cli", "certify", "--launcher", "torchrun", "--nproc-per-node",
+    command = [sys.executable, "-m", "gefen_conformance.cli", "certify", "--launcher", "torchrun", "--nproc-per-node",
                str(RANKS), "--out", str(tmp_path / "c.json"), "--", PROBE, "-q", "-k", "interrupt"]
     # a session of its own, so that the SIGINT below reaches it as a terminal's Ctrl-C would
     child = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE,

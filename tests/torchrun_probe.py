@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance import launch, world
-from conformance.ranks import RankFailure
+from gefen_conformance import launch, world
+from gefen_conformance.ranks import RankFailure
 
 OUT = os.environ.get("GEFEN_TORCHRUN_PROBE_OUT", "")
 VICTIM = 1

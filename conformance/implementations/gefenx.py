@@ -1,5 +1,5 @@
 """The published gefen-x package (imports as ``gefen``), certified as ``--impl=gefenx``, and its
-CUDA kernel backend as ``--impl=conformance.implementations.gefenx:fused_implementation``.
+CUDA kernel backend as ``--impl=gefen_conformance.implementations.gefenx:fused_implementation``.
 
 Only gefen-x's public API is used. Its non-fused CPU path is the torch-exact profile, so it
 claims CPU bit-exactness; ``fused`` is forced off because on a machine without CUDA gefen-x

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-import reference
+import gefen_reference as reference
 
 from . import adapter_declared
 
@@ -20,4 +20,4 @@ def _make_optimizer(params, **hyperparameters):
     return reference.Gefen(params, **hyperparameters)
 
 
-IMPLEMENTATION = adapter_declared("reference", _version(), _make_optimizer, "reference.dcp")
+IMPLEMENTATION = adapter_declared("reference", _version(), _make_optimizer, "gefen_reference.dcp")

@@ -1,4 +1,4 @@
-"""The conformance suite: collected by ``pytest --pyargs conformance --impl=NAME``.
+"""The conformance suite: collected by ``pytest --pyargs gefen_conformance --impl=NAME``.
 
 Every test names its SPEC clause with ``@pytest.mark.clause``; tests that need an optional
 capability say so with ``@pytest.mark.requires``.

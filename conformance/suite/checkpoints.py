@@ -2,7 +2,7 @@
 
 Not collected. Several scenario modules use what is here, by name:
 
-* :func:`run`: a rank body on the active launcher (``conformance.launch``), the test skipped
+* :func:`run`: a rank body on the active launcher (``gefen_conformance.launch``), the test skipped
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
@@ -14,7 +14,7 @@ Not collected. Several scenario modules use what is here, by name:
 Everything written is read back through the independent oracles only
 (``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
 an implementation's loader. Rank bodies resolve the implementation from its ``--impl`` spec
-inside the rank and take their mesh and group from ``conformance.world.current()``.
+inside the rank and take their mesh and group from ``gefen_conformance.world.current()``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import launch, observations, registry, workload
-from conformance.ranks import RankFailure
-from conformance.sharding import world_mesh
-from oracles import checkpoint_compare
-from oracles import gefen_schema
-from oracles.checkpoint_reader import read_nested
+from gefen_conformance import launch, observations, registry, workload
+from gefen_conformance.ranks import RankFailure
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles import checkpoint_compare
+from gefen_oracles import gefen_schema
+from gefen_oracles.checkpoint_reader import read_nested
 
 from . import margins
 

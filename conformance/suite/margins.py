@@ -7,8 +7,8 @@ certificate with its worst error and bound (tolerance) or differing count (bitwi
 
 from __future__ import annotations
 
-from conformance import observations
-from oracles.numeric import Comparison, Comparisons
+from gefen_conformance import observations
+from gefen_oracles.numeric import Comparison, Comparisons
 
 
 def record(comparisons) -> list[str]:

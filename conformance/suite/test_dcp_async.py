@@ -17,10 +17,10 @@ import threading
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from conformance import registry, workload, world
-from conformance.implementation import DCP_ASYNC_SAVE, DCP_RESHARD
-from conformance.sharding import world_mesh
-from oracles.digests import content_digests
+from gefen_conformance import registry, workload, world
+from gefen_conformance.implementation import DCP_ASYNC_SAVE, DCP_RESHARD
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles.digests import content_digests
 
 from . import checkpoints, margins
 

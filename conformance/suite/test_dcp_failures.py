@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conformance import registry, workload, world
-from conformance.implementation import DCP_RESHARD
-from conformance.sharding import world_mesh
-from oracles.checkpoint_reader import CheckpointError, read_metadata
-from oracles.digests import content_digests, payload_md5s
+from gefen_conformance import registry, workload, world
+from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
+from gefen_oracles.digests import content_digests, payload_md5s
 
 from . import checkpoints, margins
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conformance import registry, workload, world
-from conformance.implementation import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
-from conformance.sharding import world_mesh
-from oracles.digests import content_digests
-from oracles.memory import StorageTracker, pointer_reuse, state_addresses
+from gefen_conformance import registry, workload, world
+from gefen_conformance.implementation import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles.digests import content_digests
+from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
 
 from . import checkpoints, margins
 

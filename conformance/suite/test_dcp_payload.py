@@ -21,12 +21,12 @@ import os
 import pytest
 import torch
 
-from conformance import numeric_profile, registry, workload
-from conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
-from conformance.sharding import world_mesh
-from oracles import checkpoint_compare, codebook_quality
-from oracles.checkpoint_reader import read_nested
-from oracles.digests import content_digests, metadata_digest, payload_md5s
+from gefen_conformance import numeric_profile, registry, workload
+from gefen_conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles import checkpoint_compare, codebook_quality
+from gefen_oracles.checkpoint_reader import read_nested
+from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
 
 from . import checkpoints, margins
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import numeric_profile
-from conformance.implementation import DCP_RESHARD
+from gefen_conformance import numeric_profile
+from gefen_conformance.implementation import DCP_RESHARD
 
 from . import checkpoints
 

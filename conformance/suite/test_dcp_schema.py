@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import workload
-from conformance.implementation import DCP_RESHARD
-from oracles import gefen_schema
-from oracles.checkpoint_reader import read_nested
+from gefen_conformance import workload
+from gefen_conformance.implementation import DCP_RESHARD
+from gefen_oracles import gefen_schema
+from gefen_oracles.checkpoint_reader import read_nested
 
 from . import checkpoints, margins
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import golden, launch
-from conformance import numeric_profile
-from conformance.implementation import DCP_RESHARD
+from gefen_conformance import golden, launch
+from gefen_conformance import numeric_profile
+from gefen_conformance.implementation import DCP_RESHARD
 
 from . import margins
 

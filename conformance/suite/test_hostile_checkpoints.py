@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conformance import registry, workload
-from conformance.implementation import DCP_RESHARD
-from conformance.sharding import world_mesh
-from oracles.checkpoint_reader import read_nested
+from gefen_conformance import registry, workload
+from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles.checkpoint_reader import read_nested
 
 from . import checkpoints, margins
 

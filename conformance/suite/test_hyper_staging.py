@@ -27,10 +27,10 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from conformance import registry, workload
-from conformance.checkpoint_in_memory import InMemoryCheckpoint
-from conformance.implementation import DCP_RESHARD
-from conformance.sharding import WorldOfOne
+from gefen_conformance import registry, workload
+from gefen_conformance.checkpoint_in_memory import InMemoryCheckpoint
+from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.sharding import WorldOfOne
 
 KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 #: Two groups of one parameter each; the optimizer never steps.

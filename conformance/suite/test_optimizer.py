@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import numeric_profile, workload
-from conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
-from oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
-from oracles.numeric import Comparisons, bitwise_comparison
+from gefen_conformance import numeric_profile, workload
+from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
+from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 from . import margins
 

@@ -47,7 +47,7 @@ LAYOUT_ATTRIBUTE = "gefen_state_layout"
 
 def supported_class():
     """The reference optimizer class, always accepted (imported on demand)."""
-    from reference.optimizer import Gefen
+    from gefen_reference.optimizer import Gefen
 
     return Gefen
 

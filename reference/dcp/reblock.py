@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from reference.codebook import learn_codebook
-from reference.codewords import nearest_codeword_indices
-from reference.periods import PeriodRules, check_period_divides, choose_period
+from gefen_reference.codebook import learn_codebook
+from gefen_reference.codewords import nearest_codeword_indices
+from gefen_reference.periods import PeriodRules, check_period_divides, choose_period
 
 
 def period_for(rules: PeriodRules, name: str, global_shape, second: torch.Tensor) -> int:

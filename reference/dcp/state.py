@@ -29,8 +29,8 @@ class GefenDCPState:
     def __init__(self, optimizer):
         if not optimizer_view.is_supported(optimizer):
             raise TypeError(
-                "GefenDCPState supports reference.Gefen and classes that declare its state layout "
-                f"(gefen_state_layout = reference.dcp.STATE_LAYOUT in the class body), got {type(optimizer).__name__}"
+                "GefenDCPState supports gefen_reference.Gefen and classes that declare its state layout "
+                f"(gefen_state_layout = gefen_reference.dcp.STATE_LAYOUT in the class body), got {type(optimizer).__name__}"
             )
         _require_process_group()
         self.optimizer = optimizer

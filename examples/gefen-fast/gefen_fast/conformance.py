@@ -9,7 +9,7 @@ reference's: ``gefen_fast.Gefen`` declares the reference's state layout
 
 from __future__ import annotations
 
-from conformance import (
+from gefen_conformance import (
     DCP_ASYNC_SAVE,
     DCP_RESHARD,
     DCP_SAVE_PLANNER,
@@ -26,19 +26,19 @@ def _make_optimizer(params, **hyperparameters):
 
 
 def _dcp_state(optimizer):
-    from reference.dcp import GefenDCPState
+    from gefen_reference.dcp import GefenDCPState
 
     return GefenDCPState(optimizer)
 
 
 def _save_planner():
-    from reference.dcp import GefenSavePlanner
+    from gefen_reference.dcp import GefenSavePlanner
 
     return GefenSavePlanner()
 
 
 def _async_writer(path):
-    from reference.dcp import GefenFileSystemWriter
+    from gefen_reference.dcp import GefenFileSystemWriter
 
     return GefenFileSystemWriter(path)
 

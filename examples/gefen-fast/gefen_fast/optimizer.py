@@ -13,10 +13,10 @@ reference's DCP adapter serves this class through its declared state layout
 
 from __future__ import annotations
 
-import reference
-from reference.dcp import STATE_LAYOUT
-from reference.native_state import local_tensor
-from reference.steps import StepHyper
+import gefen_reference as reference
+from gefen_reference.dcp import STATE_LAYOUT
+from gefen_reference.native_state import local_tensor
+from gefen_reference.steps import StepHyper
 
 from . import kernels
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import reference
-from reference.codewords import nearest_codeword_indices
+import gefen_reference as reference
+from gefen_reference.codewords import nearest_codeword_indices
 
 from gefen_fast import codeword_table
 

@@ -9,9 +9,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import distribute_tensor
 
 import gefen_fast
-import reference
-import reference.dcp as rdcp
-from conformance.sharding import WorldOfOne, sharded_parameter
+import gefen_reference as reference
+import gefen_reference.dcp as rdcp
+from gefen_conformance.sharding import WorldOfOne, sharded_parameter
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gefen_fast
-import reference
+import gefen_reference as reference
 from gefen_fast import kernels
 
 STEPS = 6
