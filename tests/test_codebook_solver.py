@@ -106,7 +106,9 @@ def test_fast_equals_plain_for_any_k(hist, k):
     both(*hist, k)
 
 
-# k = 256 costs the plain solver up to ~1 s per example at 600 bins, hence fewer examples than above.
+# k = 256 costs the plain solver up to ~1 s per example at 600 bins, hence fewer examples than above,
+# and a proof (.ci/run) rather than a default-run test.
+@pytest.mark.proof
 @ci_settings(50)
 @given(hist=histograms())
 def test_fast_equals_plain_for_256_codewords(hist):
@@ -271,6 +273,7 @@ def test_boundary_sizes(m):
         assert np.array_equal(cb[1:-1], CENTERS[idx[1:-1]])
 
 
+@pytest.mark.proof
 def test_realistic_gradient_histogram_fast_equals_plain():
     c, w = gradient_histogram(1 << 18, 64, 24.0, seed=5)
     assert 500 <= c.size <= 1000

@@ -58,7 +58,8 @@ def _results(cert: dict) -> list:
 
 
 @pytest.mark.parametrize("launcher", [pytest.param((), id="pool"),
-                                      pytest.param(("--launcher", "torchrun", "--nproc-per-node", "2"), id="torchrun")])
+                                      pytest.param(("--launcher", "torchrun", "--nproc-per-node", "2"), id="torchrun",
+                                                   marks=pytest.mark.slow)])
 def test_a_repository_with_packages_of_the_same_names_certifies_like_an_empty_directory(tmp_path, launcher):
     empty = tmp_path / "empty"
     empty.mkdir()
