@@ -1,21 +1,20 @@
 """A certificate as a document people read: Markdown for pull requests, HTML for publishing (SPEC 4.5).
 
-:func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`conformance.certificate_read`)
-into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`conformance.report_html`).
-Both show the same content, in this order: the verdict and its reason; the implementation, its
-version and capabilities; the numeric profile and every tolerance it applies; the execution
-target; the suite's identity (content hash, git commit); the platform (torch first); how complete
-the run was (expected vs executed tests, what narrowed it); the per-clause table (outcome counts
-and the worst share of a bound used, with its test), clauses in numeric order (1.10 after 1.9);
-failed, errored and unexpectedly passing tests with their reasons; expected failures with their
-reasons; capability skips with counts; stale expected-failure entries; notes.
+:func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`gefen_conformance.certificate_read`)
+into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`gefen_conformance.report_html`).
+Both lead with what did not pass (:func:`not_passed`: failed, errored and unexpectedly passing
+tests, and tests that did not run for lack of ranks or devices), each with its clauses, its one-line
+reason, where a rank failed, and the command that reruns exactly that test (:func:`rerun_command`);
+then the expected failures, apart; then the margins per clause; then what was certified (identity,
+profile and tolerances, execution, suite, platform, completeness), the per-clause table, capability
+skips, stale expected-failure entries and notes.
 
 Every string taken from the certificate is escaped for the target format (a Markdown table cell
 keeps ``|`` and line breaks inside the cell; HTML gets entity-escaped text); nothing from the
 certificate is ever emitted as markup.
 
-The content model (:func:`facts`, :func:`clause_rows`, :func:`margin_text`) is shared by both
-formats.
+The content model (:func:`facts`, :func:`clause_rows`, :func:`chart_rows`, :func:`not_passed`,
+:func:`margin_text`) is shared by both formats.
 """
 
 from __future__ import annotations
@@ -88,8 +87,9 @@ def tolerance_lines(profile) -> list:
     return lines
 
 
-def facts(cert: dict) -> list:
-    """``(label, text)`` pairs describing what was certified, where, with what, how completely."""
+def facts(cert: dict, *, tolerances: bool = True) -> list:
+    """``(label, text)`` pairs describing what was certified, where, with what, how completely
+    (every bound of the profile too, unless ``tolerances`` is false)."""
     impl, profile = cert["implementation"], cert.get("profile") or {}
     suite, plat = cert.get("suite") or {}, cert.get("platform") or {}
     ex, run, summary = cert.get("execution") or {}, cert.get("run") or {}, cert["summary"]
@@ -100,7 +100,8 @@ def facts(cert: dict) -> list:
         ("capabilities", _join(impl.get("capabilities") or []) or "none declared"),
         ("profile", profile_name + (f" ({profile['reason']})" if isinstance(profile, dict) and profile.get("reason") else "")),
     ]
-    rows += [("tolerances" if i == 0 else "", line) for i, line in enumerate(tolerance_lines(profile))]
+    if tolerances:
+        rows += [("tolerances" if i == 0 else "", line) for i, line in enumerate(tolerance_lines(profile))]
     devices = _join(ex.get("device_names") or [])
     rows.append(("execution", ", ".join(p for p in (
         f"{ex.get('device_type', '?')}" + (f" ({devices})" if devices else ""),
@@ -192,6 +193,146 @@ def tests_with(cert: dict, outcomes) -> list:
     return [t for t in cert["tests"] if t["outcome"] in outcomes]
 
 
+# --- what did not pass ---------------------------------------------------------------------------
+
+#: How each kind of problem is named, worst first.
+PROBLEM_KINDS = {"failed": "failed", "error": "errored", "xpassed": "unexpectedly passed", "not-run": "did not run",
+                 "xfailed": "expected failure"}
+_CAPABILITY_SKIP = re.compile(r"lacks capability ")
+
+
+@dataclass
+class NotPassed:
+    """One test that did not pass, as the reports lead with it."""
+
+    test: str
+    kind: str  # a key of PROBLEM_KINDS
+    clauses: list
+    reason: str  # its first line
+    where: list  # "rank N: file:line in function" lines, when a rank failed or hung
+    rerun: str
+
+
+def first_line(text, limit: int = 240) -> str:
+    line = next((part.strip() for part in str(text or "").splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
+
+
+def did_not_run(test: dict) -> bool:
+    """A skip that leaves a scenario unjudged (too few ranks or devices, another launcher's world):
+    every skip but a capability the implementation does not declare (SPEC 4.1.3)."""
+    return test["outcome"] == "skipped" and not _CAPABILITY_SKIP.search(str(test.get("reason") or ""))
+
+
+def not_passed(cert: dict, *, expected: bool = False) -> list:
+    """What did not pass, worst kind first (failed, errored, unexpectedly passed, did not run); with
+    ``expected``, the expected failures instead."""
+    kinds = ("xfailed",) if expected else ("failed", "error", "xpassed", "not-run")
+    out = []
+    for test in cert["tests"]:
+        kind = "not-run" if did_not_run(test) else test["outcome"]
+        if kind in kinds:
+            out.append(NotPassed(test["id"], kind, [str(c) for c in test.get("clauses") or []],
+                                 first_line(test.get("reason")), [str(w) for w in test.get("where") or []],
+                                 rerun_command(cert, test["id"])))
+    return sorted(out, key=lambda p: kinds.index(p.kind))
+
+
+def _quote(word: str) -> str:
+    import shlex
+
+    return shlex.quote(word)
+
+
+def rerun_command(cert: dict, test_id: str) -> str:
+    """The command that runs exactly ``test_id`` again as this run ran it (SPEC 4.5.5): the same
+    implementation spec, device, launcher and world, from any directory."""
+    impl = cert.get("implementation") or {}
+    spec = impl.get("spec") or impl.get("name") or "reference"
+    ex = cert.get("execution") or {}
+    device = ex.get("device_type") or "cpu"
+    if ex.get("launcher") == "torchrun":
+        words = ["gefen-conformance", "certify", "--impl", spec, "--launcher", "torchrun"]
+        if ex.get("world_size"):
+            words += ["--nproc-per-node", str(ex["world_size"] // max(int(ex.get("nodes") or 1), 1))]
+        if device != "cpu":
+            words += ["--device", device]
+        return " ".join(map(_quote, words + [test_id]))
+    words = ["pytest", f"--impl={spec}"] + ([f"--gefen-device={device}"] if device != "cpu" else []) + [test_id]
+    return " ".join(map(_quote, words))
+
+
+# --- the chart's rows ----------------------------------------------------------------------------
+
+
+@dataclass
+class ChartRow:
+    """One row of the margin chart: the clauses that share one worst comparison (or one state)."""
+
+    clauses: list
+    kind: str  # "outside", "failed" (no comparison), "margin", "xfailed", "bitwise", "checked", "skipped"
+    used: Optional[float] = None  # share of the bound, for "margin" (may exceed 1 when a test failed on it)
+    test: str = ""
+    what: str = ""
+    bitwise_total: int = 0
+    bitwise_differing: int = 0
+
+    @property
+    def order(self) -> tuple:
+        rank = {"outside": 0, "failed": 1, "margin": 2, "xfailed": 3, "bitwise": 4, "checked": 5, "skipped": 6}[self.kind]
+        if self.kind == "margin" and self.used is not None and self.used > 1:
+            rank = 0
+        if self.kind == "bitwise" and self.bitwise_differing:
+            rank = 1
+        closeness = -(self.used or 0.0) if self.kind == "margin" else -self.bitwise_differing
+        return (rank, closeness, clause_key(self.clauses[0]))
+
+
+def chart_rows(cert: dict) -> list:
+    """Every clause of the run in the chart (SPEC 4.5.2), closest to failing first: a clause whose
+    tolerance comparison failed outright, a failed clause without a comparison, the worst share of
+    a bound used, expected failures, clauses compared bitwise only. Clauses whose row would say the
+    same thing (the same worst comparison, or the same state) share one row."""
+    rows = clause_rows(cert)
+    failing = {str(c) for t in tests_with(cert, BAD_OUTCOMES) for c in t.get("clauses") or []}
+    expected = {str(c) for t in tests_with(cert, {"xfailed"}) for c in t.get("clauses") or []}
+    merged: dict = {}
+    for row in rows:
+        bad = row.clause in failing or any(row.counts.get(o) for o in BAD_OUTCOMES)
+        if row.outside:
+            test, what = row.outside[0]
+            key = ("outside", test, what)
+            entry = ChartRow([], "outside", None, test, what)
+        elif row.worst is not None and row.worst["used"] > 1:
+            key = ("margin", row.worst["test"], row.worst["what"], row.worst["used"])
+            entry = ChartRow([], "margin", row.worst["used"], row.worst["test"], row.worst["what"])
+        elif row.bitwise_differing:
+            key = ("bitwise", row.bitwise_total, row.bitwise_differing)
+            entry = ChartRow([], "bitwise", bitwise_total=row.bitwise_total, bitwise_differing=row.bitwise_differing)
+        elif bad:
+            test = next((t["id"] for t in tests_with(cert, BAD_OUTCOMES) if row.clause in map(str, t.get("clauses") or [])), "")
+            key = ("failed", test)
+            entry = ChartRow([], "failed", None, test, "no comparison recorded")
+        elif row.worst is not None:
+            key = ("margin", row.worst["test"], row.worst["what"], row.worst["used"])
+            entry = ChartRow([], "margin", row.worst["used"], row.worst["test"], row.worst["what"])
+        elif row.bitwise_total:
+            key = ("bitwise", row.bitwise_total, 0)
+            entry = ChartRow([], "bitwise", bitwise_total=row.bitwise_total)
+        elif row.clause in expected or row.counts.get("xfailed"):
+            key = ("xfailed",)
+            entry = ChartRow([], "xfailed", None, "", "expected failure")
+        elif row.counts.get("passed"):
+            key = ("checked",)
+            entry = ChartRow([], "checked", None, "", "passed; exact checks only, no numeric comparison")
+        else:
+            key = ("skipped",)
+            entry = ChartRow([], "skipped", None, "", "no test of the clause ran")
+        entry = merged.setdefault(key, entry)
+        entry.clauses.append(row.clause)
+    return sorted(merged.values(), key=lambda r: r.order)
+
+
 # --- Markdown ------------------------------------------------------------------------------------
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -224,10 +365,24 @@ def _md_table(header, rows) -> list:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def _md_problems(problems) -> list:
+    rows = []
+    for p in problems:
+        reason = md_text(p.reason) + "".join(f"<br>{md_text(w)}" for w in p.where)
+        rows.append([md_text(PROBLEM_KINDS[p.kind]), md_code(p.test), md_text(", ".join(p.clauses)), reason, md_code(p.rerun)])
+    return _md_table(["", "test", "clauses", "reason", "rerun"], rows)
+
+
 def markdown(cert: dict, source: str = "") -> str:
     impl = cert["implementation"]
     out = [f"# Gefen conformance: {md_text(impl['name'])} {md_text(impl.get('version') or '')}".rstrip(), "",
            f"**Verdict: {md_text(cert['verdict'])}**" + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""), ""]
+    problems, expected = not_passed(cert), not_passed(cert, expected=True)
+    if problems:
+        out += [f"## Did not pass ({len(problems)})", ""] + _md_problems(problems) + [""]
+    if expected:
+        out += [f"## Expected failures ({len(expected)})", ""] + _md_problems(expected) + [""]
+    out += ["## What was certified", ""]
     out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in facts(cert)[1:]])
     out += ["", "## Clauses", ""]
     rows = []
@@ -238,16 +393,6 @@ def markdown(cert: dict, source: str = "") -> str:
     out += _md_table(["clause"] + [OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows)
     out.append("")
     out.append("The worst margin is the largest share of its bound a tolerance comparison used (100 % = at the bound).")
-    sections = [
-        ("Failed tests", tests_with(cert, BAD_OUTCOMES), True),
-        ("Expected failures", tests_with(cert, {"xfailed"}), False),
-    ]
-    for title, tests, show_outcome in sections:
-        if tests:
-            out += ["", f"## {title} ({len(tests)})", ""]
-            header = ["test"] + (["outcome"] if show_outcome else []) + ["clauses", "reason"]
-            out += _md_table(header, [[md_code(t["id"])] + ([md_text(t["outcome"])] if show_outcome else [])
-                                      + [md_text(_join(t.get("clauses") or [])), md_text(t.get("reason") or "")] for t in tests])
     skips = cert.get("capability_skips") or {}
     if skips:
         out += ["", "## Skipped for a missing capability", ""]
