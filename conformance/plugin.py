@@ -20,7 +20,7 @@ from typing import Optional
 
 import pytest
 
-from .selection import SUITE_DIR, in_suite, names_the_suite, suite_id
+from .selection import SUITE_DIR, in_suite, item_id, names_the_suite
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
@@ -64,9 +64,24 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if not namespace.file_or_dir:
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
+    else:
+        _suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
     guard = _guard(early_config)
     _select_device(getattr(namespace, "gefen_device", "cpu"), guard)
     early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, guard)
+
+
+def _suite_ids_as_paths(args, namespace, invocation_dir) -> None:
+    """A test id as the suite prints it (``test_dcp_async.py::test_x[p]``, SPEC 4.5.5) names that
+    suite test from any directory: rewritten to the suite module's path, unless the current
+    directory holds a file of that name."""
+    from .selection import suite_path_for
+
+    for i, arg in enumerate(namespace.file_or_dir):
+        path = suite_path_for(arg, Path(invocation_dir))
+        if path is not None:
+            args[:] = [path if a == arg else a for a in args]
+            namespace.file_or_dir[i] = path
 
 
 def _guard(config):
@@ -250,14 +265,13 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))
         elif off_device:
             item.add_marker(pytest.mark.skip(reason=off_device))
-        sid = suite_id(item.nodeid)
+        sid = item_id(item)
         if sid in impl.expected_failures:
             matched.add(sid)
             item.add_marker(pytest.mark.xfail(reason=impl.expected_failures[sid], strict=True))
     run.run.stale_expected_failures = sorted(set(impl.expected_failures) - matched)
     result = yield
-    run.after_collection([suite_id(i.nodeid) for i in suite_items],
-                         [suite_id(i.nodeid) for i in items if in_suite(i.path)])
+    run.after_collection([item_id(i) for i in suite_items], [item_id(i) for i in items if in_suite(i.path)])
     return result
 
 
@@ -315,7 +329,7 @@ def pytest_runtest_makereport(item, call):
 
     # user_properties travel with the report, also from xdist workers to the controller
     report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
-    report.user_properties.append((_SUITE_ID, suite_id(item.nodeid)))
+    report.user_properties.append((_SUITE_ID, item_id(item)))
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
     report.user_properties.append((_WORLDS, launch.drain_world_sizes()))

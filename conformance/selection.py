@@ -33,6 +33,23 @@ def suite_id(nodeid: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1] + sep + rest
 
 
+def item_id(item) -> str:
+    """A collected suite item's :func:`suite_id`, from its file name: pytest leaves the path out of
+    the node id of a module named directly on the command line outside the rootdir."""
+    return suite_id(Path(str(item.path)).name + "::" + item.nodeid.partition("::")[2])
+
+
+def suite_path_for(arg: str, invocation_dir: Path) -> Optional[str]:
+    """``arg`` rewritten to an absolute suite path when it is a suite id (``test_module.py`` with
+    or without ``::test...``) and no such file exists where pytest runs; None otherwise."""
+    target, sep, rest = arg.partition("::")
+    if "/" in target or "\\" in target or not (target.startswith("test_") and target.endswith(".py")):
+        return None
+    if (Path(invocation_dir) / target).exists() or not (SUITE_DIR / target).is_file():
+        return None
+    return str(SUITE_DIR / target) + sep + rest
+
+
 def in_suite(path) -> bool:
     return Path(str(path)).resolve().is_relative_to(SUITE_DIR)
 

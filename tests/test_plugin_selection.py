@@ -101,3 +101,18 @@ def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     assert result.ret == 0, result.stdout.str()
     levels = {int(x) for x in (pytester.path / "levels.txt").read_text().split()}
     assert levels and min(levels) >= 30, levels
+
+
+def test_a_printed_test_id_reruns_that_test_from_any_directory(pytester):
+    """SPEC 4.5.5: the id the terminal, certificate and reports print is a valid argument."""
+    repo = _backend_repository(pytester)
+    test_id = "test_optimizer.py::test_pinned_block_step[plain-torch.float16-pinned-after-3]"
+    result = repo.runpytest_subprocess("--impl=reference", test_id, "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads")
+    assert result.ret == 0, result.stdout.str()
+    cert = json.loads((repo.path / "gefen-certificate-reference.partial.json").read_text())
+    assert sorted(t["id"] for t in cert["tests"]) == sorted(
+        [test_id, "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads"])
+    # a file of that name where pytest runs is the user's, not the suite's
+    (repo.path / "test_dcp_names.py").write_text("def test_mine():\n    pass\n")
+    result = repo.runpytest_subprocess("--impl=reference", "test_dcp_names.py")
+    result.assert_outcomes(passed=1)
