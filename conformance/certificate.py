@@ -64,6 +64,13 @@ class Run:
     stale_expected_failures: list = field(default_factory=list)
     started: str = field(default_factory=now)
     world_sizes: set = field(default_factory=set)  # sizes of the multi-rank scenario calls that ran
+    warm_up_s: Optional[float] = None  # the slowest test process's warm-up (SPEC 4.2.11)
+    notes: list = field(default_factory=list)  # run-level notes (the warm-up's), before the tests'
+
+    def warmed_up(self, seconds: float, notes=()) -> None:
+        """A test process's warm-up: the run records the slowest (xdist workers warm up at once)."""
+        self.warm_up_s = max(self.warm_up_s or 0.0, float(seconds))
+        self.notes += [n for n in notes if n not in self.notes]
 
     def record(self, rec: TestRecord) -> None:
         old = self.records.get(rec.nodeid)
@@ -129,14 +136,18 @@ def platform_facts() -> dict:
     }
 
 
-def execution_facts(world_sizes=()) -> dict:
+def execution_facts(world_sizes=(), warm_up_s: Optional[float] = None) -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
     (:func:`gefen_conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
-    device type and device names) and ``world_sizes``, the scenario sizes this run actually ran
-    (sorted, each once; empty when no multi-rank scenario ran)."""
-    from . import launch
+    device type and device names), ``world_sizes``, the scenario sizes this run actually ran
+    (sorted, each once; empty when no multi-rank scenario ran), ``warm_up_s``, the seconds the
+    warm-up took before the first test (null when none ran, SPEC 4.2.11), and
+    ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10)."""
+    from . import deadlines, launch
 
-    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes})}
+    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes}),
+            "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
+            "deadline_scale": deadlines.scale()}
 
 
 def profile_facts(capabilities, device=None) -> dict:
@@ -205,7 +216,7 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
         tally = Counter(r.outcome for r in recs)
         clauses[c] = {**{k: tally.get(k, 0) for k in OUTCOMES}, "worst_margin": _worst_margin(recs)}
     skips = Counter(cap for r in records if r.outcome == "skipped" for cap in r.missing_capabilities)
-    notes = []
+    notes = list(run.notes)
     for r in records:
         notes += [n for n in r.notes if n not in notes]
     name, reason = verdict(counts, facts)

@@ -30,6 +30,7 @@ _SUITE_ID = "gefen_conformance_id"
 _OBSERVED = "gefen_conformance_observations"
 _REASON = "gefen_conformance_reason"
 _WORLDS = "gefen_conformance_world_sizes"
+_WARM_UP = "gefen_conformance_warm_up"
 # the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
 _LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
@@ -272,6 +273,7 @@ def pytest_runtestloop(session):
     run = _run(session.config)
     if run is not None:
         run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
+        run.warm_up(session)  # before the first test, outside every deadline (SPEC 4.2.11)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -319,6 +321,9 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
     report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
+    warm_up = run.take_warm_up_report()
+    if warm_up is not None:  # this process's warm-up travels with its first report
+        report.user_properties.append((_WARM_UP, warm_up))
     return report
 
 
@@ -345,6 +350,9 @@ class _SessionHooks:
         if run.is_worker:
             return
         run.run.world_sizes.update(props.get(_WORLDS) or ())
+        warm_up = props.get(_WARM_UP)
+        if warm_up:  # an xdist worker's warm-up (a single process recorded its own already)
+            run.run.warmed_up(warm_up["seconds"], warm_up.get("notes", ()))
         observed = props.get(_OBSERVED) or {}
         if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
             return

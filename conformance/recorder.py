@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -54,6 +55,7 @@ class SuiteRun:
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
         self._quieted: list = []
+        self.warm_up_report: Optional[dict] = None  # this process's warm-up, until a test report carries it
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -79,6 +81,39 @@ class SuiteRun:
             if name.startswith("c10d-") and isinstance(logger, logging.Logger) and logger.level < logging.WARNING:
                 self._quieted.append((logger, logger.level))
                 logger.setLevel(logging.WARNING)
+
+    def warm_up(self, session) -> None:
+        """Prepare the implementation before the first test of this process (SPEC 4.2.11): the
+        xdist controller runs no test and leaves it to its workers."""
+        from . import devices, launch, warmup
+        from .implementation import DCP_RESHARD
+        from .selection import in_suite
+
+        if self.config.option.collectonly or self.config.pluginmanager.has_plugin("dsession"):
+            return
+        items = [item for item in session.items if in_suite(item.path)]
+        if not items:
+            return
+        result = warmup.warm_up_process(self.impl, devices.selected())
+        ranked = self.impl.has(DCP_RESHARD) and any(
+            DCP_RESHARD in mark.args for item in items for mark in item.iter_markers("requires"))
+        active = launch.active()
+        if ranked and isinstance(active, launch.PoolLauncher):
+            started = time.monotonic()
+            workers = next((n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0)
+            try:
+                warmup.prepare_pool(self.config.option.impl, workers)
+            except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
+                result.notes.append(f"warm-up: starting {workers} rank workers failed: "
+                                    f"{certificate.cut(str(exc), 300)}")
+            result.seconds += time.monotonic() - started
+        result.seconds += float(getattr(active, "preparation_s", 0.0) or 0.0)  # torchrun ranks, at start-up
+        self.warm_up_report = {"seconds": result.seconds, "notes": result.notes}
+        self.run.warmed_up(result.seconds, result.notes)
+
+    def take_warm_up_report(self) -> Optional[dict]:
+        report, self.warm_up_report = self.warm_up_report, None
+        return report
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -178,7 +213,7 @@ class SuiteRun:
         cert = certificate.build(
             self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
             suite=certificate.suite_facts(), platform_=certificate.platform_facts(),
-            execution=certificate.execution_facts(self.run.world_sizes),
+            execution=certificate.execution_facts(self.run.world_sizes, self.run.warm_up_s),
         )
         explicit = self.config.getoption("certificate")
         requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"
