@@ -28,8 +28,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Callable
 
-__all__ = ["Deadline", "MAX_STRETCH", "SAMPLE_S", "parse_scale", "scale", "set_scale", "settled_stretch",
+__all__ = ["Deadline", "wait_until", "MAX_STRETCH", "SAMPLE_S", "parse_scale", "scale", "set_scale", "settled_stretch",
            "stretch_now", "wall_bound"]
 
 #: the most a machine's load stretches a deadline: a rank that truly hangs is reported within
@@ -177,3 +178,15 @@ class Deadline:
             text += (f", which the machine's load stretched to {wall:.1f} s of wall time "
                      f"(up to {self.peak_stretch:.1f}x)")
         return text
+
+
+def wait_until(wait: Callable[[float], bool], seconds: float) -> bool:
+    """Wait up to ``seconds`` quiet seconds (a :class:`Deadline`) for something: ``wait(t)`` blocks
+    at most ``t`` wall seconds and returns True once it happened (``threading.Event.wait`` is
+    one). Returns True when it happened, False when the deadline passed first."""
+    deadline = Deadline(seconds)
+    while True:
+        if wait(max(deadline.wait_s(), 0.01)):
+            return True
+        if deadline.expired():
+            return bool(wait(0))

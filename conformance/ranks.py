@@ -702,12 +702,12 @@ class _Pool:
             with self.lock:
                 self.live.pop(worker.ident, None)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, now: bool = False) -> None:
         with self.lock:
             self.closed = True
             workers = list(self.live.values())
             self.idle.clear()
-        self.discard(workers)
+        self.discard(workers, ask_first=not now)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def idle_pids(self) -> list[int]:
@@ -734,8 +734,9 @@ def _pool() -> _Pool:
         return _POOL
 
 
-def shutdown_pool() -> None:
-    """Stop every worker this process started (idle or busy) and remove the pool's temp files.
+def shutdown_pool(*, now: bool = False) -> None:
+    """Stop every worker this process started (idle or busy) and remove the pool's temp files;
+    with ``now``, SIGKILL them without asking them to leave first (an interrupted run, SPEC 4.4.6).
 
     Runs at interpreter exit; safe to call at any time and more than once. A later
     :func:`run_on_ranks` starts a new pool.
@@ -744,10 +745,25 @@ def shutdown_pool() -> None:
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
     if pool is not None and pool.owner_pid == os.getpid():
-        pool.shutdown()
+        pool.shutdown(now=now)
 
 
 atexit.register(shutdown_pool)
+
+
+def kill_all() -> None:
+    """SIGKILL every worker of this process's pool (and what each started in its process group),
+    without waiting for them to be reaped: an interrupted run that is about to leave (SPEC 4.4.6).
+    Their fork server reaps them, or exits with this process."""
+    pool = _POOL
+    if pool is None or pool.owner_pid != os.getpid():
+        return
+    with pool.lock:
+        pool.closed = True
+        workers = list(pool.live.values())
+    for worker in workers:
+        worker.kill()
+    shutil.rmtree(pool.tmpdir, ignore_errors=True)
 
 
 def _idle_worker_pids() -> list[int]:

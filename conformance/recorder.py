@@ -56,19 +56,80 @@ class SuiteRun:
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
         self._quieted: list = []
         self.warm_up_report: Optional[dict] = None  # this process's warm-up, until a test report carries it
+        self.exit_status: Optional[int] = None  # the verdict's exit status, once the certificate is built
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def open(self) -> None:
         self.profile.enter()
+        if not self.is_worker:
+            # the suite's identity (file hashes, git state: seconds of git on a loaded machine) is
+            # taken as the run starts, off the main thread, so that finishing, interrupted or not,
+            # does not wait for it
+            import threading
+
+            self._suite_facts_thread = threading.Thread(target=self._take_suite_facts, daemon=True,
+                                                        name="gefen-suite-facts")
+            self._suite_facts_thread.start()
+
+    def _take_suite_facts(self) -> None:
+        try:
+            self._suite_facts = certificate.suite_facts()
+        except Exception as exc:  # noqa: BLE001 - the certificate says it could not be taken
+            self._suite_facts_error = f"{type(exc).__name__}: {exc}"
+
+    def suite_facts(self, interrupted: bool) -> dict:
+        """The suite's identity taken at the start; an interrupted run waits for it at most 1 s
+        and then records the content hash alone (the git state as unknown)."""
+        thread = getattr(self, "_suite_facts_thread", None)
+        if thread is not None:
+            thread.join(1.0 if interrupted else None)
+        facts = getattr(self, "_suite_facts", None)
+        if facts is not None:
+            return facts
+        from . import provenance
+
+        provenance.kill_running()
+        self.run.notes.append("the suite's git state was not determined before the run was interrupted")
+        return {**certificate.suite_facts(git=False), "git": None}
 
     def close(self) -> None:
+        if getattr(self.config.option, "gefen_deadline_scale", None) is not None:
+            from . import deadlines
+
+            deadlines.set_scale(None)
         self.guard.uninstall()
         self.census.cancel()
         self.profile.exit()
         for logger, level in self._quieted:
             logger.setLevel(level)
         self._quieted = []
+
+    def leave_now(self) -> None:
+        """An interrupted run, once its certificate is written and its summary printed: stop every
+        process it started and leave at once with the run's exit status (SPEC 4.4.6). pytest's
+        remaining clean-up and the interpreter's finalization (full garbage collections of a heap
+        holding torch, seconds on a loaded machine) are skipped: a Ctrl-C'd run is gone within
+        seconds of the signal, also at load."""
+        import os
+        import sys
+
+        status = self.exit_status if self.exit_status is not None else int(pytest.ExitCode.INTERRUPTED)
+        try:
+            self.close()
+            ranks = sys.modules.get("gefen_conformance.ranks")
+            if ranks is not None:
+                ranks.kill_all()
+            from . import provenance
+
+            provenance.kill_running()
+        finally:
+            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            os._exit(status)
 
     def quiet_torch_loggers(self) -> None:
         """Keep torch.distributed's own loggers at WARNING while the suite runs.
@@ -204,21 +265,28 @@ class SuiteRun:
         expected, _ = self._expected_ids(interrupted is not None)
         executed = set(self.run.records)
         missing = (expected - executed) if expected is not None else set()
+        not_run = [{"id": r.nodeid, "reason": r.reason} for r in sorted(self.run.records.values(), key=lambda r: r.nodeid)
+                   if r.not_run]
         facts = certificate.RunFacts(
             started=self.run.started, finished=certificate.now(), interrupted=interrupted,
             narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
             expected_tests=len(expected) if expected is not None else None,
             executed_tests=len(executed), hypothesis=profiles.describe(), exit_status=int(exitstatus),
+            not_run=not_run,
         )
         cert = certificate.build(
             self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
-            suite=certificate.suite_facts(), platform_=certificate.platform_facts(),
+            suite=self.suite_facts(interrupted is not None), platform_=certificate.platform_facts(),
             execution=certificate.execution_facts(self.run.world_sizes, self.run.warm_up_s),
         )
+        # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
+        cert["run"]["exit_status"] = self.exit_status = certificate.EXIT_STATUS[cert["verdict"]]
         explicit = self.config.getoption("certificate")
         requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"
-        if explicit:
+        if explicit and interrupted is None:
             target = certificate.destination(requested, cert)
+        elif explicit:
+            target = certificate.partial_path(requested)  # interrupted: never the path asked for (SPEC 4.4.5)
         else:
             target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
         certificate.write(cert, target)
@@ -240,6 +308,13 @@ class SuiteRun:
                       green=cert["verdict"].startswith("conformant"), red=cert["verdict"] == "not-conformant",
                       yellow=cert["verdict"] in ("partial", "incomplete", "inconclusive"))
         tr.write_line(f"verdict: {cert['verdict']}: {cert['verdict_reason']}")
+        not_run = cert["run"].get("not_run") or []
+        if not_run:
+            tr.write_line(f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
+                          yellow=True)
+            for entry in not_run:
+                tr.write_line(f"  {entry['id']}: {entry['reason']}", yellow=True)
+        tr.write_line(f"exit status {cert['run']['exit_status']} ({cert['verdict']}; SPEC 4.4.9)")
         tr.write_line(_profile_line(cert["profile"]))
         hyp = cert["run"]["hypothesis"]
         if hyp:

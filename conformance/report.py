@@ -109,7 +109,10 @@ def facts(cert: dict) -> list:
         f"world size {ex['world_size']}" if ex.get("world_size") else "",
         f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
         f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
-        f"{ex['launcher']} launcher" if ex.get("launcher") else "") if p)))
+        f"{ex['launcher']} launcher" if ex.get("launcher") else "",
+        f"warm-up {ex['warm_up_s']:g} s" if isinstance(ex.get("warm_up_s"), (int, float)) else "",
+        f"deadlines scaled {ex['deadline_scale']:g}x" if isinstance(ex.get("deadline_scale"), (int, float))
+        and ex["deadline_scale"] != 1 else "") if p)))
     git = suite.get("git")
     rows.append(("suite", ", ".join(p for p in (
         f"{suite.get('name', 'gefen-conformance')} {suite.get('version') or ''}".strip(),
@@ -127,6 +130,13 @@ def facts(cert: dict) -> list:
             f" ({', '.join(f'{k} {v}' for k, v in hyp['settings'].items())})" if isinstance(hyp.get("settings"), dict) else "")))
     rows.append(("summary", ", ".join(f"{summary.get(o, 0)} {OUTCOME_HEADINGS[o]}" for o in OUTCOMES)))
     return rows
+
+
+def not_run(cert: dict) -> list:
+    """``[{"id", "reason"}]``: the suite tests this run could not hold (too few ranks or devices,
+    SPEC 4.4.2), which a report shows right after the verdict."""
+    entries = (cert.get("run") or {}).get("not_run") or []
+    return [e for e in entries if isinstance(e, dict) and "id" in e]
 
 
 def _completeness(run: dict) -> str:
@@ -228,6 +238,11 @@ def markdown(cert: dict, source: str = "") -> str:
     impl = cert["implementation"]
     out = [f"# Gefen conformance: {md_text(impl['name'])} {md_text(impl.get('version') or '')}".rstrip(), "",
            f"**Verdict: {md_text(cert['verdict'])}**" + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""), ""]
+    missing = not_run(cert)
+    if missing:
+        out += [f"## Did not run here ({len(missing)})", "",
+                "Too few ranks or devices for these scenarios, so the run cannot be conformant (SPEC 4.4.2):", ""]
+        out += _md_table(["test", "why"], [[md_code(e["id"]), md_text(e.get("reason") or "")] for e in missing]) + [""]
     out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in facts(cert)[1:]])
     out += ["", "## Clauses", ""]
     rows = []

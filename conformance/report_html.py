@@ -18,7 +18,7 @@ import html as _html
 import re
 
 from .certificate_read import BAD_OUTCOMES, OUTCOMES, clause_key
-from .report import OUTCOME_HEADINGS, ClauseRow, clause_rows, facts, margin_text, percent, tests_with
+from .report import OUTCOME_HEADINGS, ClauseRow, clause_rows, facts, margin_text, not_run, percent, tests_with
 
 SCALE_MAX = 1.25  # the chart's x axis runs from 0 to 125 % of the bound
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -138,6 +138,16 @@ def _tests_table(tests, with_outcome: bool) -> str:
     return _table(header, rows)
 
 
+def _not_run_section(cert: dict) -> str:
+    missing = not_run(cert)
+    if not missing:
+        return ""
+    return (f"<h2>Did not run here ({len(missing)})</h2>"
+            "<p>Too few ranks or devices for these scenarios, so the run cannot be conformant (SPEC 4.4.2):</p>"
+            + _table(["test", "why"], [[f"<td><code>{esc(e['id'])}</code></td>", f"<td>{esc(e.get('reason') or '')}</td>"]
+                                       for e in missing]))
+
+
 def html(cert: dict, source: str = "") -> str:
     impl, verdict = cert["implementation"], cert["verdict"]
     title = f"Gefen conformance: {impl['name']} {impl.get('version') or ''}".strip()
@@ -150,6 +160,7 @@ def html(cert: dict, source: str = "") -> str:
         f"<h1>{esc(title)}</h1>",
         f'<span class="verdict" style="background:{VERDICT_COLOURS[verdict]}">{esc(verdict)}</span>',
         f'<div class="reason">{esc(cert.get("verdict_reason") or "")}</div>',
+        _not_run_section(cert),
         _table(["", ""], [[f"<th>{esc(k)}</th>", f"<td>{esc(v)}</td>"] for k, v in facts(cert)[1:]], "facts").replace(
             "<thead><tr><th></th><th></th></tr></thead>", ""),
         "<h2>Margins per clause</h2>",

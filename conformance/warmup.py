@@ -50,22 +50,36 @@ def prepare_hook(impl, device) -> None:
         impl.prepare(torch.device(device))
 
 
+def _model():
+    """A small model with the scenarios' kinds of parameter: a matrix with structured gradients (a
+    searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
+    from . import workload
+
+    return workload.Model(shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
+                          groups=(("matrix", "prime"), ("scalar",)), init=workload.one_stream,
+                          structured=frozenset({"matrix"}), column_period=4)
+
+
 def exercise(impl) -> list[str]:
-    """Run each of :data:`CODE_PATHS` the implementation supports once, two steps, on the run's
-    device; returns a note per code path that raised (the tests that use it report it)."""
+    """Run each of :data:`CODE_PATHS` the implementation supports once, two steps (the first
+    creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
+    code path that raised (the tests that use it report it)."""
     from . import workload
     from .implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 
+    model = _model()
     notes = []
     for dtype, factored in CODE_PATHS:
         if factored and not impl.has(FACTORED_SECOND_MOMENT):
             continue
         label = f"{str(dtype).replace('torch.', '')} {'factored' if factored else 'block'}"
         try:
-            trained = workload.trajectory(impl.make_optimizer, dtype, 2, tensor_lr=True, weight_decay=0.01,
-                                          factored_v_2d=factored)
+            params = workload.parameters(model, dtype=dtype)
+            hypers = ({"lr": torch.tensor(3e-3), "weight_decay": 0.01}, {"lr": 1e-3})
+            optimizer = impl.make_optimizer(workload.param_groups(model, params, hypers), factored_v_2d=factored)
+            workload.train(model, optimizer, params, range(2))
             if impl.has(NATIVE_STATE_DICT):
-                trained.optimizer.load_state_dict(trained.optimizer.state_dict())
+                optimizer.load_state_dict(optimizer.state_dict())
         except Exception as exc:  # noqa: BLE001 - the scenarios report it with their own checks
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             notes.append(f"warm-up: {impl.name}'s {label} steps raised {type(exc).__name__}: {first}")
