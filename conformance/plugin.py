@@ -328,7 +328,8 @@ def _reason(report, call) -> str:
     if hasattr(report, "wasxfail"):
         return cut(report.wasxfail)
     if report.skipped and isinstance(report.longrepr, tuple):
-        return cut(report.longrepr[2])
+        text = str(report.longrepr[2])
+        return cut(text[len("Skipped: "):] if text.startswith("Skipped: ") else text)
     if not report.failed:
         return ""
     error = call.excinfo.value if call.excinfo is not None else None

@@ -44,8 +44,9 @@ def session_processes(sid: int) -> list[tuple[int, str]]:
 def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum=signal.SIGINT,
                   to_group: bool = True, stop_within_s: float = 120.0, env=None) -> dict:
     """Start ``pytest ARGS`` in ``workdir``, send ``signum`` ``at_s`` seconds later, and report:
-    exit status, seconds from the signal to the exit, output lines, the certificate's verdict, and
-    the processes of the run still alive 10 s after it exited (each is then killed)."""
+    exit status, seconds from the signal to the exit and to the moment no process of the run was
+    left, output lines, the certificate's verdict, and the processes of the run still alive 10 s
+    after it exited (each is then killed)."""
     workdir = Path(workdir)
     log = workdir / "output.txt"
     with open(log, "w") as out:
@@ -73,8 +74,9 @@ def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum
     left = session_processes(sid)
     deadline = time.monotonic() + 10.0
     while left and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
         left = session_processes(sid)
+    gone_after = time.monotonic() - signalled if not left else None
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -85,6 +87,7 @@ def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum
     text = log.read_text(errors="replace")
     return {
         "at_s": at_s, "exit": code, "finished_before_signal": finished_first, "stopped_after_s": round(stopped_after, 1),
+        "gone_after_s": None if gone_after is None else round(gone_after, 1),
         "lines": len(text.splitlines()), "left": left, "certificates": [c.name for c in certificates],
         "verdict": cert["verdict"] if cert else None, "run": cert["run"] if cert else None, "output": text,
     }

@@ -202,6 +202,7 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert report["exit"] not in (0, None), report["output"][-3000:]
     assert report["left"] == [], report["left"]
     assert report["stopped_after_s"] < 5, report["output"][-3000:]
+    assert report["gone_after_s"] < 5, report
     if report["verdict"] is None:
         # on a loaded machine 5 s may still be start-up: loading the implementation (it says so), or
         # even importing pytest, before any plugin runs (Python's own traceback)
