@@ -21,6 +21,20 @@ from .interrupts import InterruptGuard
 from .profiles import SuiteProfile
 
 
+def _pytest_is_the_program() -> bool:
+    """True when this process runs pytest and nothing else (``python -m pytest``, the ``pytest``
+    script), so an interrupted run may leave with ``os._exit``; False for ``pytest.main()`` called
+    by another program, which carries on after it."""
+    import os
+    import sys
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("pytest", "pytest.__main__"):
+        return True
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
+
+
 def _terminal_line(cert: dict) -> str:
     s = cert["summary"]
     return (f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
@@ -124,12 +138,14 @@ class SuiteRun:
 
             provenance.kill_running()
         finally:
-            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001
-                    pass
-            os._exit(status)
+            if _pytest_is_the_program() or self.is_worker:
+                for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                    try:
+                        stream.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+                os._exit(status)
+            # pytest.main() inside another program (torchrun's rank 0): it carries on and leaves itself
 
     def quiet_torch_loggers(self) -> None:
         """Keep torch.distributed's own loggers at WARNING while the suite runs.

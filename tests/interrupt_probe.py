@@ -1,8 +1,8 @@
 """Interrupt a certification the way a user does, and report what was left behind.
 
-Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run is started in a
-session of its own (so every process it starts can be found by session id), with Python's default
-SIGINT handler restored (a background shell starts children with SIGINT ignored), and the signal
+Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run (``python -m pytest``) is started in
+a session of its own (so every process it starts can be found by session id), with SIGINT and
+SIGTERM at their defaults (a background shell starts children with SIGINT ignored), and the signal
 goes to its whole process group, as Ctrl-C in a terminal does.
 """
 
@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-_LAUNCH = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "signal.signal(signal.SIGTERM, signal.SIG_DFL); import pytest; sys.exit(pytest.console_main())"
-)
+def default_signals() -> None:
+    """In the child before it execs: Ctrl-C and SIGTERM as a terminal's program gets them (a shell
+    that runs this in the background starts its children with SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def session_processes(sid: int) -> list[tuple[int, str]]:
@@ -51,9 +53,9 @@ def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum
     log = workdir / "output.txt"
     with open(log, "w") as out:
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "-p", "no:cacheprovider", *args], cwd=workdir,
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=workdir,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env, preexec_fn=default_signals)
         sid = proc.pid
         try:
             while time.monotonic() - started < at_s and proc.poll() is None:

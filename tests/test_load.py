@@ -65,9 +65,10 @@ def test_the_load_generator_is_bounded_and_cleaned_up():
 
 
 def test_the_harness_bounds_hold_at_load(oversubscribed):
+    run_on_ranks(test_ranks._pid, 2, timeout=60)  # two warm workers: what follows times the call, not a start
     # a rank that truly hangs: still reported, within its deadline as the load stretched it
+    started = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        started = time.monotonic()
         run_on_ranks(test_ranks._nap_forever_on_rank_1, 2, timeout=5.0)
     elapsed = time.monotonic() - started
     rank0, rank1 = info.value.outcomes

@@ -21,7 +21,7 @@ import pytest
 
 from gefen_conformance.interrupts import InterruptGuard
 
-from .interrupt_probe import interrupt_run, session_processes
+from .interrupt_probe import default_signals, interrupt_run, session_processes
 
 FAKE_DCP = "/site-packages/torch/distributed/checkpoint/utils.py"
 WRAPPER = """
@@ -165,13 +165,11 @@ def test_ctrl_c_stops_the_run_within_5_s_and_writes_the_partial_certificate(pyte
     with ``--out`` wrote ``--out`` itself. Now: gone within 5 s of the signal (SPEC 4.4.6), with
     no process left, and the certificate at ``<stem>.partial.json`` (SPEC 4.4.5)."""
     pytester.makepyfile(interrupter=TIMED_INTERRUPTER)
-    launch = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "import pytest; sys.exit(pytest.console_main())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
-    child = subprocess.Popen([sys.executable, "-c", launch, "-p", "no:cacheprovider", "-p", "interrupter",
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "interrupter",
                               "--impl=reference", "-k", "test_dcp_failures or test_staging_regression",
                               "--certificate=out/c.json"], cwd=pytester.path, env=env, start_new_session=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             preexec_fn=default_signals, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = child.communicate(timeout=900)
         exited = time.time()
