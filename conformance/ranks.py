@@ -752,9 +752,11 @@ atexit.register(shutdown_pool)
 
 
 def kill_all() -> None:
-    """SIGKILL every worker of this process's pool (and what each started in its process group),
-    without waiting for them to be reaped: an interrupted run that is about to leave (SPEC 4.4.6).
-    Their fork server reaps them, or exits with this process."""
+    """SIGKILL every worker of this process's pool (and what each started in its process group)
+    and the fork server, without waiting for them to be reaped: an interrupted run that is about to
+    leave (SPEC 4.4.6). The fork server would leave by itself when this process ends, but it holds
+    torch and the scenario modules, and a Python that exits normally spends seconds (more on a
+    loaded machine) tearing those down."""
     pool = _POOL
     if pool is None or pool.owner_pid != os.getpid():
         return
@@ -763,6 +765,12 @@ def kill_all() -> None:
         workers = list(pool.live.values())
     for worker in workers:
         worker.kill()
+    server = _fork_server_pid()
+    if server:
+        try:
+            os.kill(server, signal.SIGKILL)
+        except OSError:
+            pass
     shutil.rmtree(pool.tmpdir, ignore_errors=True)
 
 
