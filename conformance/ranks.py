@@ -97,7 +97,13 @@ imported) numpy global generators are reseeded from ``os.urandom`` for every cal
 started process would be: ranks never share a random stream, warm or not, and a scenario that
 needs reproducible numbers must seed explicitly. Module globals of the scenario's own modules do
 persist between calls, as in any long-lived worker. At most ``GEFEN_RANKS_POOL_MAX`` (default
-8) idle workers are kept. Workers are forked from a single-threaded fork server that has torch
+8) idle workers are kept.
+
+One-time costs stay out of every deadline (SPEC 4.2.11): :func:`prepare_workers` names modules
+every worker imports before it reports ready (the fork server imports them once when it starts
+after the call) and a preparation each worker runs the first time a call reaches it on a device;
+a call's deadline starts only when every one of its ranks has reported ``prepared``.
+:func:`start_workers` starts idle workers ahead of the first call. Workers are forked from a single-threaded fork server that has torch
 preloaded (see :func:`_start_fork_server` for why); ``GEFEN_RANKS_START_METHOD=spawn`` uses
 ``"spawn"`` instead (slower; for debugging; there ``PR_SET_PDEATHSIG`` follows the caller's
 thread that started a worker, so call the harness from one long-lived thread).

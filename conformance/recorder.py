@@ -76,7 +76,7 @@ class SuiteRun:
 
     def open(self) -> None:
         self.profile.enter()
-        if not self.is_worker:
+        if not self.is_worker and not self.config.option.collectonly:
             # the suite's identity (file hashes, git state: seconds of git on a loaded machine) is
             # taken as the run starts, off the main thread, so that finishing, interrupted or not,
             # does not wait for it
