@@ -91,7 +91,7 @@ def run_tests(out: Path, tag: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-core", type=float, nargs="+", default=[0, 4, 8])
-    parser.add_argument("--impl", nargs="+", default=["reference", "fast"])
+    parser.add_argument("--impl", nargs="*", default=["reference", "fast"], help="none: only --tests")
     parser.add_argument("--tests", action="store_true", help="also run the harness's own proofs under each load")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--bound-s", type=float, default=4 * 3600, help="bound on the busy processes (default 4 h)")
