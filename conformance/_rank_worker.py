@@ -4,13 +4,19 @@ One worker is one long-lived OS process that runs scenario calls, one at a time,
 rank the parent assigns it. The parent and the worker talk over a ``multiprocessing`` pipe:
 
 * worker -> parent ``("ready", pid, own_group)`` once the worker has finished its one-time
-  setup (``own_group``: the worker leads its own process group, see ``os.setpgid``);
-* parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`); the worker
-  binds a :class:`gefen_conformance.world.World` (the default group, its rank's device of
-  ``task["device"]``) around ``fn``;
+  setup: torch and the ``preload`` modules imported (``own_group``: the worker leads its own
+  process group, see ``os.setpgid``);
+* parent -> worker ``("run", task)`` with ``task`` a dict (see :func:`_run_call`);
+* worker -> parent ``("prepared", call_id)`` once the caller's environment is applied and the
+  call's one-time preparation (``task["prepare"]``: the implementation's, run once per worker
+  and device, SPEC 4.2.11) is done; or a "raised" ``("result", ...)`` when it failed;
+* parent -> worker ``("go", call_id)`` once every rank of the call is prepared (the call's
+  deadline starts then), or ``("cancel", call_id)`` when another rank failed to prepare;
 * worker -> parent ``("result", call_id, report)`` with ``report`` a dict of plain, picklable
   values: ``status`` ("ok" or "raised"), ``value`` (pickled bytes, for "ok"), or ``exc_type``,
-  ``message``, ``traceback`` (text) and ``exc_bytes`` (the pickled exception, or None);
+  ``message``, ``traceback`` (text) and ``exc_bytes`` (the pickled exception, or None); the
+  worker binds a :class:`gefen_conformance.world.World` (the default group, its rank's device of
+  ``task["device"]``) around ``fn``;
 * parent -> worker ``("exit",)``: leave the loop and exit 0.
 
 After a "raised" report the worker exits at once (exit code :data:`EXIT_AFTER_FAILURE`) without
@@ -160,15 +166,15 @@ def _rank_device(name: str, rank: int, torch):
     return device
 
 
-def _run_call(task: dict, torch, dist) -> dict:
-    """Run one scenario call; returns the report dict. Never raises."""
-    import datetime
+#: (preparation key, device) pairs this worker has prepared (SPEC 4.2.11)
+_PREPARED: set = set()
 
-    _RETIRED_GROUPS.clear()
+
+def _apply_caller(task: dict, torch) -> None:
+    """The caller's environment as of this call (as a freshly spawned rank would inherit it),
+    with the thread limits and rendezvous variables on top; its ``sys.path`` and directory."""
     rank = task["rank"]
     world_size = task["world_size"]
-    # The caller's environment as of this call (as a freshly spawned rank would inherit it),
-    # with the thread limits and rendezvous variables on top.
     os.environ.clear()
     os.environ.update(task["environ"])
     for name in SINGLE_THREAD_ENV:
@@ -192,6 +198,36 @@ def _run_call(task: dict, torch, dist) -> dict:
     except OSError:
         pass
     torch.set_num_threads(1)
+
+
+def _prepare(task: dict, torch) -> dict | None:
+    """The call's one-time preparation on this worker (once per preparation and device), before the
+    call's deadline starts; a "raised" report when it fails, else None."""
+    _apply_caller(task, torch)
+    payload = task.get("prepare")
+    if payload is None:
+        return None
+    device = "?"
+    try:
+        device = _rank_device(task["device"], task["rank"], torch)
+        key, fn, args = pickle.loads(payload)
+        if (key, str(device)) in _PREPARED:
+            return None
+        fn(*args, device=device)
+        _PREPARED.add((key, str(device)))
+    except BaseException as exc:  # noqa: BLE001 - reported, never escapes
+        return _exception_report(exc, message_prefix=f"[while preparing this rank on {device}] ")
+    return None
+
+
+def _run_call(task: dict, torch, dist) -> dict:
+    """Run one scenario call (the caller's environment already applied); returns the report
+    dict. Never raises."""
+    import datetime
+
+    _RETIRED_GROUPS.clear()
+    rank = task["rank"]
+    world_size = task["world_size"]
     _reseed(torch)
 
     stage = "unpickling fn/args/kwargs"
@@ -252,8 +288,9 @@ def _run_call(task: dict, torch, dist) -> dict:
     return {"status": "ok", "value": value_bytes}
 
 
-def worker_main(conn, client_pid: int, dump_path: str, output_path: str) -> None:
-    """Entry point of a pool worker process (the ``target`` of its ``Process``)."""
+def worker_main(conn, client_pid: int, dump_path: str, output_path: str, preload=()) -> None:
+    """Entry point of a pool worker process (the ``target`` of its ``Process``). ``preload``: modules
+    imported before the worker reports ready (no-ops for those its fork server imported already)."""
     for name in SINGLE_THREAD_ENV:
         os.environ[name] = "1"
     # Ctrl-C is the parent's business: it kills us after cleaning up, we must not race it.
@@ -305,20 +342,30 @@ def worker_main(conn, client_pid: int, dump_path: str, output_path: str) -> None
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass
+    _import_quietly(preload)
     baseline = _Baseline(torch)
     conn.send(("ready", os.getpid(), own_group))
 
     while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            os._exit(EXIT_PARENT_GONE)
+        message = _receive(conn)
         if message[0] == "exit":
             break
         if message[0] != "run":
             continue
         task = message[1]
-        report = _run_call(task, torch, dist)
+        report = _prepare(task, torch)
+        if report is None:
+            _send(conn, ("prepared", task["call_id"]))
+            while True:
+                message = _receive(conn)
+                if message[0] in ("go", "cancel") and message[1] == task["call_id"]:
+                    break
+                if message[0] == "exit":
+                    os._exit(0)
+            if message[0] == "cancel":
+                baseline.restore(torch)
+                continue
+            report = _run_call(task, torch, dist)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -333,3 +380,29 @@ def worker_main(conn, client_pid: int, dump_path: str, output_path: str) -> None
         baseline.restore(torch)
     conn.close()
     dump_file.close()
+
+
+def _receive(conn) -> tuple:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        os._exit(EXIT_PARENT_GONE)
+
+
+def _send(conn, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except BaseException:  # noqa: BLE001 - the parent is gone or the pipe is broken
+        os._exit(EXIT_PARENT_GONE)
+
+
+def _import_quietly(modules) -> None:
+    """Import ``modules`` (a failure here is not this worker's to report: a call that needs the
+    module raises it with its traceback)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001
+            pass

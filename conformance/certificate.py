@@ -27,6 +27,20 @@ from typing import Optional
 SCHEMA = "gefen-conformance-certificate/2"
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 REASON_CHARS = 400
+#: The exit status of a suite run by its verdict (SPEC 4.4.9): the one table ``pytest --impl``,
+#: ``gefen-conformance certify`` and a CI job use. Only a conformant run exits 0 (expected failures
+#: are declared, each with its reason, and each ran as a strict expected failure); 1, 2 and 4 mean
+#: what they mean to pytest (tests failed, interrupted, usage error).
+EXIT_STATUS = {
+    "conformant": 0,
+    "conformant-with-expected-failures": 0,
+    "not-conformant": 1,
+    "incomplete": 2,
+    "partial": 6,
+    "inconclusive": 7,
+}
+#: a command line or an implementation that cannot run, refused before anything runs (SPEC 4.1.6)
+USAGE_ERROR = 4
 # setup, call and teardown of one test collapse into one record; the worst outcome wins
 _SEVERITY = ["passed", "skipped", "xfailed", "xpassed", "failed", "error"]
 
@@ -53,6 +67,7 @@ class TestRecord:
     margins: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     missing_capabilities: list = field(default_factory=list)
+    not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
 
 
 @dataclass
@@ -64,6 +79,13 @@ class Run:
     stale_expected_failures: list = field(default_factory=list)
     started: str = field(default_factory=now)
     world_sizes: set = field(default_factory=set)  # sizes of the multi-rank scenario calls that ran
+    warm_up_s: Optional[float] = None  # the slowest test process's warm-up (SPEC 4.2.11)
+    notes: list = field(default_factory=list)  # run-level notes (the warm-up's), before the tests'
+
+    def warmed_up(self, seconds: float, notes=()) -> None:
+        """A test process's warm-up: the run records the slowest (xdist workers warm up at once)."""
+        self.warm_up_s = max(self.warm_up_s or 0.0, float(seconds))
+        self.notes += [n for n in notes if n not in self.notes]
 
     def record(self, rec: TestRecord) -> None:
         old = self.records.get(rec.nodeid)
@@ -76,6 +98,7 @@ class Run:
             worst.reason or old.reason or rec.reason, old.margins + rec.margins,
             old.notes + [n for n in rec.notes if n not in old.notes],
             old.missing_capabilities or rec.missing_capabilities,
+            (old.not_run or rec.not_run) and worst.outcome == "skipped",
         )
         self.records[rec.nodeid] = merged
 
@@ -92,16 +115,18 @@ class RunFacts:
     executed_tests: int
     hypothesis: Optional[dict]
     exit_status: int
+    not_run: list = field(default_factory=list)  # [{"id", "reason"}]: skipped for too few ranks or devices
 
     @property
     def complete(self) -> bool:
-        return (self.interrupted is None and not self.narrowed_by and self.expected_tests is not None
-                and self.executed_tests >= self.expected_tests)
+        return (self.interrupted is None and not self.narrowed_by and not self.not_run
+                and self.expected_tests is not None and self.executed_tests >= self.expected_tests)
 
     def as_dict(self) -> dict:
         return {
             "started": self.started, "finished": self.finished, "complete": self.complete,
             "interrupted": self.interrupted is not None, "narrowed_by": list(self.narrowed_by),
+            "not_run": [dict(entry) for entry in self.not_run],
             "expected_tests": self.expected_tests, "executed_tests": self.executed_tests,
             "hypothesis": self.hypothesis, "exit_status": int(self.exit_status),
         }
@@ -114,14 +139,18 @@ def _version_of(dist: str) -> Optional[str]:
         return None
 
 
-def platform_facts() -> dict:
-    import numpy
-    import torch
+def _loaded_version(module: str, dist: str) -> Optional[str]:
+    """The version of ``module`` as imported, else its distribution's (never imports it: a run
+    interrupted before torch was loaded writes its certificate at once)."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, "__version__", None) if loaded is not None else _version_of(dist)
 
+
+def platform_facts() -> dict:
     return {
         "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
+        "torch": _loaded_version("torch", "torch"),
+        "numpy": _loaded_version("numpy", "numpy"),
         "os": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -129,14 +158,18 @@ def platform_facts() -> dict:
     }
 
 
-def execution_facts(world_sizes=()) -> dict:
+def execution_facts(world_sizes=(), warm_up_s: Optional[float] = None) -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
     (:func:`gefen_conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
-    device type and device names) and ``world_sizes``, the scenario sizes this run actually ran
-    (sorted, each once; empty when no multi-rank scenario ran)."""
-    from . import launch
+    device type and device names), ``world_sizes``, the scenario sizes this run actually ran
+    (sorted, each once; empty when no multi-rank scenario ran), ``warm_up_s``, the seconds the
+    warm-up took before the first test (null when none ran, SPEC 4.2.11), and
+    ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10)."""
+    from . import deadlines, launch
 
-    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes})}
+    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes}),
+            "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
+            "deadline_scale": deadlines.scale()}
 
 
 def profile_facts(capabilities, device=None) -> dict:
@@ -153,18 +186,28 @@ def profile_facts(capabilities, device=None) -> dict:
     return {"name": name, "reason": reason, **described}
 
 
-def suite_facts() -> dict:
+def suite_facts(git: bool = True) -> dict:
     from . import provenance
 
-    return {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), **provenance.describe()}
+    described = provenance.describe() if git else {"content_sha256": provenance.content_sha256()}
+    return {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), **described}
+
+
+def not_run_summary(not_run) -> str:
+    """``"50 did not run here (needs 2 ranks; ...: 50)"``: the scenarios a run could not hold,
+    grouped by reason (SPEC 4.4.2)."""
+    reasons = Counter(entry["reason"] for entry in not_run)
+    listed = "; ".join(f"{reason}: {count}" for reason, count in reasons.most_common())
+    return f"{len(not_run)} did not run here ({listed})"
 
 
 def verdict(counts: Counter, facts: RunFacts) -> tuple[str, str]:
     """``(verdict, reason)``. Precedence: a failed, erroring or unexpectedly passing test makes the
-    run ``not-conformant``; else an interrupted run is ``incomplete``; else a narrowed one
-    ``partial``; else one where no test passed ``inconclusive``; else expected failures make it
-    ``conformant-with-expected-failures``; else ``conformant``."""
-    ran = facts.executed_tests
+    run ``not-conformant``; else an interrupted run is ``incomplete``; else a narrowed one, or one
+    where scenarios did not run for lack of ranks or devices, ``partial``; else one where no test
+    passed ``inconclusive``; else expected failures make it ``conformant-with-expected-failures``;
+    else ``conformant``."""
+    ran = facts.executed_tests - len(facts.not_run)
     of = f"{ran} of {facts.expected_tests if facts.expected_tests is not None else '?'} suite tests ran"
     bad = [f"{counts[k]} {label}" for k, label in (("failed", "failed"), ("error", "errors"),
                                                     ("xpassed", "unexpectedly passed")) if counts[k]]
@@ -174,8 +217,10 @@ def verdict(counts: Counter, facts: RunFacts) -> tuple[str, str]:
     if facts.interrupted:
         return "incomplete", f"interrupted by {facts.interrupted}: {of}"
     if not facts.complete:
-        why = "; ".join(facts.narrowed_by) or "the whole suite's size is unknown"
-        return "partial", f"{of}; narrowed by {why}"
+        parts = [not_run_summary(facts.not_run)] if facts.not_run else []
+        if facts.narrowed_by:
+            parts.append("narrowed by " + "; ".join(facts.narrowed_by))
+        return "partial", f"{of}; " + ("; ".join(parts) or "the whole suite's size is unknown")
     if counts["passed"] == 0:
         return "inconclusive", f"{of}; none passed ({counts['skipped']} skipped)"
     if counts["xfailed"]:
@@ -205,7 +250,7 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
         tally = Counter(r.outcome for r in recs)
         clauses[c] = {**{k: tally.get(k, 0) for k in OUTCOMES}, "worst_margin": _worst_margin(recs)}
     skips = Counter(cap for r in records if r.outcome == "skipped" for cap in r.missing_capabilities)
-    notes = []
+    notes = list(run.notes)
     for r in records:
         notes += [n for n in r.notes if n not in notes]
     name, reason = verdict(counts, facts)

@@ -21,7 +21,9 @@ certify runs `python -m pytest --impl=NAME [--certificate=PATH] -p no:cacheprovi
 Extra pytest arguments go after `--`, for example:
   gefen-conformance certify --impl fast -- -n 4              # 4 xdist workers
   gefen-conformance certify --impl fast -- -k reshard         # a partial run (verdict `partial`)
-Paths or node ids after `--` replace the whole suite. The exit status is pytest's.
+Paths or node ids after `--` replace the whole suite. The exit status is the verdict's (SPEC 4.4.9):
+  0 conformant or conformant-with-expected-failures, 1 not-conformant, 2 incomplete (interrupted),
+  4 usage error (nothing ran), 6 partial, 7 inconclusive; 3 and 5 are pytest's (internal error, no tests).
 
 --launcher torchrun runs one torchrun job (`python -m torch.distributed.run`, --standalone on one
 node) of N ranks per node; every multi-rank scenario that fits the job's world runs on its ranks
@@ -31,7 +33,7 @@ and rank 0 writes the certificate (SPEC 4.7):
       --nnodes 2 --rdzv-endpoint node0:29400 --checkpoint-dir /shared/scratch --out c.json   # on each node
 """
 
-USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6)
+USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6, 4.4.9)
 TORCHRUN_ONLY = ("nproc_per_node", "nnodes", "rdzv_endpoint", "node_rank", "checkpoint_dir")
 
 
@@ -46,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="certificate path (default ./gefen-certificate-<impl>.json)")
     cert.add_argument("--device", default=None, metavar="NAME",
                       help="where the implementation's tensors live: cpu (default), cuda, cuda:N, ... (SPEC 4.6)")
+    cert.add_argument("--deadline-scale", default=None, metavar="F",
+                      help="multiply every deadline by F > 0 (default 1; they already stretch with the machine's "
+                           "measured load, SPEC 4.2.10): for a much slower CPU, an emulator, a sanitizer build")
     cert.add_argument("--launcher", choices=("pool", "torchrun"), default="pool",
                       help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)")
     run = cert.add_argument_group("torchrun (with --launcher torchrun)")
@@ -72,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def certify(impl: str, certificate, pytest_args: list[str], device: str | None = None) -> int:
+def certify(impl: str, certificate, pytest_args: list[str], device: str | None = None,
+            deadline_scale: float | None = None) -> int:
     """``python -m pytest --impl=IMPL ...`` in a child process: the current directory is importable
     there (as with ``python -m pytest``), and nothing this process imported shadows the suite."""
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-p", "no:cacheprovider"]
@@ -80,6 +86,8 @@ def certify(impl: str, certificate, pytest_args: list[str], device: str | None =
         command.append(f"--certificate={certificate}")
     if device is not None:
         command.append(f"--gefen-device={device}")
+    if deadline_scale is not None:
+        command.append(f"--gefen-deadline-scale={deadline_scale:g}")
     return _wait_for(command + list(pytest_args))
 
 
@@ -148,12 +156,39 @@ def certify_torchrun(args, pytest_args: list[str]) -> int:
     return status
 
 
+def _checked_outputs(args) -> float | None:
+    """What certify checks before anything runs (SPEC 4.4.10): the deadline scale, and that the
+    certificate can be written where it goes; returns the scale (exported to every process the
+    run starts, torchrun's ranks included)."""
+    from . import deadlines, outputs
+
+    scale = None
+    if args.deadline_scale is not None:
+        try:
+            scale = deadlines.parse_scale(args.deadline_scale)
+        except ValueError as error:
+            raise UsageError(f"--deadline-scale {args.deadline_scale}: {error}") from None
+        deadlines.set_scale(scale)
+    if args.certificate is not None:
+        why = outputs.problem(args.certificate)
+        if why:
+            raise UsageError(f"--out {args.certificate}: {why}")
+    else:
+        why = outputs.problem(Path.cwd() / "gefen-certificate.json")
+        if why:
+            raise UsageError(f"the certificate goes to the current directory ({Path.cwd()}) by default, and it "
+                             f"{why.replace('cannot write there', 'cannot be written there')} (give --out PATH)")
+    return scale
+
+
 def _certify(args, pytest_args: list[str]) -> int:
     if args.launcher == "pool":
         given = [f"--{name.replace('_', '-')}" for name in TORCHRUN_ONLY if getattr(args, name) is not None]
         if given:
             raise UsageError(f"{', '.join(given)} only apply with --launcher torchrun")
-        return certify(args.impl, args.certificate, pytest_args, args.device)
+        scale = _checked_outputs(args)
+        return certify(args.impl, args.certificate, pytest_args, args.device, scale)
+    _checked_outputs(args)
     if args.device not in (None, "cpu"):
         from . import devices
 
@@ -163,6 +198,31 @@ def _certify(args, pytest_args: list[str]) -> int:
             text = str(error)  # names the device; say which option it came from
             raise UsageError(text if text.startswith("--") else f"--device {text}") from None
     return certify_torchrun(args, pytest_args)
+
+
+def _check_golden(args) -> None:
+    """``golden``'s refusals before anything runs (SPEC 4.4.10, 4.1.6): an implementation that
+    cannot be loaded, a directory to read that is not there (or has no manifest), one to write
+    that cannot be written."""
+    from . import outputs, registry
+
+    if args.action in ("generate", "compare"):
+        try:
+            registry.resolve(args.impl)
+        except registry.ImplementationError as error:
+            raise UsageError(f"--impl={args.impl}: {error}") from None
+    if args.action == "generate":
+        why = outputs.problem(args.dir, what="directory")
+        if why:
+            raise UsageError(f"{args.dir}: {why}")
+        return
+    directory = args.dir
+    if directory is None:
+        return  # compare: the committed goldens
+    if not Path(directory).is_dir():
+        raise UsageError(f"{directory}: no such directory")
+    if not (Path(directory) / "MANIFEST.json").is_file():
+        raise UsageError(f"{directory}: no MANIFEST.json (not a golden directory; `golden generate` writes one)")
 
 
 def main(argv=None) -> int:
@@ -182,6 +242,12 @@ def main(argv=None) -> int:
         _parser().error("arguments after `--` are only for `certify`")
     if getattr(args, "handler", None) is not None:
         return args.handler(args)
+
+    try:
+        _check_golden(args)
+    except UsageError as error:
+        print(f"gefen-conformance golden {args.action}: {error}", file=sys.stderr)
+        return USAGE_ERROR
 
     from gefen_oracles import golden_manifest
 

@@ -36,6 +36,15 @@ class Implementation:
     ``expected_failures`` maps suite test ids (``test_module.py::test_name[params]``) to the
     reason each is a known failure; every entry needs a non-empty reason, and entries that
     match no collected test are reported as stale.
+
+    ``prepare(device)`` (optional) pays the implementation's one-time costs: a C build or load,
+    a Triton or inductor compile, an autotune. The suite calls it once in every process that runs
+    the implementation, before any scenario and outside every deadline (SPEC 4.2.11): in the test
+    process (each xdist worker) at the warm-up, with the run's device, and in each rank process
+    before its first call on a device, with that rank's device. It must be idempotent and safe
+    when several processes run it at once (a build into a shared cache must be atomic). Its time
+    is part of the certificate's ``execution.warm_up_s``; what it raises is a note of the
+    certificate, and a rank's is that rank's failure.
     """
 
     name: str
@@ -46,12 +55,15 @@ class Implementation:
     async_writer: Optional[Callable[[str], Any]] = None
     capabilities: frozenset = frozenset()
     expected_failures: Mapping[str, str] = field(default_factory=dict)
+    prepare: Optional[Callable[[Any], None]] = None
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
             raise ValueError("an implementation needs a non-empty name")
         if not callable(self.make_optimizer):
             raise TypeError(f"implementation {self.name!r}: make_optimizer must be callable")
+        if self.prepare is not None and not callable(self.prepare):
+            raise TypeError(f"implementation {self.name!r}: prepare must be callable (or None)")
         unknown = set(self.capabilities) - KNOWN_CAPABILITIES
         if unknown:
             raise ValueError(f"implementation {self.name!r} declares unknown capabilities {sorted(unknown)} "

@@ -20,6 +20,7 @@ was interrupted is never certified as complete. A handler is only replaced where
 default: a run started with SIGINT ignored keeps it ignored.
 """
 
+import gc
 import os
 import signal
 import sys
@@ -93,6 +94,9 @@ class InterruptGuard:
         pulse, self._pulse = self._pulse, False
         if self.signum is None:
             self.signum = signum
+            # From now on the run only winds down: no full garbage collection of a heap that holds
+            # torch (seconds of CPU, many more on a loaded machine) stands between it and its end.
+            gc.freeze()
         if self.acknowledged:
             if pulse:
                 return

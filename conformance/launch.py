@@ -38,6 +38,7 @@ __all__ = [
     "execution",
     "run",
     "set_launcher",
+    "skip_unless_fits",
     "unfit_reason",
     "using",
 ]
@@ -171,6 +172,25 @@ def execution() -> Execution:
 def unfit_reason(world_size: int) -> str | None:
     """Why the active launcher cannot run a ``world_size``-rank scenario, or None if it can."""
     return _unfit(_ACTIVE, world_size)
+
+
+#: the attribute that marks a skip as "did not run here" (SPEC 4.2.7, 4.4.2)
+NOT_RUN_HERE = "gefen_not_run_here"
+
+
+def skip_unless_fits(world_size: int) -> None:
+    """Skip the calling test with :func:`unfit_reason` when the active launcher cannot run
+    ``world_size`` ranks (too few ranks, too few devices). The skip is marked as a scenario that did
+    not run here, which makes the run ``partial`` (SPEC 4.4.2): unlike a missing capability, it
+    is not the implementation's choice."""
+    reason = unfit_reason(world_size)
+    if reason is None:
+        return
+    import pytest
+
+    skip = pytest.skip.Exception(reason)
+    setattr(skip, NOT_RUN_HERE, True)
+    raise skip
 
 
 def _unfit(launcher: Launcher, world_size: int) -> str | None:

@@ -30,6 +30,8 @@ _SUITE_ID = "gefen_conformance_id"
 _OBSERVED = "gefen_conformance_observations"
 _REASON = "gefen_conformance_reason"
 _WORLDS = "gefen_conformance_world_sizes"
+_WARM_UP = "gefen_conformance_warm_up"
+_NOT_RUN = "gefen_conformance_not_run_here"
 # the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
 _LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
@@ -48,6 +50,10 @@ def pytest_addoption(parser):
                     help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
                          "device type; the reference runs on CPU, and a non-CPU device is judged by the "
                          "tolerance profile (gefen-conformance certify --device NAME passes it on)")
+    group.addoption("--gefen-deadline-scale", dest="gefen_deadline_scale", default=None, metavar="F",
+                    help="multiply every deadline of the rank harness by F (> 0; default 1). Deadlines already "
+                         "stretch with the machine's measured load (SPEC 4.2.10); F is for what load does not "
+                         "show: a much slower CPU, an emulator, a sanitizer build")
     group.addoption("--certificate", default=None, metavar="PATH",
                     help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
                          "a run that is not complete never replaces a complete certificate)")
@@ -67,7 +73,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     else:
         _suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
     guard = _guard(early_config)
-    _select_device(getattr(namespace, "gefen_device", "cpu"), guard)
+    _select_deadline_scale(getattr(namespace, "gefen_deadline_scale", None), guard)
+    _check_certificate_path(early_config, getattr(namespace, "certificate", None), guard)
+    _select_device(getattr(namespace, "gefen_device", "cpu"), guard)  # imports torch
     early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, guard)
 
 
@@ -106,6 +114,34 @@ def _select_device(name: str, guard) -> None:
     except devices.DeviceUnavailable as error:
         guard.uninstall()
         raise pytest.UsageError(f"--gefen-device {error}") from None
+
+
+def _check_certificate_path(config, path, guard) -> None:
+    """A certificate that could not be written is refused before anything runs (SPEC 4.4.10): one
+    line, exit 4. xdist workers write none."""
+    if hasattr(config, "workerinput"):
+        return
+    from . import outputs
+
+    target = Path(path) if path else Path.cwd() / "gefen-certificate.json"
+    why = outputs.problem(target)
+    if why:
+        guard.uninstall()
+        where = f"--certificate {path}" if path else f"the certificate (default: in {Path.cwd()})"
+        raise pytest.UsageError(f"{where}: {why}")
+
+
+def _select_deadline_scale(text, guard) -> None:
+    """``--gefen-deadline-scale F`` checked and made this process's (SPEC 4.2.10)."""
+    if text is None:
+        return
+    from . import deadlines
+
+    try:
+        deadlines.set_scale(deadlines.parse_scale(text))
+    except ValueError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--gefen-deadline-scale {text}: {error}") from None
 
 
 def _resolve(spec: str, guard):
@@ -168,6 +204,9 @@ def _activate(config) -> "SuiteRun":
     if config.option.impl is None:
         config.option.impl = "reference"
     guard = _guard(config)
+    _select_deadline_scale(config.option.gefen_deadline_scale, guard)
+    if config.stash.get(_IMPL_KEY, None) is None:
+        _check_certificate_path(config, config.option.certificate, guard)
     _select_device(config.option.gefen_device, guard)
     impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
     run = SuiteRun(config, impl, guard)
@@ -286,6 +325,7 @@ def pytest_runtestloop(session):
     run = _run(session.config)
     if run is not None:
         run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
+        run.warm_up(session)  # before the first test, outside every deadline (SPEC 4.2.11)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -302,7 +342,8 @@ def _reason(report, call) -> str:
     if hasattr(report, "wasxfail"):
         return cut(report.wasxfail)
     if report.skipped and isinstance(report.longrepr, tuple):
-        return cut(report.longrepr[2])
+        text = str(report.longrepr[2])
+        return cut(text[len("Skipped: "):] if text.startswith("Skipped: ") else text)
     if not report.failed:
         return ""
     error = call.excinfo.value if call.excinfo is not None else None
@@ -333,6 +374,11 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
     report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
+    if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
+        report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
+    warm_up = run.take_warm_up_report()
+    if warm_up is not None:  # this process's warm-up travels with its first report
+        report.user_properties.append((_WARM_UP, warm_up))
     return report
 
 
@@ -359,6 +405,9 @@ class _SessionHooks:
         if run.is_worker:
             return
         run.run.world_sizes.update(props.get(_WORLDS) or ())
+        warm_up = props.get(_WARM_UP)
+        if warm_up:  # an xdist worker's warm-up (a single process recorded its own already)
+            run.run.warmed_up(warm_up["seconds"], warm_up.get("notes", ()))
         observed = props.get(_OBSERVED) or {}
         if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
             return
@@ -369,12 +418,21 @@ class _SessionHooks:
         missing = _LACKS.search(reason) if outcome == "skipped" else None
         run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason,
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
-                              missing.group(1).split(", ") if missing else []))
+                              missing.group(1).split(", ") if missing else [],
+                              not_run=bool(props.get(_NOT_RUN)) and outcome == "skipped"))
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo):
         run = _run(self.config)
         if run is not None:
             run.guard.acknowledge()
+            if not self.config.option.fulltrace:
+                # pytest renders the interrupt's whole traceback (parsing the source of every frame,
+                # seconds on a loaded machine) to print its last line: give it only that line's frame
+                try:
+                    excinfo.traceback = excinfo.traceback[-1:]
+                except Exception:  # noqa: BLE001 - a longer report, never a failure
+                    pass
 
     def pytest_sessionfinish(self, session, exitstatus):
         run = _run(self.config)
@@ -384,8 +442,16 @@ class _SessionHooks:
             # interrupted, yet the last test ended before the interrupt surfaced: still not a clean run
             session.exitstatus = pytest.ExitCode.INTERRUPTED
         run.finish(session, session.exitstatus)
+        if run.exit_status is not None:
+            session.exitstatus = run.exit_status  # the verdict's (SPEC 4.4.9)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         run = _run(self.config)
         if run is not None:
             run.summary(terminalreporter)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        run = _run(self.config)
+        if run is not None and run.guard.signum is not None:
+            run.leave_now()  # interrupted: gone within seconds, whatever the load (SPEC 4.4.6)

@@ -56,13 +56,37 @@ def content_sha256() -> str:
     return outer.hexdigest()
 
 
+_RUNNING: set = set()  # git processes running now (an interrupted run kills them: SPEC 4.4.6)
+
+
 def _git(cwd: Path, *args: str) -> Optional[str]:
+    from .deadlines import wall_bound
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, env=env)
-    except (OSError, subprocess.SubprocessError):
+        child = subprocess.Popen(["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+    except OSError:
         return None
-    return out.stdout if out.returncode == 0 else None
+    _RUNNING.add(child)
+    try:
+        out, _ = child.communicate(timeout=wall_bound(10))  # git status is slow on a loaded machine
+    except subprocess.SubprocessError:
+        child.kill()
+        child.wait()
+        return None
+    finally:
+        _RUNNING.discard(child)
+    return out if child.returncode == 0 else None
+
+
+def kill_running() -> None:
+    """Kill the git processes still running (an interrupted run leaves nothing behind)."""
+    for child in list(_RUNNING):
+        try:
+            child.kill()
+        except OSError:
+            pass
 
 
 def git_state() -> Optional[dict]:

@@ -58,14 +58,18 @@ assert which error each rank got.
 Bounds
 ------
 
-* ``timeout`` is the deadline of the call, counted from the moment the (already started)
-  workers receive the task; starting workers has its own bound (120 s, or
-  ``GEFEN_RANKS_STARTUP_TIMEOUT``). Ranks still running at the deadline are stack-dumped and
-  killed, so the call returns within ``timeout`` plus at most 2 s of waiting for the dumps plus
-  the time to reap the processes (milliseconds).
+* ``timeout`` is the deadline of the call, counted from the moment the (already started and
+  prepared) workers receive the task; starting workers has its own bound (120 s, or
+  ``GEFEN_RANKS_STARTUP_TIMEOUT``). Every bound here is a :class:`~gefen_conformance.deadlines.Deadline`:
+  seconds of a quiet machine, times the run's deadline scale, on a clock that the machine's
+  load slows down (at most 20x), so a slow rank is not taken for a hung one (SPEC 4.2.10). Ranks
+  still running at the deadline are stack-dumped and killed, so on a quiet machine the call
+  returns within ``timeout`` plus at most 2 s of waiting for the dumps plus the time to reap the
+  processes (milliseconds), and on a loaded one within ``MAX_STRETCH`` times that.
 * The gloo timeout (``pg_timeout``, used for the rendezvous and every collective) defaults to
   ``max(timeout / 2, timeout - 10)``, shorter than the deadline, so a rank blocked on a peer that
-  hangs gets a gloo error and reports it before the deadline.
+  hangs gets a gloo error and reports it before the deadline. gloo counts it in wall time, so it
+  is scaled and stretched by the load when the call starts (``deadlines.wall_bound``).
 * A rank that raised reports and then exits at once without a collective teardown. Its gloo
   sockets close, so peers blocked in a collective with it, or with a rank that died, get
   "Connection closed/reset by peer" within milliseconds and report "raised" instead of hanging.
@@ -93,7 +97,13 @@ imported) numpy global generators are reseeded from ``os.urandom`` for every cal
 started process would be: ranks never share a random stream, warm or not, and a scenario that
 needs reproducible numbers must seed explicitly. Module globals of the scenario's own modules do
 persist between calls, as in any long-lived worker. At most ``GEFEN_RANKS_POOL_MAX`` (default
-8) idle workers are kept. Workers are forked from a single-threaded fork server that has torch
+8) idle workers are kept.
+
+One-time costs stay out of every deadline (SPEC 4.2.11): :func:`prepare_workers` names modules
+every worker imports before it reports ready (the fork server imports them once when it starts
+after the call) and a preparation each worker runs the first time a call reaches it on a device;
+a call's deadline starts only when every one of its ranks has reported ``prepared``.
+:func:`start_workers` starts idle workers ahead of the first call. Workers are forked from a single-threaded fork server that has torch
 preloaded (see :func:`_start_fork_server` for why); ``GEFEN_RANKS_START_METHOD=spawn`` uses
 ``"spawn"`` instead (slower; for debugging; there ``PR_SET_PDEATHSIG`` follows the caller's
 thread that started a worker, so call the harness from one long-lived thread).
@@ -119,9 +129,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import _rank_worker
+from .deadlines import Deadline, wall_bound
 from .exception_text import format_exception, qualified_name
 
-__all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "run_on_ranks", "shutdown_pool"]
+__all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "prepare_workers", "run_on_ranks", "shutdown_pool",
+           "start_workers"]
 
 STATUSES = ("ok", "raised", "died", "hung")
 
@@ -137,6 +149,50 @@ _DUMP_WAIT_S = 2.0
 _REAP_S = 5.0
 _EXIT_WAIT_S = 1.0
 _OUTPUT_TAIL_CHARS = 4000
+
+
+@dataclass
+class _Preparation:
+    """What every worker does before it serves calls (see :func:`prepare_workers`)."""
+
+    preload: tuple = ()
+    payload: bytes | None = None  # pickled (key, fn, args), or None
+    key: int = 0
+
+
+_PREPARATION = _Preparation()
+_PREPARATION_KEYS = itertools.count(1)
+_BASE_PRELOAD = ("torch", "torch.distributed")
+
+
+def prepare_workers(preload: Sequence[str] = (), prepare: Callable[..., Any] | None = None,
+                    args: Sequence[Any] = ()) -> None:
+    """Say what every rank worker does before a call's deadline starts (SPEC 4.2.11).
+
+    ``preload``: modules imported once, before a worker reports ready: by the fork server itself
+    when it has not started yet (so every worker forked from it has them for free; they must not
+    start threads or touch an accelerator), else by each new worker. ``prepare(*args,
+    device=...)``: a picklable module-level function run once per worker and device, when a call
+    first reaches that worker on that device, before the call's deadline starts (the start-up
+    bound applies); its exception is that rank's "raised" outcome and the call does not start.
+    Idle workers started with another ``preload`` are replaced; ``prepare_workers()`` clears both.
+    """
+    global _PREPARATION
+    payload = None
+    if prepare is not None:
+        try:
+            payload = pickle.dumps((next(_PREPARATION_KEYS), prepare, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(f"prepare_workers needs a picklable prepare function and args: {type(exc).__name__}: "
+                            f"{exc}") from exc
+    _PREPARATION = _Preparation(tuple(preload), payload)
+
+
+def start_workers(count: int) -> None:
+    """Start (and prepare the imports of) ``count`` idle workers now, outside any call, so that
+    the first calls find them warm; bounded like any start-up (``RankFailure`` when one fails)."""
+    pool = _pool()
+    pool.release(pool.checkout(count))
 
 
 @dataclass
@@ -232,8 +288,9 @@ def _describe_exitcode(code: int | None) -> str:
 
 
 class _Worker:
-    def __init__(self, ident: int, process, conn, dump_path: str, output_path: str) -> None:
+    def __init__(self, ident: int, process, conn, dump_path: str, output_path: str, preload: tuple = ()) -> None:
         self.ident = ident
+        self.preload = preload
         self.process = process
         self.conn = conn
         self.dump_path = dump_path
@@ -358,23 +415,27 @@ def _supervise(
     "died" (``silent`` says what it failed to do: "ended without reporting a result"). One still
     unsettled ``timeout`` seconds after the start, or ``failure_grace`` seconds after the first
     failed outcome (never past the deadline), has every thread's Python stack dumped, is killed
-    and reaped, and is "hung" (``overdue`` words the deadline). Returns one outcome per worker,
-    in order; no worker that is not "ok" is left running.
+    and reaped, and is "hung" (``overdue`` words the deadline: ``{deadline}`` or ``{startup}``
+    become its description). Both bounds are :class:`~gefen_conformance.deadlines.Deadline` s:
+    quiet seconds, scaled, on the clock the machine's load slows down (SPEC 4.2.10). Returns one
+    outcome per worker, in order; no worker that is not "ok" is left running.
     """
     count = len(workers)
     outcomes: list[RankOutcome | None] = [None] * count
     pending = set(range(count))
-    start = time.monotonic()
-    deadline = start + timeout
-    first_failure: tuple[float, int] | None = None
+    deadline = Deadline(timeout)
+    grace: Deadline | None = None  # counted from the first failure
+    first_failure: int | None = None
     at_eof: set[int] = set()  # pipe closed: from then on only the worker's exit is waited for
 
     def settle(rank: int, outcome: RankOutcome) -> None:
-        nonlocal first_failure
+        nonlocal first_failure, grace
         outcomes[rank] = outcome
         pending.discard(rank)
         if not outcome.ok and first_failure is None:
-            first_failure = (time.monotonic(), rank)
+            first_failure = rank
+            if math.isfinite(failure_grace):
+                grace = Deadline(failure_grace)
 
     def collect(rank: int) -> None:
         """Read whatever worker ``rank`` has to say; decide "died" if it exited unsettled."""
@@ -406,18 +467,15 @@ def _supervise(
             )
 
     while pending:
-        limit = deadline
-        if first_failure is not None:
-            limit = min(deadline, first_failure[0] + failure_grace)
-        remaining = limit - time.monotonic()
-        if remaining <= 0:
+        if deadline.expired() or (grace is not None and grace.expired()):
             break
+        wait = deadline.wait_s() if grace is None else min(deadline.wait_s(), grace.wait_s())
         waitables = {}
         for rank in pending:
             if rank not in at_eof:
                 waitables[workers[rank].conn] = rank
             waitables[workers[rank].process.sentinel] = rank
-        ready = multiprocessing.connection.wait(list(waitables), remaining)
+        ready = multiprocessing.connection.wait(list(waitables), wait)
         for rank in sorted({waitables[obj] for obj in ready}):
             if rank in pending:
                 collect(rank)
@@ -426,19 +484,20 @@ def _supervise(
     if not pending:
         return outcomes
 
-    elapsed = time.monotonic() - start
-    if first_failure is not None and first_failure[0] + failure_grace < deadline:
+    if grace is not None and grace.expired() and not deadline.expired():
         why = (
-            f"still running {elapsed:.1f} s into the call, {failure_grace:g} s after "
-            f"rank {first_failure[1]} failed"
+            f"still running {deadline.wall_elapsed():.1f} s into the call, {failure_grace:g} s after "
+            f"rank {first_failure} failed"
         )
+        if grace.wall_elapsed() > grace.quiet * 1.05:
+            why += f" ({grace.wall_elapsed():.1f} s of wall time on the loaded machine)"
     else:
-        why = overdue
+        why = overdue.format(deadline=deadline.describe(), startup=deadline.describe("start-up bound"))
     message = f"{why}; stacks dumped, process killed"
     stragglers = sorted(pending)
     for rank in stragglers:
         workers[rank].signal_dump()
-    dump_deadline = time.monotonic() + _DUMP_WAIT_S
+    dump_deadline = time.monotonic() + wall_bound(_DUMP_WAIT_S)
     for rank in stragglers:
         workers[rank].wait_dump(dump_deadline)
     for rank in stragglers:
@@ -548,7 +607,8 @@ class _Pool:
         self.tmpdir = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
         self.context = multiprocessing.get_context(_START_METHOD)
         if _START_METHOD == "forkserver":
-            self.context.set_forkserver_preload(["torch", "torch.distributed"])
+            # honoured only by a fork server that is not running yet (it is one per process)
+            self.context.set_forkserver_preload(list(dict.fromkeys(_BASE_PRELOAD + _PREPARATION.preload)))
             _start_fork_server()
         self.closed = False
 
@@ -561,15 +621,16 @@ class _Pool:
         dump_path = os.path.join(self.tmpdir, f"worker-{ident}.stacks")
         output_path = os.path.join(self.tmpdir, f"worker-{ident}.out")
         parent_conn, child_conn = self.context.Pipe(duplex=True)
+        preload = _PREPARATION.preload
         process = self.context.Process(
             target=_rank_worker.worker_main,
-            args=(child_conn, os.getpid(), dump_path, output_path),
+            args=(child_conn, os.getpid(), dump_path, output_path, preload),
             name=f"gefen-rank-worker-{ident}",
             daemon=False,
         )
         process.start()
         child_conn.close()
-        worker = _Worker(ident, process, parent_conn, dump_path, output_path)
+        worker = _Worker(ident, process, parent_conn, dump_path, output_path, preload)
         with self.lock:
             self.live[ident] = worker
         return worker
@@ -580,13 +641,16 @@ class _Pool:
             if self.closed:
                 raise RuntimeError("the rank worker pool has been shut down")
             taken: list[_Worker] = []
+            stale = [w for w in self.idle if w.preload != _PREPARATION.preload]
+            self.idle = [w for w in self.idle if w.preload == _PREPARATION.preload]
             while self.idle and len(taken) < count:
                 worker = self.idle.pop()
                 if worker.alive():
                     taken.append(worker)
                 else:
-                    self.live.pop(worker.ident, None)
-                    _discard_quietly(worker)
+                    stale.append(worker)
+        if stale:
+            self.discard(stale)
         fresh: list[_Worker] = []
         try:
             for _ in range(count - len(taken)):
@@ -596,7 +660,7 @@ class _Pool:
                 _accept_ready,
                 timeout=_STARTUP_TIMEOUT_S,
                 failure_grace=math.inf,  # workers start independently: wait for each
-                overdue=f"did not become ready within the {_STARTUP_TIMEOUT_S:g} s start-up bound",
+                overdue="did not become ready within {startup}",
                 silent="ended during start-up, before reporting ready (its output so far went "
                 "to the caller's stderr)",
             )
@@ -644,12 +708,12 @@ class _Pool:
             with self.lock:
                 self.live.pop(worker.ident, None)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, now: bool = False) -> None:
         with self.lock:
             self.closed = True
             workers = list(self.live.values())
             self.idle.clear()
-        self.discard(workers)
+        self.discard(workers, ask_first=not now)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def idle_pids(self) -> list[int]:
@@ -676,8 +740,9 @@ def _pool() -> _Pool:
         return _POOL
 
 
-def shutdown_pool() -> None:
-    """Stop every worker this process started (idle or busy) and remove the pool's temp files.
+def shutdown_pool(*, now: bool = False) -> None:
+    """Stop every worker this process started (idle or busy) and remove the pool's temp files;
+    with ``now``, SIGKILL them without asking them to leave first (an interrupted run, SPEC 4.4.6).
 
     Runs at interpreter exit; safe to call at any time and more than once. A later
     :func:`run_on_ranks` starts a new pool.
@@ -686,10 +751,33 @@ def shutdown_pool() -> None:
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
     if pool is not None and pool.owner_pid == os.getpid():
-        pool.shutdown()
+        pool.shutdown(now=now)
 
 
 atexit.register(shutdown_pool)
+
+
+def kill_all() -> None:
+    """SIGKILL every worker of this process's pool (and what each started in its process group)
+    and the fork server, without waiting for them to be reaped: an interrupted run that is about to
+    leave (SPEC 4.4.6). The fork server would leave by itself when this process ends, but it holds
+    torch and the scenario modules, and a Python that exits normally spends seconds (more on a
+    loaded machine) tearing those down."""
+    pool = _POOL
+    if pool is None or pool.owner_pid != os.getpid():
+        return
+    with pool.lock:
+        pool.closed = True
+        workers = list(pool.live.values())
+    for worker in workers:
+        worker.kill()
+    server = _fork_server_pid()
+    if server:
+        try:
+            os.kill(server, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(pool.tmpdir, ignore_errors=True)
 
 
 def _idle_worker_pids() -> list[int]:
@@ -810,6 +898,13 @@ def run_on_ranks(
     call_id = next(_CALL_IDS)
     store_path = os.path.join(pool.tmpdir, f"store-{call_id}")
 
+    def accept_prepared(rank: int, worker: _Worker, message: tuple) -> RankOutcome | None:
+        if message[0] == "prepared" and message[1] == call_id:
+            return RankOutcome(rank=rank, status="ok", pid=worker.pid)
+        if message[0] == "result" and message[1] == call_id:
+            return _decode_report(rank, worker, message[2])
+        return None
+
     def accept_result(rank: int, worker: _Worker, message: tuple) -> RankOutcome | None:
         if message[0] == "result" and message[1] == call_id:
             return _decode_report(rank, worker, message[2])
@@ -823,23 +918,53 @@ def run_on_ranks(
             "store_path": store_path,
             "master_addr": _HOST,
             "master_port": _free_port(),
-            "pg_timeout": float(pg_timeout),
+            "pg_timeout": wall_bound(float(pg_timeout)),
             "sys_path": list(sys.path),
             "environ": dict(os.environ),
             "cwd": os.getcwd(),
             "payload": payload,
+            "prepare": _PREPARATION.payload,
         }
         for rank, worker in enumerate(workers):
             worker.mark_offsets()
             worker.conn.send(("run", dict(base_task, rank=rank)))
-        outcomes = _supervise(
+        # The call's deadline counts from the moment every rank is prepared (SPEC 4.2.11): a
+        # rank's first call on a device runs the implementation's preparation first, under the
+        # start-up bound.
+        prepared = _supervise(
             workers,
-            accept_result,
-            timeout=float(timeout),
-            failure_grace=float(failure_grace),
-            overdue=f"did not finish within the {timeout:g} s deadline",
-            silent="ended without reporting a result",
+            accept_prepared,
+            timeout=_STARTUP_TIMEOUT_S,
+            failure_grace=math.inf,  # each rank prepares on its own: wait for each
+            overdue="did not finish preparing for the call within {startup}",
+            silent="ended while preparing for the call, before it started",
         )
+        if all(outcome.ok for outcome in prepared):
+            for worker in workers:
+                _send_quietly(worker, ("go", call_id))
+            outcomes = _supervise(
+                workers,
+                accept_result,
+                timeout=float(timeout),
+                failure_grace=float(failure_grace),
+                overdue="did not finish within {deadline}",
+                silent="ended without reporting a result",
+            )
+            reusable = [outcome.ok for outcome in outcomes]
+        else:
+            first = next(o.rank for o in prepared if not o.ok)
+            for worker, outcome in zip(workers, prepared):
+                if outcome.ok:
+                    _send_quietly(worker, ("cancel", call_id))
+            reusable = [outcome.ok for outcome in prepared]
+            outcomes = [
+                o if not o.ok else RankOutcome(
+                    rank=o.rank, status="raised", exc_type="gefen_conformance.ranks.CallNotStarted",
+                    message=f"the call did not start: rank {first} failed while preparing for it",
+                    traceback=f"rank {o.rank}: the call did not start: rank {first} failed while preparing for it",
+                    pid=o.pid)
+                for o in prepared
+            ]
     except BaseException:
         # KeyboardInterrupt, a broken pipe, anything: no worker of this call may survive it.
         pool.discard(workers, ask_first=False)
@@ -852,10 +977,10 @@ def run_on_ranks(
 
     for outcome, worker in zip(outcomes, workers):
         outcome.output = worker.read_output()
-    pool.release([w for w, o in zip(workers, outcomes) if o.ok])
-    pool.discard([w for w, o in zip(workers, outcomes) if not o.ok])
+    pool.release([w for w, keep in zip(workers, reusable) if keep])
+    pool.discard([w for w, keep in zip(workers, reusable) if not keep])
     for outcome, worker in zip(outcomes, workers):
-        if not outcome.ok and outcome.exitcode is None:
+        if not outcome.ok and outcome.exitcode is None and not worker.process.is_alive():
             outcome.exitcode = worker.process.exitcode
     _echo_output(outcomes)
 
@@ -865,6 +990,14 @@ def run_on_ranks(
         name = getattr(fn, "__qualname__", repr(fn))
         raise RankFailure(outcomes, f"world_size={world_size}, {name}, timeout {timeout:g} s")
     return [outcome.value for outcome in outcomes]
+
+
+def _send_quietly(worker: _Worker, message: tuple) -> None:
+    """Send to a worker that may have just died (its death is then seen by the supervision)."""
+    try:
+        worker.conn.send(message)
+    except (OSError, ValueError):
+        pass
 
 
 def _free_port() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +19,20 @@ from . import certificate, selection
 from .implementation import Implementation
 from .interrupts import InterruptGuard
 from .profiles import SuiteProfile
+
+
+def _pytest_is_the_program() -> bool:
+    """True when this process runs pytest and nothing else (``python -m pytest``, the ``pytest``
+    script), so an interrupted run may leave with ``os._exit``; False for ``pytest.main()`` called
+    by another program, which carries on after it."""
+    import os
+    import sys
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("pytest", "pytest.__main__"):
+        return True
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
 
 
 def _terminal_line(cert: dict) -> str:
@@ -54,19 +69,83 @@ class SuiteRun:
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
         self._quieted: list = []
+        self.warm_up_report: Optional[dict] = None  # this process's warm-up, until a test report carries it
+        self.exit_status: Optional[int] = None  # the verdict's exit status, once the certificate is built
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def open(self) -> None:
         self.profile.enter()
+        if not self.is_worker and not self.config.option.collectonly:
+            # the suite's identity (file hashes, git state: seconds of git on a loaded machine) is
+            # taken as the run starts, off the main thread, so that finishing, interrupted or not,
+            # does not wait for it
+            import threading
+
+            self._suite_facts_thread = threading.Thread(target=self._take_suite_facts, daemon=True,
+                                                        name="gefen-suite-facts")
+            self._suite_facts_thread.start()
+
+    def _take_suite_facts(self) -> None:
+        try:
+            self._suite_facts = certificate.suite_facts()
+        except Exception as exc:  # noqa: BLE001 - the certificate says it could not be taken
+            self._suite_facts_error = f"{type(exc).__name__}: {exc}"
+
+    def suite_facts(self, interrupted: bool) -> dict:
+        """The suite's identity taken at the start; an interrupted run waits for it at most 1 s
+        and then records the content hash alone (the git state as unknown)."""
+        thread = getattr(self, "_suite_facts_thread", None)
+        if thread is not None:
+            thread.join(1.0 if interrupted else None)
+        facts = getattr(self, "_suite_facts", None)
+        if facts is not None:
+            return facts
+        from . import provenance
+
+        provenance.kill_running()
+        self.run.notes.append("the suite's git state was not determined before the run was interrupted")
+        return {**certificate.suite_facts(git=False), "git": None}
 
     def close(self) -> None:
+        if getattr(self.config.option, "gefen_deadline_scale", None) is not None:
+            from . import deadlines
+
+            deadlines.set_scale(None)
         self.guard.uninstall()
         self.census.cancel()
         self.profile.exit()
         for logger, level in self._quieted:
             logger.setLevel(level)
         self._quieted = []
+
+    def leave_now(self) -> None:
+        """An interrupted run, once its certificate is written and its summary printed: stop every
+        process it started and leave at once with the run's exit status (SPEC 4.4.6). pytest's
+        remaining clean-up and the interpreter's finalization (full garbage collections of a heap
+        holding torch, seconds on a loaded machine) are skipped: a Ctrl-C'd run is gone within
+        seconds of the signal, also at load."""
+        import os
+        import sys
+
+        status = self.exit_status if self.exit_status is not None else int(pytest.ExitCode.INTERRUPTED)
+        try:
+            self.close()
+            ranks = sys.modules.get("gefen_conformance.ranks")
+            if ranks is not None:
+                ranks.kill_all()
+            from . import provenance
+
+            provenance.kill_running()
+        finally:
+            if _pytest_is_the_program() or self.is_worker:
+                for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                    try:
+                        stream.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+                os._exit(status)
+            # pytest.main() inside another program (torchrun's rank 0): it carries on and leaves itself
 
     def quiet_torch_loggers(self) -> None:
         """Keep torch.distributed's own loggers at WARNING while the suite runs.
@@ -79,6 +158,39 @@ class SuiteRun:
             if name.startswith("c10d-") and isinstance(logger, logging.Logger) and logger.level < logging.WARNING:
                 self._quieted.append((logger, logger.level))
                 logger.setLevel(logging.WARNING)
+
+    def warm_up(self, session) -> None:
+        """Prepare the implementation before the first test of this process (SPEC 4.2.11): the
+        xdist controller runs no test and leaves it to its workers."""
+        from . import devices, launch, warmup
+        from .implementation import DCP_RESHARD
+        from .selection import in_suite
+
+        if self.config.option.collectonly or self.config.pluginmanager.has_plugin("dsession"):
+            return
+        items = [item for item in session.items if in_suite(item.path)]
+        if not items:
+            return
+        result = warmup.warm_up_process(self.impl, devices.selected())
+        ranked = self.impl.has(DCP_RESHARD) and any(
+            DCP_RESHARD in mark.args for item in items for mark in item.iter_markers("requires"))
+        active = launch.active()
+        if ranked and isinstance(active, launch.PoolLauncher):
+            started = time.monotonic()
+            workers = next((n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0)
+            try:
+                warmup.prepare_pool(self.config.option.impl, workers)
+            except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
+                result.notes.append(f"warm-up: starting {workers} rank workers failed: "
+                                    f"{certificate.cut(str(exc), 300)}")
+            result.seconds += time.monotonic() - started
+        result.seconds += float(getattr(active, "preparation_s", 0.0) or 0.0)  # torchrun ranks, at start-up
+        self.warm_up_report = {"seconds": result.seconds, "notes": result.notes}
+        self.run.warmed_up(result.seconds, result.notes)
+
+    def take_warm_up_report(self) -> Optional[dict]:
+        report, self.warm_up_report = self.warm_up_report, None
+        return report
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -169,21 +281,28 @@ class SuiteRun:
         expected, _ = self._expected_ids(interrupted is not None)
         executed = set(self.run.records)
         missing = (expected - executed) if expected is not None else set()
+        not_run = [{"id": r.nodeid, "reason": r.reason} for r in sorted(self.run.records.values(), key=lambda r: r.nodeid)
+                   if r.not_run]
         facts = certificate.RunFacts(
             started=self.run.started, finished=certificate.now(), interrupted=interrupted,
             narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
             expected_tests=len(expected) if expected is not None else None,
             executed_tests=len(executed), hypothesis=profiles.describe(), exit_status=int(exitstatus),
+            not_run=not_run,
         )
         cert = certificate.build(
             self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
-            suite=certificate.suite_facts(), platform_=certificate.platform_facts(),
-            execution=certificate.execution_facts(self.run.world_sizes),
+            suite=self.suite_facts(interrupted is not None), platform_=certificate.platform_facts(),
+            execution=certificate.execution_facts(self.run.world_sizes, self.run.warm_up_s),
         )
+        # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
+        cert["run"]["exit_status"] = self.exit_status = certificate.EXIT_STATUS[cert["verdict"]]
         explicit = self.config.getoption("certificate")
         requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"
-        if explicit:
+        if explicit and interrupted is None:
             target = certificate.destination(requested, cert)
+        elif explicit:
+            target = certificate.partial_path(requested)  # interrupted: never the path asked for (SPEC 4.4.5)
         else:
             target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
         certificate.write(cert, target)
@@ -205,6 +324,13 @@ class SuiteRun:
                       green=cert["verdict"].startswith("conformant"), red=cert["verdict"] == "not-conformant",
                       yellow=cert["verdict"] in ("partial", "incomplete", "inconclusive"))
         tr.write_line(f"verdict: {cert['verdict']}: {cert['verdict_reason']}")
+        not_run = cert["run"].get("not_run") or []
+        if not_run:
+            tr.write_line(f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
+                          yellow=True)
+            for entry in not_run:
+                tr.write_line(f"  {entry['id']}: {entry['reason']}", yellow=True)
+        tr.write_line(f"exit status {cert['run']['exit_status']} ({cert['verdict']}; SPEC 4.4.9)")
         tr.write_line(_profile_line(cert["profile"]))
         hyp = cert["run"]["hypothesis"]
         if hyp:

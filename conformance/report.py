@@ -110,7 +110,10 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
         f"world size {ex['world_size']}" if ex.get("world_size") else "",
         f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
         f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
-        f"{ex['launcher']} launcher" if ex.get("launcher") else "") if p)))
+        f"{ex['launcher']} launcher" if ex.get("launcher") else "",
+        f"warm-up {ex['warm_up_s']:g} s" if isinstance(ex.get("warm_up_s"), (int, float)) else "",
+        f"deadlines scaled {ex['deadline_scale']:g}x" if isinstance(ex.get("deadline_scale"), (int, float))
+        and ex["deadline_scale"] != 1 else "") if p)))
     git = suite.get("git")
     rows.append(("suite", ", ".join(p for p in (
         f"{suite.get('name', 'gefen-conformance')} {suite.get('version') or ''}".strip(),
@@ -128,6 +131,13 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
             f" ({', '.join(f'{k} {v}' for k, v in hyp['settings'].items())})" if isinstance(hyp.get("settings"), dict) else "")))
     rows.append(("summary", ", ".join(f"{summary.get(o, 0)} {OUTCOME_HEADINGS[o]}" for o in OUTCOMES)))
     return rows
+
+
+def not_run(cert: dict) -> list:
+    """``[{"id", "reason"}]``: the suite tests this run could not hold (too few ranks or devices,
+    SPEC 4.4.2), which a report shows right after the verdict."""
+    entries = (cert.get("run") or {}).get("not_run") or []
+    return [e for e in entries if isinstance(e, dict) and "id" in e]
 
 
 def _completeness(run: dict) -> str:
@@ -235,6 +245,10 @@ def not_passed(cert: dict, *, expected: bool = False) -> list:
             out.append(NotPassed(test["id"], kind, [str(c) for c in test.get("clauses") or []],
                                  first_line(test.get("reason")), [str(w) for w in test.get("where") or []],
                                  rerun_command(cert, test["id"])))
+    if not expected:  # scenarios the run recorded as not run here without a test record of their own
+        seen = {p.test for p in out}
+        out += [NotPassed(e["id"], "not-run", [], first_line(e.get("reason")), [], rerun_command(cert, e["id"]))
+                for e in not_run(cert) if e["id"] not in seen]
     return sorted(out, key=lambda p: kinds.index(p.kind))
 
 

@@ -12,7 +12,8 @@ them on their own (``python -m conformance.report_cli``).
 ``html`` when PATH ends in ``.html``/``.htm``, else ``md``. ``diff`` prints what changed from OLD
 to NEW (:mod:`conformance.certificate_diff`). Exit status: 0 (report written; diff: no
 regression), 1 (diff: NEW regressed), 2 (a certificate that cannot be read, schema 1 or an unknown
-schema: one line on stderr, nothing written).
+schema: one line on stderr, nothing written), 4 (``--out`` cannot be written: refused before
+anything is read, SPEC 4.4.10).
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ def _write(path: Path, text: str) -> None:
 
 
 def run_report(args) -> int:
+    if args.out is not None:
+        from .outputs import problem
+
+        why = problem(args.out)
+        if why:  # refused before anything is read or rendered (SPEC 4.4.10)
+            print(f"gefen-conformance report: --out {args.out}: {why}", file=sys.stderr)
+            return 4
     try:
         cert = load(args.certificate)
     except CertificateError as exc:

@@ -132,8 +132,10 @@ class SuiteCensus:
         """The suite's test ids (None, with :attr:`error` set, when the census failed)."""
         if self._process is None:
             return self.ids
+        from .deadlines import wall_bound
+
         try:
-            out, _ = self._process.communicate(timeout=timeout)
+            out, _ = self._process.communicate(timeout=wall_bound(timeout))
         except subprocess.TimeoutExpired:
             self.cancel()
             self.error = f"the census did not finish within {timeout:g} s"

@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 
 from . import launch
 from ._torchrun_rank import Participation, hung_report
+from .deadlines import Deadline, wall_bound
 from .ranks import RankFailure, RankOutcome
 
 __all__ = ["TorchrunLauncher", "TorchrunJobEnded", "main"]
@@ -123,13 +124,14 @@ def _dumps(value) -> bytes:
 
 
 def _wait(store, keys: list[str], seconds: float, poll: float = 0.1) -> bool:
-    """Wait until every key exists or ``seconds`` pass; True if they all exist.
+    """Wait until every key exists or ``seconds`` quiet seconds pass (a load-clock
+    :class:`~gefen_conformance.deadlines.Deadline`, SPEC 4.2.10); True if they all exist.
 
     Polls with ``check`` rather than blocking in ``store.wait``: a Python signal handler (Ctrl-C,
     SIGTERM) runs within ``poll`` seconds, and an expired wait does not log a C++ warning."""
-    deadline = time.monotonic() + seconds
+    deadline = Deadline(seconds)
     while not store.check(keys):
-        if time.monotonic() >= deadline:
+        if deadline.expired():
             return False
         time.sleep(poll)
     return True
@@ -156,6 +158,7 @@ class TorchrunLauncher:
         self.hellos = hellos
         self.ended: str | None = None
         self.session = None  # the pytest session, told to stop when the job ends
+        self.preparation_s = 0.0  # the slowest serving rank's preparation at start-up (SPEC 4.2.11)
         self._calls = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -205,7 +208,7 @@ class TorchrunLauncher:
                 raise TorchrunJobEnded(f"no scenario call runs after the torchrun job ended: {self.ended}")
             call_id = self.next_command()
             task = {"call_id": call_id, "world_size": world_size, "backend": self.backend,
-                    "pg_timeout": float(pg_timeout), "sys_path": list(sys.path), "cwd": os.getcwd(),
+                    "pg_timeout": wall_bound(float(pg_timeout)), "sys_path": list(sys.path), "cwd": os.getcwd(),
                     "payload": payload}
             self.control.set(f"cmd/{call_id}", _dumps(("run", task)))
             outcomes = self._supervise(call_id, world_size, float(timeout), float(failure_grace))
@@ -245,18 +248,19 @@ class TorchrunLauncher:
     def _supervise(self, call_id: int, world_size: int, timeout: float, failure_grace: float) -> list[RankOutcome]:
         outcomes: list[RankOutcome | None] = [None] * world_size
         pending = set(range(world_size))
-        start = time.monotonic()
-        deadline = start + timeout
-        first_failure: tuple[float, int] | None = None
-        aborted_at: float | None = None
+        deadline = Deadline(timeout)
+        grace: Deadline | None = None
+        first_failure: int | None = None
+        aborted: Deadline | None = None  # REPORT_WAIT_S from the abort
         why = ""
 
         def settle(rank: int, report: dict) -> None:
-            nonlocal first_failure
+            nonlocal first_failure, grace
             outcomes[rank] = outcome = self._outcome(rank, report)
             pending.discard(rank)
             if not outcome.ok and first_failure is None:
-                first_failure = (time.monotonic(), rank)
+                first_failure = rank
+                grace = Deadline(failure_grace)
 
         try:
             while pending:
@@ -272,19 +276,16 @@ class TorchrunLauncher:
                                             f"call {call_id} with exit code {code} (its stderr is torchrun's)"})
                 if not pending:
                     break
-                now = time.monotonic()
-                if aborted_at is None:
-                    limit = deadline if first_failure is None else min(deadline, first_failure[0] + failure_grace)
-                    if now >= limit:
-                        elapsed = now - start
-                        if first_failure is not None and first_failure[0] + failure_grace < deadline:
-                            why = (f"still running {elapsed:.1f} s into the call, {failure_grace:g} s after "
-                                   f"rank {first_failure[1]} failed")
+                if aborted is None:
+                    if deadline.expired() or (grace is not None and grace.expired()):
+                        if grace is not None and grace.expired() and not deadline.expired():
+                            why = (f"still running {deadline.wall_elapsed():.1f} s into the call, {failure_grace:g} s "
+                                   f"after rank {first_failure} failed")
                         else:
-                            why = f"did not finish within the {timeout:g} s deadline"
-                        aborted_at = now
+                            why = f"did not finish within {deadline.describe()}"
+                        aborted = Deadline(REPORT_WAIT_S)
                         self.control.set(f"call/{call_id}/abort", why.encode())
-                elif now >= aborted_at + REPORT_WAIT_S:
+                elif aborted.expired():
                     for rank in sorted(pending):
                         settle(rank, {"status": "hung", "message": f"{why}; the rank sent no report (its stack "
                                       f"could not be dumped) within {REPORT_WAIT_S:g} s of the abort",
@@ -330,9 +331,10 @@ class _StopWhenJobEnds:
 # --------------------------------------------------------------------------------------------
 
 
-def serve(job: Job, control, pg_store, device) -> None:
-    """Serve scenario calls until rank 0 posts ``exit``; never returns (``os._exit``)."""
-    broken: str | None = None  # set once a call of ours hung: the thread is still stuck in it
+def serve(job: Job, control, pg_store, device, broken: str | None = None) -> None:
+    """Serve scenario calls until rank 0 posts ``exit``; never returns (``os._exit``). ``broken``:
+    why this rank cannot take part (its preparation failed), reported as its outcome of every call."""
+    # ``broken`` is also set once a call of ours hung: the thread is still stuck in it
     for call_id in itertools.count(1):
         key = f"cmd/{call_id}"
         while not _wait(control, [key], 3600.0, IDLE_POLL_S):
@@ -553,7 +555,8 @@ def _serving_rank(job: Job, options) -> None:
     run_dir = control.get("run-dir").decode()
     problem = _check_run_dir(job, control, run_dir) if run_dir else None
     control.set(f"seen/{job.rank}", (problem or "").encode())
-    _serve_until_exit(job, control, pg_store, device)
+    broken = _prepare(job, control, options, device) if device is not None and not problem else None
+    _serve_until_exit(job, control, pg_store, device, broken)
 
 
 def _rank_zero_server(job: Job, options) -> None:
@@ -565,13 +568,31 @@ def _rank_zero_server(job: Job, options) -> None:
     control = job.store_client(STARTUP_TIMEOUT_S)
     pg_store = job.store_client(STARTUP_TIMEOUT_S)
     _, device, _, _ = _device_facts(options.device, job)
+    broken = _prepare(job, control, options, device)
     control.set("server-ready/0", str(os.getpid()).encode())
-    _serve_until_exit(job, control, pg_store, device)
+    _serve_until_exit(job, control, pg_store, device, broken)
 
 
-def _serve_until_exit(job: Job, control, pg_store, device) -> None:
+def _prepare(job: Job, control, options, device) -> str | None:
+    """This rank's preparation before any scenario call (SPEC 4.2.11: the scenario modules and
+    torch's lazy imports, the implementation's ``prepare``), posted as ``prepared/<rank>`` with
+    its time; what it raised, as text, or None."""
+    from . import warmup
+    from .exception_text import format_exception
+
+    started = time.monotonic()
+    error = None
     try:
-        serve(job, control, pg_store, device)
+        warmup.prepare_rank(options.impl, device=device)
+    except Exception as exc:  # noqa: BLE001 - every call this rank takes part in reports it
+        error = f"rank {job.rank}: preparing the implementation failed before any call:\n{format_exception(exc)}"
+    control.set(f"prepared/{job.rank}", _dumps({"seconds": time.monotonic() - started, "error": error}))
+    return error
+
+
+def _serve_until_exit(job: Job, control, pg_store, device, broken: str | None = None) -> None:
+    try:
+        serve(job, control, pg_store, device, broken)
     except Exception as exc:  # noqa: BLE001 - the store (torchrun's agent) is gone: so is the job
         print(f"gefen-conformance rank {job.rank}: leaving, the job's store failed: {type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
@@ -631,6 +652,8 @@ def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> in
         from . import devices
 
         launcher = TorchrunLauncher(job, control, server, device, devices.backend_for(chosen), hellos)
+        prepared = _gather(control, "prepared", job.world_size)
+        launcher.preparation_s = max((p["seconds"] for p in prepared.values()), default=0.0)
         launch.set_launcher(launcher)
         import pytest
 

@@ -12,11 +12,11 @@ import signal
 import time
 
 
-def dies_before_ready(conn, client_pid, dump_path, output_path):
+def dies_before_ready(conn, client_pid, dump_path, output_path, preload=()):
     os._exit(5)
 
 
-def never_ready(conn, client_pid, dump_path, output_path):
+def never_ready(conn, client_pid, dump_path, output_path, preload=()):
     dump = open(dump_path, "a", buffering=1)
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)
     time.sleep(600)

@@ -1,8 +1,8 @@
 """Interrupt a certification the way a user does, and report what was left behind.
 
-Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run is started in a
-session of its own (so every process it starts can be found by session id), with Python's default
-SIGINT handler restored (a background shell starts children with SIGINT ignored), and the signal
+Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run (``python -m pytest``) is started in
+a session of its own (so every process it starts can be found by session id), with SIGINT and
+SIGTERM at their defaults (a background shell starts children with SIGINT ignored), and the signal
 goes to its whole process group, as Ctrl-C in a terminal does.
 """
 
@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-_LAUNCH = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "signal.signal(signal.SIGTERM, signal.SIG_DFL); import pytest; sys.exit(pytest.console_main())"
-)
+def default_signals() -> None:
+    """In the child before it execs: Ctrl-C and SIGTERM as a terminal's program gets them (a shell
+    that runs this in the background starts its children with SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def session_processes(sid: int) -> list[tuple[int, str]]:
@@ -44,15 +46,18 @@ def session_processes(sid: int) -> list[tuple[int, str]]:
 def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum=signal.SIGINT,
                   to_group: bool = True, stop_within_s: float = 120.0, env=None) -> dict:
     """Start ``pytest ARGS`` in ``workdir``, send ``signum`` ``at_s`` seconds later, and report:
-    exit status, seconds from the signal to the exit, output lines, the certificate's verdict, and
-    the processes of the run still alive 10 s after it exited (each is then killed)."""
+    exit status, seconds from the signal to the exit and to the moment no process of the run was
+    left, output lines, the certificate's verdict, and the processes of the run still alive 10 s
+    after it exited (each is then killed)."""
     workdir = Path(workdir)
     log = workdir / "output.txt"
+    # unbuffered, so whatever the run printed before the signal is in the log however it left
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "-p", "no:cacheprovider", *args], cwd=workdir,
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=workdir,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env, preexec_fn=default_signals)
         sid = proc.pid
         try:
             while time.monotonic() - started < at_s and proc.poll() is None:
@@ -73,8 +78,9 @@ def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum
     left = session_processes(sid)
     deadline = time.monotonic() + 10.0
     while left and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
         left = session_processes(sid)
+    gone_after = time.monotonic() - signalled if not left else None
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -85,6 +91,7 @@ def interrupt_run(workdir: Path, at_s: float, args=("--impl=reference",), signum
     text = log.read_text(errors="replace")
     return {
         "at_s": at_s, "exit": code, "finished_before_signal": finished_first, "stopped_after_s": round(stopped_after, 1),
+        "gone_after_s": None if gone_after is None else round(gone_after, 1),
         "lines": len(text.splitlines()), "left": left, "certificates": [c.name for c in certificates],
         "verdict": cert["verdict"] if cert else None, "run": cert["run"] if cert else None, "output": text,
     }

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 import zlib
 
@@ -179,3 +180,10 @@ def world_of_one():
         yield world
     finally:
         world.close()
+
+
+def deadline_wall_s(message: str, quiet_s: float) -> float:
+    """The wall seconds a hung rank's deadline took, as its "hung" message states it (SPEC 4.2.10):
+    ``quiet_s`` when the machine's load did not stretch it."""
+    found = re.search(r"stretched to ([0-9.]+) s of wall time", message)
+    return float(found.group(1)) if found else quiet_s

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 import torch
 
 from gefen_conformance import launch, observations, registry, workload
@@ -51,11 +50,10 @@ FP32_RTOL = 1e-6
 
 
 def run(fn, world_size: int, args=(), *, timeout: float = TIMEOUT, **options) -> list:
-    """``launch.run(fn, world_size, args)``; skips the calling test, with the launcher's reason,
-    when the active launcher cannot run ``world_size`` ranks."""
-    reason = launch.unfit_reason(world_size)
-    if reason is not None:
-        pytest.skip(reason)
+    """``launch.run(fn, world_size, args)``; skips the calling test, with the launcher's reason and
+    marked as not run here (the run is then ``partial``), when the active launcher cannot run
+    ``world_size`` ranks."""
+    launch.skip_unless_fits(world_size)
     return launch.run(fn, world_size, args, timeout=timeout, **options)
 
 

@@ -11,13 +11,14 @@ before any byte is written (SPEC 2.6.2).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import registry, workload, world
+from gefen_conformance import deadlines, registry, workload, world
 from gefen_conformance.implementation import DCP_ASYNC_SAVE, DCP_RESHARD
 from gefen_conformance.sharding import world_mesh
 from gefen_oracles.digests import content_digests
@@ -29,7 +30,19 @@ GATE_S = 30.0  # how long the held writer waits for the step before giving up
 
 
 def _wait(response):
-    return getattr(response, "upload_completion", response).result(timeout=checkpoints.TIMEOUT)
+    """The async save's result, waited for within the scenario's bound on the load clock (SPEC 4.2.10)."""
+    future = getattr(response, "upload_completion", response)
+
+    def finished(seconds: float) -> bool:
+        try:
+            future.result(timeout=seconds)  # the save's own error propagates
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            return False
+        return True
+
+    if not deadlines.wait_until(finished, checkpoints.TIMEOUT):
+        raise TimeoutError(f"the async save did not complete within {checkpoints.TIMEOUT:g} s")
+    return future.result()
 
 
 def async_snapshot(spec: str, root: str) -> dict:
@@ -47,7 +60,7 @@ def async_snapshot(spec: str, root: str) -> dict:
 
     def gated_write_data(plan, planner):
         gated.append(gate.is_set())
-        if not gate.wait(GATE_S):
+        if not deadlines.wait_until(gate.wait, GATE_S):
             raise RuntimeError("the test never opened the gate")
         return write_data(plan, planner)
 

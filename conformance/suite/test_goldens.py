@@ -16,9 +16,7 @@ from . import margins
 @pytest.mark.clause("5.5.3", "2.2.5", "5.6.11")
 @pytest.mark.requires(DCP_RESHARD)
 def test_saves_match_the_goldens(impl, impl_spec, request):
-    reason = launch.unfit_reason(max(case.world_size for case in golden.CASES.values()))
-    if reason is not None:
-        pytest.skip(reason)
+    launch.skip_unless_fits(max(case.world_size for case in golden.CASES.values()))
     if request.config.getoption("--golden-regen"):
         path = golden.generate_into(golden.GOLDEN_DIR, "reference")
         pytest.fail(f"goldens regenerated from the reference into {path.parent}; review and commit them, then rerun")

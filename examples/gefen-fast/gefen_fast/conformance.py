@@ -43,6 +43,14 @@ def _async_writer(path):
     return GefenFileSystemWriter(path)
 
 
+def _prepare(device):
+    """Load the C kernels in this process (building them first where no build fits this machine),
+    so that no scenario pays for it inside a deadline (SPEC 4.2.11). Idempotent."""
+    from gefen_fast import kernels
+
+    kernels.available()
+
+
 #: Every capability it has; not ``cpu-bit-exact`` (fp32 sums in another order, IEEE sqrt).
 CAPABILITIES = frozenset({NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE})
 
@@ -54,4 +62,5 @@ IMPLEMENTATION = Implementation(
     save_planner=_save_planner,
     async_writer=_async_writer,
     capabilities=CAPABILITIES,
+    prepare=_prepare,
 )

@@ -1,0 +1,120 @@
+"""The warm-up phase: one-time costs are paid before any scenario and outside every deadline
+(SPEC 4.2.11).
+
+A kernel backend pays once per process for things that have nothing to do with its correctness: a C
+build or load, a Triton or inductor compile, an autotune, the first import of torch's DTensor
+and DCP machinery. Paid inside a rank's timed call, they read as a hang on a busy machine. So a
+suite run, before its first test:
+
+* in the test process (each xdist worker): calls the implementation's ``prepare(device)`` hook,
+  then runs every optimizer code path the scenarios use once (:data:`CODE_PATHS`: fp32, bf16
+  and fp16 parameters, block and, with ``factored-v``, factored second moments; two steps
+  each, a tensor lr and weight decay, and the native state dict where declared), and times it
+  (the certificate's ``execution.warm_up_s``);
+* for the pool's rank processes: has the fork server import the scenario modules and torch's
+  lazily imported parts (:mod:`gefen_conformance._rank_preload`), starts the workers the
+  largest scenario needs, and has every rank run :func:`prepare_rank` (resolve the
+  implementation, call its ``prepare`` on the rank's device) before its first call's deadline
+  starts (``gefen_conformance.ranks.prepare_workers``);
+* torchrun ranks run :func:`prepare_rank` at start-up, before rank 0 starts pytest.
+
+A warm-up that raises does not stop the run: the tests that use the failing code path report
+the error; the certificate's notes say what the warm-up hit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+#: (dtype, factored) of every optimizer code path the scenarios use
+CODE_PATHS = tuple((dtype, factored) for dtype in (torch.float32, torch.bfloat16, torch.float16)
+                   for factored in (False, True))
+#: the module the rank processes preload (see :mod:`gefen_conformance._rank_preload`)
+RANK_PRELOAD = ("gefen_conformance._rank_preload",)
+#: the largest scenario of the suite, in ranks: the pool starts this many workers in the warm-up
+LARGEST_SCENARIO = 4
+
+
+@dataclass
+class WarmUp:
+    seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+
+def prepare_hook(impl, device) -> None:
+    """The implementation's declared preparation (``Implementation.prepare``), if any."""
+    if impl.prepare is not None:
+        impl.prepare(torch.device(device))
+
+
+def _model():
+    """A small model with the scenarios' kinds of parameter: a matrix with structured gradients (a
+    searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
+    from . import workload
+
+    return workload.Model(shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
+                          groups=(("matrix", "prime"), ("scalar",)), init=workload.one_stream,
+                          structured=frozenset({"matrix"}), column_period=4)
+
+
+def exercise(impl) -> list[str]:
+    """Run each of :data:`CODE_PATHS` the implementation supports once, two steps (the first
+    creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
+    code path that raised (the tests that use it report it)."""
+    from . import workload
+    from .implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+
+    model = _model()
+    notes = []
+    for dtype, factored in CODE_PATHS:
+        if factored and not impl.has(FACTORED_SECOND_MOMENT):
+            continue
+        label = f"{str(dtype).replace('torch.', '')} {'factored' if factored else 'block'}"
+        try:
+            params = workload.parameters(model, dtype=dtype)
+            hypers = ({"lr": torch.tensor(3e-3), "weight_decay": 0.01}, {"lr": 1e-3})
+            optimizer = impl.make_optimizer(workload.param_groups(model, params, hypers), factored_v_2d=factored)
+            workload.train(model, optimizer, params, range(2))
+            if impl.has(NATIVE_STATE_DICT):
+                optimizer.load_state_dict(optimizer.state_dict())
+        except Exception as exc:  # noqa: BLE001 - the scenarios report it with their own checks
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            notes.append(f"warm-up: {impl.name}'s {label} steps raised {type(exc).__name__}: {first}")
+    return notes
+
+
+def warm_up_process(impl, device) -> WarmUp:
+    """The test process's warm-up: the hook, then every code path (see the module docstring)."""
+    started = time.monotonic()
+    notes = []
+    try:
+        prepare_hook(impl, device)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"warm-up: {impl.name}'s prepare() raised {type(exc).__name__}: {exc}"[:400])
+    notes += exercise(impl)
+    return WarmUp(time.monotonic() - started, notes)
+
+
+def prepare_pool(impl_spec: str, workers: int) -> None:
+    """Have the pool's rank processes preload the scenario modules and prepare the implementation
+    before their first call's deadline, and start ``workers`` of them now."""
+    from . import ranks
+
+    ranks.prepare_workers(RANK_PRELOAD, prepare_rank, (impl_spec,))
+    if workers:
+        ranks.start_workers(workers)
+
+
+def prepare_rank(impl_spec: str, *, device) -> None:
+    """One rank process's preparation (the pool runs it before the rank's first call on a
+    device; a torchrun rank at start-up): resolve the implementation, call its ``prepare``."""
+    import importlib
+
+    from . import registry
+
+    for name in RANK_PRELOAD:
+        importlib.import_module(name)
+    prepare_hook(registry.resolve(impl_spec), device)
