@@ -184,4 +184,15 @@ def describe() -> dict:
                                   f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements (SPEC 5.6.11)",
         },
         "continuation_after_reshard": {"max_abs": CONTINUATION_MAX_ABS, "clause": "5.3.3"},
+        "shadowing": {
+            "long_runs_and_loads": "every step of a long run and every step after a load is a pinned step from the "
+                                   "implementation's own state before it: the pinned_step bounds per step, the "
+                                   "update bias over all steps; counters, periods, inactive moments and the "
+                                   "codebook exact at every step (SPEC 5.6.20)",
+            "without_native_state": "long runs at the free-running bounds of their length and the displacement bias "
+                                    "(SPEC 5.6.21)",
+            "after_dcp_restores": "each step from the dense re-saves before and after it, the rank's codewords in use "
+                                  "standing in for its codebook; non-float re-saved entries exact against the "
+                                  "reference's restore-then-step (SPEC 5.6.22)",
+        },
     }
