@@ -119,8 +119,14 @@ def _failures(continued: dict) -> list[str]:
     return out
 
 
-def _read(continued: dict, k: int) -> dict:
-    return read_nested(continued["out"] / f"after{k}")
+def _read_once(saved: checkpoints.Checkpoints, path) -> dict:
+    """A checkpoint read by the independent reader (SPEC 5.1), once per session."""
+    return saved.once(("read", str(path)), lambda: read_nested(path))
+
+
+def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
+    """The re-save after ``k`` continuation steps."""
+    return _read_once(saved, continued["out"] / f"after{k}")
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -180,11 +186,11 @@ def _periods(checkpoint: dict, target: int) -> dict:
     return out
 
 
-def _shadow_problems(continued: dict, target: int, dtype: torch.dtype) -> list[str]:
+def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype) -> list[str]:
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
-    saves = [_read(continued, k) for k in range(CONTINUATION + 1)]
-    periods = _periods(read_nested(continued["source"]), target)
+    saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
+    periods = _periods(_read_once(saved, continued["source"]), target)
     comparisons = Comparisons()
     for rank in range(target):
         mine = sorted(i for r, i in periods if r == rank)
@@ -226,8 +232,8 @@ def test_restore_into_a_stepped_optimizer(impl, impl_spec, saved, dtype, target)
         ours = _continued(saved, REFERENCE, dtype, target)
         problems = _failures(ours)
     if not problems:
-        problems = _model_problems(read_nested(theirs["source"]), _read(theirs, 0))
-        expected, actual = _read(ours, 0)["optimizer"], _read(theirs, 0)["optimizer"]
+        problems = _model_problems(_read_once(saved, theirs["source"]), _read(saved, theirs, 0))
+        expected, actual = _read(saved, ours, 0)["optimizer"], _read(saved, theirs, 0)["optimizer"]
         problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
                                                                        bitwise=numeric_profile.bitwise(impl)))
     assert not problems, "\n".join(problems[:20])
@@ -247,7 +253,7 @@ def test_steps_after_the_restore(impl, impl_spec, saved, dtype, target):
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()
     for k in range(1, CONTINUATION + 1):
-        expected, actual = _read(ours, k), _read(theirs, k)
+        expected, actual = _read(saved, ours, k), _read(saved, theirs, k)
         _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
         if numeric_profile.bitwise(impl):
             comparisons.merge(checkpoint_compare.compare_restores(expected["optimizer"], actual["optimizer"],
@@ -257,5 +263,5 @@ def test_steps_after_the_restore(impl, impl_spec, saved, dtype, target):
                                                    actual["model"].get(name), label=f"after {k} steps: {name}"))
     problems = margins.record(comparisons)
     if not problems and not numeric_profile.bitwise(impl):
-        problems = _shadow_problems(theirs, target, DTYPES[dtype])
+        problems = _shadow_problems(saved, theirs, target, DTYPES[dtype])
     assert not problems, "\n".join(problems[:20])
