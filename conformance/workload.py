@@ -492,11 +492,21 @@ def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
 #: Long trajectories (SPEC 4.3.11): three small parameters, a searched period (``w``, structured),
 #: a fallback period (``v``) and period 1 (``s``, fewer than 8 elements), in two groups with the
 #: hyperparameters of :func:`optimizer_hypers`; ``w`` is 2-D, so a factored optimizer routes it to
-#: SPEC 1.9.
+#: SPEC 1.9. They start at 1e-2 of unit scale, so that bf16 parameters show their updates.
+def _scaled(init, scale: float, model: Model, salt) -> dict:
+    return {n: v * scale for n, v in init(model, salt).items()}
+
+
+def scaled(init: Callable, scale: float) -> Callable:
+    """Initial values of ``init`` times ``scale`` (a 16-bit parameter near 0 shows its update above
+    its own rounding, SPEC 5.6.1)."""
+    return functools.partial(_scaled, init, scale)
+
+
 LONG = Model(
     shapes={"w": (16, 48), "v": (96,), "s": (5,)},
     groups=(("w", "v"), ("s",)),
-    init=one_stream,
+    init=scaled(one_stream, 1e-2),
     salt=11,
     seed=crc32_seed("{name}:long{step}"),
     structured=frozenset({"w"}),
@@ -603,4 +613,5 @@ WIDE = Model(
     frozen=frozenset({FRESH}),
 )
 
-__all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "native_state", "other_stream", "param_runs", "run_steps"]
+__all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "native_state", "other_stream", "param_runs", "run_steps",
+            "scaled"]
