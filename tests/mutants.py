@@ -423,7 +423,10 @@ class _StepCountsInParameterDtype(reference.Gefen):
 class _CodewordTableBuiltOnce(reference.Gefen):
     """The kernel's codeword table (the codebook in the kernel's own layout) is built on the first
     step and kept; a load that replaces the codebook does not rebuild it, so the next steps decode
-    the loaded indices with the old codewords (SPEC 1.12.12, 2.3.6 item 4)."""
+    the loaded indices with the old codewords (SPEC 1.12.12, 2.3.6 item 4). Served by the reference
+    DCP adapter through its declared layout, as examples/gefen-fast is."""
+
+    gefen_state_layout = optimizer_view.STATE_LAYOUT
 
     def _update(self, p, grad, state, hyper, factored):
         table = self.__dict__.get("_codeword_table")
@@ -439,7 +442,9 @@ class _StepCountsKeptInKernel(reference.Gefen):
     """The kernel keeps each parameter's step counts itself (as capturable kernels keep device
     counters), seeded from the state the first time it sees the parameter and copied back into the
     state after each step; a load does not reseed them, so after a load into a stepped optimizer the
-    counts continue from before the load (SPEC 1.12.12)."""
+    counts continue from before the load (SPEC 1.12.12). Served by the reference DCP adapter."""
+
+    gefen_state_layout = optimizer_view.STATE_LAYOUT
 
     def _update(self, p, grad, state, hyper, factored):
         key = "factored_step" if factored else "vmean_step"
@@ -464,6 +469,15 @@ class _MissingMomentCountsFromStep(reference.Gefen):
             steps.new_factored_second_moment(state, tuple(p.shape), grad.device)
             state["factored_step"] = state["step"]
         super()._prepare_state(name, p, grad, state, factored)
+
+
+def _declared_kernel(name, optimizer_class):
+    """A mutant optimizer class that declares the reference's state layout, served by the reference
+    DCP adapter (SPEC 2.3.6), with every capability: native loads and DCP restores both reach it."""
+    ref = reference_impl.IMPLEMENTATION
+    return Implementation(name=name, version="mutant", make_optimizer=lambda p, **hp: optimizer_class(p, **hp),
+                          dcp_state=ref.dcp_state, save_planner=ref.save_planner, async_writer=ref.async_writer,
+                          capabilities=ALL_CAPS)
 
 
 def _restored_in_parameter_dtype(optimizer, readings):
@@ -500,10 +514,10 @@ CATALOGUE.update({
         _optimizer_mutant("bf16-step-counter", lambda p, **hp: _StepCountsInParameterDtype(p, **hp)),
         "1.8.5", "long_trajectory", "step counts kept in the parameter's dtype: bf16 stops counting at 256"),
     "stale-codeword-table": Entry(
-        _optimizer_mutant("stale-codeword-table", lambda p, **hp: _CodewordTableBuiltOnce(p, **hp)),
+        _declared_kernel("stale-codeword-table", _CodewordTableBuiltOnce),
         "1.12.12", "load_into_a_stepped", "codeword table built on the first step, not rebuilt by a load"),
     "kernel-step-counter": Entry(
-        _optimizer_mutant("kernel-step-counter", lambda p, **hp: _StepCountsKeptInKernel(p, **hp)),
+        _declared_kernel("kernel-step-counter", _StepCountsKeptInKernel),
         "1.12.12", "load_into_a_stepped", "step counts kept by the kernel, not reseeded by a load"),
     "migration-counter-from-step": Entry(
         _optimizer_mutant("migration-counter-from-step", lambda p, **hp: _MissingMomentCountsFromStep(p, **hp)),

@@ -9,7 +9,10 @@ mutants whose selected tests compare numbers differently per profile (optimizer 
 steps, goldens, payload content, restores). The other mutants' tolerance runs select tests that
 never consult ``cpu-bit-exact`` (validation, counters, DCP agreement, schema, memory, staging,
 hostile checkpoints): they are marked slow (``pytest -m slow``) and run by
-benchmarks/mutation_score.py, which judges every mutant in both profiles."""
+benchmarks/mutation_score.py, which judges every mutant in both profiles. The mutants of issue 19
+item 3 (state across time and loads) are slow in both profiles: their selections run 300-step
+trajectories, loads followed by several steps, or multi-rank restores; so is the reference's run of
+their selections."""
 
 from __future__ import annotations
 
