@@ -485,3 +485,133 @@ def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
                 before=pinned_sd["state"].get(pid, {}), after=result.state_dict["state"].get(pid, {}),
                 factored=factored and result.start[name].ndim == 2, **hyper))
     return out
+
+
+# ------------------------------------------------- state across time and loads (SPEC 4.3.11)
+
+#: Long trajectories (SPEC 4.3.11): three small parameters, a searched period (``w``, structured),
+#: a fallback period (``v``) and period 1 (``s``, fewer than 8 elements), in two groups with the
+#: hyperparameters of :func:`optimizer_hypers`; ``w`` is 2-D, so a factored optimizer routes it to
+#: SPEC 1.9. They start at 1e-2 of unit scale, so that bf16 parameters show their updates.
+def _scaled(init, scale: float, model: Model, salt) -> dict:
+    return {n: v * scale for n, v in init(model, salt).items()}
+
+
+def scaled(init: Callable, scale: float) -> Callable:
+    """Initial values of ``init`` times ``scale`` (a 16-bit parameter near 0 shows its update above
+    its own rounding, SPEC 5.6.1)."""
+    return functools.partial(_scaled, init, scale)
+
+
+LONG = Model(
+    shapes={"w": (16, 48), "v": (96,), "s": (5,)},
+    groups=(("w", "v"), ("s",)),
+    init=scaled(one_stream, 1e-2),
+    salt=11,
+    seed=crc32_seed("{name}:long{step}"),
+    structured=frozenset({"w"}),
+)
+#: Steps of a long trajectory: past 256 (where an 8-bit or bf16 counter stops counting) and long
+#: enough for the bias corrections to move well away from their first values.
+LONG_STEPS = 300
+
+
+def other_stream(model: Model) -> Model:
+    """The same model driven by another gradient stream (other seeds): what an optimizer steps on
+    before it loads a checkpoint of ``model``'s training, so that its codebook, periods' inputs and
+    counters differ from the checkpoint's (SPEC 4.3.11)."""
+    return replace(model, seed=functools.partial(_other_seed, model.seed))
+
+
+def _other_seed(seed, name: str, index: int, step: int) -> int:
+    return _crc32(f"other:{seed(name, index, step)}")
+
+
+@dataclass
+class Run:
+    """Steps recorded one by one: ``history[name]`` the parameter before the first step and after
+    each (CPU copies), ``grads[name]`` its gradient at each step (CPU, or None), ``states`` the
+    native state dict before the first step and after each (CPU deep copies; empty when not
+    recorded), ``steps`` the step indices."""
+
+    params: dict
+    optimizer: object
+    history: dict
+    grads: dict
+    states: list
+    steps: list
+
+
+def native_state(optimizer) -> dict:
+    """A deep CPU copy of the optimizer's native state dict (SPEC 1.11)."""
+    return state_to_cpu(copy.deepcopy(optimizer.state_dict()))
+
+
+def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, record_states: bool) -> Run:
+    """Set the gradients and step for each index in ``steps``, recording every parameter (and the
+    native state, when ``record_states``) before the first step and after each."""
+    steps = list(steps)
+    history = {n: [to_cpu(p)] for n, p in params.items()}
+    grads = {n: [] for n in params}
+    states = [native_state(optimizer)] if record_states else []
+    for step in steps:
+        set_gradients(model, params, step)
+        for n, p in params.items():
+            grads[n].append(None if p.grad is None else to_cpu(p.grad))
+        optimizer.step()
+        for n, p in params.items():
+            history[n].append(to_cpu(p))
+        if record_states:
+            states.append(native_state(optimizer))
+    return Run(params, optimizer, history, grads, states, steps)
+
+
+def built(make_optimizer, model: Model, dtype: torch.dtype, hypers, *, salt=None, **options) -> tuple:
+    """``(params, optimizer)``: ``model``'s parameters in ``dtype`` on the side's device
+    (:func:`device_for`) and the optimizer ``make_optimizer`` builds over its groups."""
+    params = parameters(model, dtype=dtype, salt=salt, device=device_for(make_optimizer))
+    return params, make_optimizer(param_groups(model, params, hypers), **options)
+
+
+def param_runs(run: Run, *, factored_v_2d: bool) -> list:
+    """The oracle's view (:class:`oracles.shadowing.ParamRun`) of every parameter of a recorded
+    run with native states: the steps in which it had a gradient, with its group's hyperparameters
+    and routing (SPEC 1.9.1) as the state dict after the last step records them."""
+    from gefen_oracles.shadowing import ParamRun
+
+    last = run.states[-1]
+    out = []
+    for g in last["param_groups"]:
+        lr = g["lr"]
+        hyper = dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(g["beta1"]),
+                     beta2=float(g["beta2"]), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]))
+        for pid, name in zip(g["params"], g["param_names"]):
+            taken = [t for t, grad in enumerate(run.grads[name]) if grad is not None]
+            out.append(ParamRun(
+                name=name, p0=[run.history[name][t] for t in taken], p1=[run.history[name][t + 1] for t in taken],
+                grads=[run.grads[name][t] for t in taken],
+                before=[run.states[t]["state"].get(pid, {}) for t in taken],
+                after=[run.states[t + 1]["state"].get(pid, {}) for t in taken],
+                factored=bool(factored_v_2d) and run.history[name][0].ndim == 2,
+                steps=[run.steps[t] for t in taken], **hyper))
+    return out
+
+
+#: DCP restores of a slot above 64Ki elements (SPEC 4.3.11): ``big.weight`` (264, 256) holds 67584
+#: elements (a local shard above 64Ki on one rank; 132 rows on two, 88 on three), beside
+#: :data:`BASE`'s small parameters, in :data:`BASE`'s groups and hyperparameters; ``head.weight``
+#: never gets a gradient (a fresh slot).
+WIDE = Model(
+    shapes={"big.weight": (264, 256), "enc.weight": (8, 24), "enc.bias": (24,), "head.weight": (16, 8)},
+    groups=(("big.weight", "enc.bias"), ("enc.weight", "head.weight")),
+    init=per_name,
+    salt="init",
+    seed=crc32_seed("{name}:grad{step}"),
+    hypers=GROUP_HYPERS,
+    structured=frozenset({"big.weight"}),
+    column_period=4,
+    frozen=frozenset({FRESH}),
+)
+
+__all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "native_state", "other_stream", "param_runs", "run_steps",
+            "scaled"]

@@ -103,7 +103,8 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
     re-save is one multiply. So, beyond the exact values: the second moment within a block mean's
     bound; each momentum element within RESTORE_ROUNDING (relative) of the reference's, except
     where a nearest-codeword choice sat within rounding of a decision boundary (or the relearned
-    codebook moved a codeword): at most RESTORE_FLIP_SHARE of a slot's elements (a flip moves an
+    codebook moved a codeword): at most RESTORE_FLIP_SHARE of a slot's elements, and never fewer than
+    RESTORE_MIN_FLIPS (:func:`oracles.kernel_bounds.restore_flips_allowed`; a flip moves an
     element to a neighbouring codeword, by at most the codebook's range, which is not bounded
     further: the restore's codebook is not saved). Bitwise profile: every bit.
     """
@@ -121,8 +122,9 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
         top = float(ed.abs().max())
         err = (ad - ed).abs()
         beyond = err > kb.RESTORE_ROUNDING * ed.abs()
-        share = float(beyond.float().mean())
-        out.add(_share("restored state: momentum elements beyond rounding", label, share, kb.RESTORE_FLIP_SHARE))
+        share = int(beyond.sum()) / beyond.numel()
+        out.add(_share("restored state: momentum elements beyond rounding", label, share,
+                       kb.restore_flips_allowed(e.numel())))
         worst = float(err.max()) / top
         c = Comparison("restored state: momentum (of the slot's largest magnitude)", "tolerance", worst, 2.0)
         if not worst <= 2.0:

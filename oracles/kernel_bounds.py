@@ -44,6 +44,16 @@ HISTOGRAM_BIN_WIDTH = 2.0 ** -11
 #: a histogram bin apart; the bound is five times that).
 RESTORE_ROUNDING = 8 * U
 RESTORE_FLIP_SHARE = 0.01
+#: ... and never fewer than this many elements: in a small slot one or two such flips already exceed
+#: the share (2 of 192 elements is 1.04%), as SPEC 5.6.7 counts at least CODEBOOK_MIN_MOVED moved
+#: elements.
+RESTORE_MIN_FLIPS = 8
+
+
+def restore_flips_allowed(elements: int) -> float:
+    """SPEC 5.6.11: the share of a slot's momentum elements a restore may move to another codeword:
+    RESTORE_FLIP_SHARE, or RESTORE_MIN_FLIPS elements when that is more."""
+    return max(RESTORE_FLIP_SHARE, RESTORE_MIN_FLIPS / elements) if elements else RESTORE_FLIP_SHARE
 
 
 def roundoff(dtype: torch.dtype) -> float:
@@ -181,7 +191,19 @@ def describe() -> dict:
                                      "reference codebook's largest gap, measured) of the slot's largest magnitude; "
                                      "dense second moment at the free-running bound (SPEC 5.6.11)",
             "restore_and_resave": f"second moment within (n+4)U; momentum within {RESTORE_ROUNDING / U:g}U relative "
-                                  f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements (SPEC 5.6.11)",
+                                  f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements, and never fewer than "
+                                  f"{RESTORE_MIN_FLIPS} (SPEC 5.6.11)",
         },
         "continuation_after_reshard": {"max_abs": CONTINUATION_MAX_ABS, "clause": "5.3.3"},
+        "shadowing": {
+            "long_runs_and_loads": "every step of a long run and every step after a load is a pinned step from the "
+                                   "implementation's own state before it: the pinned_step bounds per step, the "
+                                   "update bias over all steps; counters, periods, inactive moments and the "
+                                   "codebook exact at every step (SPEC 5.6.20)",
+            "without_native_state": "long runs at the free-running bounds of their length and the displacement bias "
+                                    "(SPEC 5.6.21)",
+            "after_dcp_restores": "each step from the dense re-saves before and after it, the rank's codewords in use "
+                                  "standing in for its codebook; non-float re-saved entries exact against the "
+                                  "reference's restore-then-step (SPEC 5.6.22)",
+        },
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import kernel_bounds as kb
@@ -114,9 +115,21 @@ def _previous(s: ParamStep, key: str, shape) -> torch.Tensor:
     return _d(value).reshape(shape) if torch.is_tensor(value) else torch.zeros(shape, dtype=torch.float64)
 
 
-def _bias_corrections(s: ParamStep, moment_counter: str) -> tuple[float, float]:
+def moment_counter(before: dict, key: str) -> int:
+    """The counter of the second moment ``key`` (``vmean_step`` or ``factored_step``) as the step
+    finds it after the lazy repairs (SPEC 1.8.2, 1.9.2, 1.10.8): 0 when the moment itself is missing
+    (a fresh state, or a state of the other mode: the moment is created with counter 0 and re-warms);
+    for a block state without ``vmean_step`` (legacy), its ``step``."""
+    if key == "vmean_step":
+        if "vmean" not in before:
+            return 0
+        return before.get("vmean_step", before.get("step", 0))
+    return before.get("factored_step", 0) if "v_row" in before else 0
+
+
+def _bias_corrections(s: ParamStep, moment_counter_key: str) -> tuple[float, float]:
     step = s.before.get("step", 0) + 1
-    counter = s.before.get(moment_counter, s.before.get("step", 0) if moment_counter == "vmean_step" else 0) + 1
+    counter = moment_counter(s.before, moment_counter_key) + 1
     return 1.0 - s.beta1 ** step, 1.0 - s.beta2 ** counter
 
 
@@ -245,11 +258,9 @@ def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.T
     element, which holds for distinct inputs only: elements with the same start value and the same
     expected change round identically, so each such input counts once. None when fewer than 16
     distinct inputs are available."""
-    pairs = torch.stack([start.double().reshape(-1), expected.double().reshape(-1)], dim=1)
-    if pairs.shape[0]:
-        _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
-        first = torch.full((int(inverse.max()) + 1,), pairs.shape[0], dtype=torch.long)
-        first.scatter_reduce_(0, inverse, torch.arange(pairs.shape[0]), reduce="amin")
+    if expected.numel():
+        first = torch.from_numpy(_first_of_each_pair(start.double().reshape(-1).numpy(),
+                                                     expected.double().reshape(-1).numpy()))
         observed, expected = observed.reshape(-1)[first], expected.reshape(-1)[first]
     if observed.numel() < 16:
         return None
@@ -266,6 +277,16 @@ def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.T
                         f"{bound:.3e} (systematic {systematic:.3e} + {kb.BIAS_STANDARD_ERRORS:g} standard errors "
                         f"{standard_error:.3e})")
     return Comparison(what, "tolerance", abs(mean), bound, problems=problems)
+
+
+def _first_of_each_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Index of the first occurrence of each distinct pair ``(a[i], b[i])`` (a stable sort by both
+    keys; linear after it, where ``torch.unique(dim=0)`` is slow on long inputs)."""
+    order = np.lexsort((b, a))
+    sa, sb = a[order], b[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
+    return order[new]
 
 
 def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, unit: str = "relative") -> Comparison:

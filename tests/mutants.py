@@ -389,3 +389,151 @@ partial = Implementation(
 beta_rounding = CATALOGUE["betas-stored-rounded"].implementation
 global_step = CATALOGUE["global-step"].implementation
 zero_eps = CATALOGUE["zero-eps"].implementation
+
+
+# =============================================================================================
+# Issue 19 item 3: state across time and loads (SPEC 4.3.11). Backends written as kernel teams
+# write them: a ``reference.Gefen`` subclass that replaces the per-parameter update (``_update``,
+# as examples/gefen-fast does) or the state preparation around it, or the reference DCP adapter
+# with one step of its restore replaced. Each one passes the suite of main 3005fb6 (which never
+# runs past six steps, never loads into a stepped optimizer, never switches modes and restores only
+# small fp32 models) and fails the new modules in both profiles.
+
+
+class _StepCountsInParameterDtype(reference.Gefen):
+    """The kernel keeps each parameter's step counts as a device tensor in the parameter's dtype
+    (as capturable optimizers keep a float step tensor), reseeded from the state whenever the
+    state was replaced, and takes the bias corrections from it. A bf16 tensor counts exactly only
+    to 256: from step 257 on the bias corrections stay at step 256 (7% of the stepsize at step 300
+    with beta2 = 0.999). The host counters stay right."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        key = "factored_step" if factored else "vmean_step"
+        device_counts = self.__dict__.setdefault("_device_counts", {})
+        host = (state["step"], state[key])
+        kept = device_counts.get(p)
+        counts = kept[1] if kept is not None and kept[0] == host else torch.tensor(host, dtype=p.dtype)
+        counts += 1
+        state["step"], state[key] = int(counts[0]) - 1, int(counts[1]) - 1  # the kernel reads its own counts
+        super()._update(p, grad, state, hyper, factored)
+        state["step"], state[key] = host[0] + 1, host[1] + 1
+        device_counts[p] = ((state["step"], state[key]), counts)
+
+
+class _CodewordTableBuiltOnce(reference.Gefen):
+    """The kernel's codeword table (the codebook in the kernel's own layout) is built on the first
+    step and kept; a load that replaces the codebook does not rebuild it, so the next steps decode
+    the loaded indices with the old codewords (SPEC 1.12.12, 2.3.6 item 4). Served by the reference
+    DCP adapter through its declared layout, as examples/gefen-fast is."""
+
+    gefen_state_layout = optimizer_view.STATE_LAYOUT
+
+    def _update(self, p, grad, state, hyper, factored):
+        table = self.__dict__.get("_codeword_table")
+        if table is None:
+            table = self._codeword_table = self.codebook.detach().clone()
+        if factored:
+            steps.factored_step(p, grad, state, table, hyper)
+        else:
+            steps.block_vmean_step(optimizer_module.local_tensor(p), grad, state, table, hyper)
+
+
+class _StepCountsKeptInKernel(reference.Gefen):
+    """The kernel keeps each parameter's step counts itself (as capturable kernels keep device
+    counters), seeded from the state the first time it sees the parameter and copied back into the
+    state after each step; a load does not reseed them, so after a load into a stepped optimizer the
+    counts continue from before the load (SPEC 1.12.12). Served by the reference DCP adapter."""
+
+    gefen_state_layout = optimizer_view.STATE_LAYOUT
+
+    def _update(self, p, grad, state, hyper, factored):
+        key = "factored_step" if factored else "vmean_step"
+        kernel_counts = self.__dict__.setdefault("_kernel_counts", {})
+        if p not in kernel_counts:
+            kernel_counts[p] = (state["step"], state[key])
+        state["step"], state[key] = kernel_counts[p]
+        super()._update(p, grad, state, hyper, factored)
+        kernel_counts[p] = (state["step"], state[key])
+
+
+class _MissingMomentCountsFromStep(reference.Gefen):
+    """A second moment missing after a mode switch is created at zero with the momentum's step
+    count as its counter (the legacy ``vmean_step`` repair of SPEC 1.8.2 applied to a migration),
+    instead of counter 0 (SPEC 1.10.8): the new moment's bias correction skips its warm-up."""
+
+    def _prepare_state(self, name, p, grad, state, factored):
+        if "step" in state and not factored and "vmean" not in state:
+            steps.new_block_second_moment(state, grad.device)
+            state["vmean_step"] = state["step"]
+        if "step" in state and factored and "v_row" not in state:
+            steps.new_factored_second_moment(state, tuple(p.shape), grad.device)
+            state["factored_step"] = state["step"]
+        super()._prepare_state(name, p, grad, state, factored)
+
+
+def _declared_kernel(name, optimizer_class):
+    """A mutant optimizer class that declares the reference's state layout, served by the reference
+    DCP adapter (SPEC 2.3.6), with every capability: native loads and DCP restores both reach it."""
+    ref = reference_impl.IMPLEMENTATION
+    return Implementation(name=name, version="mutant", make_optimizer=lambda p, **hp: optimizer_class(p, **hp),
+                          dcp_state=ref.dcp_state, save_planner=ref.save_planner, async_writer=ref.async_writer,
+                          capabilities=ALL_CAPS)
+
+
+def _restored_in_parameter_dtype(optimizer, readings):
+    """The restore hands each slot's dense momentum to the re-blocking in the parameter's dtype
+    (the kernel's quantizer takes parameter-dtype tensors): exact for fp32 models, rounded to 8
+    bits for bf16 ones (SPEC 3.6.4 re-blocks the fp32 values)."""
+    cast = [replace(r, momentum=r.momentum.to(layout.local_part(r.slot.parameter).dtype).float()) for r in readings]
+    return restore._compact_state(optimizer, cast)
+
+
+#: Elements per chunk of the chunked re-blocking below (bounded scratch, as dense.GATHER_CHUNK).
+_REBLOCK_CHUNK = 1 << 16
+
+
+def _reblock_in_chunks(codebook, momentum, second, period):
+    """SPEC 3.6.4 in chunks of 64Ki elements to bound the scratch of the division; the chunk count
+    is rounded down, so the partial last chunk of a shard above 64Ki elements is never quantized
+    (its indices stay 0: codeword -1 times the block magnitude)."""
+    table = codebook.to(device=momentum.device, dtype=torch.float32)
+    blocks = momentum.detach().float().reshape(-1).view(-1, period)
+    magnitude = blocks.abs().amax(dim=1, keepdim=True)
+    indices = torch.zeros(blocks.shape, dtype=torch.uint8, device=momentum.device)
+    rows = max(1, _REBLOCK_CHUNK // period)
+    for chunk in range(max(1, blocks.shape[0] // rows)):
+        part = slice(chunk * rows, (chunk + 1) * rows)
+        scaled = torch.where(magnitude[part] > 0, blocks[part] / magnitude[part], torch.zeros_like(blocks[part]))
+        indices[part] = steps.nearest_codeword_indices(table, scaled)
+    vmean = second.detach().float().reshape(-1).view(-1, period).mean(dim=1, keepdim=True)
+    return indices, magnitude, vmean
+
+
+CATALOGUE.update({
+    "bf16-step-counter": Entry(
+        _optimizer_mutant("bf16-step-counter", lambda p, **hp: _StepCountsInParameterDtype(p, **hp)),
+        "1.8.5", "long_trajectory", "step counts kept in the parameter's dtype: bf16 stops counting at 256"),
+    "stale-codeword-table": Entry(
+        _declared_kernel("stale-codeword-table", _CodewordTableBuiltOnce),
+        "1.12.12", "load_into_a_stepped", "codeword table built on the first step, not rebuilt by a load"),
+    "kernel-step-counter": Entry(
+        _declared_kernel("kernel-step-counter", _StepCountsKeptInKernel),
+        "1.12.12", "load_into_a_stepped", "step counts kept by the kernel, not reseeded by a load"),
+    "migration-counter-from-step": Entry(
+        _optimizer_mutant("migration-counter-from-step", lambda p, **hp: _MissingMomentCountsFromStep(p, **hp)),
+        "1.10.8", "mode_migration", "a second moment created by a mode switch starts at the step count, not 0"),
+    "bf16-restore-rounding": Entry(
+        _dcp_mutant("bf16-restore-rounding", _state_with(restore=clone(restore, _compact_state=_restored_in_parameter_dtype))),
+        "3.6.4", "restore_into_a_stepped", "restored momentum re-blocked in the parameter's dtype (bf16)"),
+    "restore-drops-tail-chunk": Entry(
+        _dcp_mutant("restore-drops-tail-chunk",
+                    _state_with(restore=clone(restore, reblock=proxy(restore.reblock, reblock=_reblock_in_chunks)))),
+        "3.6.4", "restore_into_a_stepped", "chunked re-blocking drops the partial last 64Ki chunk"),
+})
+
+#: This section's mutants, for the meta-test (each run is a suite subprocess of several seconds: slow).
+STATE_OVER_TIME = ("bf16-step-counter", "stale-codeword-table", "kernel-step-counter", "migration-counter-from-step",
+                   "bf16-restore-rounding", "restore-drops-tail-chunk")
+for _name in STATE_OVER_TIME:
+    globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
+    globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)

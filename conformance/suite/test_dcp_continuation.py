@@ -1,0 +1,272 @@
+"""DCP restores of a bf16 model with a slot above 64Ki elements into optimizers that have already
+stepped, across world sizes, each followed by several steps (SPEC 4.3.11 items 3 and 5, 3.6, 3.7,
+2.3.6 item 4, 5.6.11, 5.6.22).
+
+The reference trains :data:`gefen_conformance.workload.WIDE` in bf16 on ``SOURCE`` ranks and saves
+it. On each target world size, the implementation and the reference each build an optimizer over
+other parameter values with other hyperparameters, step it twice on another gradient stream (its
+codebook, counters and anything derived from them are then stale), restore the checkpoint with
+``dcp.load`` (model and optimizer), re-save at once, and take ``CONTINUATION`` steps on the
+checkpoint's gradient stream, re-saving after each. Everything is read back by the independent
+reader (SPEC 5.1).
+
+* the restore: model parameters exact; the implementation's re-save against the reference's re-save
+  of the same restore (bitwise under ``cpu-bit-exact``, SPEC 3.8.2; otherwise SPEC 5.6.11);
+* the continuation: the header, identities, hyperparameters and every slot's counters of each
+  re-save equal the reference's (both profiles); under ``cpu-bit-exact`` every re-save and the
+  model bit for bit; otherwise each step judged from the implementation's own re-saved state before
+  it (SPEC 5.6.22: the pinned step's bounds on the dense form, the periods the reference's rule
+  gives for the restored shards).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from gefen_conformance import numeric_profile, registry, workload
+from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.sharding import world_mesh
+from gefen_oracles import checkpoint_compare, shadowing
+from gefen_oracles.checkpoint_reader import read_nested
+from gefen_oracles.gefen_schema import slot_key
+from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
+
+from . import checkpoints, margins
+
+REFERENCE = "reference"
+MODEL = "wide"
+MODELS = {MODEL: workload.WIDE}
+DTYPES = {"bf16": torch.bfloat16}
+SOURCE = 2
+PATHS = [pytest.param(1, id="2->1"), pytest.param(3, id="2->3")]
+#: Steps the target optimizer takes on another stream before it loads.
+STEPPED_BEFORE = range(1, 3)
+CONTINUATION = 3
+#: Bound of each rank call (SPEC 4.2.2): a first step or a restore of the 67584-element slot learns
+#: periods and a codebook from it (about a second on a quiet 2-core machine, several times the small
+#: scenarios' work), so these calls get three times the shared bound.
+TIMEOUT = 3 * checkpoints.TIMEOUT
+HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+# ------------------------------------------------------------------------------ rank bodies
+
+
+def save_reference(model: str, dtype: str, path: str) -> None:
+    """The reference trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and optimizer."""
+    impl = registry.resolve(REFERENCE)
+    layout = MODELS[model]
+    params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
+    optimizer = impl.make_optimizer(workload.param_groups(layout, params), factored_v_2d=False)
+    workload.train(layout, optimizer, params, range(1, workload.DCP_STEPS + 1))
+    workload.save(impl, optimizer, path, params=params)
+
+
+def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> dict:
+    """A stepped optimizer of ``spec`` restores ``path``, re-saves to ``out/after0``, then steps
+    ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
+    impl = registry.resolve(spec)
+    layout = MODELS[model]
+    params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
+    optimizer = impl.make_optimizer(workload.param_groups(layout, params, workload.TARGET_HYPERS),
+                                    factored_v_2d=False)
+    workload.train(workload.other_stream(layout), optimizer, params, STEPPED_BEFORE)
+    try:
+        workload.load(impl, optimizer, path, params=params)
+    except Exception as exc:  # the outcome is the result
+        return {"load_error": checkpoints.error_report(exc), "save_error": None}
+    for k in range(CONTINUATION + 1):
+        if k:
+            workload.train(layout, optimizer, params, [workload.DCP_STEPS + k])
+        try:
+            workload.save(impl, optimizer, os.path.join(out, f"after{k}"), params=params)
+        except Exception as exc:  # reported; later re-saves are not attempted
+            return {"load_error": None, "save_error": dict(checkpoints.error_report(exc), after=k)}
+    return {"load_error": None, "save_error": None}
+
+
+# -------------------------------------------------------------------------------- the cache
+
+
+def _checkpoint(saved: checkpoints.Checkpoints, dtype: str):
+    path = saved.directory("reference-saved", MODEL, dtype, f"w{SOURCE}")
+
+    def make():
+        checkpoints.run(save_reference, SOURCE, (MODEL, dtype, str(path)), timeout=TIMEOUT)
+        return path
+
+    return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
+
+
+def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> dict:
+    source = _checkpoint(saved, dtype)
+    out = saved.directory("continued", spec, MODEL, dtype, f"w{SOURCE}", f"w{target}")
+
+    def make():
+        reports = checkpoints.run(restore_and_continue, target, (spec, MODEL, dtype, str(source), str(out)),
+                                  timeout=TIMEOUT)
+        return {"source": source, "out": out, "reports": reports}
+
+    return saved.once(("continued", spec, MODEL, dtype, SOURCE, target), make)
+
+
+def _failures(continued: dict) -> list[str]:
+    out = []
+    for rank, report in enumerate(continued["reports"]):
+        if report["load_error"] is not None:
+            out.append(f"rank {rank}: the load raised {report['load_error']['type']}: {report['load_error']['message']}")
+        elif report["save_error"] is not None:
+            e = report["save_error"]
+            out.append(f"rank {rank}: the re-save after {e['after']} steps raised {e['type']}: {e['message']}")
+    return out
+
+
+def _read_once(saved: checkpoints.Checkpoints, path) -> dict:
+    """A checkpoint read by the independent reader (SPEC 5.1), once per session."""
+    return saved.once(("read", str(path)), lambda: read_nested(path))
+
+
+def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
+    """The re-save after ``k`` continuation steps."""
+    return _read_once(saved, continued["out"] / f"after{k}")
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _model_problems(checkpoint: dict, resaved: dict) -> list[str]:
+    differing, problems = 0, []
+    for name, value in checkpoint["model"].items():
+        again = resaved.get("model", {}).get(name)
+        if not torch.is_tensor(again) or again.dtype != value.dtype or not torch.equal(again, value):
+            differing += 1
+            problems.append(f"model parameter {name}: restored value differs from the checkpoint's (SPEC 3.7.1)")
+    margins.exact("restore into a stepped optimizer: model parameters", differing, len(checkpoint["model"]))
+    return problems
+
+
+def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -> None:
+    """Every non-float entry of two re-saves (header, identities, hyperparameters, slot flags and
+    counters) exactly equal (both profiles, SPEC 5.6.11)."""
+    differing = total = 0
+    for key in sorted(set(expected) | set(actual)):
+        e, a = expected.get(key), actual.get(key)
+        if torch.is_tensor(e) and e.is_floating_point() and e.dim() > 0:
+            continue
+        total += 1
+        same = (torch.is_tensor(a) and torch.is_tensor(e) and a.dtype == e.dtype and a.shape == e.shape
+                and torch.equal(a, e)) if torch.is_tensor(e) else e == a
+        if not same:
+            differing += 1
+            out.problem(f"{where}: {key} is {a!r}, the reference's restore-then-step has {e!r}")
+    out.add(Comparison("continuation: header, identities, hyperparameters, counters", "bitwise",
+                       differing=differing, total=total))
+
+
+def _local(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``t`` under ``Shard(0)`` on ``world`` ranks (torch's chunking)."""
+    chunks = torch.chunk(t, world, dim=0)
+    return chunks[rank] if rank < len(chunks) else t[:0]
+
+
+def _periods(checkpoint: dict, target: int) -> dict:
+    """``{(rank, slot): period}`` of every slot a rank restores with momentum, by the reference's
+    rule on the checkpoint's dense second moment (SPEC 3.6.2; periods are exact, SPEC 5.6.11)."""
+    from gefen_reference.dcp.reblock import period_for
+    from gefen_reference.periods import PeriodRules
+
+    rules = PeriodRules(False, False, ())
+    optimizer = checkpoint["optimizer"]
+    out = {}
+    for i, identity in enumerate(optimizer["param_identities"]):
+        if int(optimizer[slot_key(i, "initialized")]) != 1:
+            continue
+        for rank in range(target):
+            second = _local(optimizer[slot_key(i, "second_moment")], rank, target)
+            if second.numel():
+                out[rank, i] = period_for(rules, identity["name"], identity["shape"], second)
+    return out
+
+
+def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype) -> list[str]:
+    """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
+    layout = MODELS[MODEL]
+    saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
+    periods = _periods(_read_once(saved, continued["source"]), target)
+    comparisons = Comparisons()
+    for rank in range(target):
+        mine = sorted(i for r, i in periods if r == rank)
+        momenta = [_local(s["optimizer"][slot_key(i, "momentum")], rank, target) for s in saves for i in mine]
+        codewords, problems = shadowing.codewords_in_use(momenta, [periods[rank, i] for s in saves for i in mine])
+        for p in problems:
+            comparisons.problem(f"rank {rank}: {p}")
+        for k in range(1, CONTINUATION + 1):
+            before, after = saves[k - 1], saves[k]
+            slots = []
+            for i in mine:
+                identity = before["optimizer"]["param_identities"][i]
+                name = identity["name"]
+                hypers = before["optimizer"]["param_group_hypers"][identity["group"]]
+                grad = workload.gradient(layout, name, workload.DCP_STEPS + k, dtype=dtype)
+                slots.append(dict(
+                    name=f"rank {rank} step {k} {name}", period=periods[rank, i],
+                    p0=_local(before["model"][name], rank, target), p1=_local(after["model"][name], rank, target),
+                    grad=_local(grad, rank, target),
+                    m0=_local(before["optimizer"][slot_key(i, "momentum")], rank, target),
+                    v0=_local(before["optimizer"][slot_key(i, "second_moment")], rank, target),
+                    m1=_local(after["optimizer"][slot_key(i, "momentum")], rank, target),
+                    v1=_local(after["optimizer"][slot_key(i, "second_moment")], rank, target),
+                    step=int(before["optimizer"][slot_key(i, "step")]),
+                    vmean_step=int(before["optimizer"][slot_key(i, "vmean_step")]),
+                    **{key: float(hypers[key]) for key in HYPERPARAMETERS}))
+            comparisons.merge(shadowing.dense_steps(slots, codewords))
+    return margins.record(comparisons)
+
+
+@pytest.mark.clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
+@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.parametrize("target", PATHS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_restore_into_a_stepped_optimizer(impl, impl_spec, saved, dtype, target):
+    theirs = _continued(saved, impl_spec, dtype, target)
+    problems = _failures(theirs)
+    if not problems:
+        ours = _continued(saved, REFERENCE, dtype, target)
+        problems = _failures(ours)
+    if not problems:
+        problems = _model_problems(_read_once(saved, theirs["source"]), _read(saved, theirs, 0))
+        expected, actual = _read(saved, ours, 0)["optimizer"], _read(saved, theirs, 0)["optimizer"]
+        problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
+                                                                       bitwise=numeric_profile.bitwise(impl)))
+    assert not problems, "\n".join(problems[:20])
+
+
+@pytest.mark.clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
+@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.parametrize("target", PATHS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_steps_after_the_restore(impl, impl_spec, saved, dtype, target):
+    theirs = _continued(saved, impl_spec, dtype, target)
+    problems = _failures(theirs)
+    if not problems:
+        ours = _continued(saved, REFERENCE, dtype, target)
+        problems = _failures(ours)
+    if problems:
+        pytest.fail("\n".join(problems))
+    comparisons = Comparisons()
+    for k in range(1, CONTINUATION + 1):
+        expected, actual = _read(saved, ours, k), _read(saved, theirs, k)
+        _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
+        if numeric_profile.bitwise(impl):
+            comparisons.merge(checkpoint_compare.compare_restores(expected["optimizer"], actual["optimizer"],
+                                                                  bitwise=True, where=f"after {k} steps"))
+            for name, value in expected["model"].items():
+                comparisons.add(bitwise_comparison(f"continuation: model parameters ({dtype})", value,
+                                                   actual["model"].get(name), label=f"after {k} steps: {name}"))
+    problems = margins.record(comparisons)
+    if not problems and not numeric_profile.bitwise(impl):
+        problems = _shadow_problems(saved, theirs, target, DTYPES[dtype])
+    assert not problems, "\n".join(problems[:20])

@@ -1,0 +1,157 @@
+"""Native loads into optimizers that have already stepped, and migrations between block and
+factored second moments (SPEC 4.3.11 items 3-4, 1.12.12, 1.10.8, 1.8.2, 1.9.2).
+
+Every case is judged over several steps after the load, in two ways (SPEC 5.6.20):
+
+* right after the load, the implementation's native state dict is the loaded one bit for bit in
+  both profiles (a load copies; the codebook is frozen, SPEC 1.12.8, 5.6.7): whatever it cached
+  from before the load must not show;
+* each later step: under ``cpu-bit-exact`` the reference's same procedure bit for bit (states and
+  every step's parameters); otherwise every step against exact arithmetic from the
+  implementation's own state before it (:mod:`oracles.shadowing`), plus the exact rules
+  (counters, periods, names, hyperparameters, global step) against the reference's same
+  procedure.
+
+``test_load_into_a_stepped_optimizer``: an optimizer trained two steps on another gradient stream
+with other hyperparameters (so its codebook, counters and every table or counter a kernel derived
+from them are stale) loads the reference's state after three steps of
+:data:`gefen_conformance.workload.OPTIMIZER` and continues three steps.
+
+``test_mode_migration``: the reference's state of one mode (block or factored second moments,
+SPEC 1.8, 1.9) loads into an optimizer of the other mode, which steps twice (its 2-D parameters
+create the other moment at zero with counter 0 and keep the loaded one untouched, SPEC 1.10.8,
+1.8.2, 1.9.2); that state loads back into an optimizer of the first mode, which steps twice
+(the first moment resumes from its stored value and counter).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from gefen_conformance import numeric_profile, workload
+from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_oracles import native_compare, shadowing
+from gefen_oracles.numeric import Comparisons, bitwise_comparison
+
+from . import margins
+
+DTYPE = torch.float32
+#: The checkpoint: the reference after steps 0-2 of the pinned workload, weight decay 0.05.
+CHECKPOINT_STEPS = 3
+CHECKPOINT_HYPERS = dict(weight_decay=0.05)
+#: What the live optimizer is built with (:func:`_live`: other hyperparameters, a tensor lr) and
+#: steps on before it loads (another gradient stream).
+LIVE_STEPS = range(2)
+CONTINUATION = 3
+PHASE_STEPS = 2
+MIGRATIONS = [pytest.param(False, id="block-to-factored-and-back"),
+              pytest.param(True, id="factored-to-block-and-back")]
+
+
+@functools.lru_cache(maxsize=2)
+def _checkpoint(factored: bool) -> dict:
+    """The reference's native state after ``CHECKPOINT_STEPS`` steps in one mode (made once)."""
+    return workload.pinned_state(DTYPE, CHECKPOINT_STEPS, factored_v_2d=factored, **CHECKPOINT_HYPERS)
+
+
+def _live(make_optimizer, factored: bool, params=None):
+    """``(params, optimizer)`` over the pinned workload's start (or ``params``' values), the live hyperparameters."""
+    values = workload.pinned_start(DTYPE) if params is None else params
+    device = workload.device_for(make_optimizer)
+    params = {n: torch.nn.Parameter(workload.to_cpu(t).to(device)) for n, t in values.items()}
+    hypers = workload.optimizer_hypers(tensor_lr=True, weight_decay=0.0)
+    return params, make_optimizer(workload.param_groups(workload.OPTIMIZER, params, hypers), factored_v_2d=factored)
+
+
+def _loaded_exactly(label: str, loaded: dict, observed: dict) -> list[str]:
+    """SPEC 1.12.8, 1.12.12: the state dict right after a load is the loaded one, bit for bit (every
+    profile: a load copies)."""
+    comparisons = Comparisons()
+    for p in native_compare.exact_problems(loaded, observed, codebook_exact=True):
+        comparisons.problem(p)
+    what = "state dict right after a load (bitwise)"
+    comparisons.add(bitwise_comparison(what, loaded["gefen_codebook"], observed.get("gefen_codebook"),
+                                       label="gefen_codebook"))
+    for pid, entry in loaded["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                comparisons.add(bitwise_comparison(what, value, observed["state"].get(pid, {}).get(key),
+                                                   label=f"state[{entry.get('name', pid)}].{key}"))
+    return [f"right after the {label}: {p}" for p in margins.record(comparisons)]
+
+
+def _load(optimizer, state_dict: dict) -> None:
+    optimizer.load_state_dict(copy.deepcopy(state_dict))
+
+
+def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label: str) -> list[str]:
+    """One continuation after a load: bitwise against the reference's, or shadowed (SPEC 5.6.20)
+    with the exact rules against the reference's."""
+    expected = workload.native_state(ours.optimizer)
+    observed = theirs.states[-1] if theirs.states else workload.native_state(theirs.optimizer)
+    if numeric_profile.bitwise(impl):
+        comparisons = native_compare.compare(expected, observed, bitwise=True, grad_dtype=DTYPE)
+        for name, history in ours.history.items():
+            comparisons.add(bitwise_comparison("continuation after a load: parameters (fp32, every step)",
+                                               torch.stack(history), torch.stack(theirs.history[name]),
+                                               label=f"{label}: {name} (step, element)"))
+        return [f"{label}: {p}" for p in margins.record(comparisons)]
+    comparisons = Comparisons()
+    for p in native_compare.exact_problems(expected, observed, codebook_exact=True):
+        comparisons.problem(f"after {len(theirs.steps)} steps: {p}")
+    if comparisons.ok:
+        comparisons.merge(shadowing.check_runs(workload.param_runs(theirs, factored_v_2d=factored),
+                                               theirs.states[0]["gefen_codebook"]))
+    return [f"{label}: {p}" for p in margins.record(comparisons)]
+
+
+@pytest.mark.clause("4.3.11", "1.12.8", "1.12.12", "2.3.6", "5.6.20")
+@pytest.mark.requires(NATIVE_STATE_DICT)
+def test_load_into_a_stepped_optimizer(impl):
+    checkpoint = _checkpoint(False)
+    shadow = not numeric_profile.bitwise(impl)
+    problems, runs = [], {}
+    for side, make in (("reference", workload.REFERENCE), ("implementation", impl.make_optimizer)):
+        params, optimizer = _live(make, False)
+        workload.train(workload.other_stream(workload.OPTIMIZER), optimizer, params, LIVE_STEPS)
+        _load(optimizer, checkpoint)
+        if side == "implementation":
+            problems += _loaded_exactly("load into a stepped optimizer", checkpoint, workload.native_state(optimizer))
+        steps = range(CHECKPOINT_STEPS, CHECKPOINT_STEPS + CONTINUATION)
+        runs[side] = workload.run_steps(workload.OPTIMIZER, optimizer, params, steps,
+                                        record_states=shadow and side == "implementation")
+    if not problems:
+        problems += _judge(impl, runs["reference"], runs["implementation"], False, "after the load")
+    assert not problems, "\n".join(problems[:20])
+
+
+@pytest.mark.clause("4.3.11", "1.10.8", "1.8.2", "1.9.2", "1.12.8", "5.6.20")
+@pytest.mark.requires(NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT)
+@pytest.mark.parametrize("first_mode_factored", MIGRATIONS)
+def test_mode_migration(impl, first_mode_factored):
+    shadow = not numeric_profile.bitwise(impl)
+    problems = []
+    start = {side: _checkpoint(first_mode_factored) for side in ("reference", "implementation")}
+    values = {side: workload.pinned_start(DTYPE) for side in start}
+    step = CHECKPOINT_STEPS
+    for phase, factored in enumerate((not first_mode_factored, first_mode_factored)):
+        label = f"phase {phase + 1} ({'factored' if factored else 'block'} optimizer)"
+        runs = {}
+        for side, make in (("reference", workload.REFERENCE), ("implementation", impl.make_optimizer)):
+            params, optimizer = _live(make, factored, values[side])
+            _load(optimizer, start[side])
+            if side == "implementation":
+                problems += _loaded_exactly(f"load of {label}", start[side], workload.native_state(optimizer))
+            runs[side] = workload.run_steps(workload.OPTIMIZER, optimizer, params, range(step, step + PHASE_STEPS),
+                                            record_states=shadow and side == "implementation")
+            start[side] = workload.native_state(optimizer)
+            values[side] = {n: workload.to_cpu(p) for n, p in params.items()}
+        if problems:
+            break
+        problems += _judge(impl, runs["reference"], runs["implementation"], factored, label)
+        step += PHASE_STEPS
+    assert not problems, "\n".join(problems[:20])
