@@ -9,14 +9,18 @@ mutants whose selected tests compare numbers differently per profile (optimizer 
 steps, goldens, payload content, restores). The other mutants' tolerance runs select tests that
 never consult ``cpu-bit-exact`` (validation, counters, DCP agreement, schema, memory, staging,
 hostile checkpoints): they are marked slow (``pytest -m slow``) and run by
-benchmarks/mutation_score.py, which judges every mutant in both profiles."""
+benchmarks/mutation_score.py, which judges every mutant in both profiles.
+
+The input-space mutants (issue 19, ``INPUT_SPACE_MUTANTS``) are marked slow in both profiles: each
+run certifies the input-space properties, whose boundary examples include two 2^20-element
+parameters (about a minute on the shared machine)."""
 
 from __future__ import annotations
 
 import pytest
 
 from .mutant_tools import caught_by, failed_clauses, failed_tests, failures, run_suite
-from .mutants import CATALOGUE, PROFILES, TOLERANCE, TORCH_EXACT, spec
+from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, TOLERANCE, TORCH_EXACT, spec
 
 #: Mutants whose tolerance-profile selection runs comparisons that depend on the profile.
 PROFILE_SENSITIVE = {
@@ -27,8 +31,9 @@ PROFILE_SENSITIVE = {
 
 def _cases():
     for name in sorted(CATALOGUE):
-        yield pytest.param(name, TORCH_EXACT, id=f"{name}-{TORCH_EXACT}")
-        slow = () if name in PROFILE_SENSITIVE else pytest.mark.slow
+        input_space = pytest.mark.slow if name in INPUT_SPACE_MUTANTS else ()
+        yield pytest.param(name, TORCH_EXACT, id=f"{name}-{TORCH_EXACT}", marks=input_space)
+        slow = () if name in PROFILE_SENSITIVE and not input_space else pytest.mark.slow
         yield pytest.param(name, TOLERANCE, id=f"{name}-{TOLERANCE}", marks=slow)
 
 
