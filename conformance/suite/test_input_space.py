@@ -292,7 +292,7 @@ def _check(impl, case: InputCase) -> None:
 # ------------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.clause("4.3.10", "1.4", "1.5", "1.8", "1.9", "1.10.7", "1.13.8", "5.6")
+@pytest.mark.clause("4.3.10", "1.4", "1.5", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13")
 @pytest.mark.requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(BOUNDARIES)
@@ -303,7 +303,7 @@ def test_inputs_match_reference(impl, case):
     _check(impl, case)
 
 
-@pytest.mark.clause("4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.2.6", "5.6")
+@pytest.mark.clause("4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13")
 @pytest.mark.requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(PROTOCOL_BOUNDARIES)
