@@ -38,7 +38,8 @@ from .workload import REFERENCE, device_for, state_to_cpu, to_cpu
 
 __all__ = [
     "CODEBOOK", "DTYPES", "GRADIENTS", "LAYOUTS", "OPTIONS", "PROTOCOLS", "SCHEDULES", "Call", "GroupCase",
-    "InputCase", "ParamCase", "Run", "codebook", "divisors", "factored", "gradient", "layouts_for", "run",
+    "InputCase", "ParamCase", "Run", "codebook", "divisors", "factored", "grad_scale", "gradient", "initial",
+    "layouts_for", "run",
     "starting_state",
 ]
 
