@@ -244,17 +244,29 @@ def _reblock_by_reciprocal(codebook, momentum, second, period):
 # ------------------------------------------------- 5. fp32 master math for 16-bit parameters
 
 
+#: The dtypes the fused kernels handle in fp32; fp64 (and fp32) parameters keep the reference's
+#: arithmetic, as gefen-x's torch path serves them (rounding an fp64 parameter's math to fp32 would
+#: be coarser than the reference, which SPEC 5.6.1 does not allow).
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def _block_mean_square_fp32(grad_blocks):
-    g = grad_blocks.float()  # kernel: squares and mean in fp32 for every dtype
+    if grad_blocks.dtype not in _HALF:
+        return steps.block_mean_square(grad_blocks)
+    g = grad_blocks.float()  # kernel: squares and mean in fp32 for 16-bit dtypes
     return torch.mean(g * g, dim=1, keepdim=True)
 
 
 def _momentum_fp32(state, codebook, grad_blocks, beta1):
-    return steps.requantized_momentum(state, codebook, grad_blocks.float(), beta1)  # kernel: fp32 math
+    if grad_blocks.dtype in _HALF:
+        grad_blocks = grad_blocks.float()  # kernel: fp32 math
+    return steps.requantized_momentum(state, codebook, grad_blocks, beta1)
 
 
 def _decay_and_update_in_fp32(param, subtract, hyper):
     """``p <- rP(fp32(p) * (1 - lr*wd) - update)``: one rounding to the parameter dtype at the end."""
+    if param.dtype not in _HALF:
+        return _decay_and_update(param, subtract, hyper)
     work = param.float()
     if hyper.weight_decay > 0.0:
         work.mul_(1 - hyper.lr * hyper.weight_decay)  # kernel: decay and update in fp32

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 import gefen_reference as reference
+import gefen_reference.dcp as reference_dcp
 import gefen_reference.dcp.agreement as agreement
 import gefen_reference.dcp.dense as dense
 import gefen_reference.dcp.hyper_staging as hyper_staging
@@ -39,6 +40,8 @@ from gefen_conformance.implementation import (
     CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, KNOWN_CAPABILITIES, NATIVE_STATE_DICT, Implementation,
 )
 from gefen_conformance.implementations import reference as reference_impl
+
+from gefen_reference.native_state import local_tensor
 
 from .mutant_tools import clone, proxy
 
@@ -357,6 +360,372 @@ CATALOGUE = {
         _dcp_mutant("names-by-spelling", _layout_by_spelling()),
         "2.4", "caller_name", "a caller's name that looks positional is refused"),
 }
+
+# ================================================================ input space (issue 19)
+#
+# Kernel backends written the way examples/gefen-fast is: a ``gefen_reference.Gefen`` subclass that
+# keeps the reference's constructor, step order, state format and DCP adapter (it declares the
+# reference's state layout, SPEC 2.3.6, so every capability is claimed) and replaces the
+# per-parameter update (``_update``), or, for a fused multi-tensor backend, ``step`` itself. Each
+# has one bug that real kernels have had and that fires only on an input the suite did not use
+# before issue 19 (SPEC 4.3.10): the suite of main 3005fb6 certifies every one of them; the input
+# space and protocol tests catch each in both profiles.
+
+
+class _Backend(reference.Gefen):
+    """A kernel backend built on the reference (examples/gefen-fast is one)."""
+
+
+def _backend(name, cls):
+    """``cls`` declared as examples/gefen-fast declares itself: the reference's state layout, in its
+    own class (SPEC 2.3.6: not inherited), and every capability but ``cpu-bit-exact``'s absence
+    (the catalogue judges both profiles)."""
+    cls.gefen_state_layout = reference_dcp.STATE_LAYOUT
+    return Implementation(
+        name=name, version="mutant", make_optimizer=lambda params, **hp: cls(params, **hp),
+        dcp_state=reference_impl.IMPLEMENTATION.dcp_state, save_planner=reference_impl.IMPLEMENTATION.save_planner,
+        async_writer=reference_impl.IMPLEMENTATION.async_writer, capabilities=ALL_CAPS,
+    )
+
+
+def _rewrite_logical(param: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+    """``param.reshape(-1)[where] = values[where]`` in logical order, whatever ``param`` 's layout."""
+    work = param.detach().contiguous()
+    flat = work.view(-1)
+    flat[where] = values.reshape(-1).to(flat.dtype)[where]
+    if work.data_ptr() != param.data_ptr():
+        param.detach().copy_(work)
+
+
+class _TileTailSkipped(_Backend):
+    """Shapes: the update kernel runs over 65536-element tiles and is launched with ``n // 65536``
+    tiles once ``n`` exceeds one tile (floor where the ceiling belongs): the last partial tile's
+    parameters are never written."""
+
+    TILE = 65536
+
+    def _update(self, p, grad, state, hyper, factored):
+        local = local_tensor(p)
+        n = local.numel()
+        covered = (n // self.TILE) * self.TILE if n > self.TILE else n
+        before = local.detach().reshape(-1).clone()
+        super()._update(p, grad, state, hyper, factored)
+        if covered < n:
+            tail = torch.arange(n, device=local.device) >= covered
+            _rewrite_logical(local, before, tail)
+
+
+class _DimensionOfOneNotFactored(_Backend):
+    """Routing: a 2-D parameter with a dimension of 1 is treated as a vector (block second moment),
+    as factored optimizers that only factor matrices "with two real dimensions" do (SPEC 1.9.1:
+    every plain 2-D parameter is factored)."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        if factored and 1 in p.shape:
+            if "vmean" not in state:
+                steps.new_block_second_moment(state, grad.device)
+            factored = False
+        super()._update(p, grad, state, hyper, factored)
+
+
+def _memory_as_contiguous(t: torch.Tensor, storage_offset=None) -> torch.Tensor:
+    """What a kernel handed ``data_ptr()`` (or the storage's base, ``storage_offset=0``) and the
+    shape reads: row-major memory from there, whatever the tensor's strides."""
+    strides = torch.empty(t.shape, device="meta").stride()
+    offset = t.storage_offset() if storage_offset is None else storage_offset
+    return torch.as_strided(t.detach(), t.shape, strides, offset)
+
+
+class _ContiguityAssumed(_Backend):
+    """Layouts: the kernel reads the gradient and writes the parameter as row-major memory from
+    their data pointers (a transposed or channels_last parameter, a gradient with other strides,
+    are read and written in memory order instead of logical order, SPEC 1.13.8)."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        super()._update(_memory_as_contiguous(local_tensor(p)), _memory_as_contiguous(grad), state, hyper, factored)
+
+
+class _StorageOffsetIgnored(_Backend):
+    """Layouts: the kernel takes the storage's base pointer instead of the tensor's data pointer: a
+    parameter (or gradient) that is a view into a flat buffer at an offset is read and written at
+    the start of the buffer (every standalone tensor starts at offset 0, where both agree)."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        p = local_tensor(p)
+        p_at_base = torch.as_strided(p.detach(), p.shape, p.stride(), 0)
+        grad_at_base = torch.as_strided(grad.detach(), grad.shape, grad.stride(), 0)
+        super()._update(p_at_base, grad_at_base, state, hyper, factored)
+
+
+class _DecodeTableOfFirstDtype(_Backend):
+    """Dtypes: one codeword decode table per optimizer, built for the gradient dtype of the first
+    parameter it updates and reused for every dtype (examples/gefen-fast caches one per dtype): in a
+    mixed-dtype optimizer whose first parameter is bf16, fp32 and fp64 parameters step with
+    bf16-rounded codewords (SPEC 1.13.5: rounded to each gradient's own dtype)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._table_dtype = None
+        kernels = clone(steps, dequantize=self._dequantize)
+        self._block_step, self._factored_step = kernels.block_vmean_step, kernels.factored_step
+
+    def _dequantize(self, codebook, indices, dtype):
+        return codebook[indices.long()].to(self._table_dtype).to(dtype)
+
+    def _update(self, p, grad, state, hyper, factored):
+        if self._table_dtype is None:
+            self._table_dtype = grad.dtype
+        if factored:
+            self._factored_step(p, grad, state, self.codebook, hyper)
+        else:
+            self._block_step(local_tensor(p), grad, state, self.codebook, hyper)
+
+
+class _DecayFlagOfFirstGroup(_Backend):
+    """Groups: the fused kernel is specialised once on "has weight decay" from the first group
+    (each group's own decay value is used where the flag is on), so weight decay set only in a
+    later group is never applied."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        if not self.param_groups[0]["weight_decay"] > 0.0:
+            hyper = replace(hyper, weight_decay=0.0)
+        super()._update(p, grad, state, hyper, factored)
+
+
+class _LrCapturedAtFirstStep(_Backend):
+    """Schedules: the lr is read once per parameter, at its first update, and kept (to avoid a
+    ``.item()`` per step, or as a CUDA graph would capture it): a scheduler's later change, a new
+    lr or an in-place ``mul_`` of a tensor lr, never takes effect (SPEC 1.4.2)."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        captured = self.__dict__.setdefault("_captured_lr", {})
+        super()._update(p, grad, state, replace(hyper, lr=captured.setdefault(p, hyper.lr)), factored)
+
+
+def _bias_corrections_uint8(hyper, step: int, moment_step: int):
+    """``1/bc1`` and ``bc2`` from counters kept in uint8 device scalars: they wrap at 256, and a
+    wrapped 0 gives ``bc = 0``, an infinite stepsize."""
+    bias1 = 1 - hyper.beta1 ** (step % 256)
+    bias2 = 1 - hyper.beta2 ** (moment_step % 256)
+    return (1.0 / bias1 if bias1 else math.inf), bias2
+
+
+def _block_step_uint8_counters(param, grad, state, codebook, hyper):
+    """reference.steps.block_vmean_step with the bias corrections of :func:`_bias_corrections_uint8`."""
+    period = state["automatic_period"]
+    grad_blocks = grad.reshape(-1).view(-1, period)
+    state["vmean"].mul_(hyper.beta2).add_(steps.block_mean_square(grad_blocks), alpha=1 - hyper.beta2)
+    state["step"] += 1
+    state["vmean_step"] += 1
+    inverse_bias1, bias2 = _bias_corrections_uint8(hyper, state["step"], state["vmean_step"])
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(inverse_bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad_blocks, hyper.beta1)
+    steps._subtract_flat(param, momentum.mul_(stepsize).mul_(hyper.lr))
+
+
+def _factored_step_uint8_counters(param, grad, state, codebook, hyper):
+    """reference.steps.factored_step with the bias corrections of :func:`_bias_corrections_uint8`."""
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    inverse_bias1, bias2 = _bias_corrections_uint8(hyper, state["step"], state["factored_step"])
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
+    row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
+    denom = v_hat.div_(bias2).sqrt_().add_(hyper.eps)
+    stepsize = denom.reciprocal_().mul_(inverse_bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+class _Uint8StepCounters(_Backend):
+    """Step counters: the kernel's bias corrections read each parameter's step counters from uint8
+    scalars (the state dict's Python ints stay right): from step 256 on the corrections are those of
+    ``step % 256``, and step 256 itself divides by zero."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        if factored:
+            _factored_step_uint8_counters(p, grad, state, self.codebook, hyper)
+        else:
+            _block_step_uint8_counters(local_tensor(p), grad, state, self.codebook, hyper)
+
+
+class _ZeroGradientBlocksNotApplied(_Backend):
+    """Gradient patterns: the update kernel exits early for a block whose gradient is all zero
+    ("nothing to apply"; weight decay is a separate pass and still applies). The momentum of such a
+    block was updated, and a block whose gradient goes to zero after being nonzero still has
+    momentum to apply (SPEC 1.8.8): its parameters stop moving."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        period = state["automatic_period"]
+        quiet = ~(grad.reshape(-1).view(-1, period) != 0).any(dim=1)
+        if not bool(quiet.any()):
+            return super()._update(p, grad, state, hyper, factored)
+        local = local_tensor(p)
+        decayed = local.detach().clone()
+        if hyper.weight_decay > 0.0:
+            decayed.mul_(1 - hyper.lr * hyper.weight_decay)
+        super()._update(p, grad, state, hyper, factored)
+        _rewrite_logical(local, decayed.reshape(-1), quiet.repeat_interleave(period))
+
+
+def _factored_step_mean_unclamped(param, grad, state, codebook, hyper):
+    """reference.steps.factored_step dividing by ``mean(v_row)`` without the clamp at fp32 tiny."""
+    period = state["automatic_period"]
+    state["step"] += 1
+    state["factored_step"] += 1
+    bias1 = 1 - hyper.beta1 ** state["step"]
+    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
+    state["v_row"].mul_(hyper.beta2).add_(row_ms, alpha=1 - hyper.beta2)
+    state["v_col"].mul_(hyper.beta2).add_(col_ms, alpha=1 - hyper.beta2)
+    v_hat = torch.outer(state["v_row"], state["v_col"]).div_(state["v_row"].mean())
+    denom = v_hat.div_(bias2).sqrt_().add_(hyper.eps)
+    stepsize = denom.reciprocal_().mul_(1.0 / bias1)
+    momentum = steps.requantized_momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
+    if hyper.weight_decay > 0.0:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    param.add_(-momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr))
+
+
+class _FactoredMeanUnclamped(_Backend):
+    """Gradient patterns: the factored kernel divides ``v_row * v_col`` by ``mean(v_row)`` without
+    clamping it at fp32 tiny (SPEC 1.9.3 step 5): an all-zero 2-D gradient on a fresh (or all-zero)
+    second moment gives 0/0, and the parameter becomes NaN."""
+
+    def _update(self, p, grad, state, hyper, factored):
+        if factored:
+            return _factored_step_mean_unclamped(p, grad, state, self.codebook, hyper)
+        super()._update(p, grad, state, hyper, factored)
+
+
+class _GradientsGatheredBeforeClosure(_Backend):
+    """Closure: a multi-tensor backend collects every parameter's gradient before it runs the
+    closure (SPEC 1.10.1 runs the closure first): with ``zero_grad(set_to_none=True)`` inside the
+    closure it steps with the stale gradients of the previous iteration."""
+
+    def step(self, closure=None):
+        gathered = [(p, p.grad) for _, _, p in self.named_params()]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        fresh = [(p, p.grad) for p, _ in gathered]
+        for p, g in gathered:
+            p.grad = g
+        try:
+            super().step()
+        finally:
+            for p, g in fresh:
+                p.grad = g
+        return loss
+
+
+class _FoundInfAdvancesCounters(_Backend):
+    """GradScaler: ``found_inf`` reaches the fused kernel, which writes no parameter and no moment,
+    but the host had already advanced the step counters and the global step (SPEC 1.10.3: a
+    ``found_inf`` step changes nothing, not even a counter)."""
+
+    def step(self, closure=None):
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None or not bool(found_inf):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for _, _, p in self.named_params():
+            state = self.state[p]
+            if p.grad is not None and "step" in state:
+                state["step"] += 1
+                moment = "factored_step" if self.factored_v_2d and p.ndim == 2 and "factored_step" in state else "vmean_step"
+                if moment in state:
+                    state[moment] += 1
+        self.global_step += 1
+        return loss
+
+
+class _GradScaleIgnored(_Backend):
+    """GradScaler: the backend assumes the caller unscaled the gradients and ignores the
+    ``grad_scale`` GradScaler sets on the optimizer (SPEC 1.10.4: the optimizer unscales)."""
+
+    def step(self, closure=None):
+        scale = self.__dict__.pop("grad_scale", None)
+        try:
+            return super().step(closure)
+        finally:
+            if scale is not None:
+                self.grad_scale = scale
+
+
+class _GroupSkippedWhenFirstFrozen(_Backend):
+    """Frozen parameters: the backend skips a group whose first parameter has no gradient, taking it
+    for a frozen module (SPEC 1.10.1: every parameter with a gradient steps, wherever the frozen
+    ones are)."""
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        hidden = []
+        for group in self.param_groups:
+            if group["params"][0].grad is None:
+                hidden += [(p, p.grad) for p in group["params"] if p.grad is not None]
+        for p, _ in hidden:
+            p.grad = None
+        try:
+            super().step()
+        finally:
+            for p, g in hidden:
+                p.grad = g
+        return loss
+
+
+_INPUTS, _PROTOCOLS = "inputs_match_reference", "protocols_match_reference"
+
+#: name -> (class, clause, selection, bug)
+INPUT_SPACE_MUTANTS = {
+    "tile-tail-skipped": (_TileTailSkipped, "4.3.10", _INPUTS,
+                          "the last partial 65536-element tile of a parameter is never written"),
+    "dimension-of-one-not-factored": (_DimensionOfOneNotFactored, "4.3.10", _INPUTS,
+                                      "2-D parameters with a dimension of 1 take the block second moment"),
+    "contiguity-assumed": (_ContiguityAssumed, "4.3.10", _INPUTS,
+                           "parameters and gradients read and written in memory order, not logical order"),
+    "storage-offset-ignored": (_StorageOffsetIgnored, "4.3.10", _INPUTS,
+                               "views into a flat buffer read and written at the buffer's start"),
+    "decode-table-first-dtype": (_DecodeTableOfFirstDtype, "4.3.10", _INPUTS,
+                                 "codewords rounded to the first parameter's dtype for every dtype"),
+    "decay-flag-first-group": (_DecayFlagOfFirstGroup, "4.3.10", _INPUTS,
+                               "weight decay applied only when the first group has some"),
+    "lr-captured-at-first-step": (_LrCapturedAtFirstStep, "4.3.10", _INPUTS,
+                                  "a scheduler's lr change (new value or in-place mul_) never takes effect"),
+    "uint8-step-counters": (_Uint8StepCounters, "4.3.10", _INPUTS,
+                            "bias corrections from step counters that wrap at 256"),
+    "zero-gradient-blocks-not-applied": (_ZeroGradientBlocksNotApplied, "4.3.10", _INPUTS,
+                                         "blocks whose gradient is zero do not apply their momentum"),
+    "factored-mean-unclamped": (_FactoredMeanUnclamped, "4.3.10", _INPUTS,
+                                "an all-zero 2-D gradient divides 0 by 0 in the factored estimate"),
+    "gradients-gathered-before-closure": (_GradientsGatheredBeforeClosure, "1.10.1", _PROTOCOLS,
+                                          "steps with the gradients present before the closure ran"),
+    "found-inf-advances-counters": (_FoundInfAdvancesCounters, "1.10.3", _PROTOCOLS,
+                                    "a found_inf step advances the step counters and the global step"),
+    "grad-scale-ignored": (_GradScaleIgnored, "1.10.4", _PROTOCOLS, "grad_scale never unscales the gradients"),
+    "group-skipped-when-first-frozen": (_GroupSkippedWhenFirstFrozen, "1.10.1", _PROTOCOLS,
+                                        "a group whose first parameter has no gradient does not step"),
+}
+CATALOGUE.update({
+    name: Entry(_backend(name, cls), clause, select, bug)
+    for name, (cls, clause, select, bug) in INPUT_SPACE_MUTANTS.items()
+})
+
 
 def as_kernel(implementation: Implementation) -> Implementation:
     """The same implementation declared as a kernel backend would: without ``cpu-bit-exact``."""

@@ -13,14 +13,15 @@ from __future__ import annotations
 import pytest
 
 from .mutant_tools import caught_by, failed_clauses, failed_tests, failures, run_suite
-from .mutants import CATALOGUE, PROFILES, STATE_OVER_TIME, TOLERANCE, TORCH_EXACT, spec
+from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, STATE_OVER_TIME, TOLERANCE, TORCH_EXACT, spec
 
 pytestmark = pytest.mark.proof
 
 
 #: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores
-#: (issue 19 item 3): slow in both profiles.
-SLOW_IN_BOTH = frozenset(STATE_OVER_TIME)
+#: (issue 19 item 3), or the input space with its 2^20-element boundary examples (item 1): the
+#: reference's run of their selections is slow.
+SLOW_IN_BOTH = frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS)
 
 
 def _cases():
