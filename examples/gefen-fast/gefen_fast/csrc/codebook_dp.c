@@ -1,0 +1,163 @@
+/*
+ * The optimal codebook of SPEC 1.6.8 (the DP case, K <= m active bins), bit for bit.
+ *
+ * Every float64 operation is the one SPEC 1.6.8 fixes (sequential prefix sums, the three cost
+ * formulas evaluated left to right, strict-< scans so ties go to the smallest start), built with
+ * -ffp-contract=off so nothing is fused. The interior layers use the same error-bounded monotone
+ * divide and conquer as the reference's default solver (reference/codebook_solver.py,
+ * _interior_layer): for the middle end of a range every start in its window is scanned; the
+ * windows of the ends on either side are cut at the starts whose candidate is within `tol` of the
+ * minimum, with tol = 5 * 16u(max|prev| + cost scale). The reference proves that such a cut
+ * never removes the leftmost minimiser, so the result is the full scan's. Where the proof's
+ * premise (non-decreasing per-bin means with a margin) fails, or a count vanishes in the running
+ * sum, this returns a status and Python runs the reference solver instead.
+ */
+#include "gefen_common.h"
+
+#define DP_OK 0
+#define DP_NO_MEMORY -1
+#define DP_PREMISE -2   /* the monotone search does not apply: use the reference solver */
+#define DP_LOST_COUNT -3 /* a count vanished in the float64 sum (the reference raises) */
+#define DP_BAD_INPUT -4
+
+static const double U = 1.0 / 9007199254740992.0; /* 2**-53 */
+
+typedef struct {
+    const double *PW, *PX, *PXX, *prev;
+    double *dp;
+    int16_t *start_of;   /* this layer's row */
+    double tol;
+    double *scratch;     /* candidate values of one scan */
+} Layer;
+
+static inline double free_cost(double sxx, double sx, double sw) { return sxx - (sx * sx) / sw; }
+
+/* ends [e_lo, e_hi] with starts limited to [s_lo, s_hi] (s <= end always) */
+static void solve_range(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_lo, int64_t s_hi) {
+    while (e_lo <= e_hi) {
+        const int64_t mid = (e_lo + e_hi) >> 1;
+        const int64_t top = s_hi < mid ? s_hi : mid;
+        const double pw = L->PW[mid], px = L->PX[mid], pxx = L->PXX[mid];
+        double best = INFINITY;
+        int64_t leftmost = -1;
+        double *cand = L->scratch;
+        for (int64_t s = s_lo; s <= top; s++) {
+            const int64_t before = s - 1;
+            double c = L->prev[before] + free_cost(pxx - L->PXX[before], px - L->PX[before], pw - L->PW[before]);
+            cand[s - s_lo] = c;
+        }
+        for (int64_t s = s_lo; s <= top; s++) {
+            if (cand[s - s_lo] < best) { best = cand[s - s_lo]; leftmost = s; }
+        }
+        const double limit = best + L->tol;
+        int64_t near_lo = top, near_hi = s_lo;
+        for (int64_t s = s_lo; s <= top; s++)
+            if (cand[s - s_lo] <= limit) { near_lo = s; break; }
+        for (int64_t s = top; s >= s_lo; s--)
+            if (cand[s - s_lo] <= limit) { near_hi = s; break; }
+        L->dp[mid] = best;
+        L->start_of[mid] = (int16_t)leftmost;
+        /* the left half recursively (smaller), the right half by iteration */
+        if (e_lo < mid) solve_range(L, e_lo, mid - 1, s_lo, near_hi);
+        e_lo = mid + 1;
+        s_lo = near_lo;
+    }
+}
+
+/*
+ * centers, weights: the m active bins (float64 of the fp32-rounded values, SPEC 1.6.6), m >= k.
+ * Writes the k sorted fp32 codewords into out.
+ */
+int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, int64_t k, float *out) {
+    if (k < 3 || m < k || m > 32000) return DP_BAD_INPUT;
+    const int64_t span = m - k;
+    double *PW = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    double *PX = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    double *PXX = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    double *prev = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    double *next = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    double *scratch = (double *)malloc((size_t)(m + 1) * sizeof(double));
+    int16_t *start_of = (int16_t *)malloc((size_t)(k + 1) * (size_t)(m + 1) * sizeof(int16_t));
+    int status = DP_OK;
+    if (!PW || !PX || !PXX || !prev || !next || !scratch || !start_of) { status = DP_NO_MEMORY; goto done; }
+
+    /* sequential prefix sums with a leading 0 (SPEC 1.6.8): w, w*c, w*(c*c) */
+    PW[0] = PX[0] = PXX[0] = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        const double c = centers[i], w = weights[i];
+        PW[i + 1] = PW[i] + w;
+        PX[i + 1] = PX[i] + w * c;
+        PXX[i + 1] = PXX[i] + w * (c * c);
+    }
+    /* a count lost in the running sum makes a single-bin run divide by Sw == 0 */
+    for (int64_t i = 2; i <= m; i++)
+        if (PW[i] == PW[i - 1]) { status = DP_LOST_COUNT; goto done; }
+    /* the monotone search's premise: per-bin means increase by more than their error bound */
+    double biggest_mean = 0.0;
+    {
+        double previous_mean = (PX[1] - PX[0]) / (PW[1] - PW[0]);
+        biggest_mean = fabs(previous_mean);
+        for (int64_t i = 2; i <= m; i++) {
+            const double mean = (PX[i] - PX[i - 1]) / (PW[i] - PW[i - 1]);
+            const double margin = 8.0 * U * (fabs(mean) + fabs(previous_mean));
+            if (!(mean - previous_mean > margin)) { status = DP_PREMISE; goto done; }
+            if (fabs(mean) > biggest_mean) biggest_mean = fabs(mean);
+            previous_mean = mean;
+        }
+    }
+    const double inflated = biggest_mean * (1.0 + 8.0 * U);
+    const double cost_scale = PXX[m] + (inflated * inflated) * PW[m];
+
+    for (int64_t i = 0; i <= m; i++) { prev[i] = INFINITY; next[i] = INFINITY; }
+    /* layer 1: pinned to -1, every end starts at 1 */
+    for (int64_t e = 1; e <= 1 + span; e++) {
+        const double sxx = PXX[e] - PXX[0], sx = PX[e] - PX[0], sw = PW[e] - PW[0];
+        prev[e] = 0.0 + ((sxx - (2.0 * -1.0) * sx) + ((-1.0) * (-1.0)) * sw);
+        start_of[1 * (m + 1) + e] = 1;
+    }
+    /* interior layers */
+    for (int64_t cluster = 2; cluster < k; cluster++) {
+        const int64_t last_end = cluster + span;
+        double biggest = 0.0;
+        for (int64_t i = cluster - 1; i < last_end; i++)
+            if (fabs(prev[i]) > biggest) biggest = fabs(prev[i]);
+        const double delta = 16.0 * U * (biggest + cost_scale);
+        Layer L = {PW, PX, PXX, prev, next, start_of + cluster * (m + 1), 5.0 * delta, scratch};
+        for (int64_t i = 0; i <= m; i++) next[i] = INFINITY;
+        solve_range(&L, cluster, last_end, cluster, last_end);
+        double *swap = prev; prev = next; next = swap;
+    }
+    /* last layer: pinned to +1, only e = m, scanned in full */
+    {
+        double best = INFINITY;
+        int64_t leftmost = -1;
+        for (int64_t before = k - 1; before < m; before++) {
+            const double sxx = PXX[m] - PXX[before], sx = PX[m] - PX[before], sw = PW[m] - PW[before];
+            const double c = prev[before] + ((sxx - (2.0 * 1.0) * sx) + (1.0 * 1.0) * sw);
+            if (c < best) { best = c; leftmost = before + 1; }
+        }
+        if (leftmost < 0) { status = DP_PREMISE; goto done; }
+        start_of[k * (m + 1) + m] = (int16_t)leftmost;
+    }
+    /* backtrack, then sort */
+    {
+        int64_t end = m;
+        for (int64_t cluster = k; cluster >= 1; cluster--) {
+            const int64_t start = start_of[cluster * (m + 1) + end];
+            if (cluster == 1) out[0] = -1.0f;
+            else if (cluster == k) out[k - 1] = 1.0f;
+            else out[cluster - 1] = (float)((PX[end] - PX[start - 1]) / (PW[end] - PW[start - 1]));
+            end = start - 1;
+        }
+        /* insertion sort: already nearly sorted (runs are ascending) */
+        for (int64_t i = 1; i < k; i++) {
+            float v = out[i];
+            int64_t j = i - 1;
+            while (j >= 0 && out[j] > v) { out[j + 1] = out[j]; j--; }
+            out[j + 1] = v;
+        }
+    }
+done:
+    free(PW); free(PX); free(PXX); free(prev); free(next); free(scratch); free(start_of);
+    return status;
+}
