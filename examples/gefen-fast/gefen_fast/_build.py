@@ -92,7 +92,7 @@ def _run(command: list[str]) -> subprocess.CompletedProcess:
         raise BuildError(f"running {command[0]!r} failed: {exc}") from None
 
 
-def compile_library(target: Path) -> dict:
+def compile_library(target: Path, extra_flags: tuple = ()) -> dict:
     """Compile the sources into ``target`` (atomically); returns what was done.
 
     OpenMP is used when the compiler supports it; without it the kernels are single-threaded
@@ -109,11 +109,12 @@ def compile_library(target: Path) -> dict:
     os.close(fd)
     started = time.perf_counter()
     try:
-        result = _run(cc + list(FLAGS) + [OPENMP_FLAG] + sources + ["-o", tmp, "-lm"])
+        flags = list(FLAGS) + list(extra_flags)
+        result = _run(cc + flags + [OPENMP_FLAG] + sources + ["-o", tmp, "-lm"])
         openmp = result.returncode == 0
         if not openmp:
             first_error = result.stderr
-            result = _run(cc + list(FLAGS) + sources + ["-o", tmp, "-lm"])
+            result = _run(cc + flags + sources + ["-o", tmp, "-lm"])
             if result.returncode != 0:
                 raise BuildError(
                     f"compiling the gefen-fast kernels with {' '.join(cc)} failed:\n"

@@ -12,6 +12,7 @@ the reference's torch step (:func:`handles`).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import warnings
 from functools import lru_cache
@@ -96,8 +97,8 @@ def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> torch.Tenso
     """A live state tensor, made contiguous in place of the original if it is not; its size and
     dtype checked, because the kernels write ``numel`` elements through its pointer."""
     t = state[key]
-    if t.numel() != numel or t.dtype != dtype or t.device.type != "cpu":
-        raise _Unsuitable(f"state {key!r}: {t.dtype}[{t.numel()}] on {t.device}, expected {dtype}[{numel}]")
+    if not torch.is_tensor(t) or t.numel() != numel or t.dtype != dtype or t.device.type != "cpu":
+        raise _Unsuitable(key)
     if not t.is_contiguous():
         t = state[key] = t.contiguous()
     return t
@@ -111,16 +112,16 @@ def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay:
     return native.Hyper(
         w=1 - hyper.beta1, beta2=hyper.beta2, one_minus_beta2=1 - hyper.beta2, bias2=bias2_operand,
         eps=hyper.eps, inv_bias1=1.0 / bias1, lr=hyper.lr, decay=decay, apply_decay=int(apply_decay),
-        threads=torch.get_num_threads(),
+        threads=0,
     )
 
 
 class _Buffers:
     """The parameter and gradient as kernel buffers; ``finish()`` writes a staged parameter back.
 
-    Contiguous fp32/bf16 (and fp16 with native fp16 kernels) tensors are used in place; a
-    non-contiguous one goes through a contiguous copy, and fp16 without native kernels through
-    fp32 copies with the weight decay applied first in fp16 (SPEC 1.8.6).
+    Contiguous fp32/bf16/fp16 tensors are used in place; a non-contiguous one goes through a
+    contiguous copy, and fp16 without native kernels through fp32 copies with the weight decay
+    applied first in fp16 (SPEC 1.8.6).
     """
 
     def __init__(self, param: torch.Tensor, grad: torch.Tensor, decay: float):
@@ -135,7 +136,7 @@ class _Buffers:
             self.staged = self.work.float()
             self.grad = self.grad.float()
             self.apply_decay = False
-        self.suffix = _SUFFIX[self.staged.dtype]
+        self.dtype_code = _DTYPE_CODE[self.staged.dtype]
 
     def finish(self) -> None:
         if self.staged is not self.work:
@@ -144,78 +145,77 @@ class _Buffers:
             self.param.detach().copy_(self.work)
 
 
-def _check(status: int) -> None:
-    if status != 0:
-        raise MemoryError("gefen_fast: a kernel could not allocate its scratch memory")
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+class Pending:
+    """One parameter's prepared step: the kernel's work item and what to commit after it ran."""
+
+    __slots__ = ("work", "buffers", "state", "counter")
+
+    def __init__(self, work, buffers, state, counter):
+        self.work, self.buffers, self.state, self.counter = work, buffers, state, counter
+
+    def commit(self) -> None:
+        self.buffers.finish()
+        self.state["step"] += 1
+        self.state[self.counter] += 1
 
 
 def _decay(hyper) -> float:
     return 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
 
 
-def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
-                 codebook: torch.Tensor, hyper) -> bool:
-    """SPEC 1.8 for one CPU parameter (its local tensor); ``state`` already initialised.
-    Returns False (nothing changed) when the state's layout does not fit the kernel."""
+def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
+            codebook: torch.Tensor, hyper, factored: bool):
+    """The kernel work for SPEC 1.8 (block) or 1.9 (factored) of one CPU parameter (its local
+    tensor, state initialised), or None when the state's layout does not fit the kernels (then
+    the torch step takes it). Nothing changes until :func:`run` commits it."""
     n = grad.numel()
     period = int(state["automatic_period"])
-    if period < 1 or n % period:
-        return False
+    if period < 1 or n == 0 or n % period:
+        return None
+    blocks = n // period
     try:
         indices = _state(state, "m_codebook", n, torch.uint8)
-        magnitude = _state(state, "m_magnitude", n // period, torch.float32)
-        vmean = _state(state, "vmean", n // period, torch.float32)
+        magnitude = _state(state, "m_magnitude", blocks, torch.float32)
+        if factored:
+            rows, cols = param.shape
+            v_row = _state(state, "v_row", rows, torch.float32)
+            v_col = _state(state, "v_col", cols, torch.float32)
+            counter = "factored_step"
+        else:
+            rows = cols = 0
+            vmean = _state(state, "vmean", blocks, torch.float32)
+            counter = "vmean_step"
     except _Unsuitable:
-        return False
-    table = tables.get(codebook, grad.dtype)
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+        return None
+    bias1 = 1 - hyper.beta1 ** (state["step"] + 1)
+    bias2 = 1 - hyper.beta2 ** (state[counter] + 1)
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
-    kernel = getattr(native.library(), f"gefen_block_step_{buffers.suffix}")
-    _check(kernel(
-        buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices.data_ptr(), magnitude.data_ptr(),
-        vmean.data_ptr(), n // period, period, table,
-        _hyper(hyper, math.sqrt(bias2), bias1, decay, buffers.apply_decay),
-    ))
-    buffers.finish()
-    return True
-
-
-def factored_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
-                    codebook: torch.Tensor, hyper) -> bool:
-    """SPEC 1.9 for one plain 2-D CPU parameter; ``state`` already initialised.
-    Returns False (nothing changed) when the state's layout does not fit the kernel."""
-    rows, cols = param.shape
-    n = rows * cols
-    period = int(state["automatic_period"])
-    if period < 1 or n % period or n == 0:
-        return False
-    try:
-        indices = _state(state, "m_codebook", n, torch.uint8)
-        magnitude = _state(state, "m_magnitude", n // period, torch.float32)
-        v_row = _state(state, "v_row", rows, torch.float32)
-        v_col = _state(state, "v_col", cols, torch.float32)
-    except _Unsuitable:
-        return False
-    table = tables.get(codebook, grad.dtype)
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
-    decay = _decay(hyper)
-    buffers = _Buffers(param, grad, decay)
-    lib = native.library()
-    h = _hyper(hyper, bias2, bias1, decay, buffers.apply_decay)
-    mu = getattr(lib, f"gefen_factored_moments_{buffers.suffix}")(
-        buffers.grad.data_ptr(), rows, cols, v_row.data_ptr(), v_col.data_ptr(), h
+    work = native.Work(
+        p=buffers.staged.data_ptr(), g=buffers.grad.data_ptr(), idx=indices.data_ptr(),
+        magnitude=magnitude.data_ptr(), vmean=0 if factored else vmean.data_ptr(),
+        v_row=v_row.data_ptr() if factored else 0, v_col=v_col.data_ptr() if factored else 0,
+        tab=ctypes.pointer(tables.get(codebook, grad.dtype)),
+        blocks=blocks, period=period, rows=rows, cols=cols,
+        h=_hyper(hyper, bias2 if factored else math.sqrt(bias2), bias1, decay, buffers.apply_decay),
+        dtype=buffers.dtype_code, factored=int(factored),
     )
-    _check(0 if mu >= 0 else -1)
-    _check(getattr(lib, f"gefen_factored_step_{buffers.suffix}")(
-        buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices.data_ptr(), magnitude.data_ptr(),
-        n // period, period, cols, v_row.data_ptr(), v_col.data_ptr(), mu, table, h,
-    ))
-    buffers.finish()
-    return True
+    return Pending(work, buffers, state, counter)
+
+
+def run(batch: list) -> None:
+    """Run prepared steps in one kernel call, then commit them (parameters, counters).
+    If the kernels cannot allocate their scratch memory, nothing has changed."""
+    if not batch:
+        return
+    items = (native.Work * len(batch))(*(pending.work for pending in batch))
+    status = native.library().gefen_step_batch(items, len(batch), torch.get_num_threads())
+    if status == -1:
+        raise MemoryError("gefen_fast: the step kernels could not allocate their scratch memory")
+    if status != 0:
+        raise RuntimeError(f"gefen_fast: the step kernels rejected their input (status {status})")
+    for pending in batch:
+        pending.commit()

@@ -48,6 +48,18 @@ class Hyper(ctypes.Structure):
     ]
 
 
+class Work(ctypes.Structure):
+    """One parameter's step (``Work`` in csrc/step_kernels.c)."""
+
+    _fields_ = [
+        ("p", ctypes.c_void_p), ("g", ctypes.c_void_p), ("idx", ctypes.c_void_p),
+        ("magnitude", ctypes.c_void_p), ("vmean", ctypes.c_void_p),
+        ("v_row", ctypes.c_void_p), ("v_col", ctypes.c_void_p), ("tab", ctypes.POINTER(Table)),
+        ("blocks", ctypes.c_int64), ("period", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+        ("h", Hyper), ("dtype", ctypes.c_int32), ("factored", ctypes.c_int32),
+    ]
+
+
 def cache_dir() -> Path:
     if os.environ.get("GEFEN_FAST_CACHE"):
         return Path(os.environ["GEFEN_FAST_CACHE"])
@@ -85,24 +97,18 @@ _VOID_P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _TABLE_P = ctypes.POINTER(Table)
-_HYPER_P = ctypes.POINTER(Hyper)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.gefen_abi_version.restype = ctypes.c_int
     lib.gefen_capabilities.restype = ctypes.c_int
+    lib.gefen_step_batch.argtypes = [ctypes.POINTER(Work), _I32, _I32]
+    lib.gefen_step_batch.restype = ctypes.c_int
+    lib.gefen_last_scratch_bytes.restype = _I64
+    lib.gefen_profile_read.argtypes = [_VOID_P, _I32]
+    lib.gefen_profile_read.restype = ctypes.c_int
     suffixes = ("f32", "bf16", "f16") if lib.gefen_capabilities() & CAP_HALF else ("f32", "bf16")
     for s in suffixes:
-        fn = getattr(lib, f"gefen_block_step_{s}")
-        fn.argtypes = [_VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _I64, _I64, _TABLE_P, _HYPER_P]
-        fn.restype = ctypes.c_int
-        fn = getattr(lib, f"gefen_factored_moments_{s}")
-        fn.argtypes = [_VOID_P, _I64, _I64, _VOID_P, _VOID_P, _HYPER_P]
-        fn.restype = ctypes.c_float
-        fn = getattr(lib, f"gefen_factored_step_{s}")
-        fn.argtypes = [_VOID_P, _VOID_P, _VOID_P, _VOID_P, _I64, _I64, _I64, _VOID_P, _VOID_P,
-                       ctypes.c_float, _TABLE_P, _HYPER_P]
-        fn.restype = ctypes.c_int
         fn = getattr(lib, f"gefen_period_statistics_{s}")
         fn.argtypes = [_VOID_P, _I64, _VOID_P, _VOID_P, _VOID_P, _I32, _VOID_P, _VOID_P, _I32]
         fn.restype = ctypes.c_int

@@ -34,12 +34,32 @@ class Gefen(reference.Gefen):
     #: Declares the reference's state layout protocol, so ``reference.dcp.GefenDCPState`` accepts it.
     gefen_state_layout = STATE_LAYOUT
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        """The reference's step (SPEC 1.10); the kernel updates it collects run in one call at its end.
+
+        Parameters are independent, so running their kernels together after the orchestration
+        changes no result. If the orchestration raises part-way (a period that does not divide,
+        say), the parameters it had reached are still updated, as the reference would have done.
+        """
+        batch = self.__dict__["_kernel_batch"] = []
+        try:
+            return super().step(closure)
+        finally:
+            self.__dict__["_kernel_batch"] = None
+            kernels.run(batch)
+
     def _update(self, p, grad, state, hyper: StepHyper, factored: bool) -> None:
         local = local_tensor(p)
         if kernels.handles(local, grad):
             tables = self.__dict__.setdefault("_codeword_tables", kernels.CodewordTables())
-            update = kernels.factored_update if factored else kernels.block_update
-            if update(local, grad, state, tables, self.codebook, hyper):
+            pending = kernels.prepare(local, grad, state, tables, self.codebook, hyper, factored)
+            if pending is not None:
+                batch = self.__dict__.get("_kernel_batch")
+                if batch is None:
+                    kernels.run([pending])
+                else:
+                    batch.append(pending)
                 return
         super()._update(p, grad, state, hyper, factored)
 

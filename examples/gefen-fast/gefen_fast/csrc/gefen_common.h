@@ -37,6 +37,16 @@
 #define GEFEN_THREAD_IDS(t, nt) do { t = 0; nt = 1; } while (0)
 #endif
 
+/* Threads worth forking for `work` elements: at least GEFEN_MIN_PER_THREAD each (below that a
+   fork and join costs more than it saves, and far more when the machine is oversubscribed). */
+#define GEFEN_MIN_PER_THREAD 65536
+static inline int gefen_threads_for(int64_t work, int threads) {
+    int64_t useful = work / GEFEN_MIN_PER_THREAD;
+    if (useful < 1) useful = 1;
+    if (threads < 1) threads = 1;
+    return useful < threads ? (int)useful : threads;
+}
+
 /* Bumped whenever a structure or a signature changes: Python refuses a library of another version. */
 #define GEFEN_ABI_VERSION 2
 

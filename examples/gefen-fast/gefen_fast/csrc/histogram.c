@@ -78,7 +78,7 @@ static void count_##S(const T *g, int64_t j0, int64_t j1, float a, Local *local,
 }                                                                                                \
                                                                                                  \
 int gefen_histogram_##S(const T *g, int64_t n, int64_t period, int64_t *counts, int32_t threads) { \
-    if (threads < 1) threads = 1;                                                                \
+    threads = gefen_threads_for(n, threads);                                                     \
     const int64_t blocks = n / period;                                                           \
     Local *locals = (Local *)calloc((size_t)threads, sizeof(Local));                             \
     int64_t *totals = (int64_t *)calloc((size_t)threads * HISTOGRAM_BINS, sizeof(int64_t));      \

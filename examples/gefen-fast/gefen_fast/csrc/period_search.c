@@ -37,6 +37,7 @@
 static int level_sums_##S(const T *g, int64_t n, int64_t period, double *sums, double *g_out,   \
                           double *t_out, int threads) {                                          \
     const int64_t blocks = n / period;                                                           \
+    threads = gefen_threads_for(n, threads);                                                     \
     double square_total = 0.0, x2_total = 0.0;                                                   \
     int bad = 0;                                                                                 \
     _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(+:square_total,x2_total) reduction(|:bad)") \
@@ -70,6 +71,7 @@ DEFINE_LEVEL_SUMS(f16, uint16_t)
 static double derived_sums(const double *src, int64_t n, int64_t source_period, int64_t period,
                            double *sums, int threads) {
     const int64_t blocks = n / period, ratio = period / source_period;
+    threads = gefen_threads_for(n / source_period, threads);
     double square_total = 0.0;
     _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(+:square_total)")
     for (int64_t b = 0; b < blocks; b++) {

@@ -28,6 +28,8 @@
 
 /* Blocks up to this size keep their lerped momentum in a per-thread scratch between the passes. */
 #define KEEP_MAX 65536
+/* Pass B's stage: normalised values and cell offsets of this many elements at a time. */
+#define B_STAGE 128
 
 /* ---------------------------------------------------------------- scalar element operations */
 
@@ -109,22 +111,22 @@ static inline __m256 vload_cell_pair(const char *first, const char *second) {
                                 _mm_loadu_ps((const float *)second), 1);
 }
 
-/* The nearest codeword of eight normalised values by the cell table (SPEC 1.7, see
- * codeword_table.py): returns the decoded codewords; *codes gets each code in its lane's low byte.
- * The eight 16-byte cells are loaded whole and transposed into t, lo_val, hi_val, codes. */
-static inline __m256 vnearest(__m256 u, const Cell *cells, __m256i *codes) {
+/* Byte offsets of the cells of eight normalised values (see codeword_table.py): u in [-1, 1]
+   gives cells 0..8192; NaN converts to 0x80000000, which the unsigned minimum sends to the NaN cell. */
+static inline __m256i vcell_offsets(__m256 u) {
     __m256 x = _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(1.0f)), _mm256_set1_ps(GEFEN_CELL_SCALE));
-    /* u in [-1, 1] gives 0..8192; NaN converts to 0x80000000, which the unsigned minimum sends to the NaN cell */
     __m256i cell = _mm256_min_epu32(_mm256_cvttps_epi32(x), _mm256_set1_epi32(GEFEN_NAN_CELL));
-    cell = _mm256_slli_epi32(cell, 4);
-    __m128i low = _mm256_castsi256_si128(cell), high = _mm256_extracti128_si256(cell, 1);
-    uint64_t a = (uint64_t)_mm_cvtsi128_si64(low), b = (uint64_t)_mm_extract_epi64(low, 1);
-    uint64_t c = (uint64_t)_mm_cvtsi128_si64(high), d = (uint64_t)_mm_extract_epi64(high, 1);
-    const char *base = (const char *)cells;
-    __m256 r0 = vload_cell_pair(base + (uint32_t)a, base + (uint32_t)c);  /* elements 0, 4 */
-    __m256 r1 = vload_cell_pair(base + (a >> 32), base + (c >> 32));      /* 1, 5 */
-    __m256 r2 = vload_cell_pair(base + (uint32_t)b, base + (uint32_t)d);  /* 2, 6 */
-    __m256 r3 = vload_cell_pair(base + (b >> 32), base + (d >> 32));      /* 3, 7 */
+    return _mm256_slli_epi32(cell, 4);
+}
+
+/* The nearest codeword of eight normalised values u, whose cells are at byte offsets `off`
+   (SPEC 1.7 by the cell table): returns the decoded codewords, *codes gets each code in its lane's
+   low byte. The eight 16-byte cells are loaded whole and transposed into t, lo_val, hi_val, codes. */
+static inline __m256 vlookup(__m256 u, const char *cells, const uint32_t *off, __m256i *codes) {
+    __m256 r0 = vload_cell_pair(cells + off[0], cells + off[4]);
+    __m256 r1 = vload_cell_pair(cells + off[1], cells + off[5]);
+    __m256 r2 = vload_cell_pair(cells + off[2], cells + off[6]);
+    __m256 r3 = vload_cell_pair(cells + off[3], cells + off[7]);
     __m256d t01 = _mm256_castps_pd(_mm256_unpacklo_ps(r0, r1));
     __m256d t23 = _mm256_castps_pd(_mm256_unpacklo_ps(r2, r3));
     __m256d h01 = _mm256_castps_pd(_mm256_unpackhi_ps(r0, r1));
@@ -138,12 +140,26 @@ static inline __m256 vnearest(__m256 u, const Cell *cells, __m256i *codes) {
     return _mm256_blendv_ps(lo_val, hi_val, above);
 }
 
+static inline __m256 vnearest(__m256 u, const Cell *cells, __m256i *codes) {
+    uint32_t off[8] __attribute__((aligned(32)));
+    _mm256_store_si256((__m256i *)off, vcell_offsets(u));
+    return vlookup(u, (const char *)cells, off, codes);
+}
+
 /* the low byte of each lane, stored as eight bytes */
 static inline void vstore_codes(uint8_t *dst, __m256i k) {
     const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                           0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     __m256i s = _mm256_shuffle_epi8(k, pick);
     _mm_storel_epi64((__m128i *)dst, _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+}
+
+/* 1/x within 2 ulp: the hardware estimate and one Newton step (the factored stepsize, SPEC 5.6.5
+   allows its rounding; a division per element would double the divider's load). */
+static inline __m256 vreciprocal(__m256 x) {
+    __m256 r = _mm256_rcp_ps(x);
+    __m256 e = _mm256_fnmadd_ps(x, r, _mm256_set1_ps(1.0f));
+    return _mm256_fmadd_ps(r, e, r);
 }
 
 static inline uint32_t hmax_u32(__m256i v) {
@@ -164,12 +180,40 @@ static inline float hsum_ps(__m256 v) {
 /* How pass B gets each element's stepsize: one per block, or factored (SPEC 1.9.3 steps 5-7). */
 typedef struct {
     float block_scale;        /* block mode: r32(r32(mag * ss) * lr) */
-    float factored_scale;     /* factored: r32(mag * lr) */
+    float factored_scale;     /* factored: r32(r32(mag * lr) * inv_bias1) */
     const float *row_root;    /* factored: sqrt(v_row / mu / bc2) per row, else NULL */
     const float *col_root;    /* factored: sqrt(v_col) per column */
     int64_t cols;
     float inv_bias1, eps;
 } Stepsize;
+
+/* One parameter's step, filled by Python (gefen_fast/kernels.py mirrors it with ctypes). */
+typedef struct {
+    void *p;               /* the parameter (contiguous, logical order), updated in place */
+    const void *g;         /* its gradient */
+    uint8_t *idx;          /* m_codebook [blocks * period] */
+    float *magnitude;      /* m_magnitude [blocks] */
+    float *vmean;          /* block mode: vmean [blocks]; NULL for factored */
+    float *v_row, *v_col;  /* factored: [rows], [cols] */
+    const Table *tab;
+    int64_t blocks, period, rows, cols;
+    Hyper h;               /* h.bias2: block r32(sqrt(bc2)), factored r32(bc2) */
+    int32_t dtype;         /* 0 fp32, 1 bf16, 2 fp16 */
+    int32_t factored;
+} Work;
+
+/* Optional stage clocks (built with -DGEFEN_PROFILE by benchmarks/step_profile.py). */
+/* stage clocks: seconds summed over threads, except CALL (the wall time of gefen_step_batch) */
+enum { STAGE_MOMENTS, STAGE_PASS_A, STAGE_PASS_B, STAGE_LARGE_A, STAGE_LARGE_B, STAGE_WAIT, STAGE_CALL, STAGE_COUNT };
+#ifdef GEFEN_PROFILE
+#include <time.h>
+static inline double gefen_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+#define GEFEN_TICK(t0) double t0 = gefen_now()
+#define GEFEN_TOCK(t0, acc) do { double t1_ = gefen_now(); (acc) += t1_ - (t0); (t0) = t1_; } while (0)
+#else
+#define GEFEN_TICK(t0) do { } while (0)
+#define GEFEN_TOCK(t0, acc) do { (void)(acc); } while (0)
+#endif
 
 /*
  * DEFINE_KERNELS(S, T, VEC): the kernels for storage type T (suffix S); VEC is 1 where the
@@ -177,11 +221,13 @@ typedef struct {
  */
 #define DEFINE_KERNELS(S, T, VEC)                                                                 \
                                                                                                  \
-/* Pass A over [j0, j1) of a block: returns max |upd| as bits; *sum += squares (if sum).     \
-   keep: where to store the lerps (indexed from j0), or NULL. */                               \
-static uint32_t pass_a_##S(const T *restrict g, const uint8_t *restrict idx, const float *restrict decode, \
-                           int64_t j0, int64_t j1, float old, float w, int small,                \
-                           float *restrict keep, float *sum) {                                   \
+/* Pass A over [j0, j1) of a block: returns max |upd| as bits; *sum += squares (SUM).           \
+   KEEP: store the lerps into keep (indexed from j0). The flags are compile-time constants at  \
+   every call, so each variant is its own loop. */                                              \
+static inline __attribute__((always_inline))                                                     \
+uint32_t pass_a_body_##S(const T *restrict g, const uint8_t *restrict idx, const float *restrict decode, \
+                         int64_t j0, int64_t j1, float old, float w, float *restrict keep, float *sum, \
+                         const int SUM, const int KEEP, const int SMALL) {                       \
     uint32_t top = 0;                                                                            \
     float total = 0.0f;                                                                          \
     int64_t j = j0;                                                                              \
@@ -190,24 +236,43 @@ static uint32_t pass_a_##S(const T *restrict g, const uint8_t *restrict idx, con
     }                                                                                            \
     for (; j < j1; j++) {                                                                        \
         float x = LOAD_##S(g[j]);                                                                \
-        if (sum) total += SQUARE_##S(x);                                                         \
-        float upd = lerp32(decode[idx[j]] * old, x, w, small);                                   \
-        if (keep) keep[j - j0] = upd;                                                            \
+        if (SUM) total += SQUARE_##S(x);                                                         \
+        float upd = lerp32(decode[idx[j]] * old, x, w, SMALL);                                   \
+        if (KEEP) keep[j - j0] = upd;                                                            \
         uint32_t bits = f32_bits(upd) & 0x7FFFFFFFu;                                             \
         top = bits > top ? bits : top;                                                           \
     }                                                                                            \
-    if (sum) *sum += total;                                                                      \
+    if (SUM) *sum += total;                                                                      \
     return top;                                                                                  \
 }                                                                                                \
                                                                                                  \
+static uint32_t pass_a_##S(const T *restrict g, const uint8_t *restrict idx, const float *restrict decode, \
+                           int64_t j0, int64_t j1, float old, float w, int small,                \
+                           float *restrict keep, float *sum) {                                   \
+    if (sum) {                                                                                   \
+        if (keep) return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 1, 1) \
+                               : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 1, 0); \
+        return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 0, 1)       \
+                     : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 0, 0);      \
+    }                                                                                            \
+    if (keep) return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 1, 1)  \
+                           : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 1, 0); \
+    return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 0, 1)           \
+                 : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 0, 0);          \
+}                                                                                                \
+                                                                                                 \
 /* Pass B over [j0, j1) of a block whose first element is element `base` of the parameter.  \
-   kept: the lerps from pass A (indexed from j0), or NULL to recompute them. */                \
-static void pass_b_##S(T *restrict p, const T *restrict g, uint8_t *restrict idx, const Table *tab, \
-                       int64_t base, int64_t j0, int64_t j1, float old, float mag,              \
-                       const float *restrict kept, const Stepsize *st, const Hyper *h) {         \
+   KEPT: the lerps from pass A (indexed from j0), else recomputed from g and the old indices;  \
+   FACTORED: a stepsize per element from the row and column roots; DECAY: weight decay first. \
+   The vector loop needs the cell table and a positive magnitude; the scalar loop does all. */ \
+static inline __attribute__((always_inline))                                                     \
+void pass_b_body_##S(T *restrict p, const T *restrict g, uint8_t *restrict idx, const Table *tab, \
+                     int64_t base, int64_t j0, int64_t j1, float old, float mag,                 \
+                     const float *restrict kept, const Stepsize *st, const Hyper *h,             \
+                     const int KEPT, const int FACTORED, const int DECAY, const int SMALL) {     \
     const float *restrict decode = tab->decode;                                                  \
-    const int small = fabsf(h->w) < 0.5f;                                                        \
     const int positive = mag > 0.0f;                                                             \
+    const int vector = VEC && tab->use_cells && positive;                                        \
     int64_t j = j0;                                                                              \
     while (j < j1) {                                                                             \
         /* a segment of one row (factored) or the whole range (block) */                       \
@@ -215,26 +280,58 @@ static void pass_b_##S(T *restrict p, const T *restrict g, uint8_t *restrict idx
         const int64_t seg0 = j;                                                                  \
         float row_root = 0.0f;                                                                   \
         const float *restrict col_root = NULL; /* indexed by j - seg0 */                         \
-        if (st->row_root) {                                                                      \
+        if (FACTORED) {                                                                          \
             int64_t e = base + j, r = e / st->cols, c = e - r * st->cols;                        \
             end = j + (st->cols - c) < j1 ? j + (st->cols - c) : j1;                             \
             row_root = st->row_root[r];                                                          \
             col_root = st->col_root + c;                                                         \
         }                                                                                        \
-        if (VEC && tab->use_cells) {                                                             \
+        if (vector) {                                                                            \
             GEFEN_PASS_B_VECTOR(S)                                                               \
         }                                                                                        \
         for (; j < end; j++) {                                                                   \
-            float upd = kept ? kept[j - j0] : lerp32(decode[idx[j]] * old, LOAD_##S(g[j]), h->w, small); \
+            float upd = KEPT ? kept[j - j0] : lerp32(decode[idx[j]] * old, LOAD_##S(g[j]), h->w, SMALL); \
             float ratio = upd / mag;                                                             \
             float q;                                                                             \
             idx[j] = nearest_code(positive ? ratio : 0.0f, tab, &q);                             \
-            float delta = col_root                                                               \
-                ? (q * (st->inv_bias1 / (row_root * col_root[j - seg0] + st->eps))) * st->factored_scale \
+            float delta = FACTORED                                                               \
+                ? (q / (row_root * col_root[j - seg0] + st->eps)) * st->factored_scale               \
                 : q * st->block_scale;                                                           \
             float pv = LOAD_##S(p[j]);                                                           \
-            if (h->apply_decay) pv = ROUND_##S(pv * h->decay);                                   \
+            if (DECAY) pv = ROUND_##S(pv * h->decay);                                            \
             p[j] = STORE_##S(pv - delta);                                                        \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+static void pass_b_##S(T *restrict p, const T *restrict g, uint8_t *restrict idx, const Table *tab, \
+                       int64_t base, int64_t j0, int64_t j1, float old, float mag,              \
+                       const float *restrict kept, const Stepsize *st, const Hyper *h) {         \
+    const int fac = st->row_root != NULL, decay = h->apply_decay != 0;                           \
+    const int small = fabsf(h->w) < 0.5f;                                                        \
+    if (kept) {                                                                                  \
+        if (fac) {                                                                               \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 1, 1, 1, 0); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 1, 1, 0, 0); \
+        } else {                                                                                 \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 1, 0, 1, 0); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 1, 0, 0, 0); \
+        }                                                                                        \
+    } else if (small) {                                                                          \
+        if (fac) {                                                                               \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 1, 1, 1); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 1, 0, 1); \
+        } else {                                                                                 \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 0, 1, 1); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 0, 0, 1); \
+        }                                                                                        \
+    } else {                                                                                     \
+        if (fac) {                                                                               \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 1, 1, 0); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 1, 0, 0); \
+        } else {                                                                                 \
+            if (decay) pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 0, 1, 0); \
+            else pass_b_body_##S(p, g, idx, tab, base, j0, j1, old, mag, kept, st, h, 0, 0, 0, 0); \
         }                                                                                        \
     }                                                                                            \
 }                                                                                                \
@@ -247,161 +344,60 @@ static inline float block_stepsize_##S(float sum, int64_t period, float *vmean, 
     return (1.0f / ((sqrtf(v) / h->bias2) + h->eps)) * h->inv_bias1;                             \
 }                                                                                                \
                                                                                                  \
-/* One parameter's blocks. block mode: vmean != NULL; factored: fac != NULL (row/col roots). */ \
-static int momentum_step_##S(T *p, const T *g, uint8_t *idx, float *magnitude, float *vmean,     \
-                             int64_t blocks, int64_t period, const Table *tab, const Hyper *h,   \
-                             const Stepsize *fac) {                                              \
-    const int small = fabsf(h->w) < 0.5f;                                                        \
-    int threads = h->threads < 1 ? 1 : h->threads;                                               \
-    if (period <= KEEP_MAX) {                                                                    \
-        if (threads > blocks) threads = (int)blocks;                                             \
-        size_t stride = ((size_t)period + 15) & ~(size_t)15;                                     \
-        float *scratch = (float *)aligned_alloc(64, (size_t)threads * stride * sizeof(float)); \
-        if (!scratch) return -1;                                                                 \
-        _Pragma("omp parallel num_threads(threads)")                                             \
-        {                                                                                        \
-            int t = 0, nt = 1;                                                                   \
-            GEFEN_THREAD_IDS(t, nt);                                                             \
-            (void)nt;                                                                            \
-            float *keep = scratch + (size_t)t * stride;                                          \
-            _Pragma("omp for schedule(static)")                                                  \
-            for (int64_t b = 0; b < blocks; b++) {                                               \
-                const int64_t base = b * period;                                                 \
-                float old = magnitude[b], sum = 0.0f;                                            \
-                uint32_t top = pass_a_##S(g + base, idx + base, tab->decode, 0, period, old, h->w, small, \
-                                          keep, vmean ? &sum : NULL);                            \
-                float mag = bits_f32(top);                                                       \
-                magnitude[b] = mag;                                                              \
-                Stepsize st;                                                                     \
-                if (fac) { st = *fac; st.factored_scale = mag * h->lr; }                         \
-                else {                                                                           \
-                    memset(&st, 0, sizeof st);                                                   \
-                    st.block_scale = (mag * block_stepsize_##S(sum, period, vmean + b, h)) * h->lr; \
-                }                                                                                \
-                pass_b_##S(p + base, g + base, idx + base, tab, base, 0, period, old, mag, keep, &st, h); \
-            }                                                                                    \
-        }                                                                                        \
-        free(scratch);                                                                           \
-        return 0;                                                                                \
+/* One whole block of at most KEEP_MAX elements: pass A into the thread's scratch, then pass B. */ \
+static void small_block_##S(const Work *w, int64_t b, float *keep, const Stepsize *fac, double *clock) { \
+    const int64_t period = w->period, base = b * period;                                         \
+    const Hyper *h = &w->h;                                                                      \
+    const T *g = (const T *)w->g + base;                                                         \
+    uint8_t *idx = w->idx + base;                                                                \
+    const float old = w->magnitude[b];                                                           \
+    float sum = 0.0f;                                                                            \
+    GEFEN_TICK(t0);                                                                              \
+    uint32_t top = pass_a_##S(g, idx, w->tab->decode, 0, period, old, h->w, fabsf(h->w) < 0.5f,  \
+                              keep, w->vmean ? &sum : NULL);                                     \
+    const float mag = bits_f32(top);                                                             \
+    w->magnitude[b] = mag;                                                                       \
+    Stepsize st;                                                                                 \
+    if (fac) { st = *fac; st.factored_scale = (mag * h->lr) * h->inv_bias1; }                    \
+    else {                                                                                       \
+        memset(&st, 0, sizeof st);                                                               \
+        st.block_scale = (mag * block_stepsize_##S(sum, period, w->vmean + b, h)) * h->lr;       \
     }                                                                                            \
-    /* large blocks: every thread takes a slice of each block */                                \
-    uint32_t tops[2][256];                                                                       \
-    float sums[2][256];                                                                          \
-    if (threads > 256) threads = 256;                                                            \
-    _Pragma("omp parallel num_threads(threads)")                                                 \
-    {                                                                                            \
-        int t = 0, nt = 1;                                                                       \
-        GEFEN_THREAD_IDS(t, nt);                                                                 \
-        for (int64_t b = 0; b < blocks; b++) {                                                   \
-            const int64_t base = b * period;                                                     \
-            const int64_t j0 = period * t / nt, j1 = period * (t + 1) / nt;                      \
-            const int parity = (int)(b & 1);                                                     \
-            float old = magnitude[b];                                                            \
-            float old_v = vmean ? vmean[b] : 0.0f;                                               \
-            float part = 0.0f;                                                                   \
-            tops[parity][t] = pass_a_##S(g + base, idx + base, tab->decode, j0, j1, old, h->w, small, NULL, \
-                                         vmean ? &part : NULL);                                  \
-            sums[parity][t] = part;                                                              \
-            _Pragma("omp barrier")                                                               \
-            uint32_t top = 0;                                                                    \
-            float sum = 0.0f;                                                                    \
-            for (int i = 0; i < nt; i++) {                                                       \
-                top = tops[parity][i] > top ? tops[parity][i] : top;                             \
-                sum += sums[parity][i];                                                          \
-            }                                                                                    \
-            float mag = bits_f32(top);                                                           \
-            Stepsize st;                                                                         \
-            if (fac) { st = *fac; st.factored_scale = mag * h->lr; }                             \
-            else {                                                                               \
-                memset(&st, 0, sizeof st);                                                       \
-                st.block_scale = (mag * block_stepsize_##S(sum, period, &old_v, h)) * h->lr;     \
-            }                                                                                    \
-            pass_b_##S(p + base, g + base, idx + base, tab, base, j0, j1, old, mag, NULL, &st, h); \
-            if (t == 0) {                                                                        \
-                magnitude[b] = mag;                                                              \
-                if (vmean) vmean[b] = old_v;                                                     \
-            }                                                                                    \
-        }                                                                                        \
-    }                                                                                            \
-    return 0;                                                                                    \
+    GEFEN_TOCK(t0, clock[STAGE_PASS_A]);                                                         \
+    pass_b_##S((T *)w->p + base, g, idx, w->tab, base, 0, period, old, mag, keep, &st, h);       \
+    GEFEN_TOCK(t0, clock[STAGE_PASS_B]);                                                         \
 }                                                                                                \
                                                                                                  \
-/* SPEC 1.8: one block-vmean step of a flat parameter, in place. Returns 0, or -1 when the   \
-   scratch could not be allocated (then nothing was changed). */                                \
-int gefen_block_step_##S(T *p, const T *g, uint8_t *idx, float *magnitude, float *vmean,        \
-                         int64_t blocks, int64_t period, const Table *tab, const Hyper *h) {     \
-    return momentum_step_##S(p, g, idx, magnitude, vmean, blocks, period, tab, h, NULL);        \
+/* A slice [j0, j1) of a large block, pass A: the slice's maximum bits and sum of squares. */  \
+static uint32_t large_pass_a_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float *sum) { \
+    const int64_t base = b * w->period;                                                          \
+    return pass_a_##S((const T *)w->g + base, w->idx + base, w->tab->decode, j0, j1, w->magnitude[b], \
+                      w->h.w, fabsf(w->h.w) < 0.5f, NULL, w->vmean ? sum : NULL);                \
 }                                                                                                \
                                                                                                  \
-/* SPEC 1.9.3 steps 3-5; returns mu = max(mean(v_row), FLT_MIN), or -1 when out of memory    \
-   (then nothing was changed). Column sums: one partial per thread, added in thread order. */  \
-float gefen_factored_moments_##S(const T *g, int64_t rows, int64_t cols, float *v_row,          \
-                                 float *v_col, const Hyper *h) {                                 \
-    int threads = h->threads < 1 ? 1 : h->threads;                                               \
-    if (threads > rows) threads = (int)rows;                                                     \
-    float *parts = (float *)calloc((size_t)threads * (size_t)cols, sizeof(float));               \
-    float *row_sums = (float *)malloc((size_t)rows * sizeof(float));                             \
-    if (!parts || !row_sums) { free(parts); free(row_sums); return -1.0f; }                      \
-    _Pragma("omp parallel num_threads(threads)")                                                 \
-    {                                                                                            \
-        int t = 0, nt = 1;                                                                       \
-        GEFEN_THREAD_IDS(t, nt);                                                                 \
-        float *restrict part = parts + (size_t)t * (size_t)cols;                                 \
-        int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;                                    \
-        for (int64_t r = r0; r < r1; r++) {                                                      \
-            const T *restrict gr = g + r * cols;                                                 \
-            float sum = 0.0f;                                                                    \
-            _Pragma("omp simd reduction(+:sum)")                                                 \
-            for (int64_t c = 0; c < cols; c++) {                                                 \
-                float x = LOAD_##S(gr[c]);                                                       \
-                float s = x * x;                                                                 \
-                part[c] += s;                                                                    \
-                sum += s;                                                                        \
-            }                                                                                    \
-            row_sums[r] = sum;                                                                   \
+static void large_pass_b_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float old, float mag, \
+                             const Stepsize *st) {                                               \
+    const int64_t base = b * w->period;                                                          \
+    pass_b_##S((T *)w->p + base, (const T *)w->g + base, w->idx + base, w->tab, base, j0, j1, old, mag, \
+               NULL, st, &w->h);                                                                 \
+}                                                                                                \
+                                                                                                 \
+/* SPEC 1.9.3 step 3 for rows [r0, r1): row sums of squares, column sums into `part`. */        \
+static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restrict part,         \
+                            float *restrict row_sums) {                                          \
+    const int64_t cols = w->cols;                                                                \
+    for (int64_t r = r0; r < r1; r++) {                                                          \
+        const T *restrict gr = (const T *)w->g + r * cols;                                       \
+        float sum = 0.0f;                                                                        \
+        _Pragma("omp simd reduction(+:sum)")                                                     \
+        for (int64_t c = 0; c < cols; c++) {                                                     \
+            float x = LOAD_##S(gr[c]);                                                           \
+            float sq = x * x;                                                                    \
+            part[c] += sq;                                                                       \
+            sum += sq;                                                                           \
         }                                                                                        \
+        row_sums[r] = sum;                                                                       \
     }                                                                                            \
-    for (int64_t r = 0; r < rows; r++)                                                           \
-        v_row[r] = fmaf(h->one_minus_beta2, row_sums[r] / (float)cols, v_row[r] * h->beta2);     \
-    for (int t = 1; t < threads; t++) {                                                          \
-        const float *restrict part = parts + (size_t)t * (size_t)cols;                           \
-        _Pragma("omp simd")                                                                      \
-        for (int64_t c = 0; c < cols; c++) parts[c] += part[c];                                  \
-    }                                                                                            \
-    for (int64_t c = 0; c < cols; c++)                                                           \
-        v_col[c] = fmaf(h->one_minus_beta2, parts[c] / (float)rows, v_col[c] * h->beta2);        \
-    float total = 0.0f;                                                                          \
-    _Pragma("omp simd reduction(+:total)")                                                       \
-    for (int64_t r = 0; r < rows; r++) total += v_row[r];                                        \
-    float mu = total / (float)rows;                                                              \
-    free(parts);                                                                                 \
-    free(row_sums);                                                                              \
-    return mu > 1.17549435e-38f ? mu : 1.17549435e-38f;                                          \
-}                                                                                                \
-                                                                                                 \
-/* SPEC 1.9.3 steps 6-10: the block momentum with a stepsize per element,                      \
-   inv_bias1 / (sqrt(v_row[r] / mu / bc2) * sqrt(v_col[c]) + eps): the reference's           \
-   sqrt(v_row[r] * v_col[c] / mu / bc2) with the square root split into a row and a column    \
-   factor computed once each (a few ulp from the reference, tolerance profile). */             \
-int gefen_factored_step_##S(T *p, const T *g, uint8_t *idx, float *magnitude,                   \
-                            int64_t blocks, int64_t period, int64_t cols,                        \
-                            const float *v_row, const float *v_col, float mu,                    \
-                            const Table *tab, const Hyper *h) {                                  \
-    int64_t rows = blocks * period / cols;                                                       \
-    float *roots = (float *)malloc((size_t)(rows + cols) * sizeof(float));                       \
-    if (!roots) return -1;                                                                       \
-    for (int64_t r = 0; r < rows; r++) roots[r] = sqrtf((v_row[r] / mu) / h->bias2);             \
-    for (int64_t c = 0; c < cols; c++) roots[rows + c] = sqrtf(v_col[c]);                        \
-    Stepsize fac;                                                                                \
-    memset(&fac, 0, sizeof fac);                                                                 \
-    fac.row_root = roots;                                                                        \
-    fac.col_root = roots + rows;                                                                 \
-    fac.cols = cols;                                                                             \
-    fac.inv_bias1 = h->inv_bias1;                                                                \
-    fac.eps = h->eps;                                                                            \
-    int status = momentum_step_##S(p, g, idx, magnitude, NULL, blocks, period, tab, h, &fac);   \
-    free(roots);                                                                                 \
-    return status;                                                                               \
 }
 
 /* ------------------------------------------------------------------- vector loop bodies */
@@ -414,15 +410,15 @@ int gefen_factored_step_##S(T *p, const T *g, uint8_t *idx, float *magnitude,   
     __m256 vsum = _mm256_setzero_ps();                                                           \
     for (; j + 8 <= j1; j += 8) {                                                                \
         __m256 x = vload_##S(g + j);                                                             \
-        if (sum) vsum = _mm256_add_ps(vsum, vsquare_##S(x));                                     \
+        if (SUM) vsum = _mm256_add_ps(vsum, vsquare_##S(x));                                     \
         __m256 cur = _mm256_mul_ps(vdecode(decode, idx + j), vold);                              \
         __m256 d = _mm256_sub_ps(x, cur);                                                        \
-        __m256 upd = small ? _mm256_fmadd_ps(vw, d, cur) : _mm256_fmadd_ps(vnw, d, x);           \
-        if (keep) _mm256_storeu_ps(keep + (j - j0), upd);                                        \
+        __m256 upd = SMALL ? _mm256_fmadd_ps(vw, d, cur) : _mm256_fmadd_ps(vnw, d, x);           \
+        if (KEEP) _mm256_storeu_ps(keep + (j - j0), upd);                                        \
         vtop = _mm256_max_epu32(vtop, _mm256_and_si256(_mm256_castps_si256(upd), absmask));      \
     }                                                                                            \
     top = hmax_u32(vtop);                                                                        \
-    if (sum) total = hsum_ps(vsum);
+    if (SUM) total = hsum_ps(vsum);
 
 #define GEFEN_PASS_B_VECTOR(S)                                                                   \
     {                                                                                            \
@@ -432,30 +428,44 @@ int gefen_factored_step_##S(T *p, const T *g, uint8_t *idx, float *magnitude,   
         const __m256 vblock = _mm256_set1_ps(st->block_scale);                                   \
         const __m256 vfscale = _mm256_set1_ps(st->factored_scale);                               \
         const __m256 vrow = _mm256_set1_ps(row_root), veps = _mm256_set1_ps(st->eps);            \
-        const __m256 vib1 = _mm256_set1_ps(st->inv_bias1);                                       \
-        for (; j + 8 <= end; j += 8) {                                                           \
-            __m256 upd;                                                                          \
-            if (kept) upd = _mm256_loadu_ps(kept + (j - j0));                                    \
-            else {                                                                               \
-                __m256 x = vload_##S(g + j);                                                     \
-                __m256 cur = _mm256_mul_ps(vdecode(decode, idx + j), vold);                      \
-                __m256 d = _mm256_sub_ps(x, cur);                                                \
-                upd = small ? _mm256_fmadd_ps(vw, d, cur) : _mm256_fmadd_ps(vnw, d, x);          \
+        const char *restrict cells = (const char *)tab->cells;                                   \
+        /* staged: first the normalised values and their cells (a long dependency chain through \
+           the division), then the lookups and the update (a short one), so the loads of one    \
+           stage overlap instead of waiting behind the division */                             \
+        uint32_t offsets[B_STAGE] __attribute__((aligned(32)));                                  \
+        float normalised[B_STAGE] __attribute__((aligned(32)));                                  \
+        const int64_t vector_end = j + ((end - j) & ~(int64_t)7);                                \
+        while (j < vector_end) {                                                                 \
+            const int64_t m = vector_end - j < B_STAGE ? vector_end - j : B_STAGE;               \
+            for (int64_t i = 0; i < m; i += 8) {                                                 \
+                __m256 upd;                                                                      \
+                if (KEPT) upd = _mm256_loadu_ps(kept + (j + i - j0));                            \
+                else {                                                                           \
+                    __m256 x = vload_##S(g + j + i);                                             \
+                    __m256 cur = _mm256_mul_ps(vdecode(decode, idx + j + i), vold);              \
+                    __m256 d = _mm256_sub_ps(x, cur);                                            \
+                    upd = SMALL ? _mm256_fmadd_ps(vw, d, cur) : _mm256_fmadd_ps(vnw, d, x);      \
+                }                                                                                \
+                __m256 u = _mm256_div_ps(upd, vmag);                                             \
+                _mm256_store_ps(normalised + i, u);                                              \
+                _mm256_store_si256((__m256i *)(offsets + i), vcell_offsets(u));                  \
             }                                                                                    \
-            __m256 u = positive ? _mm256_div_ps(upd, vmag) : _mm256_setzero_ps();                \
-            __m256i k;                                                                           \
-            __m256 q = vnearest(u, tab->cells, &k);                                              \
-            vstore_codes(idx + j, k);                                                            \
-            __m256 delta;                                                                        \
-            if (col_root) {                                                                      \
-                __m256 den = _mm256_add_ps(_mm256_mul_ps(vrow, _mm256_loadu_ps(col_root + (j - seg0))), veps); \
-                delta = _mm256_mul_ps(_mm256_mul_ps(q, _mm256_div_ps(vib1, den)), vfscale);      \
-            } else {                                                                             \
-                delta = _mm256_mul_ps(q, vblock);                                                \
+            for (int64_t i = 0; i < m; i += 8) {                                                 \
+                __m256i k;                                                                       \
+                __m256 q = vlookup(_mm256_load_ps(normalised + i), cells, offsets + i, &k);      \
+                vstore_codes(idx + j + i, k);                                                    \
+                __m256 delta;                                                                    \
+                if (FACTORED) {                                                                  \
+                    __m256 den = _mm256_add_ps(_mm256_mul_ps(vrow, _mm256_loadu_ps(col_root + (j + i - seg0))), veps); \
+                    delta = _mm256_mul_ps(_mm256_mul_ps(q, vreciprocal(den)), vfscale);          \
+                } else {                                                                         \
+                    delta = _mm256_mul_ps(q, vblock);                                            \
+                }                                                                                \
+                __m256 pv = vload_##S(p + j + i);                                                \
+                if (DECAY) pv = vround_##S(_mm256_mul_ps(pv, vdecay));                           \
+                vstore_##S(p + j + i, _mm256_sub_ps(pv, delta));                                 \
             }                                                                                    \
-            __m256 pv = vload_##S(p + j);                                                        \
-            if (h->apply_decay) pv = vround_##S(_mm256_mul_ps(pv, vdecay));                      \
-            vstore_##S(p + j, _mm256_sub_ps(pv, delta));                                         \
+            j += m;                                                                              \
         }                                                                                        \
     }
 #else
@@ -482,6 +492,221 @@ DEFINE_KERNELS(f16, uint16_t, 1)
 DEFINE_KERNELS(f16, uint16_t, 0)
 #endif
 #endif
+
+/* ------------------------------------------------------------------------- the driver */
+
+#if GEFEN_HALF
+#define GEFEN_DTYPES 3
+#define DISPATCH(dtype, FN, ...) \
+    ((dtype) == 0 ? FN##_f32(__VA_ARGS__) : (dtype) == 1 ? FN##_bf16(__VA_ARGS__) : FN##_f16(__VA_ARGS__))
+#define DISPATCH_VOID(dtype, FN, ...) \
+    do { if ((dtype) == 0) FN##_f32(__VA_ARGS__); else if ((dtype) == 1) FN##_bf16(__VA_ARGS__); else FN##_f16(__VA_ARGS__); } while (0)
+#else
+#define GEFEN_DTYPES 2
+#define DISPATCH(dtype, FN, ...) ((dtype) == 0 ? FN##_f32(__VA_ARGS__) : FN##_bf16(__VA_ARGS__))
+#define DISPATCH_VOID(dtype, FN, ...) \
+    do { if ((dtype) == 0) FN##_f32(__VA_ARGS__); else FN##_bf16(__VA_ARGS__); } while (0)
+#endif
+
+#define MAX_THREADS 256
+
+static double profile_clock[STAGE_COUNT];
+static int64_t last_scratch_bytes;
+
+/* The heap memory the last gefen_step_batch call allocated (all of it freed before returning). */
+int64_t gefen_last_scratch_bytes(void) { return last_scratch_bytes; }
+
+/* The first block of `w` whose first element is at or after `offset` (elements from its start). */
+static inline int64_t first_block_at(const Work *w, int64_t offset) {
+    return offset <= 0 ? 0 : (offset + w->period - 1) / w->period;
+}
+
+/*
+ * gefen_step_batch: one optimizer step for `count` parameters (SPEC 1.8 / 1.9 each), in one
+ * parallel region of `threads` threads:
+ *   1. the factored second moments (SPEC 1.9.3 steps 3-5), parameter by parameter: rows split
+ *      over the threads (one column partial per thread, added in thread order), then columns;
+ *   2. every block of at most KEEP_MAX elements, of all parameters, split over the threads by
+ *      elements (each thread a contiguous range of blocks);
+ *   3. larger blocks one at a time, each split over the threads.
+ * Returns 0; -1 when scratch memory could not be allocated, -2 for an unknown dtype, -3 for a
+ * malformed item. In both error cases nothing was changed.
+ */
+int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
+    GEFEN_TICK(call_start);
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    int64_t keep_max = 0, max_cols = 0, roots_total = 0, row_sums_total = 0, small_total = 0;
+    for (int32_t i = 0; i < count; i++) {
+        const Work *w = items + i;
+        if (w->dtype < 0 || w->dtype >= GEFEN_DTYPES) return -2;
+        if (w->period < 1 || w->blocks < 0) return -3;
+        if (w->factored && (w->rows < 1 || w->cols < 1 || w->rows * w->cols != w->blocks * w->period)) return -3;
+        if (!w->factored && !w->vmean) return -3;
+        if (w->period <= KEEP_MAX) {
+            keep_max = w->period > keep_max ? w->period : keep_max;
+            small_total += w->blocks * w->period;
+        }
+        if (w->factored) {
+            max_cols = w->cols > max_cols ? w->cols : max_cols;
+            roots_total += w->rows + w->cols;
+            row_sums_total += w->rows;
+        }
+    }
+    int64_t total_elements = 0;
+    for (int32_t i = 0; i < count; i++) total_elements += items[i].blocks * items[i].period;
+    threads = gefen_threads_for(total_elements, threads);
+    const size_t stride = ((size_t)keep_max + 15) & ~(size_t)15;
+    float *keep = (float *)aligned_alloc(64, (size_t)threads * stride * sizeof(float) + 64);
+    float *parts = (float *)malloc(((size_t)threads * (size_t)max_cols + 1) * sizeof(float));
+    float *roots = (float *)malloc(((size_t)roots_total + 1) * sizeof(float));
+    float *row_sums = (float *)malloc(((size_t)row_sums_total + 1) * sizeof(float));
+    Stepsize *fac = (Stepsize *)calloc((size_t)count + 1, sizeof(Stepsize));
+    int64_t *starts = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
+    last_scratch_bytes = (int64_t)((size_t)threads * stride * sizeof(float) + 64
+        + ((size_t)threads * (size_t)max_cols + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
+        + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + sizeof(int64_t)));
+    if (!keep || !parts || !roots || !row_sums || !fac || !starts) {
+        free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts);
+        return -1;
+    }
+    /* where each parameter's small blocks start in the concatenation; the factored layouts */
+    int64_t offset = 0, root_at = 0, row_at = 0;
+    for (int32_t i = 0; i < count; i++) {
+        const Work *w = items + i;
+        starts[i] = offset;
+        if (w->period <= KEEP_MAX) offset += w->blocks * w->period;
+        if (w->factored) {
+            fac[i].row_root = roots + root_at;
+            fac[i].col_root = roots + root_at + w->rows;
+            fac[i].cols = w->cols;
+            fac[i].eps = w->h.eps;
+            fac[i].inv_bias1 = w->h.inv_bias1;
+            root_at += w->rows + w->cols;
+            fac[i].block_scale = (float)row_at; /* where its row sums go (read back below) */
+            row_at += w->rows;
+        }
+    }
+    starts[count] = offset;
+    uint32_t tops[2][MAX_THREADS];
+    float sums[2][MAX_THREADS];
+    double clocks[MAX_THREADS][STAGE_COUNT];
+    memset(clocks, 0, sizeof clocks);
+
+    _Pragma("omp parallel num_threads(threads)")
+    {
+        int t = 0, nt = 1;
+        GEFEN_THREAD_IDS(t, nt);
+        double *clock = clocks[t];
+        (void)clock;
+        /* 1. factored second moments */
+        for (int32_t i = 0; i < count; i++) {
+            const Work *w = items + i;
+            if (!w->factored) continue;
+            GEFEN_TICK(t0);
+            const int64_t rows = w->rows, cols = w->cols;
+            float *rs = row_sums + (int64_t)fac[i].block_scale;
+            float *part = parts + (size_t)t * (size_t)cols;
+            memset(part, 0, (size_t)cols * sizeof(float));
+            DISPATCH_VOID(w->dtype, moment_rows, w, rows * t / nt, rows * (t + 1) / nt, part, rs);
+            GEFEN_TOCK(t0, clock[STAGE_MOMENTS]);
+            _Pragma("omp barrier")
+            GEFEN_TOCK(t0, clock[STAGE_WAIT]);
+            const Hyper *h = &w->h;
+            float *col_root = (float *)fac[i].col_root, *row_root = (float *)fac[i].row_root;
+            _Pragma("omp for schedule(static)")
+            for (int64_t c = 0; c < cols; c++) {
+                float total = parts[c];
+                for (int k = 1; k < nt; k++) total += parts[(size_t)k * (size_t)cols + c];
+                float v = fmaf(h->one_minus_beta2, total / (float)rows, w->v_col[c] * h->beta2);
+                w->v_col[c] = v;
+                col_root[c] = sqrtf(v);
+            }
+            _Pragma("omp single")
+            {
+                float total = 0.0f;
+                for (int64_t r = 0; r < rows; r++) {
+                    float v = fmaf(h->one_minus_beta2, rs[r] / (float)cols, w->v_row[r] * h->beta2);
+                    w->v_row[r] = v;
+                    total += v;
+                }
+                float mu = total / (float)rows;
+                mu = mu > 1.17549435e-38f ? mu : 1.17549435e-38f;
+                for (int64_t r = 0; r < rows; r++) row_root[r] = sqrtf((w->v_row[r] / mu) / h->bias2);
+            }
+            GEFEN_TOCK(t0, clock[STAGE_MOMENTS]);
+        }
+        /* 2. small blocks: this thread's share of the concatenated elements */
+        {
+            const int64_t lo = small_total * t / nt, hi = small_total * (t + 1) / nt;
+            float *mine = keep + (size_t)t * stride;
+            for (int32_t i = 0; i < count && starts[i] < hi; i++) {
+                const Work *w = items + i;
+                if (w->period > KEEP_MAX || starts[i + 1] <= lo) continue;
+                int64_t b0 = first_block_at(w, lo - starts[i]);
+                int64_t b1 = first_block_at(w, hi - starts[i]);
+                if (b1 > w->blocks) b1 = w->blocks;
+                const Stepsize *f = w->factored ? fac + i : NULL;
+                for (int64_t b = b0; b < b1; b++) DISPATCH_VOID(w->dtype, small_block, w, b, mine, f, clock);
+            }
+        }
+        /* 3. large blocks, each split over the threads */
+        for (int32_t i = 0; i < count; i++) {
+            const Work *w = items + i;
+            if (w->period <= KEEP_MAX) continue;
+            for (int64_t b = 0; b < w->blocks; b++) {
+                GEFEN_TICK(t0);
+                const int64_t j0 = w->period * t / nt, j1 = w->period * (t + 1) / nt;
+                const int parity = (int)(b & 1);
+                const float old = w->magnitude[b];
+                float old_v = w->vmean ? w->vmean[b] : 0.0f, part = 0.0f;
+                tops[parity][t] = DISPATCH(w->dtype, large_pass_a, w, b, j0, j1, &part);
+                sums[parity][t] = part;
+                GEFEN_TOCK(t0, clock[STAGE_LARGE_A]);
+                _Pragma("omp barrier")
+                GEFEN_TOCK(t0, clock[STAGE_WAIT]);
+                uint32_t top = 0;
+                float sum = 0.0f;
+                for (int k = 0; k < nt; k++) {
+                    top = tops[parity][k] > top ? tops[parity][k] : top;
+                    sum += sums[parity][k];
+                }
+                const float mag = bits_f32(top);
+                Stepsize st;
+                if (w->factored) { st = fac[i]; st.factored_scale = (mag * w->h.lr) * w->h.inv_bias1; }
+                else {
+                    memset(&st, 0, sizeof st);
+                    float ss = w->dtype == 1 ? block_stepsize_bf16(sum, w->period, &old_v, &w->h)
+                                             : block_stepsize_f32(sum, w->period, &old_v, &w->h);
+                    st.block_scale = (mag * ss) * w->h.lr;
+                }
+                DISPATCH_VOID(w->dtype, large_pass_b, w, b, j0, j1, old, mag, &st);
+                if (t == 0) {
+                    w->magnitude[b] = mag;
+                    if (w->vmean) w->vmean[b] = old_v;
+                }
+                GEFEN_TOCK(t0, clock[STAGE_LARGE_B]);
+            }
+        }
+    }
+#ifdef GEFEN_PROFILE
+    for (int k = 0; k < threads; k++)
+        for (int s = 0; s < STAGE_COUNT; s++) profile_clock[s] += clocks[k][s];
+    GEFEN_TOCK(call_start, profile_clock[STAGE_CALL]);
+#endif
+    free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts);
+    return 0;
+}
+
+/* Seconds spent per stage (summed over threads) since the last call, and reset. */
+int gefen_profile_read(double *out, int32_t n) {
+    for (int s = 0; s < STAGE_COUNT && s < n; s++) { out[s] = profile_clock[s]; profile_clock[s] = 0.0; }
+#ifdef GEFEN_PROFILE
+    return STAGE_COUNT;
+#else
+    return 0;
+#endif
+}
 
 /* The codes and decoded values of n normalised values, by the same lookups as pass B (for tests). */
 void gefen_nearest_codes(const float *u, int64_t n, const Table *tab, uint8_t *codes, float *decoded) {
