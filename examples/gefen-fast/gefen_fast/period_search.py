@@ -71,25 +71,48 @@ def _kernel_input(grad: torch.Tensor) -> Optional[torch.Tensor]:
     return flat.contiguous()
 
 
-def _plan(candidates: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each period: where its block sums come from (-1: the gradient, else the largest
-    smaller period dividing it) and the last period that derives from it."""
-    sources = np.full(len(candidates), -1, dtype=np.int32)
-    last_use = np.full(len(candidates), -1, dtype=np.int32)
-    for i, p in enumerate(candidates):
-        for j in range(i - 1, -1, -1):
-            if p % candidates[j] == 0:
+#: The longest tile whose levels are summed in registers (MAX_TILE in csrc/period_search.c).
+_MAX_TILE = 256
+
+
+def _plan(periods: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The order the kernel computes the periods in and where each one's block sums come from.
+
+    First the chain q, q^2, ... (q the smallest period, each dividing the next, up to 256) summed
+    tile by tile in one pass (source -2: no level array for them but the last); then the others
+    ascending, each from the largest earlier period that divides it and has a level array (source
+    index), else from the gradient (-1). ``last_use[i]`` is the last period deriving from ``i``.
+    Returns ``(order, sources, last_use)``.
+    """
+    chain = []
+    if periods:
+        q = periods[0]
+        power = q
+        while power in periods and power <= _MAX_TILE:
+            chain.append(power)
+            power *= q
+    rest = [p for p in periods if p not in chain]
+    order = chain + rest
+    sources = np.full(len(order), -1, dtype=np.int32)
+    last_use = np.full(len(order), -1, dtype=np.int32)
+    sources[: len(chain)] = -2
+    usable = [len(chain) - 1] if chain else []
+    for i in range(len(chain), len(order)):
+        p = order[i]
+        for j in sorted(usable, key=lambda j: -order[j]):
+            if p % order[j] == 0:
                 sources[i] = j
                 last_use[j] = i
                 break
-    return sources, last_use
+        usable.append(i)
+    return order, sources, last_use
 
 
 def statistics(flat: torch.Tensor, periods: list[int]) -> Optional[tuple[np.ndarray, float]]:
     """``(G, T)`` for the periods (each dividing ``flat.numel()``), or None for a non-finite gradient."""
     lib = native.library()
-    sources, last_use = _plan(periods)
-    p = np.asarray(periods, dtype=np.int64)
+    order, sources, last_use = _plan(periods)
+    p = np.asarray(order, dtype=np.int64)
     g_out = np.zeros(len(periods), dtype=np.float64)
     t_out = np.zeros(1, dtype=np.float64)
     status = getattr(lib, f"gefen_period_statistics_{_SUFFIX[flat.dtype]}")(
@@ -101,7 +124,8 @@ def statistics(flat: torch.Tensor, periods: list[int]) -> Optional[tuple[np.ndar
     if status != 0:
         raise MemoryError("gefen_fast: the period search could not allocate its block sums") if status == -1 \
             else RuntimeError(f"gefen_fast: period statistics failed with status {status}")
-    return g_out, float(t_out[0])
+    by_period = dict(zip(order, g_out))
+    return np.asarray([by_period[q] for q in periods]), float(t_out[0])
 
 
 def decide(n: int, candidates: list[int], G: np.ndarray, T: float) -> Optional[int]:

@@ -146,3 +146,107 @@ def test_aliased_parameter_and_gradient_are_left_to_torch():
     flat = torch.zeros(64)
     assert not kernels.handles(flat[:32], flat[16:48])
     assert kernels.handles(flat[:32], flat[32:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+def test_large_blocks_in_16_bit(dtype, factored):
+    """Blocks above the kept scratch, split over the threads, in bf16 and fp16."""
+    shapes = {"big": (2, 65536 + 512), "other": (64,)}
+    kw = dict(shapes=shapes, periods={"big": 65536 + 512, "other": 64}, steps=2, factored_v_2d=factored)
+    _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)
+
+
+def test_parameters_that_are_views_of_one_flat_buffer():
+    """FSDP-style flat parameters: each parameter a contiguous view at an offset of one buffer."""
+    def views(params):
+        flat = torch.cat([p.detach().reshape(-1) for p in params.values()])
+        out, at = {}, 0
+        for name, p in params.items():
+            out[name] = torch.nn.Parameter(flat[at:at + p.numel()].view(p.shape))
+            at += p.numel()
+        return out
+    for factored in (False, True):
+        kw = dict(params_fn=views, factored_v_2d=factored)
+        _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+
+
+def test_non_contiguous_gradients():
+    """Gradients that are transposed views or strided slices are read in logical order."""
+    class Strided(gefen_fast.Gefen):
+        pass
+
+    def run(cls):
+        g = torch.Generator().manual_seed(8)
+        params = {"w": torch.nn.Parameter(torch.randn(40, 48, generator=g)),
+                  "v": torch.nn.Parameter(torch.randn(96, generator=g))}
+        opt = cls(list(params.items()), factored_v_2d=True)
+        for step in range(4):
+            params["w"].grad = torch.randn(48, 40, generator=g).t()
+            params["v"].grad = torch.randn(192, generator=g)[::2]
+            opt.step()
+        return params, opt
+
+    ref, fast = run(reference.Gefen), run(Strided)
+    assert not fast[0]["w"].grad.is_contiguous()
+    _compare(ref, fast, torch.float32)
+
+
+def test_zero_frozen_and_non_finite_gradients():
+    """An all-zero gradient (zero magnitude: the whole block normalises to 0), a frozen parameter,
+    and an infinite gradient (outside the conformance domain, but the momentum still follows the
+    reference: SPEC 1.8.8 step 4 on a NaN or infinite magnitude)."""
+    def run(cls):
+        g = torch.Generator().manual_seed(9)
+        params = {"zero": torch.nn.Parameter(torch.randn(64, 32, generator=g)),
+                  "frozen": torch.nn.Parameter(torch.randn(16, generator=g), requires_grad=False),
+                  "inf": torch.nn.Parameter(torch.randn(128, generator=g))}
+        opt = cls(list(params.items()), factored_v_2d=False)
+        for step in range(3):
+            params["zero"].grad = torch.zeros(64, 32) if step else torch.randn(64, 32, generator=g)
+            params["inf"].grad = torch.randn(128, generator=g)
+            if step == 2:
+                params["inf"].grad[5] = float("inf")
+            opt.step()
+        return params, opt
+
+    (p_ref, o_ref), (p_fast, o_fast) = run(reference.Gefen), run(gefen_fast.Gefen)
+    assert "step" not in o_fast.state[p_fast["frozen"]]
+    for name in ("zero", "inf"):
+        for key in ("m_codebook", "m_magnitude"):
+            assert torch.equal(o_fast.state[p_fast[name]][key], o_ref.state[p_ref[name]][key]), (name, key)
+    torch.testing.assert_close(p_fast["zero"].detach(), p_ref["zero"].detach(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_thread_counts_give_the_reference_momentum(threads):
+    """Any thread count: the momentum is the reference's bit for bit (only sums may reassociate)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        shapes = {"big": (4, 65536), "mid": (256, 512), "small": (300,)}
+        kw = dict(shapes=shapes, periods={"big": 131072, "mid": 2048, "small": 300}, steps=2, factored_v_2d=True)
+        _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_a_failed_orchestration_still_updates_the_parameters_it_reached():
+    """The kernels run after the reference's orchestration; if it raises part-way, the parameters
+    it had reached are updated, as the reference would have left them."""
+    def run(cls):
+        g = torch.Generator().manual_seed(10)
+        a = torch.nn.Parameter(torch.randn(64, generator=g))
+        b = torch.nn.Parameter(torch.randn(64, generator=g))
+        opt = cls([("a", a), ("b", b)], factored_v_2d=False)
+        a.grad, b.grad = torch.randn(64, generator=g), torch.randn(64, generator=g)
+        opt.step()
+        opt.state[b]["step"] = 5  # as if restored
+        del opt.state[b]["m_codebook"]  # b's state is now malformed: the orchestration fails on it
+        a.grad, b.grad = torch.randn(64, generator=g), torch.randn(64, generator=g)
+        with pytest.raises(Exception):
+            opt.step()
+        return a.detach().clone(), opt.state[a]["step"]
+
+    assert run(gefen_fast.Gefen)[1] == run(reference.Gefen)[1]
+    torch.testing.assert_close(run(gefen_fast.Gefen)[0], run(reference.Gefen)[0], rtol=1e-5, atol=1e-7)

@@ -32,29 +32,74 @@ typedef struct {
 
 static inline double free_cost(double sxx, double sx, double sw) { return sxx - (sx * sx) / sw; }
 
+/* cand[s - s_lo] for starts s_lo..top of end e (a loop the compiler vectorises) */
+static void evaluate(const Layer *L, int64_t e, int64_t s_lo, int64_t top, double *restrict cand) {
+    const double pw = L->PW[e], px = L->PX[e], pxx = L->PXX[e];
+    const double *restrict PW = L->PW + s_lo - 1, *restrict PX = L->PX + s_lo - 1;
+    const double *restrict PXX = L->PXX + s_lo - 1, *restrict prev = L->prev + s_lo - 1;
+    const int64_t count = top - s_lo + 1;
+    for (int64_t i = 0; i < count; i++)
+        cand[i] = prev[i] + free_cost(pxx - PXX[i], px - PX[i], pw - PW[i]);
+}
+
+/* the minimum of cand[0..count) (all finite) */
+static double minimum(const double *cand, int64_t count) {
+    int64_t i = 0;
+    double best = INFINITY;
+#if GEFEN_AVX2
+    if (count >= 8) {
+        __m256d a = _mm256_loadu_pd(cand), b = _mm256_loadu_pd(cand + 4);
+        for (i = 8; i + 8 <= count; i += 8) {
+            a = _mm256_min_pd(a, _mm256_loadu_pd(cand + i));
+            b = _mm256_min_pd(b, _mm256_loadu_pd(cand + i + 4));
+        }
+        a = _mm256_min_pd(a, b);
+        __m128d m = _mm_min_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+        m = _mm_min_sd(m, _mm_unpackhi_pd(m, m));
+        best = _mm_cvtsd_f64(m);
+    }
+#endif
+    for (; i < count; i++) best = cand[i] < best ? cand[i] : best;
+    return best;
+}
+
+/* Below this many ends (and a window this narrow) the ends are scanned directly: the window
+   [s_lo, s_hi] of a range holds every end's leftmost minimiser (the cuts that made it are the
+   proven ones), so the first minimum over it is the full scan's answer, without the per-midpoint
+   work of the recursion. */
+#define DIRECT_ENDS 16
+#define DIRECT_WINDOW 256
+
 /* ends [e_lo, e_hi] with starts limited to [s_lo, s_hi] (s <= end always) */
 static void solve_range(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_lo, int64_t s_hi) {
+    double *cand = L->scratch;
     while (e_lo <= e_hi) {
+        if (e_hi - e_lo < DIRECT_ENDS && s_hi - s_lo < DIRECT_WINDOW) {
+            for (int64_t e = e_lo; e <= e_hi; e++) {
+                const int64_t top = s_hi < e ? s_hi : e;
+                evaluate(L, e, s_lo, top, cand);
+                const double best = minimum(cand, top - s_lo + 1);
+                int64_t i = 0;
+                while (cand[i] != best) i++;
+                L->dp[e] = best;
+                L->start_of[e] = (int16_t)(s_lo + i);
+            }
+            return;
+        }
         const int64_t mid = (e_lo + e_hi) >> 1;
         const int64_t top = s_hi < mid ? s_hi : mid;
-        const double pw = L->PW[mid], px = L->PX[mid], pxx = L->PXX[mid];
-        double best = INFINITY;
-        int64_t leftmost = -1;
-        double *cand = L->scratch;
-        for (int64_t s = s_lo; s <= top; s++) {
-            const int64_t before = s - 1;
-            double c = L->prev[before] + free_cost(pxx - L->PXX[before], px - L->PX[before], pw - L->PW[before]);
-            cand[s - s_lo] = c;
-        }
-        for (int64_t s = s_lo; s <= top; s++) {
-            if (cand[s - s_lo] < best) { best = cand[s - s_lo]; leftmost = s; }
-        }
+        const int64_t count = top - s_lo + 1;
+        evaluate(L, mid, s_lo, top, cand);
+        const double best = minimum(cand, count);
         const double limit = best + L->tol;
-        int64_t near_lo = top, near_hi = s_lo;
-        for (int64_t s = s_lo; s <= top; s++)
-            if (cand[s - s_lo] <= limit) { near_lo = s; break; }
-        for (int64_t s = top; s >= s_lo; s--)
-            if (cand[s - s_lo] <= limit) { near_hi = s; break; }
+        int64_t i = 0;
+        while (!(cand[i] <= limit)) i++;
+        const int64_t near_lo = s_lo + i;
+        while (cand[i] != best) i++;
+        const int64_t leftmost = s_lo + i;
+        int64_t j = count - 1;
+        while (!(cand[j] <= limit)) j--;
+        const int64_t near_hi = s_lo + j;
         L->dp[mid] = best;
         L->start_of[mid] = (int16_t)leftmost;
         /* the left half recursively (smaller), the right half by iteration */

@@ -61,6 +61,66 @@ static int level_sums_##S(const T *g, int64_t n, int64_t period, double *sums, d
     return bad ? PERIOD_NOT_FINITE : PERIOD_OK;                                                  \
 }
 
+/*
+ * tile_sums_S: the levels of a chain p_1 | p_2 | ... | p_k = tile (tile <= MAX_TILE) in one pass:
+ * each tile's x is summed in registers level by level, G(p_i) accumulated, and only the tile
+ * sums are stored (if sums != NULL). Also sum x^2 into *t_out.
+ */
+#define MAX_TILE 256
+#define DEFINE_TILE_SUMS(S, T)                                                                    \
+static int tile_sums_##S(const T *g, int64_t n, const int64_t *chain, int32_t k, double *sums,  \
+                         double *g_out, double *t_out, int threads) {                             \
+    const int64_t tile = chain[k - 1], tiles = n / tile;                                         \
+    threads = gefen_threads_for(n, threads);                                                     \
+    double totals[64] = {0}, x2_total = 0.0;                                                     \
+    int bad = 0;                                                                                 \
+    _Pragma("omp parallel num_threads(threads) reduction(+:x2_total) reduction(|:bad)")          \
+    {                                                                                            \
+        double local[64] = {0};                                                                  \
+        double level[MAX_TILE];                                                                  \
+        _Pragma("omp for schedule(static)")                                                      \
+        for (int64_t b = 0; b < tiles; b++) {                                                    \
+            const T *gb = g + b * tile;                                                          \
+            double q = 0.0;                                                                      \
+            _Pragma("omp simd reduction(+:q)")                                                   \
+            for (int64_t j = 0; j < tile; j++) {                                                 \
+                float y = LOAD_##S(gb[j]);                                                       \
+                double x = (double)(y * y);                                                      \
+                level[j] = x;                                                                    \
+                q += x * x;                                                                      \
+            }                                                                                    \
+            if (!isfinite(q)) bad = 1;                                                           \
+            x2_total += q;                                                                       \
+            int64_t width = 1, count = tile;                                                     \
+            for (int32_t i = 0; i < k; i++) {                                                    \
+                const int64_t ratio = chain[i] / width;                                          \
+                count /= ratio;                                                                  \
+                double squares = 0.0;                                                            \
+                for (int64_t c = 0; c < count; c++) {                                            \
+                    double v = 0.0;                                                              \
+                    for (int64_t r = 0; r < ratio; r++) v += level[c * ratio + r];               \
+                    level[c] = v;                                                                \
+                    squares += v * v;                                                            \
+                }                                                                                \
+                local[i] += squares;                                                             \
+                width = chain[i];                                                                \
+            }                                                                                    \
+            if (sums) sums[b] = level[0];                                                        \
+        }                                                                                        \
+        _Pragma("omp critical")                                                                  \
+        for (int32_t i = 0; i < k; i++) totals[i] += local[i];                                   \
+    }                                                                                            \
+    for (int32_t i = 0; i < k; i++) g_out[i] = totals[i];                                        \
+    *t_out = x2_total;                                                                           \
+    return bad ? PERIOD_NOT_FINITE : PERIOD_OK;                                                  \
+}
+
+DEFINE_TILE_SUMS(f32, float)
+DEFINE_TILE_SUMS(bf16, uint16_t)
+#if GEFEN_HALF
+DEFINE_TILE_SUMS(f16, uint16_t)
+#endif
+
 DEFINE_LEVEL_SUMS(f32, float)
 DEFINE_LEVEL_SUMS(bf16, uint16_t)
 #if GEFEN_HALF
@@ -88,7 +148,9 @@ static double derived_sums(const double *src, int64_t n, int64_t source_period, 
 /*
  * gefen_period_statistics_S(g, n, periods, sources, last_use, count, g_out, t_out, threads):
  * for each of `count` periods (each dividing n), G(p) into g_out[i]; T into *t_out.
- * sources[i]: -1 (from the gradient) or the index j < i of a period dividing periods[i];
+ * sources[i]: -2 (the first entries only: a chain, each dividing the next, the last at most
+ * MAX_TILE, summed tile by tile in one pass), -1 (from the gradient) or the index j < i of a
+ * period dividing periods[i] (a chain entry only if it is the chain's last);
  * last_use[i]: the last index whose source is i (or -1: no level is kept for it).
  */
 #define DEFINE_STATISTICS(S, T)                                                                   \
@@ -100,10 +162,29 @@ int gefen_period_statistics_##S(const T *g, int64_t n, const int64_t *periods,  
     if (!levels) return PERIOD_NO_MEMORY;                                                        \
     int status = PERIOD_OK, have_t = 0;                                                          \
     *t_out = 0.0;                                                                                \
-    for (int32_t i = 0; i < count && status == PERIOD_OK; i++) {                                 \
+    int32_t chain = 0;                                                                           \
+    while (chain < count && sources[chain] == -2) chain++;                                       \
+    if (chain > 64 || (chain > 0 && (periods[chain - 1] > MAX_TILE || n % periods[chain - 1]))) status = PERIOD_BAD_PLAN; \
+    for (int32_t i = 1; i < chain && status == PERIOD_OK; i++)                                   \
+        if (periods[i] % periods[i - 1]) status = PERIOD_BAD_PLAN;                               \
+    if (chain > 0 && status == PERIOD_OK) {                                                      \
+        double *sums = NULL;                                                                     \
+        if (last_use[chain - 1] >= chain) {                                                      \
+            sums = (double *)malloc((size_t)(n / periods[chain - 1]) * sizeof(double));          \
+            if (!sums) status = PERIOD_NO_MEMORY;                                                \
+        }                                                                                        \
+        if (status == PERIOD_OK) {                                                               \
+            int64_t chain_periods[64];                                                           \
+            for (int32_t i = 0; i < chain; i++) chain_periods[i] = periods[i];                   \
+            status = tile_sums_##S(g, n, chain_periods, chain, sums, g_out, t_out, threads);     \
+            have_t = 1;                                                                          \
+            levels[chain - 1] = sums;                                                            \
+        }                                                                                        \
+    }                                                                                            \
+    for (int32_t i = chain; i < count && status == PERIOD_OK; i++) {                             \
         const int64_t p = periods[i];                                                            \
         const int32_t src = sources[i];                                                          \
-        if (p < 1 || n % p != 0 || src >= i || (src >= 0 && (!levels[src] || p % periods[src]))) { \
+        if (p < 1 || n % p != 0 || src >= i || src < -1 || (src >= 0 && (!levels[src] || p % periods[src]))) { \
             status = PERIOD_BAD_PLAN;                                                            \
             break;                                                                               \
         }                                                                                        \
