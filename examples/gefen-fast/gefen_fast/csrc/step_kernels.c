@@ -536,7 +536,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     GEFEN_TICK(call_start);
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    int64_t keep_max = 0, max_cols = 0, roots_total = 0, row_sums_total = 0, small_total = 0;
+    int64_t keep_max = 0, cols_total = 0, roots_total = 0, row_sums_total = 0, small_total = 0;
     for (int32_t i = 0; i < count; i++) {
         const Work *w = items + i;
         if (w->dtype < 0 || w->dtype >= GEFEN_DTYPES) return -2;
@@ -548,7 +548,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
             small_total += w->blocks * w->period;
         }
         if (w->factored) {
-            max_cols = w->cols > max_cols ? w->cols : max_cols;
+            cols_total += w->cols;
             roots_total += w->rows + w->cols;
             row_sums_total += w->rows;
         }
@@ -558,23 +558,27 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     threads = gefen_threads_for(total_elements, threads);
     const size_t stride = ((size_t)keep_max + 15) & ~(size_t)15;
     float *keep = (float *)aligned_alloc(64, (size_t)threads * stride * sizeof(float) + 64);
-    float *parts = (float *)malloc(((size_t)threads * (size_t)max_cols + 1) * sizeof(float));
+    float *parts = (float *)malloc(((size_t)threads * (size_t)cols_total + 1) * sizeof(float));
     float *roots = (float *)malloc(((size_t)roots_total + 1) * sizeof(float));
     float *row_sums = (float *)malloc(((size_t)row_sums_total + 1) * sizeof(float));
     Stepsize *fac = (Stepsize *)calloc((size_t)count + 1, sizeof(Stepsize));
     int64_t *starts = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
+    int64_t *part_at = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
     last_scratch_bytes = (int64_t)((size_t)threads * stride * sizeof(float) + 64
-        + ((size_t)threads * (size_t)max_cols + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
-        + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + sizeof(int64_t)));
-    if (!keep || !parts || !roots || !row_sums || !fac || !starts) {
-        free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts);
+        + ((size_t)threads * (size_t)cols_total + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
+        + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + 2 * sizeof(int64_t)));
+    if (!keep || !parts || !roots || !row_sums || !fac || !starts || !part_at) {
+        free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at);
         return -1;
     }
     /* where each parameter's small blocks start in the concatenation; the factored layouts */
-    int64_t offset = 0, root_at = 0, row_at = 0;
+    int64_t offset = 0, root_at = 0, row_at = 0, col_at = 0;
+    int any_factored = 0;
     for (int32_t i = 0; i < count; i++) {
         const Work *w = items + i;
         starts[i] = offset;
+        part_at[i] = col_at * threads;
+        if (w->factored) { col_at += w->cols; any_factored = 1; }
         if (w->period <= KEEP_MAX) offset += w->blocks * w->period;
         if (w->factored) {
             fac[i].row_root = roots + root_at;
@@ -599,31 +603,46 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
         GEFEN_THREAD_IDS(t, nt);
         double *clock = clocks[t];
         (void)clock;
-        /* 1. factored second moments */
-        for (int32_t i = 0; i < count; i++) {
-            const Work *w = items + i;
-            if (!w->factored) continue;
+        /* 1. factored second moments: every thread sums its rows of every factored parameter
+              (row sums, and column sums into its own partials), then after one barrier the columns
+              of all of them are combined in parallel and each parameter's rows by one thread */
+        if (any_factored) {
             GEFEN_TICK(t0);
-            const int64_t rows = w->rows, cols = w->cols;
-            float *rs = row_sums + (int64_t)fac[i].block_scale;
-            float *part = parts + (size_t)t * (size_t)cols;
-            memset(part, 0, (size_t)cols * sizeof(float));
-            DISPATCH_VOID(w->dtype, moment_rows, w, rows * t / nt, rows * (t + 1) / nt, part, rs);
+            for (int32_t i = 0; i < count; i++) {
+                const Work *w = items + i;
+                if (!w->factored) continue;
+                float *rs = row_sums + (int64_t)fac[i].block_scale;
+                float *part = parts + (size_t)part_at[i] + (size_t)t * (size_t)w->cols;
+                memset(part, 0, (size_t)w->cols * sizeof(float));
+                DISPATCH_VOID(w->dtype, moment_rows, w, w->rows * t / nt, w->rows * (t + 1) / nt, part, rs);
+            }
             GEFEN_TOCK(t0, clock[STAGE_MOMENTS]);
             _Pragma("omp barrier")
             GEFEN_TOCK(t0, clock[STAGE_WAIT]);
-            const Hyper *h = &w->h;
-            float *col_root = (float *)fac[i].col_root, *row_root = (float *)fac[i].row_root;
-            _Pragma("omp for schedule(static)")
-            for (int64_t c = 0; c < cols; c++) {
-                float total = parts[c];
-                for (int k = 1; k < nt; k++) total += parts[(size_t)k * (size_t)cols + c];
-                float v = fmaf(h->one_minus_beta2, total / (float)rows, w->v_col[c] * h->beta2);
-                w->v_col[c] = v;
-                col_root[c] = sqrtf(v);
+            for (int32_t i = 0; i < count; i++) {
+                const Work *w = items + i;
+                if (!w->factored) continue;
+                const Hyper *h = &w->h;
+                const int64_t rows = w->rows, cols = w->cols;
+                const float *p0 = parts + (size_t)part_at[i];
+                float *col_root = (float *)fac[i].col_root;
+                _Pragma("omp for schedule(static) nowait")
+                for (int64_t c = 0; c < cols; c++) {
+                    float total = p0[c];
+                    for (int k = 1; k < nt; k++) total += p0[(size_t)k * (size_t)cols + c];
+                    float v = fmaf(h->one_minus_beta2, total / (float)rows, w->v_col[c] * h->beta2);
+                    w->v_col[c] = v;
+                    col_root[c] = sqrtf(v);
+                }
             }
-            _Pragma("omp single")
-            {
+            _Pragma("omp for schedule(static) nowait")
+            for (int32_t i = 0; i < count; i++) {
+                const Work *w = items + i;
+                if (!w->factored) continue;
+                const Hyper *h = &w->h;
+                const int64_t rows = w->rows, cols = w->cols;
+                const float *rs = row_sums + (int64_t)fac[i].block_scale;
+                float *row_root = (float *)fac[i].row_root;
                 float total = 0.0f;
                 for (int64_t r = 0; r < rows; r++) {
                     float v = fmaf(h->one_minus_beta2, rs[r] / (float)cols, w->v_row[r] * h->beta2);
@@ -635,6 +654,8 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                 for (int64_t r = 0; r < rows; r++) row_root[r] = sqrtf((w->v_row[r] / mu) / h->bias2);
             }
             GEFEN_TOCK(t0, clock[STAGE_MOMENTS]);
+            _Pragma("omp barrier")
+            GEFEN_TOCK(t0, clock[STAGE_WAIT]);
         }
         /* 2. small blocks: this thread's share of the concatenated elements */
         {
@@ -694,7 +715,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
         for (int s = 0; s < STAGE_COUNT; s++) profile_clock[s] += clocks[k][s];
     GEFEN_TOCK(call_start, profile_clock[STAGE_CALL]);
 #endif
-    free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts);
+    free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at);
     return 0;
 }
 
