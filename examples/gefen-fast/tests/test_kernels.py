@@ -250,3 +250,29 @@ def test_a_failed_orchestration_still_updates_the_parameters_it_reached():
 
     assert run(gefen_fast.Gefen)[1] == run(reference.Gefen)[1]
     torch.testing.assert_close(run(gefen_fast.Gefen)[0], run(reference.Gefen)[0], rtol=1e-5, atol=1e-7)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    """Work is split in fixed pieces and partial sums are added in piece order: parameters and
+    state are bitwise the same with 1, 2 or 3 threads (block and factored, small and large blocks)."""
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            shapes = {"big": (4, 65536), "mid": (256, 512), "small": (300,)}
+            for factored in (False, True):
+                results.append((threads, factored, _run(gefen_fast.Gefen, torch.float32, shapes=shapes, steps=2,
+                                                         periods={"big": 131072, "mid": 2048, "small": 300},
+                                                         factored_v_2d=factored)))
+    finally:
+        torch.set_num_threads(previous)
+    for factored in (False, True):
+        runs = [r for t, f, r in results if f == factored]
+        (p1, o1) = runs[0]
+        for params, opt in runs[1:]:
+            for name in p1:
+                assert torch.equal(params[name], p1[name]), name
+                for key, value in o1.state[p1[name]].items():
+                    if torch.is_tensor(value):
+                        assert torch.equal(opt.state[params[name]][key], value), (name, key)

@@ -521,14 +521,21 @@ static inline int64_t first_block_at(const Work *w, int64_t offset) {
     return offset <= 0 ? 0 : (offset + w->period - 1) / w->period;
 }
 
+/* Work is handed out in fixed pieces, taken by whichever thread is free (a thread descheduled on
+   a busy machine then delays one piece, not half the step), and every partial sum is taken per
+   piece and added in piece order: the results do not depend on the thread count or the schedule. */
+#define SMALL_CHUNK ((int64_t)1 << 16)   /* elements of small blocks per piece */
+#define LARGE_PIECES 16                  /* pieces of one large block */
+#define MOMENT_PIECES 8                  /* row pieces of one factored parameter */
+
 /*
  * gefen_step_batch: one optimizer step for `count` parameters (SPEC 1.8 / 1.9 each), in one
  * parallel region of `threads` threads:
- *   1. the factored second moments (SPEC 1.9.3 steps 3-5), parameter by parameter: rows split
- *      over the threads (one column partial per thread, added in thread order), then columns;
- *   2. every block of at most KEEP_MAX elements, of all parameters, split over the threads by
- *      elements (each thread a contiguous range of blocks);
- *   3. larger blocks one at a time, each split over the threads.
+ *   1. the factored second moments (SPEC 1.9.3 steps 3-5) of all factored parameters: row pieces
+ *      (row sums, column sums per piece), one barrier, then the columns and each parameter's rows;
+ *   2. every block of at most KEEP_MAX elements, of all parameters, in pieces of about
+ *      SMALL_CHUNK elements (whole blocks);
+ *   3. larger blocks one at a time, pass A and pass B each in LARGE_PIECES pieces.
  * Returns 0; -1 when scratch memory could not be allocated, -2 for an unknown dtype, -3 for a
  * malformed item. In both error cases nothing was changed.
  */
@@ -537,12 +544,14 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     int64_t keep_max = 0, cols_total = 0, roots_total = 0, row_sums_total = 0, small_total = 0;
+    int64_t total_elements = 0, moment_jobs = 0;
     for (int32_t i = 0; i < count; i++) {
         const Work *w = items + i;
         if (w->dtype < 0 || w->dtype >= GEFEN_DTYPES) return -2;
         if (w->period < 1 || w->blocks < 0) return -3;
         if (w->factored && (w->rows < 1 || w->cols < 1 || w->rows * w->cols != w->blocks * w->period)) return -3;
         if (!w->factored && !w->vmean) return -3;
+        total_elements += w->blocks * w->period;
         if (w->period <= KEEP_MAX) {
             keep_max = w->period > keep_max ? w->period : keep_max;
             small_total += w->blocks * w->period;
@@ -551,34 +560,34 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
             cols_total += w->cols;
             roots_total += w->rows + w->cols;
             row_sums_total += w->rows;
+            moment_jobs += MOMENT_PIECES;
         }
     }
-    int64_t total_elements = 0;
-    for (int32_t i = 0; i < count; i++) total_elements += items[i].blocks * items[i].period;
     threads = gefen_threads_for(total_elements, threads);
     const size_t stride = ((size_t)keep_max + 15) & ~(size_t)15;
+    const int64_t chunks = (small_total + SMALL_CHUNK - 1) / SMALL_CHUNK;
     float *keep = (float *)aligned_alloc(64, (size_t)threads * stride * sizeof(float) + 64);
-    float *parts = (float *)malloc(((size_t)threads * (size_t)cols_total + 1) * sizeof(float));
+    float *parts = (float *)malloc(((size_t)MOMENT_PIECES * (size_t)cols_total + 1) * sizeof(float));
     float *roots = (float *)malloc(((size_t)roots_total + 1) * sizeof(float));
     float *row_sums = (float *)malloc(((size_t)row_sums_total + 1) * sizeof(float));
     Stepsize *fac = (Stepsize *)calloc((size_t)count + 1, sizeof(Stepsize));
     int64_t *starts = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
     int64_t *part_at = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
+    int32_t *moment_item = (int32_t *)malloc(((size_t)moment_jobs + 1) * sizeof(int32_t));
     last_scratch_bytes = (int64_t)((size_t)threads * stride * sizeof(float) + 64
-        + ((size_t)threads * (size_t)cols_total + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
-        + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + 2 * sizeof(int64_t)));
-    if (!keep || !parts || !roots || !row_sums || !fac || !starts || !part_at) {
-        free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at);
+        + ((size_t)MOMENT_PIECES * (size_t)cols_total + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
+        + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + 2 * sizeof(int64_t))
+        + ((size_t)moment_jobs + 1) * sizeof(int32_t));
+    if (!keep || !parts || !roots || !row_sums || !fac || !starts || !part_at || !moment_item) {
+        free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at); free(moment_item);
         return -1;
     }
     /* where each parameter's small blocks start in the concatenation; the factored layouts */
-    int64_t offset = 0, root_at = 0, row_at = 0, col_at = 0;
-    int any_factored = 0;
+    int64_t offset = 0, root_at = 0, row_at = 0, col_at = 0, job = 0;
     for (int32_t i = 0; i < count; i++) {
         const Work *w = items + i;
         starts[i] = offset;
-        part_at[i] = col_at * threads;
-        if (w->factored) { col_at += w->cols; any_factored = 1; }
+        part_at[i] = col_at * MOMENT_PIECES;
         if (w->period <= KEEP_MAX) offset += w->blocks * w->period;
         if (w->factored) {
             fac[i].row_root = roots + root_at;
@@ -586,14 +595,16 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
             fac[i].cols = w->cols;
             fac[i].eps = w->h.eps;
             fac[i].inv_bias1 = w->h.inv_bias1;
-            root_at += w->rows + w->cols;
             fac[i].block_scale = (float)row_at; /* where its row sums go (read back below) */
+            root_at += w->rows + w->cols;
             row_at += w->rows;
+            col_at += w->cols;
+            for (int k = 0; k < MOMENT_PIECES; k++) moment_item[job++] = i;
         }
     }
     starts[count] = offset;
-    uint32_t tops[2][MAX_THREADS];
-    float sums[2][MAX_THREADS];
+    uint32_t tops[2][LARGE_PIECES];
+    float sums[2][LARGE_PIECES];
     double clocks[MAX_THREADS][STAGE_COUNT];
     memset(clocks, 0, sizeof clocks);
 
@@ -601,24 +612,24 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     {
         int t = 0, nt = 1;
         GEFEN_THREAD_IDS(t, nt);
+        (void)nt;
         double *clock = clocks[t];
         (void)clock;
-        /* 1. factored second moments: every thread sums its rows of every factored parameter
-              (row sums, and column sums into its own partials), then after one barrier the columns
-              of all of them are combined in parallel and each parameter's rows by one thread */
-        if (any_factored) {
+        /* 1. factored second moments */
+        if (moment_jobs) {
             GEFEN_TICK(t0);
-            for (int32_t i = 0; i < count; i++) {
+            _Pragma("omp for schedule(dynamic, 1)")
+            for (int64_t j = 0; j < moment_jobs; j++) {
+                const int32_t i = moment_item[j];
                 const Work *w = items + i;
-                if (!w->factored) continue;
+                const int64_t piece = j % MOMENT_PIECES;
                 float *rs = row_sums + (int64_t)fac[i].block_scale;
-                float *part = parts + (size_t)part_at[i] + (size_t)t * (size_t)w->cols;
+                float *part = parts + (size_t)part_at[i] + (size_t)piece * (size_t)w->cols;
                 memset(part, 0, (size_t)w->cols * sizeof(float));
-                DISPATCH_VOID(w->dtype, moment_rows, w, w->rows * t / nt, w->rows * (t + 1) / nt, part, rs);
+                DISPATCH_VOID(w->dtype, moment_rows, w, w->rows * piece / MOMENT_PIECES,
+                              w->rows * (piece + 1) / MOMENT_PIECES, part, rs);
             }
             GEFEN_TOCK(t0, clock[STAGE_MOMENTS]);
-            _Pragma("omp barrier")
-            GEFEN_TOCK(t0, clock[STAGE_WAIT]);
             for (int32_t i = 0; i < count; i++) {
                 const Work *w = items + i;
                 if (!w->factored) continue;
@@ -629,13 +640,13 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                 _Pragma("omp for schedule(static) nowait")
                 for (int64_t c = 0; c < cols; c++) {
                     float total = p0[c];
-                    for (int k = 1; k < nt; k++) total += p0[(size_t)k * (size_t)cols + c];
+                    for (int k = 1; k < MOMENT_PIECES; k++) total += p0[(size_t)k * (size_t)cols + c];
                     float v = fmaf(h->one_minus_beta2, total / (float)rows, w->v_col[c] * h->beta2);
                     w->v_col[c] = v;
                     col_root[c] = sqrtf(v);
                 }
             }
-            _Pragma("omp for schedule(static) nowait")
+            _Pragma("omp for schedule(dynamic, 1) nowait")
             for (int32_t i = 0; i < count; i++) {
                 const Work *w = items + i;
                 if (!w->factored) continue;
@@ -657,38 +668,46 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
             _Pragma("omp barrier")
             GEFEN_TOCK(t0, clock[STAGE_WAIT]);
         }
-        /* 2. small blocks: this thread's share of the concatenated elements */
+        /* 2. small blocks, in pieces of whole blocks */
         {
-            const int64_t lo = small_total * t / nt, hi = small_total * (t + 1) / nt;
             float *mine = keep + (size_t)t * stride;
-            for (int32_t i = 0; i < count && starts[i] < hi; i++) {
-                const Work *w = items + i;
-                if (w->period > KEEP_MAX || starts[i + 1] <= lo) continue;
-                int64_t b0 = first_block_at(w, lo - starts[i]);
-                int64_t b1 = first_block_at(w, hi - starts[i]);
-                if (b1 > w->blocks) b1 = w->blocks;
-                const Stepsize *f = w->factored ? fac + i : NULL;
-                for (int64_t b = b0; b < b1; b++) DISPATCH_VOID(w->dtype, small_block, w, b, mine, f, clock);
+            _Pragma("omp for schedule(dynamic, 1) nowait")
+            for (int64_t chunk = 0; chunk < chunks; chunk++) {
+                const int64_t lo = chunk * SMALL_CHUNK, hi = lo + SMALL_CHUNK;
+                int32_t i = 0;
+                while (starts[i + 1] <= lo) i++;  /* the parameter holding element lo */
+                for (; i < count && starts[i] < hi; i++) {
+                    const Work *w = items + i;
+                    if (w->period > KEEP_MAX) continue;
+                    int64_t b0 = first_block_at(w, lo - starts[i]);
+                    int64_t b1 = first_block_at(w, hi - starts[i]);
+                    if (b1 > w->blocks) b1 = w->blocks;
+                    const Stepsize *f = w->factored ? fac + i : NULL;
+                    for (int64_t b = b0; b < b1; b++) DISPATCH_VOID(w->dtype, small_block, w, b, mine, f, clock);
+                }
             }
         }
-        /* 3. large blocks, each split over the threads */
+        /* 3. large blocks, each in pieces */
+        int64_t large_seen = 0;
         for (int32_t i = 0; i < count; i++) {
             const Work *w = items + i;
             if (w->period <= KEEP_MAX) continue;
-            for (int64_t b = 0; b < w->blocks; b++) {
+            for (int64_t b = 0; b < w->blocks; b++, large_seen++) {
                 GEFEN_TICK(t0);
-                const int64_t j0 = w->period * t / nt, j1 = w->period * (t + 1) / nt;
-                const int parity = (int)(b & 1);
+                const int parity = (int)(large_seen & 1);
                 const float old = w->magnitude[b];
-                float old_v = w->vmean ? w->vmean[b] : 0.0f, part = 0.0f;
-                tops[parity][t] = DISPATCH(w->dtype, large_pass_a, w, b, j0, j1, &part);
-                sums[parity][t] = part;
+                float old_v = w->vmean ? w->vmean[b] : 0.0f;
+                _Pragma("omp for schedule(dynamic, 1)")
+                for (int k = 0; k < LARGE_PIECES; k++) {
+                    float part = 0.0f;
+                    tops[parity][k] = DISPATCH(w->dtype, large_pass_a, w, b, w->period * k / LARGE_PIECES,
+                                               w->period * (k + 1) / LARGE_PIECES, &part);
+                    sums[parity][k] = part;
+                }
                 GEFEN_TOCK(t0, clock[STAGE_LARGE_A]);
-                _Pragma("omp barrier")
-                GEFEN_TOCK(t0, clock[STAGE_WAIT]);
                 uint32_t top = 0;
                 float sum = 0.0f;
-                for (int k = 0; k < nt; k++) {
+                for (int k = 0; k < LARGE_PIECES; k++) {
                     top = tops[parity][k] > top ? tops[parity][k] : top;
                     sum += sums[parity][k];
                 }
@@ -701,8 +720,12 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                                              : block_stepsize_f32(sum, w->period, &old_v, &w->h);
                     st.block_scale = (mag * ss) * w->h.lr;
                 }
-                DISPATCH_VOID(w->dtype, large_pass_b, w, b, j0, j1, old, mag, &st);
-                if (t == 0) {
+                _Pragma("omp for schedule(dynamic, 1) nowait")
+                for (int k = 0; k < LARGE_PIECES; k++)
+                    DISPATCH_VOID(w->dtype, large_pass_b, w, b, w->period * k / LARGE_PIECES,
+                                  w->period * (k + 1) / LARGE_PIECES, old, mag, &st);
+                _Pragma("omp single nowait")
+                {
                     w->magnitude[b] = mag;
                     if (w->vmean) w->vmean[b] = old_v;
                 }
@@ -715,7 +738,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
         for (int s = 0; s < STAGE_COUNT; s++) profile_clock[s] += clocks[k][s];
     GEFEN_TOCK(call_start, profile_clock[STAGE_CALL]);
 #endif
-    free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at);
+    free(keep); free(parts); free(roots); free(row_sums); free(fac); free(starts); free(part_at); free(moment_item);
     return 0;
 }
 
