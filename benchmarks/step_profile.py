@@ -18,8 +18,10 @@ benchmark models of ``step_time.py`` through it. Per steady step:
   large-block phases); the remainder up to the call's wall time is the end-of-region barrier and
   the scratch allocation.
 
-Each stage's bytes are the memory it must touch; ``x roofline`` is its time over bytes / copy
-bandwidth (measured in the same run, as in step_time.py). Then the first step, split into its parts.
+Each stage's bytes are the memory it must touch; ``x roofline`` is its (median) time over bytes /
+copy bandwidth (measured in the same run, as in step_time.py); ``min`` is the least of the steps,
+the figure least disturbed by other processes on a shared machine. Then the first step, split into
+its parts (best of 3).
 """
 
 from __future__ import annotations
@@ -94,21 +96,23 @@ def steady_profile(lib, size, dtype_name, factored, steps, bandwidth):
     mode = "factored" if factored else "block"
     print(f"\n{size} {dtype_name} fast/{mode}: step {wall * 1e3:.2f} ms (median of {steps}), "
           f"{threads} threads, {large / numel:.0%} of the elements in blocks > 65536")
-    print(f"  {'stage':12s} {'ms/step':>8s} {'share':>6s} {'ns/elem':>8s} {'MB/step':>8s} {'GB/s':>6s} {'x roofline':>10s}")
+    print(f"  {'stage':12s} {'ms/step':>8s} {'min':>8s} {'share':>6s} {'ns/elem':>8s} {'MB/step':>8s} {'GB/s':>6s} {'x roofline':>10s}")
     element = torch.tensor([], dtype=dtype).element_size()
-    rows = [("python", wall - call, 0.0)]
+    python = [w - c for w, c in zip(walls, stages["call"])]
+    rows = [("python", statistics.median(python), min(python), 0.0)]
     accounted = 0.0
     for s in STAGES[:-1]:
         t = statistics.median(stages[s])
         accounted += t
-        rows.append((s, t, stage_bytes(s, element, factored, large / numel, numel)))
-    rows.append(("other", max(call - accounted, 0.0), 0.0))
-    for name, t, moved in rows:
+        rows.append((s, t, min(stages[s]), stage_bytes(s, element, factored, large / numel, numel)))
+    rows.append(("other", max(call - accounted, 0.0), None, 0.0))
+    for name, t, least, moved in rows:
         if t < 1e-6 and moved == 0:
             continue
         gbs = f"{moved / t / 1e9:6.1f}" if moved and t > 0 else f"{'':>6s}"
         roof = f"{t / (moved / bandwidth):9.2f}x" if moved else f"{'':>10s}"
-        print(f"  {name:12s} {t * 1e3:8.3f} {t / wall:6.1%} {t / numel * 1e9:8.3f} {moved / 1e6:8.1f} {gbs} {roof}")
+        low = f"{least * 1e3:8.3f}" if least is not None else f"{'':>8s}"
+        print(f"  {name:12s} {t * 1e3:8.3f} {low} {t / wall:6.1%} {t / numel * 1e9:8.3f} {moved / 1e6:8.1f} {gbs} {roof}")
     total_bytes = (3 * element + 2) * numel
     print(f"  whole step: {total_bytes / 1e6:.1f} MB minimum, {wall / (total_bytes / bandwidth):.2f}x the copy roofline")
 

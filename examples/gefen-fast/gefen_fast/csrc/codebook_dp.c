@@ -66,7 +66,7 @@ static double minimum(const double *cand, int64_t count) {
    [s_lo, s_hi] of a range holds every end's leftmost minimiser (the cuts that made it are the
    proven ones), so the first minimum over it is the full scan's answer, without the per-midpoint
    work of the recursion. Four ends are scanned at once, one per lane, start by start. */
-#define DIRECT_ENDS 16
+#define DIRECT_ENDS 8
 #define DIRECT_WINDOW 256
 
 /* ends e0..e1 (at most 4) scanned over starts s_lo..min(s_hi, end): the same float64 operations
