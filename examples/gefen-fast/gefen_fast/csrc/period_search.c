@@ -77,7 +77,7 @@ static int tile_sums_##S(const T *g, int64_t n, const int64_t *chain, int32_t k,
     _Pragma("omp parallel num_threads(threads) reduction(+:x2_total) reduction(|:bad)")          \
     {                                                                                            \
         double local[64] = {0};                                                                  \
-        double level[MAX_TILE];                                                                  \
+        double level[MAX_TILE], other[MAX_TILE];                                                 \
         _Pragma("omp for schedule(static)")                                                      \
         for (int64_t b = 0; b < tiles; b++) {                                                    \
             const T *gb = g + b * tile;                                                          \
@@ -92,20 +92,31 @@ static int tile_sums_##S(const T *g, int64_t n, const int64_t *chain, int32_t k,
             if (!isfinite(q)) bad = 1;                                                           \
             x2_total += q;                                                                       \
             int64_t width = 1, count = tile;                                                     \
+            double *from = level, *to = other;                                                   \
             for (int32_t i = 0; i < k; i++) {                                                    \
                 const int64_t ratio = chain[i] / width;                                          \
                 count /= ratio;                                                                  \
                 double squares = 0.0;                                                            \
-                for (int64_t c = 0; c < count; c++) {                                            \
-                    double v = 0.0;                                                              \
-                    for (int64_t r = 0; r < ratio; r++) v += level[c * ratio + r];               \
-                    level[c] = v;                                                                \
-                    squares += v * v;                                                            \
+                if (ratio == 2) {                                                                \
+                    _Pragma("omp simd reduction(+:squares)")                                     \
+                    for (int64_t c = 0; c < count; c++) {                                        \
+                        double v = from[2 * c] + from[2 * c + 1];                                \
+                        to[c] = v;                                                               \
+                        squares += v * v;                                                        \
+                    }                                                                            \
+                } else {                                                                         \
+                    for (int64_t c = 0; c < count; c++) {                                        \
+                        double v = 0.0;                                                          \
+                        for (int64_t r = 0; r < ratio; r++) v += from[c * ratio + r];            \
+                        to[c] = v;                                                               \
+                        squares += v * v;                                                        \
+                    }                                                                            \
                 }                                                                                \
                 local[i] += squares;                                                             \
                 width = chain[i];                                                                \
+                double *swap = from; from = to; to = swap;                                       \
             }                                                                                    \
-            if (sums) sums[b] = level[0];                                                        \
+            if (sums) sums[b] = from[0];                                                         \
         }                                                                                        \
         _Pragma("omp critical")                                                                  \
         for (int32_t i = 0; i < k; i++) totals[i] += local[i];                                   \
