@@ -44,15 +44,17 @@ def native_half() -> bool:
     return bool(native.capabilities() & native.CAP_HALF)
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    return start, start + (last + 1) * t.element_size()
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory spans of two tensors intersect."""
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    def span(t):
-        start = t.data_ptr()
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
-        return start, start + (last + 1) * t.element_size()
-    (a0, a1), (b0, b1) = span(a), span(b)
+    (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 < b1 and b0 < a1
 
 
@@ -93,15 +95,15 @@ class CodewordTables:
         return entry[0]
 
 
-def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A live state tensor, made contiguous in place of the original if it is not; its size and
-    dtype checked, because the kernels write ``numel`` elements through its pointer."""
+def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> int:
+    """The address of a live state tensor, made contiguous in place of the original if it is not;
+    its size and dtype checked, because the kernels write ``numel`` elements through it."""
     t = state[key]
-    if not torch.is_tensor(t) or t.numel() != numel or t.dtype != dtype or t.device.type != "cpu":
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.numel() != numel or t.device.type != "cpu":
         raise _Unsuitable(key)
     if not t.is_contiguous():
         t = state[key] = t.contiguous()
-    return t
+    return t.data_ptr()
 
 
 class _Unsuitable(Exception):
@@ -109,11 +111,9 @@ class _Unsuitable(Exception):
 
 
 def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay: bool) -> native.Hyper:
-    return native.Hyper(
-        w=1 - hyper.beta1, beta2=hyper.beta2, one_minus_beta2=1 - hyper.beta2, bias2=bias2_operand,
-        eps=hyper.eps, inv_bias1=1.0 / bias1, lr=hyper.lr, decay=decay, apply_decay=int(apply_decay),
-        threads=0,
-    )
+    """Field by field: w, beta2, 1 - beta2, the bias-2 operand, eps, 1/bc1, lr, decay (``native.Hyper``)."""
+    return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bias1,
+                        hyper.lr, decay, int(apply_decay), 0)
 
 
 class _Buffers:
@@ -183,9 +183,10 @@ def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: Codewo
             rows, cols = param.shape
             v_row = _state(state, "v_row", rows, torch.float32)
             v_col = _state(state, "v_col", cols, torch.float32)
+            vmean = 0
             counter = "factored_step"
         else:
-            rows = cols = 0
+            rows = cols = v_row = v_col = 0
             vmean = _state(state, "vmean", blocks, torch.float32)
             counter = "vmean_step"
     except _Unsuitable:
@@ -195,13 +196,10 @@ def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: Codewo
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
     work = native.Work(
-        p=buffers.staged.data_ptr(), g=buffers.grad.data_ptr(), idx=indices.data_ptr(),
-        magnitude=magnitude.data_ptr(), vmean=0 if factored else vmean.data_ptr(),
-        v_row=v_row.data_ptr() if factored else 0, v_col=v_col.data_ptr() if factored else 0,
-        tab=ctypes.pointer(tables.get(codebook, grad.dtype)),
-        blocks=blocks, period=period, rows=rows, cols=cols,
-        h=_hyper(hyper, bias2 if factored else math.sqrt(bias2), bias1, decay, buffers.apply_decay),
-        dtype=buffers.dtype_code, factored=int(factored),
+        buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices, magnitude, vmean, v_row, v_col,
+        ctypes.pointer(tables.get(codebook, grad.dtype)), blocks, period, rows, cols,
+        _hyper(hyper, bias2 if factored else math.sqrt(bias2), bias1, decay, buffers.apply_decay),
+        buffers.dtype_code, int(factored),
     )
     return Pending(work, buffers, state, counter)
 
