@@ -1,8 +1,10 @@
-"""From torch tensors and a group's hyperparameters to one call of a C kernel (:mod:`gefen_fast.native`).
+"""From torch tensors and a group's hyperparameters to the C step kernels (:mod:`gefen_fast.native`).
 
-This module rounds every scalar once, as SPEC 1.8.5-1.8.7 and 1.9.3 say (Python double,
-then fp32), advances the counters, and hands the kernels the live tensors' memory, so
-parameters and state are updated in place (SPEC 5.4.3). The kernels read fp32, bf16 and fp16
+:func:`prepare` turns one parameter's step into a work item: every scalar rounded once, as SPEC
+1.8.5-1.8.7 and 1.9.3 say (Python double, then fp32), with the bias corrections of the next
+counters, and the live tensors' memory, so parameters and state are updated in place (SPEC
+5.4.3). :func:`run` hands all items of a step to one kernel call and then commits them (counters
+advanced, staged copies written back); until then nothing has changed. The kernels read fp32, bf16 and fp16
 parameters directly (fp16 through an fp32 copy where the library was built without fp16
 support). A parameter or gradient that is not contiguous goes through a contiguous copy; a
 parameter the kernels cannot take safely (another device or dtype, a gradient of another dtype,
@@ -23,7 +25,6 @@ from . import codeword_table, native
 
 #: Parameter dtypes the CPU kernels handle; anything else uses the reference's torch path.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 @lru_cache(maxsize=1)
@@ -113,7 +114,7 @@ class _Unsuitable(Exception):
 def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay: bool) -> native.Hyper:
     """Field by field: w, beta2, 1 - beta2, the bias-2 operand, eps, 1/bc1, lr, decay (``native.Hyper``)."""
     return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bias1,
-                        hyper.lr, decay, int(apply_decay), 0)
+                        hyper.lr, decay, int(apply_decay))
 
 
 class _Buffers:

@@ -28,7 +28,7 @@ from . import _build
 
 BuildError = _build.BuildError
 #: The structure layout and signatures below; the library must report the same.
-ABI_VERSION = 2
+ABI_VERSION = 3
 CAP_AVX2, CAP_HALF = 1, 2
 
 
@@ -44,7 +44,6 @@ class Hyper(ctypes.Structure):
         ("w", ctypes.c_float), ("beta2", ctypes.c_float), ("one_minus_beta2", ctypes.c_float),
         ("bias2", ctypes.c_float), ("eps", ctypes.c_float), ("inv_bias1", ctypes.c_float),
         ("lr", ctypes.c_float), ("decay", ctypes.c_float), ("apply_decay", ctypes.c_int32),
-        ("threads", ctypes.c_int32),
     ]
 
 

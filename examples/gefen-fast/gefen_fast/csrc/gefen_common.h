@@ -48,7 +48,7 @@ static inline int gefen_threads_for(int64_t work, int threads) {
 }
 
 /* Bumped whenever a structure or a signature changes: Python refuses a library of another version. */
-#define GEFEN_ABI_VERSION 2
+#define GEFEN_ABI_VERSION 3
 
 /* The nearest-codeword table (gefen_fast/codeword_table.py). A normalised value u in [-1, 1] has
  * the cell int(r32(u + 1) * 4096) in [0, 8192]; NaN has cell 8193. Within a cell the rule of
@@ -81,7 +81,6 @@ typedef struct {
     float lr;               /* r32(lr) */
     float decay;            /* r32(1 - lr * wd) */
     int32_t apply_decay;
-    int32_t threads;
 } Hyper;
 
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -1,28 +1,29 @@
 /*
- * The steady step: the block-vmean step (SPEC 1.8) and the factored step (SPEC 1.9) of one
- * parameter, in place, one pass over memory.
+ * The steady step: the block-vmean step (SPEC 1.8) and the factored step (SPEC 1.9) of all
+ * parameters of one optimizer step, in place, in one call (gefen_step_batch, at the end).
  *
  * A block (period P consecutive elements) needs its new magnitude (a maximum over the whole
  * block) before any element can be requantised, so each block is visited twice:
  *   pass A: read g and the old indices; decode, lerp (SPEC 1.8.8 steps 1-2), keep the lerped
  *           momentum in a per-thread scratch, the absolute maximum (step 3) and, in block mode,
- *           the sum of squares (SPEC 1.8.3);
+ *           the sum of squares (SPEC 1.8.3), then the stepsize (SPEC 1.8.7);
  *   pass B: normalise, nearest codeword by the cell table (steps 4-5), store the index, decode,
  *           update the parameter (steps 6-7, SPEC 1.8.6 weight decay first).
- * Blocks up to KEEP_MAX elements are spread over threads whole, and the second visit reads the
+ * Blocks up to KEEP_MAX elements are handed to the threads whole, and the second visit reads the
  * kept momentum from the cache: memory is read once (p, g, indices) and written once (p, indices).
- * Larger blocks are split over the threads instead (a reduction of maximum and sum between the
- * passes) and pass B recomputes the lerp from g and the old index.
+ * Larger blocks are cut into pieces (a maximum and a sum over the pieces between the passes) and
+ * pass B recomputes the lerp from g and the old index.
  *
  * Arithmetic is fp32, one rounding per operation; the lerp is a true fused multiply-add (fmaf /
  * vfmadd). Differences from the reference, all inside the tolerance profile (SPEC 5.6.1): the
  * association of fp32 sums (block sums, row and column sums), the IEEE square root (SPEC 1.13.1),
- * the stepsize as inv_bias1 / den (factored) and the update as q * r32(r32(mag * ss) * lr) (block)
- * or r32(q * ss) * r32(mag * lr) (factored). The momentum (indices, magnitudes) depends on none of
+ * the factored stepsize's reciprocal (hardware estimate and a Newton step, within 2 ulp) and the
+ * order of the update's products: q * r32(r32(mag * ss) * lr) (block), r32(q * r32(1/den)) *
+ * r32(r32(mag * lr) * inv_bias1) (factored). The momentum (indices, magnitudes) depends on none of
  * them and equals the reference's bit for bit.
  *
  * Storage types: fp32, bf16 and fp16 (uint16 bit patterns); the parameter and gradient share it.
- * All pointers of one call refer to distinct, non-overlapping buffers (Python checks).
+ * All pointers of one item refer to distinct, non-overlapping buffers (Python checks).
  */
 #include "gefen_common.h"
 
