@@ -1,4 +1,4 @@
-"""The nearest-codeword rule of SPEC 1.7 as a small table the kernels index in O(1).
+"""The nearest-codeword rule of SPEC 1.7 as a table the kernels index in O(1), one comparison per value.
 
 SPEC 1.7.1 defines the index of a value ``u`` by a lower-bound search over the sorted
 codebook followed by one fp32 distance comparison (ties to the lower index). As a function
@@ -10,19 +10,19 @@ of ``u`` that rule is piecewise constant. It changes only at
 * the value ``t`` of a run of duplicate codewords at indices ``a < b``: ``u <= t`` picks
   ``a`` and ``u > t`` picks ``b`` (SPEC 1.7.3).
 
-So with the sorted change points ``T[0] < T[1] < ...`` and the results ``R[0], R[1], ...``
-between them, ``index(u) = R[number of T below u]``. The kernels find that count from the
-cell of ``u``: [-1, 1] is cut into ``CELLS`` equal cells and ``first[cell]`` is the number of
-change points below the cell; then at most two comparisons finish it:
-``index = R[j + (u > T[j]) + (u > T[j + 1])]`` with ``j = first[cell]``. That is exact as long
-as no cell holds more than two change points. Codebooks learned by SPEC 1.6 always satisfy
-this (distinct codewords are at least one histogram bin, 2**-11, apart, so change points are
-about 2**-12 apart or more, and a cell is 2**-12 wide). A codebook that does not (a loaded
-one can be anything sorted with endpoints -1 and +1) gets ``exact=False`` and the kernels
-use the plain lower-bound search. Everything fits in 24 KiB, so lookups hit the L1 cache.
+The kernels cut [-1, 1] into ``CELLS`` cells by ``cell(u) = int(r32(u + 1) * 4096)`` (monotone in
+``u``; NaN has its own cell) and read one 16-byte entry per value: the change point ``t`` inside
+the cell (``+inf`` if none), the codes ``lo`` and ``hi`` on either side of it and their decoded
+values (the codewords rounded to the gradient dtype, SPEC 1.8.8). So ``index(u) = hi if u > t
+else lo``, exact as long as no cell holds two change points. Codebooks learned by SPEC 1.6 in
+the DP case always satisfy this: distinct codewords are at least one histogram bin (2**-11)
+apart, so their decision thresholds are too, and a cell is 2**-12 wide. Codebooks that do not (a
+padding codebook whose duplicated top centre sits next to +1, or any loaded codebook: anything
+sorted with endpoints -1 and +1) get ``use_cells=False`` and the kernels use the plain
+lower-bound search.
 
-The table is checked against the rule itself at every change point and its fp32
-neighbours before it is used (:func:`build`), so a wrong table is never used.
+The table is checked against the rule itself at every change point, every cell boundary and
+their fp32 neighbours before it is used (:func:`build`), so a wrong table is never used.
 """
 
 from __future__ import annotations
@@ -33,34 +33,49 @@ import numpy as np
 import torch
 
 CODEBOOK_SIZE = 256
-#: Cells over [-1, 1]; a value's cell is ``int(r32(u + 1) * CELLS / 2)`` (CELLS + 1 entries, u = 1 included).
+#: Cells over [-1, 1]; u = 1 has cell CELLS, NaN has NAN_CELL.
 CELLS = 1 << 13
-#: Change points a cell may hold for the table to be exact (the comparisons the kernels make).
-POINTS_PER_CELL = 2
-#: Room for every change point of 256 codewords (at most 2 per run boundary and duplicate run).
-MAX_POINTS = 2 * CODEBOOK_SIZE
+NAN_CELL = CELLS + 1
 CELL_SCALE = np.float32(CELLS // 2)
-#: Slack added to each cell's range when collecting change points, far above the rounding of ``u + 1``.
-_CELL_SLACK = 2.0 ** -20
+#: One kernel table entry (``Cell`` in csrc/gefen_common.h).
+CELL_DTYPE = np.dtype([("t", "<f4"), ("lo_val", "<f4"), ("hi_val", "<f4"), ("codes", "<i4")])
+
+
+def cell_of(values: np.ndarray) -> np.ndarray:
+    """The kernels' cell of fp32 ``values`` in [-1, 1] (NaN: ``NAN_CELL``)."""
+    v = np.asarray(values, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        x = (v + np.float32(1.0)) * CELL_SCALE
+        cells = np.clip(np.nan_to_num(x, nan=0.0), 0, CELLS).astype(np.int64)
+    return np.where(np.isnan(v), NAN_CELL, cells)
 
 
 @dataclass(frozen=True)
 class CodewordTable:
-    """Everything a kernel needs to quantize against one codebook."""
+    """The structure of one codebook's cell table (the decoded values depend on the gradient dtype)."""
 
     codebook: np.ndarray    # fp32[256], the search codebook
-    first: np.ndarray       # uint16[CELLS + 1]: change points below each cell
-    points: np.ndarray      # fp32[MAX_POINTS + 2]: the change points, padded with +inf
-    results: np.ndarray     # int32[MAX_POINTS + 3]: the index between consecutive points
-    exact: bool             # False: the kernels must use the lower-bound search
+    threshold: np.ndarray   # fp32[CELLS + 2]: the change point inside each cell, +inf if none
+    lo: np.ndarray          # int32[CELLS + 2]: the code at or below the change point
+    hi: np.ndarray          # int32[CELLS + 2]: the code above it
+    use_cells: bool         # False: some cell holds two change points, the kernels must search
 
     def indices(self, values: np.ndarray) -> np.ndarray:
         """The table's answer for fp32 ``values`` in [-1, 1], as the kernels compute it."""
         v = np.asarray(values, dtype=np.float32)
-        cell = np.clip(((v + np.float32(1.0)) * CELL_SCALE).astype(np.int64), 0, CELLS)
-        j = self.first[cell].astype(np.int64)
-        j = j + (v > self.points[j]) + (v > self.points[j + 1])
-        return self.results[j].astype(np.uint8)
+        cell = cell_of(v)
+        with np.errstate(invalid="ignore"):
+            above = v > self.threshold[cell]
+        return np.where(above, self.hi[cell], self.lo[cell]).astype(np.uint8)
+
+    def cells(self, decode: np.ndarray) -> np.ndarray:
+        """The kernel entries for the decoded codewords ``decode`` (fp32[256], SPEC 1.8.8 step 1)."""
+        entries = np.empty(CELLS + 2, dtype=CELL_DTYPE)
+        entries["t"] = self.threshold
+        entries["lo_val"] = decode[self.lo]
+        entries["hi_val"] = decode[self.hi]
+        entries["codes"] = self.lo | ((self.hi - self.lo) << 16)
+        return entries
 
 
 def rule_indices(codebook: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -70,84 +85,105 @@ def rule_indices(codebook: np.ndarray, values: np.ndarray) -> np.ndarray:
     upper = np.searchsorted(cb, v, side="left")
     left = np.clip(upper - 1, 0, CODEBOOK_SIZE - 1)
     right = np.clip(upper, 0, CODEBOOK_SIZE - 1)
-    left_wins = np.abs(v - cb[left]) <= np.abs(v - cb[right])
+    with np.errstate(invalid="ignore"):
+        left_wins = np.abs(v - cb[left]) <= np.abs(v - cb[right])
     return np.where(left_wins, left, right).astype(np.uint8)
 
 
-def _ordered(x: np.float32) -> int:
-    """An integer that orders like the fp32 value (``-0.0`` and ``+0.0`` adjacent)."""
-    bits = int(np.asarray(x, dtype=np.float32).view(np.int32))
-    return bits if bits >= 0 else -(bits & 0x7FFFFFFF) - 1
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """int64 keys that order like the fp32 values (``-0.0`` and ``+0.0`` adjacent)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+    return np.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
 
 
-def _from_ordered(k: int) -> np.float32:
-    bits = k if k >= 0 else (-(k + 1)) | -0x80000000
-    return np.asarray(bits, dtype=np.int32).view(np.float32)[()]
+def _from_ordered(k: np.ndarray) -> np.ndarray:
+    bits = np.where(k >= 0, k, (-(k + 1)) | -0x80000000)
+    return bits.astype(np.int32).view(np.float32)
 
 
-def _decision_threshold(c_left: np.float32, c_right: np.float32) -> np.float32:
-    """The largest fp32 ``u`` in [cL, cR] whose distance to cL does not exceed that to cR.
+def decision_thresholds(c_left: np.ndarray, c_right: np.ndarray) -> np.ndarray:
+    """For each pair ``cL < cR``: the largest fp32 ``u`` in [cL, cR] whose distance to cL does not
+    exceed that to cR.
 
-    The predicate is monotone in ``u`` (both fp32 subtractions are), true at cL and false
-    at cR, so a binary search over the fp32 values in between finds the threshold exactly.
+    The predicate is monotone in ``u`` (both fp32 subtractions are), true at cL and false at cR,
+    so a binary search over the fp32 values in between finds each threshold exactly; all pairs
+    are searched at once.
     """
-    def left_wins(u):
-        return abs(np.float32(u - c_left)) <= abs(np.float32(u - c_right))
-
-    lo, hi = _ordered(c_left), _ordered(c_right)  # left_wins(lo) holds, left_wins(hi) does not
-    while hi - lo > 1:
+    c_left = np.asarray(c_left, dtype=np.float32)
+    c_right = np.asarray(c_right, dtype=np.float32)
+    lo, hi = _ordered(c_left), _ordered(c_right)  # left wins at lo, loses at hi
+    while True:
+        open_ = hi - lo > 1
+        if not open_.any():
+            return _from_ordered(lo)
         mid = (lo + hi) // 2
-        if left_wins(_from_ordered(mid)):
-            lo = mid
-        else:
-            hi = mid
-    return _from_ordered(lo)
+        u = _from_ordered(mid)
+        left_wins = np.abs(u - c_left) <= np.abs(u - c_right)
+        lo = np.where(open_ & left_wins, mid, lo)
+        hi = np.where(open_ & ~left_wins, mid, hi)
 
 
 def change_points(codebook: np.ndarray) -> tuple[list, list]:
     """``(thresholds, results)``: the rule gives ``results[j]`` for ``thresholds[j-1] < u <= thresholds[j]``."""
     cb = np.asarray(codebook, dtype=np.float32)
-    runs = []  # (value, first index, last index)
-    start = 0
-    for i in range(1, CODEBOOK_SIZE + 1):
-        if i == CODEBOOK_SIZE or cb[i] != cb[start]:
-            runs.append((cb[start], start, i - 1))
-            start = i
+    starts = np.flatnonzero(np.concatenate([[True], cb[1:] != cb[:-1]]))
+    ends = np.concatenate([starts[1:], [CODEBOOK_SIZE]]) - 1
+    values = cb[starts]
+    between = decision_thresholds(values[:-1], values[1:]) if len(values) > 1 else []
     thresholds, results = [], []
-    for d, (value, first, last) in enumerate(runs):
+    for d in range(len(starts)):
+        first, last = int(starts[d]), int(ends[d])
         results.append(first)
         if last != first:
-            thresholds.append(value)
+            thresholds.append(values[d])
             results.append(last)
-        if d + 1 < len(runs):
-            thresholds.append(_decision_threshold(value, runs[d + 1][0]))
+        if d + 1 < len(starts):
+            thresholds.append(between[d])
     return thresholds, results
 
 
+def _probes(thresholds: np.ndarray) -> np.ndarray:
+    """Every change point and cell boundary with its fp32 neighbours, and the special values."""
+    boundaries = (np.arange(CELLS + 1, dtype=np.float32) / CELL_SCALE - np.float32(1.0)).astype(np.float32)
+    points = np.concatenate([thresholds.astype(np.float32), boundaries])
+    near = [points]
+    for direction in (np.float32(-2.0), np.float32(2.0)):
+        step = points
+        for _ in range(2):
+            step = np.nextafter(step, direction, dtype=np.float32)
+            near.append(step)
+    special = np.asarray([-1.0, -0.0, 0.0, 1.0, np.nan], dtype=np.float32)
+    return np.concatenate(near + [special]).clip(-1.0, 1.0)
+
+
 def build(codebook: torch.Tensor) -> CodewordTable:
-    """The table for a sorted fp32[256] codebook (SPEC 1.6.2), verified against the rule."""
+    """The cell table for a sorted fp32[256] codebook (SPEC 1.6.2), verified against the rule."""
     cb = codebook.detach().to("cpu", torch.float32).numpy().copy()
     if cb.shape != (CODEBOOK_SIZE,):
         raise ValueError(f"a codebook has {CODEBOOK_SIZE} fp32 codewords, got shape {cb.shape}")
     thresholds, results = change_points(cb)
-    t = np.asarray(thresholds, dtype=np.float64)
-    lows = -1.0 + np.arange(CELLS + 1, dtype=np.float64) / float(CELL_SCALE) - _CELL_SLACK
-    highs = lows + 1.0 / float(CELL_SCALE) + 2 * _CELL_SLACK
-    first = np.searchsorted(t, lows, side="left")  # change points strictly below the cell (with slack)
-    inside = np.searchsorted(t, highs, side="left") - first
-    points = np.full(MAX_POINTS + 2, np.inf, dtype=np.float32)
-    points[: len(thresholds)] = thresholds
-    padded = np.full(MAX_POINTS + 3, results[-1], dtype=np.int32)
-    padded[: len(results)] = results
-    table = CodewordTable(cb, first.astype(np.uint16), points, padded,
-                          bool(inside.max(initial=0) <= POINTS_PER_CELL))
-    if table.exact:
-        probes = [np.float32(-1.0), np.float32(0.0), np.float32(1.0)]
-        for x in thresholds:
-            probes += [np.nextafter(x, np.float32(-2), dtype=np.float32), x, np.nextafter(x, np.float32(2), dtype=np.float32)]
-        probes = np.clip(np.asarray(probes, dtype=np.float32), -1.0, 1.0)
+    t = np.asarray(thresholds, dtype=np.float32)
+    r = np.asarray(results, dtype=np.int32)
+    at = cell_of(t)
+    after = cell_of(np.nextafter(t, np.float32(2.0), dtype=np.float32))
+    internal = at == after  # the answer changes between t and its successor, inside one cell
+    # the answer at the first value of each cell: every switch that happened by then
+    switch_cell = np.where(internal, at + 1, after)
+    before = np.cumsum(np.bincount(switch_cell, minlength=CELLS + 3))[: CELLS + 2]
+    threshold = np.full(CELLS + 2, np.inf, dtype=np.float32)
+    lo = r[before].astype(np.int32)
+    hi = lo.copy()
+    per_cell = np.bincount(at[internal], minlength=CELLS + 2)
+    inside = np.flatnonzero(internal)
+    threshold[at[inside]] = t[inside]
+    hi[at[inside]] = r[np.minimum(before[at[inside]] + 1, len(r) - 1)]
+    threshold[NAN_CELL], lo[NAN_CELL], hi[NAN_CELL] = np.inf, CODEBOOK_SIZE - 1, CODEBOOK_SIZE - 1
+    use_cells = bool(per_cell.max(initial=0) <= 1)
+    table = CodewordTable(cb, threshold, lo, hi, use_cells)
+    if use_cells:
+        probes = _probes(t)
         if not np.array_equal(table.indices(probes), rule_indices(cb, probes)):
-            table = CodewordTable(cb, table.first, points, padded, False)
+            table = CodewordTable(cb, threshold, lo, hi, False)
     return table
 
 

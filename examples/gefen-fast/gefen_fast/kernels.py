@@ -1,14 +1,20 @@
-"""From torch tensors and a group's hyperparameters to one call of a C kernel (:mod:`gefen_fast.native`).
+"""From torch tensors and a group's hyperparameters to the C step kernels (:mod:`gefen_fast.native`).
 
-This module rounds every scalar once, as SPEC 1.8.5-1.8.7 and 1.9.3 say (Python double,
-then fp32), advances the counters, and hands the kernels the live tensors' memory, so
-parameters and state are updated in place (SPEC 5.4.3). fp16 tensors take an fp32 copy
-(the C kernels handle fp32 and bf16): the gradient widens exactly, and the parameter is
-rounded back once, after weight decay was applied in its own dtype as SPEC 1.8.6 says.
+:func:`prepare` turns one parameter's step into a work item: every scalar rounded once, as SPEC
+1.8.5-1.8.7 and 1.9.3 say (Python double, then fp32), with the bias corrections of the next
+counters, and the live tensors' memory, so parameters and state are updated in place (SPEC
+5.4.3). :func:`run` hands all items of a step to one kernel call and then commits them (counters
+advanced, staged copies written back); until then nothing has changed. The kernels read fp32, bf16 and fp16
+parameters directly (fp16 through an fp32 copy where the library was built without fp16
+support). A parameter or gradient that is not contiguous goes through a contiguous copy; a
+parameter the kernels cannot take safely (another device or dtype, a gradient of another dtype,
+memory shared between the parameter and its gradient, state of an unexpected size) is left to
+the reference's torch step (:func:`handles`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import warnings
 from functools import lru_cache
@@ -23,7 +29,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether the C kernels could be built and loaded; if not, say why once and use torch."""
+    """Whether the C kernels could be loaded; if not, say why once and use torch."""
     try:
         native.library()
     except native.BuildError as exc:
@@ -33,12 +39,34 @@ def available() -> bool:
     return True
 
 
+@lru_cache(maxsize=1)
+def native_half() -> bool:
+    """Whether the library has fp16 kernels (else fp16 is staged through fp32 copies)."""
+    return bool(native.capabilities() & native.CAP_HALF)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two tensors intersect."""
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
 def handles(param: torch.Tensor, grad: torch.Tensor) -> bool:
     """True when a CPU kernel updates this (local) parameter."""
     return (
         param.device.type == "cpu" and grad.device.type == "cpu"
         and param.dtype in KERNEL_DTYPES and grad.dtype == param.dtype
+        and param.numel() == grad.numel()
         and available()
+        and not _overlap(param, grad)
     )
 
 
@@ -50,58 +78,66 @@ class CodewordTables:
         self._codebook = None
         self._version = None
         self._table = None
-        self._decode = {}
+        self._structs = {}
 
-    def get(self, codebook: torch.Tensor, grad_dtype: torch.dtype):
+    def get(self, codebook: torch.Tensor, grad_dtype: torch.dtype) -> native.Table:
         if codebook is not self._codebook or codebook._version != self._version:
             self._table = codeword_table.build(codebook)
             self._codebook, self._version = codebook, codebook._version
-            self._decode = {}
-        if grad_dtype not in self._decode:
+            self._structs = {}
+        entry = self._structs.get(grad_dtype)
+        if entry is None:
             decode = codeword_table.dequantization_table(codebook, grad_dtype)
-            t = self._table
-            struct = native.Table(decode.ctypes.data, t.codebook.ctypes.data, t.first.ctypes.data,
-                                  t.points.ctypes.data, t.results.ctypes.data, int(t.exact))
-            self._decode[grad_dtype] = (struct, decode)  # the arrays stay alive with the struct
-        return self._decode[grad_dtype][0]
+            cells = self._table.cells(decode)
+            search = self._table.codebook
+            struct = native.Table(cells.ctypes.data, decode.ctypes.data, search.ctypes.data,
+                                  int(self._table.use_cells))
+            entry = self._structs[grad_dtype] = (struct, cells, decode, search)  # arrays live with the struct
+        return entry[0]
 
 
-def _pointer(t: torch.Tensor) -> int:
+def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> int:
+    """The address of a live state tensor, made contiguous in place of the original if it is not;
+    its size and dtype checked, because the kernels write ``numel`` elements through it."""
+    t = state[key]
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.numel() != numel or t.device.type != "cpu":
+        raise _Unsuitable(key)
+    if not t.is_contiguous():
+        t = state[key] = t.contiguous()
     return t.data_ptr()
 
 
-def _state(state: dict, key: str) -> torch.Tensor:
-    """A live state tensor, made contiguous in place of the original if it is not."""
-    if not state[key].is_contiguous():
-        state[key] = state[key].contiguous()
-    return state[key]
+class _Unsuitable(Exception):
+    """The state does not have the layout the kernels write through; the torch step takes it."""
 
 
 def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay: bool) -> native.Hyper:
-    return native.Hyper(
-        w=1 - hyper.beta1, beta2=hyper.beta2, one_minus_beta2=1 - hyper.beta2, bias2=bias2_operand,
-        eps=hyper.eps, inv_bias1=1.0 / bias1, lr=hyper.lr, decay=decay, apply_decay=int(apply_decay),
-        threads=torch.get_num_threads(),
-    )
+    """Field by field: w, beta2, 1 - beta2, the bias-2 operand, eps, 1/bc1, lr, decay (``native.Hyper``)."""
+    return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bias1,
+                        hyper.lr, decay, int(apply_decay))
 
 
 class _Buffers:
-    """The parameter and gradient as kernel buffers; ``finish()`` writes a staged parameter back."""
+    """The parameter and gradient as kernel buffers; ``finish()`` writes a staged parameter back.
+
+    Contiguous fp32/bf16/fp16 tensors are used in place; a non-contiguous one goes through a
+    contiguous copy, and fp16 without native kernels through fp32 copies with the weight decay
+    applied first in fp16 (SPEC 1.8.6).
+    """
 
     def __init__(self, param: torch.Tensor, grad: torch.Tensor, decay: float):
         self.param = param
         self.work = param.detach() if param.is_contiguous() else param.detach().contiguous()
-        if param.dtype == torch.float16:
-            if decay != 1.0:
+        self.grad = grad.detach() if grad.is_contiguous() else grad.detach().contiguous()
+        self.staged = self.work
+        self.apply_decay = decay != 1.0
+        if param.dtype == torch.float16 and not native_half():
+            if self.apply_decay:
                 self.work.mul_(decay)  # rP(r32(p) * r32(1 - lr*wd)), SPEC 1.8.6
             self.staged = self.work.float()
-            self.grad = grad.detach().float().contiguous()
+            self.grad = self.grad.float()
             self.apply_decay = False
-        else:
-            self.staged = self.work
-            self.grad = grad.detach().contiguous()
-            self.apply_decay = decay != 1.0
-        self.suffix = "bf16" if self.staged.dtype == torch.bfloat16 else "f32"
+        self.dtype_code = _DTYPE_CODE[self.staged.dtype]
 
     def finish(self) -> None:
         if self.staged is not self.work:
@@ -110,60 +146,75 @@ class _Buffers:
             self.param.detach().copy_(self.work)
 
 
-def _check(status: int) -> None:
-    if status != 0:
-        raise MemoryError("gefen_fast: a kernel could not allocate its scratch memory")
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+class Pending:
+    """One parameter's prepared step: the kernel's work item and what to commit after it ran."""
+
+    __slots__ = ("work", "buffers", "state", "counter")
+
+    def __init__(self, work, buffers, state, counter):
+        self.work, self.buffers, self.state, self.counter = work, buffers, state, counter
+
+    def commit(self) -> None:
+        self.buffers.finish()
+        self.state["step"] += 1
+        self.state[self.counter] += 1
 
 
 def _decay(hyper) -> float:
     return 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
 
 
-def block_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
-                 codebook: torch.Tensor, hyper) -> None:
-    """SPEC 1.8 for one CPU parameter (its local tensor); ``state`` already initialised."""
-    table = tables.get(codebook, grad.dtype)
-    state["step"] += 1
-    state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    decay = _decay(hyper)
-    buffers = _Buffers(param, grad, decay)
-    magnitude = _state(state, "m_magnitude")
+def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
+            codebook: torch.Tensor, hyper, factored: bool):
+    """The kernel work for SPEC 1.8 (block) or 1.9 (factored) of one CPU parameter (its local
+    tensor, state initialised), or None when the state's layout does not fit the kernels (then
+    the torch step takes it). Nothing changes until :func:`run` commits it."""
+    n = grad.numel()
     period = int(state["automatic_period"])
-    kernel = getattr(native.library(), f"gefen_block_step_{buffers.suffix}")
-    status = kernel(
-        _pointer(buffers.staged), _pointer(buffers.grad), _pointer(_state(state, "m_codebook")),
-        _pointer(magnitude), _pointer(_state(state, "vmean")), magnitude.numel(), period,
-        table, _hyper(hyper, math.sqrt(bias2), bias1, decay, buffers.apply_decay),
-    )
-    _check(status)
-    buffers.finish()
-
-
-def factored_update(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
-                    codebook: torch.Tensor, hyper) -> None:
-    """SPEC 1.9 for one plain 2-D CPU parameter; ``state`` already initialised."""
-    table = tables.get(codebook, grad.dtype)
-    rows, cols = param.shape
-    state["step"] += 1
-    state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    if period < 1 or n == 0 or n % period:
+        return None
+    blocks = n // period
+    try:
+        indices = _state(state, "m_codebook", n, torch.uint8)
+        magnitude = _state(state, "m_magnitude", blocks, torch.float32)
+        if factored:
+            rows, cols = param.shape
+            v_row = _state(state, "v_row", rows, torch.float32)
+            v_col = _state(state, "v_col", cols, torch.float32)
+            vmean = 0
+            counter = "factored_step"
+        else:
+            rows = cols = v_row = v_col = 0
+            vmean = _state(state, "vmean", blocks, torch.float32)
+            counter = "vmean_step"
+    except _Unsuitable:
+        return None
+    bias1 = 1 - hyper.beta1 ** (state["step"] + 1)
+    bias2 = 1 - hyper.beta2 ** (state[counter] + 1)
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
-    lib = native.library()
-    h = _hyper(hyper, bias2, bias1, decay, buffers.apply_decay)
-    v_row, v_col = _state(state, "v_row"), _state(state, "v_col")
-    mu = getattr(lib, f"gefen_factored_moments_{buffers.suffix}")(
-        _pointer(buffers.grad), rows, cols, _pointer(v_row), _pointer(v_col), h
+    work = native.Work(
+        buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices, magnitude, vmean, v_row, v_col,
+        ctypes.pointer(tables.get(codebook, grad.dtype)), blocks, period, rows, cols,
+        _hyper(hyper, bias2 if factored else math.sqrt(bias2), bias1, decay, buffers.apply_decay),
+        buffers.dtype_code, int(factored),
     )
-    _check(0 if mu >= 0 else -1)
-    magnitude = _state(state, "m_magnitude")
-    status = getattr(lib, f"gefen_factored_step_{buffers.suffix}")(
-        _pointer(buffers.staged), _pointer(buffers.grad), _pointer(_state(state, "m_codebook")),
-        _pointer(magnitude), magnitude.numel(), int(state["automatic_period"]), cols,
-        _pointer(v_row), _pointer(v_col), mu, table, h,
-    )
-    _check(status)
-    buffers.finish()
+    return Pending(work, buffers, state, counter)
+
+
+def run(batch: list) -> None:
+    """Run prepared steps in one kernel call, then commit them (parameters, counters).
+    If the kernels cannot allocate their scratch memory, nothing has changed."""
+    if not batch:
+        return
+    items = (native.Work * len(batch))(*(pending.work for pending in batch))
+    status = native.library().gefen_step_batch(items, len(batch), torch.get_num_threads())
+    if status == -1:
+        raise MemoryError("gefen_fast: the step kernels could not allocate their scratch memory")
+    if status != 0:
+        raise RuntimeError(f"gefen_fast: the step kernels rejected their input (status {status})")
+    for pending in batch:
+        pending.commit()

@@ -1,44 +1,41 @@
-"""Build (once) and load the C kernels of ``csrc/gefen_kernels.c``.
+"""Load the C kernel library (``csrc/``) with ctypes.
 
-The source is compiled with the system C compiler into a shared library kept in a cache
-directory, keyed by a hash of everything that determines the binary: the source, the
-compiler command and its version, and the host CPU (``-march=native``). Later processes
-(every rank of a multi-rank run, every later session) load the cached library; a build
-takes about a second. Builds are atomic (a temporary file renamed into place), so
-processes that start together never see a half-written library.
+The library is built when the package is installed (``setup.py`` -> :mod:`gefen_fast._build`)
+into ``gefen_fast/gefen_kernels-<key>.so``, ``<key>`` a hash of the sources, the flags and
+the CPU (``-march=native``). At run time:
 
-Cache directory: ``$GEFEN_FAST_CACHE``, else ``$XDG_CACHE_HOME/gefen-fast``, else
-``~/.cache/gefen-fast``. Compiler: ``$CC``, else ``cc``.
+1. the installed library of the current key is loaded (no compiler runs);
+2. if there is none (the sources changed since an editable install, or the package was installed
+   on a machine with another CPU) and a C compiler exists, the library is built once into the
+   cache directory (``$GEFEN_FAST_CACHE``, else ``$XDG_CACHE_HOME/gefen-fast``, else
+   ``~/.cache/gefen-fast``), under a lock so that ranks starting together build it once, and
+   written atomically; a RuntimeWarning says so;
+3. without a compiler, :class:`BuildError` is raised and the optimizer uses the reference's torch
+   step (``gefen_fast.kernels.available``).
 
-Flags that matter for the numbers: ``-ffp-contract=off`` (no multiply-add is fused except
-the explicit ``fmaf`` of the lerp), no ``-ffast-math``; ``-fno-math-errno`` only lets
-``sqrtf`` vectorize (it changes no result).
+:func:`prepare` does all of this eagerly, for a warm-up phase or an installation check.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import subprocess
-import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "gefen_kernels.c"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+from . import _build
 
-
-class BuildError(RuntimeError):
-    """The C kernels could not be compiled or loaded."""
+BuildError = _build.BuildError
+#: The structure layout and signatures below; the library must report the same.
+ABI_VERSION = 3
+CAP_AVX2, CAP_HALF = 1, 2
 
 
 class Table(ctypes.Structure):
     _fields_ = [
-        ("decode", ctypes.c_void_p), ("codebook", ctypes.c_void_p), ("first", ctypes.c_void_p),
-        ("points", ctypes.c_void_p), ("results", ctypes.c_void_p), ("exact", ctypes.c_int32),
+        ("cells", ctypes.c_void_p), ("decode", ctypes.c_void_p), ("codebook", ctypes.c_void_p),
+        ("use_cells", ctypes.c_int32),
     ]
 
 
@@ -47,7 +44,18 @@ class Hyper(ctypes.Structure):
         ("w", ctypes.c_float), ("beta2", ctypes.c_float), ("one_minus_beta2", ctypes.c_float),
         ("bias2", ctypes.c_float), ("eps", ctypes.c_float), ("inv_bias1", ctypes.c_float),
         ("lr", ctypes.c_float), ("decay", ctypes.c_float), ("apply_decay", ctypes.c_int32),
-        ("threads", ctypes.c_int32),
+    ]
+
+
+class Work(ctypes.Structure):
+    """One parameter's step (``Work`` in csrc/step_kernels.c)."""
+
+    _fields_ = [
+        ("p", ctypes.c_void_p), ("g", ctypes.c_void_p), ("idx", ctypes.c_void_p),
+        ("magnitude", ctypes.c_void_p), ("vmean", ctypes.c_void_p),
+        ("v_row", ctypes.c_void_p), ("v_col", ctypes.c_void_p), ("tab", ctypes.POINTER(Table)),
+        ("blocks", ctypes.c_int64), ("period", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+        ("h", Hyper), ("dtype", ctypes.c_int32), ("factored", ctypes.c_int32),
     ]
 
 
@@ -58,59 +66,58 @@ def cache_dir() -> Path:
     return Path(base) / "gefen-fast"
 
 
-def _cpu_identity() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler() -> list[str]:
-    return shlex.split(os.environ.get("CC", "cc"))
-
-
-def _build_key(compiler: list[str]) -> str:
-    try:
-        version = subprocess.run(compiler + ["--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BuildError(f"no C compiler ({' '.join(compiler)}): {exc}") from None
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(compiler + list(FLAGS)).encode(), version.encode(),
-                 platform.machine().encode(), _cpu_identity().encode()):
-        h.update(part)
-        h.update(b"\0")
-    return h.hexdigest()[:24]
+def installed_path(key: str | None = None) -> Path:
+    """Where the install-time build put the library for ``key`` (the current one by default)."""
+    return _build.INSTALLED_DIR / _build.library_name(key)
 
 
 def library_path() -> Path:
-    """The cached library for this source, compiler and CPU, built if absent."""
-    compiler = _compiler()
-    target = cache_dir() / f"gefen_kernels-{_build_key(compiler)}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        result = subprocess.run(compiler + list(FLAGS) + [str(SOURCE), "-o", tmp, "-lm"],
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise BuildError(f"compiling {SOURCE.name} failed:\n{result.stderr[-4000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    """The library for the current sources and CPU: the installed one, else one built in the cache."""
+    key = _build.build_key()
+    installed = installed_path(key)
+    if installed.exists():
+        return installed
+    if not _build.compiler_available():
+        raise _build.NoCompiler(
+            f"no C compiler ({' '.join(_build.compiler())}) and no installed kernels for this CPU and "
+            f"these sources ({installed}); reinstall gefen-fast where a C compiler exists"
+        )
+    path, built = _build.cached_library(cache_dir(), key)
+    if built is not None:
+        warnings.warn(
+            f"gefen_fast: the installed kernels do not match these sources or this CPU; built "
+            f"{path} in {built['seconds']:.1f} s (reinstall gefen-fast to build them at install time)",
+            RuntimeWarning, stacklevel=3,
+        )
+    return path
 
 
 _VOID_P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
 _TABLE_P = ctypes.POINTER(Table)
-_HYPER_P = ctypes.POINTER(Hyper)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.gefen_abi_version.restype = ctypes.c_int
+    lib.gefen_capabilities.restype = ctypes.c_int
+    lib.gefen_step_batch.argtypes = [ctypes.POINTER(Work), _I32, _I32]
+    lib.gefen_step_batch.restype = ctypes.c_int
+    lib.gefen_last_scratch_bytes.restype = _I64
+    lib.gefen_profile_read.argtypes = [_VOID_P, _I32]
+    lib.gefen_profile_read.restype = ctypes.c_int
+    suffixes = ("f32", "bf16", "f16") if lib.gefen_capabilities() & CAP_HALF else ("f32", "bf16")
+    for s in suffixes:
+        fn = getattr(lib, f"gefen_period_statistics_{s}")
+        fn.argtypes = [_VOID_P, _I64, _VOID_P, _VOID_P, _VOID_P, _I32, _VOID_P, _VOID_P, _I32]
+        fn.restype = ctypes.c_int
+        fn = getattr(lib, f"gefen_histogram_{s}")
+        fn.argtypes = [_VOID_P, _I64, _I64, _VOID_P, _I32]
+        fn.restype = ctypes.c_int
+    lib.gefen_nearest_codes.argtypes = [_VOID_P, _I64, _TABLE_P, _VOID_P, _VOID_P]
+    lib.gefen_nearest_codes.restype = None
+    lib.gefen_codebook_dp.argtypes = [_VOID_P, _VOID_P, _I64, _I64, _VOID_P]
+    lib.gefen_codebook_dp.restype = ctypes.c_int
 
 
 @lru_cache(maxsize=1)
@@ -118,19 +125,27 @@ def library() -> ctypes.CDLL:
     """The loaded kernels with their signatures declared."""
     # torch is imported first and ships the OpenMP runtime under the same soname, so the
     # kernels run on torch's own thread pool (no second pool competing for the cores).
+    path = library_path()
     try:
-        lib = ctypes.CDLL(str(library_path()))
+        lib = ctypes.CDLL(str(path))
     except OSError as exc:
-        raise BuildError(f"loading the compiled kernels failed: {exc}") from None
-    for suffix in ("f32", "bf16"):
-        fn = getattr(lib, f"gefen_block_step_{suffix}")
-        fn.argtypes = [_VOID_P, _VOID_P, _VOID_P, _VOID_P, _VOID_P, _I64, _I64, _TABLE_P, _HYPER_P]
-        fn.restype = ctypes.c_int
-        fn = getattr(lib, f"gefen_factored_moments_{suffix}")
-        fn.argtypes = [_VOID_P, _I64, _I64, _VOID_P, _VOID_P, _HYPER_P]
-        fn.restype = ctypes.c_float
-        fn = getattr(lib, f"gefen_factored_step_{suffix}")
-        fn.argtypes = [_VOID_P, _VOID_P, _VOID_P, _VOID_P, _I64, _I64, _I64, _VOID_P, _VOID_P,
-                       ctypes.c_float, _TABLE_P, _HYPER_P]
-        fn.restype = ctypes.c_int
+        raise BuildError(f"loading the compiled kernels {path} failed: {exc}") from None
+    try:
+        lib.gefen_abi_version.restype = ctypes.c_int
+        version = lib.gefen_abi_version()
+    except AttributeError:
+        version = None
+    if version != ABI_VERSION:
+        raise BuildError(f"{path} has kernel ABI {version}, this gefen_fast needs {ABI_VERSION}")
+    _declare(lib)
     return lib
+
+
+def capabilities() -> int:
+    return library().gefen_capabilities()
+
+
+def prepare() -> Path:
+    """Load (building if needed) the kernels now; returns the library's path. Raises BuildError."""
+    library()
+    return library_path()

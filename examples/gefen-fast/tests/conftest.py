@@ -1,4 +1,4 @@
-"""Build the C kernels once per test session in a private cache, so the tests also prove a cold build works."""
+"""The tests never write into the user's kernel cache: a runtime build (tests/test_build.py) goes to a private one."""
 
 from __future__ import annotations
 
@@ -9,16 +9,9 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_kernel_cache(tmp_path_factory):
-    if "GEFEN_FAST_TEST_SHARED_CACHE" in os.environ:
-        yield
-        return
     previous = os.environ.get("GEFEN_FAST_CACHE")
     os.environ["GEFEN_FAST_CACHE"] = str(tmp_path_factory.mktemp("gefen-fast-cache"))
-    from gefen_fast import native
-
-    native.library.cache_clear()
     yield
-    native.library.cache_clear()
     if previous is None:
         os.environ.pop("GEFEN_FAST_CACHE", None)
     else:

@@ -1,4 +1,4 @@
-"""The codeword table answers exactly as the nearest-codeword rule (SPEC 1.7)."""
+"""The codeword table answers exactly as the nearest-codeword rule (SPEC 1.7), in numpy and in the C lookups."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import gefen_reference as reference
 from gefen_reference.codewords import nearest_codeword_indices
 
-from gefen_fast import codeword_table
+from gefen_fast import codeword_table, kernels, native
 
 
 def _learned_codebook(seed: int) -> torch.Tensor:
@@ -44,7 +44,7 @@ def _probes(codebook: torch.Tensor) -> torch.Tensor:
 def test_table_matches_the_rule(name):
     codebook = CODEBOOKS[name]()
     table = codeword_table.build(codebook)
-    assert table.exact, "a learned or simple codebook must get an exact table"
+    assert table.use_cells, "a learned or simple codebook must get a one-comparison table"
     values = _probes(codebook)
     expected = nearest_codeword_indices(codebook, values).numpy()
     assert np.array_equal(table.indices(values.numpy()), expected)
@@ -57,11 +57,11 @@ def test_rule_in_numpy_matches_the_reference():
                           nearest_codeword_indices(codebook, values).numpy())
 
 
-def test_crowded_codebook_is_not_exact():
+def test_crowded_codebook_uses_the_search():
     """Codewords closer than a cell: the table says so, and the kernels then search (see test_kernels)."""
     crowded = torch.linspace(-1, 1, 256)
     crowded[100:110] = crowded[100] + torch.arange(10) * 1e-5
-    assert not codeword_table.build(crowded).exact
+    assert not codeword_table.build(crowded).use_cells
 
 
 def test_spec_worked_examples():
@@ -71,3 +71,43 @@ def test_spec_worked_examples():
     pad = codeword_table.build(torch.tensor([-1.0] + [1 / 4096] * 254 + [1.0]))
     got = pad.indices(np.float32([0.0, 1 / 4096, 0.0003, 0.5, -0.5]))
     assert got.tolist() == [1, 1, 254, 254, 0]
+
+
+def _c_lookup(codebook: torch.Tensor, values: np.ndarray, grad_dtype=torch.float32):
+    tables = kernels.CodewordTables()
+    table = tables.get(codebook, grad_dtype)
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    codes = np.empty(len(v), dtype=np.uint8)
+    decoded = np.empty(len(v), dtype=np.float32)
+    native.library().gefen_nearest_codes(v.ctypes.data, len(v), table, codes.ctypes.data, decoded.ctypes.data)
+    return codes, decoded, table.use_cells
+
+
+CROWDED = torch.linspace(-1, 1, 256)
+CROWDED[120:136] = CROWDED[120] + torch.arange(16) * 1e-5
+
+
+@pytest.mark.parametrize("name", list(CODEBOOKS) + ["crowded"])
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_c_lookup_matches_the_rule(name, grad_dtype):
+    """The kernels' vector lookup (8 at a time) and scalar tail give the rule's index and the
+    codeword rounded to the gradient dtype, at every change point and its neighbours."""
+    codebook = CROWDED.clone() if name == "crowded" else CODEBOOKS[name]()
+    values = _probes(codebook).numpy()
+    values = np.concatenate([values, values[:3]])  # a length that leaves a scalar tail
+    codes, decoded, use_cells = _c_lookup(codebook, values, grad_dtype)
+    assert use_cells == (name != "crowded")
+    expected = nearest_codeword_indices(codebook, torch.from_numpy(values)).numpy()
+    assert np.array_equal(codes, expected)
+    rounded = codebook.to(grad_dtype).float().numpy()
+    assert np.array_equal(decoded, rounded[expected])
+
+
+def test_c_lookup_sends_nan_to_the_last_index():
+    """SPEC 1.7.4: NaN maps to 255, in the vector lanes and in the tail."""
+    for codebook in (_learned_codebook(0), CROWDED.clone()):
+        values = np.array([0.1, np.nan, -0.3, 1.0, -1.0, np.nan, 0.0, -0.0, np.nan], dtype=np.float32)
+        codes, _, _ = _c_lookup(codebook, values)
+        expected = nearest_codeword_indices(codebook, torch.from_numpy(values)).numpy()
+        assert codes[1] == codes[5] == codes[8] == 255
+        assert np.array_equal(codes, expected)
