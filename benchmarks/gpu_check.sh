@@ -55,10 +55,10 @@ plugin=()
 if ! "$py" - <<'EOF'
 import sys
 from importlib.metadata import entry_points
-sys.exit(0 if any(e.value == "gefen_conformance.plugin" for e in entry_points(group="pytest11")) else 1)
+sys.exit(0 if any(e.value == "gefen_conformance.plugin.hooks" for e in entry_points(group="pytest11")) else 1)
 EOF
 then
-    plugin=(-p gefen_conformance.plugin)
+    plugin=(-p gefen_conformance.plugin.hooks)
 fi
 
 declare -A specs=(

@@ -1,4 +1,4 @@
-"""Measure the overhead of ``gefen_conformance.ranks.run_on_ranks`` with a trivial scenario.
+"""Measure the overhead of ``gefen_conformance.harness.pool.run_on_ranks`` with a trivial scenario.
 
 Run from the repository root:
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gefen_conformance.ranks import run_on_ranks, shutdown_pool  # noqa: E402
+from gefen_conformance.harness.pool import run_on_ranks, shutdown_pool  # noqa: E402
 
 
 def trivial():

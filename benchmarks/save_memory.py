@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 import gefen_reference as reference
-from gefen_conformance.sharding import WorldOfOne, shard, sharded_parameter
+from gefen_conformance.harness.sharding import WorldOfOne, shard, sharded_parameter
 from gefen_oracles.memory import StorageTracker
 from gefen_reference.dcp import GefenDCPState, GefenSavePlanner
 

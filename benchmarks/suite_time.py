@@ -34,7 +34,7 @@ def _noop():
 
 
 def harness_overhead(world_size: int, calls: int = 10) -> float:
-    from gefen_conformance.ranks import run_on_ranks
+    from gefen_conformance.harness.pool import run_on_ranks
 
     run_on_ranks(_noop, world_size, timeout=60)  # warm the pool
     times = []
@@ -74,7 +74,7 @@ def _describe(run: dict) -> str:
 
 
 def single(impl: str, sums=(), overhead: bool = True) -> int:
-    from gefen_conformance.ranks import shutdown_pool
+    from gefen_conformance.harness.pool import shutdown_pool
 
     run = certify(sys.executable, impl)
     cert, s = run["cert"], run["cert"]["summary"]

@@ -1,10 +1,10 @@
 """gefen-conformance: the conformance suite for Gefen implementations.
 
 ``conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
-``gefen_conformance.plugin`` and the suite in ``gefen_conformance.suite``.
+``gefen_conformance.plugin.hooks`` and the suite in ``gefen_conformance.suite``.
 """
 
-from .implementation import (
+from gefen_conformance.implementations.contract import (
     CPU_BIT_EXACT,
     DCP_ASYNC_SAVE,
     DCP_RESHARD,

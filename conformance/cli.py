@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp_ = g.add_parser("compare", help="save the cases with an implementation and compare with the goldens")
     cmp_.add_argument("dir", type=Path, nargs="?", default=None)
     cmp_.add_argument("--impl", default="reference")
-    from . import report_cli
+    from gefen_conformance.certificate import report_cli
 
     report_cli.add_subcommands(sub)
     return parser
@@ -128,7 +128,7 @@ def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str
         command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         if args.node_rank is not None:
             command += ["--node-rank", str(args.node_rank)]
-    command += ["-m", "gefen_conformance.torchrun", "--impl", args.impl, "--result-file", result_file]
+    command += ["-m", "gefen_conformance.harness.torchrun", "--impl", args.impl, "--result-file", result_file]
     if args.certificate is not None:
         command += ["--certificate", str(Path(args.certificate).absolute())]
     if args.checkpoint_dir is not None:
@@ -160,7 +160,8 @@ def _checked_outputs(args) -> float | None:
     """What certify checks before anything runs (SPEC 4.4.10): the deadline scale, and that the
     certificate can be written where it goes; returns the scale (exported to every process the
     run starts, torchrun's ranks included)."""
-    from . import deadlines, outputs
+    from gefen_conformance.harness import deadlines
+    from gefen_conformance.certificate import outputs
 
     scale = None
     if args.deadline_scale is not None:
@@ -190,7 +191,7 @@ def _certify(args, pytest_args: list[str]) -> int:
         return certify(args.impl, args.certificate, pytest_args, args.device, scale)
     _checked_outputs(args)
     if args.device not in (None, "cpu"):
-        from . import devices
+        from gefen_conformance.harness import devices
 
         try:
             devices.parse(args.device)
@@ -204,7 +205,8 @@ def _check_golden(args) -> None:
     """``golden``'s refusals before anything runs (SPEC 4.4.10, 4.1.6): an implementation that
     cannot be loaded, a directory to read that is not there (or has no manifest), one to write
     that cannot be written."""
-    from . import outputs, registry
+    from gefen_conformance.certificate import outputs
+    from gefen_conformance.implementations import registry
 
     if args.action in ("generate", "compare"):
         try:
@@ -251,7 +253,8 @@ def main(argv=None) -> int:
 
     from gefen_oracles import golden_manifest
 
-    from . import golden, observations
+    from gefen_conformance import golden
+    from gefen_conformance.plugin import observations
 
     if args.action == "generate":
         path = golden.generate_into(args.dir, args.impl)

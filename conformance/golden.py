@@ -19,8 +19,11 @@ import torch
 from gefen_oracles import golden_manifest
 from gefen_oracles.numeric import Comparison, Comparisons
 
-from . import launch, observations, registry, workload
-from .sharding import world_mesh
+from gefen_conformance.harness import launch
+from gefen_conformance.plugin import observations
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness.sharding import world_mesh
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
@@ -113,7 +116,7 @@ def reference_codebook_gap(case_name: str) -> float:
 
 def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: float = 120.0) -> dict:
     """Write every case under ``root/<case>`` with ``impl_spec`` on the active launcher
-    (``gefen_conformance.launch``); return the manifest (not written)."""
+    (``gefen_conformance.harness.launch``); return the manifest (not written)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     chosen = {name: CASES[name] for name in (cases or CASES)}
@@ -147,7 +150,7 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
     from gefen_oracles import checkpoint_compare
     from gefen_oracles.checkpoint_reader import read_nested
 
-    from . import numeric_profile
+    from gefen_conformance.certificate import numeric_profile
 
     if bitwise is None:
         bitwise = numeric_profile.bitwise(registry.resolve(impl_spec))

@@ -1,9 +1,9 @@
 """Rank bodies and fixtures for the DCP load tests (tests/test_dcp_load_*.py).
 
 Every public function is module level and picklable, so it runs on launched gloo ranks
-(``gefen_conformance.launch.run``) and, at world size 1, in-process inside a
+(``gefen_conformance.harness.launch.run``) and, at world size 1, in-process inside a
 ``conformance.sharding.WorldOfOne``. Rank, mesh and group come from
-``gefen_conformance.world.current()``; the model, optimizers and saves are those of ``tests.support``
+``gefen_conformance.harness.world.current()``; the model, optimizers and saves are those of ``tests.support``
 and ``conformance.workload`` (``tests.support.DCP_MODEL``: on 3 and 4 ranks "dec.weight" splits
 unevenly and "tiny.weight" has empty shards; "head.weight" stays fresh).
 """
@@ -17,8 +17,10 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance import registry, workload, world
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness import world
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_reference.dcp import layout
 from tests.support import (
     COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, DCP_TARGET_OPTIONS, TINY, dcp_optimizer, dcp_trained,

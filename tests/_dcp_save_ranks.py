@@ -1,9 +1,9 @@
 """Rank bodies and fixtures for tests/test_dcp_save.py.
 
 Every public function here is module level and picklable, so it can run on launched gloo ranks
-(``gefen_conformance.launch.run``) as well as in-process at world size 1 (inside a
+(``gefen_conformance.harness.launch.run``) as well as in-process at world size 1 (inside a
 ``conformance.sharding.WorldOfOne``). Rank, mesh and group come from
-``gefen_conformance.world.current()``; the model, optimizers and saves are those of
+``gefen_conformance.harness.world.current()``; the model, optimizers and saves are those of
 ``tests.support`` and ``conformance.workload``.
 """
 
@@ -15,8 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 
-from gefen_conformance import registry, workload, world
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness import world
+from gefen_conformance.harness.sharding import world_mesh
 from tests.support import COMPACT_KEYS, DCP_MODEL, FRESH, dcp_optimizer, dcp_trained
 
 REFERENCE = registry.resolve("reference")

@@ -37,7 +37,7 @@ import gefen_reference.dcp.restore as restore_module
 import gefen_reference.dcp.state as state_module
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.steps as steps
-from gefen_conformance.implementation import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
 from gefen_conformance.implementations import reference as reference_impl
 from gefen_reference.codewords import dequantize, nearest_codeword_indices
 

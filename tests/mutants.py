@@ -36,7 +36,7 @@ import gefen_reference.dcp.state as state
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.periods as periods
 import gefen_reference.steps as steps
-from gefen_conformance.implementation import (
+from gefen_conformance.implementations.contract import (
     CPU_BIT_EXACT, FACTORED_SECOND_MOMENT, KNOWN_CAPABILITIES, NATIVE_STATE_DICT, Implementation,
 )
 from gefen_conformance.implementations import reference as reference_impl

@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from gefen_conformance import workload
+from gefen_conformance.workload import models as workload
 
 
 def _parity_seed(name: str, index: int, step: int) -> int:
@@ -75,7 +75,7 @@ COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean"
 
 def dcp_optimizer(impl: str, params: dict, model: workload.Model = DCP_MODEL, **overrides):
     """The optimizer of implementation ``impl`` ("reference" or "gefenx") over ``params``."""
-    from gefen_conformance import registry
+    from gefen_conformance.implementations import registry
 
     options = dict(DCP_OPTIONS, **overrides)
     return registry.resolve(impl).make_optimizer(workload.param_groups(model, params), **options)
@@ -84,7 +84,7 @@ def dcp_optimizer(impl: str, params: dict, model: workload.Model = DCP_MODEL, **
 def dcp_trained(impl: str = "reference", model: workload.Model = DCP_MODEL, mesh=None, **overrides):
     """``(optimizer, params)``: ``model`` sharded on ``mesh`` (default: the World's), trained
     ``DCP_SAVE_STEPS`` steps (indices 0..2) by ``impl``."""
-    from gefen_conformance.sharding import world_mesh
+    from gefen_conformance.harness.sharding import world_mesh
 
     params = workload.parameters(model, mesh=world_mesh() if mesh is None else mesh)
     optimizer = dcp_optimizer(impl, params, model, **overrides)
@@ -171,7 +171,7 @@ def world_of_one():
     skips the test when this process already has a default group."""
     import torch.distributed as dist
 
-    from gefen_conformance.sharding import WorldOfOne
+    from gefen_conformance.harness.sharding import WorldOfOne
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from gefen_conformance import certificate
-from gefen_conformance.certificate import RunFacts, TestRecord
+from gefen_conformance.certificate import build as certificate
+from gefen_conformance.certificate.build import RunFacts, TestRecord
 
 
 def facts(**overrides) -> RunFacts:
@@ -124,7 +124,7 @@ def test_profile_facts_merge_the_numeric_description_with_the_reason():
 
 
 def test_the_terminal_profile_line_names_the_tolerance_bounds():
-    from gefen_conformance import recorder
+    from gefen_conformance.plugin import recorder
 
     line = recorder._profile_line(certificate.profile_facts(set()))
     assert "SPEC 5.6" in line and "pinned_step" in line and "max-abs 0.005" in line

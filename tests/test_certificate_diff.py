@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance import certificate_diff, certificate_read, report_cli
+from gefen_conformance.certificate import diff as certificate_diff, read as certificate_read, report_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 

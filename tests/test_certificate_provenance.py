@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gefen_conformance import provenance
+from gefen_conformance.certificate import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 DESCRIBE = ("import json, os, sys; sys.path.insert(0, os.environ['SUITE_PARENT']); "

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance import workload
-from gefen_conformance.checkpoint_in_memory import InMemoryCheckpoint
-from gefen_conformance.registry import resolve
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.workload import models as workload
+from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
+from gefen_conformance.implementations.registry import resolve
+from gefen_conformance.harness.sharding import world_mesh
 
 from .support import DCP_MODEL, DCP_TARGET_OPTIONS, dcp_optimizer, dcp_trained, world_of_one
 

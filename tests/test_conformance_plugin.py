@@ -99,8 +99,8 @@ def test_unknown_implementation_is_a_usage_error(pytester):
 def test_a_rank_failure_reason_names_the_ranks_and_their_exception():
     from types import SimpleNamespace
 
-    from gefen_conformance.plugin import _reason
-    from gefen_conformance.ranks import RankFailure, RankOutcome
+    from gefen_conformance.plugin.hooks import _reason
+    from gefen_conformance.harness.pool import RankFailure, RankOutcome
 
     failure = RankFailure([
         RankOutcome(0, "ok"),

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 import gefen_reference.dcp as rdcp
-from gefen_conformance import registry, workload
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_reader
 from gefen_reference.codebook import learn_codebook
 from gefen_reference.codewords import nearest_codeword_indices

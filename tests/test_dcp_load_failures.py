@@ -17,7 +17,7 @@ from gefen_reference.dcp import agreement
 from tests import _dcp_load_ranks as L
 
 pytest.importorskip("gefen")
-from gefen_conformance import launch  # noqa: E402
+from gefen_conformance.harness import launch  # noqa: E402
 from tests.support import DCP_SAVE_STEPS, checkpoint_files, world_of_one  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from gefen_reference.dcp import restore
 from tests import _dcp_load_ranks as L
 
 pytest.importorskip("gefen")
-from gefen_conformance import launch  # noqa: E402
+from gefen_conformance.harness import launch  # noqa: E402
 from tests.support import COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, FRESH, TINY  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

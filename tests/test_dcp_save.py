@@ -3,7 +3,7 @@
 The written checkpoint is read back from its files (``.metadata`` and
 ``.distcp`` payloads via oracles.checkpoint_reader, which unpickles
 ``.metadata`` and torch.loads byte ranges), never through the adapter's loader.
-Multi-rank cases run on launched gloo CPU ranks (gefen_conformance.launch).
+Multi-rank cases run on launched gloo CPU ranks (gefen_conformance.harness.launch).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance import launch, workload
-from gefen_conformance.sharding import sharded_parameter, world_mesh
+from gefen_conformance.harness import launch
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness.sharding import sharded_parameter, world_mesh
 from gefen_oracles import checkpoint_reader, gefen_schema
 from gefen_oracles.digests import canonical_metadata, payload_md5s
 from gefen_reference.dcp import agreement, dense, placeholder, schema

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance.sharding import WorldOfOne, sharded_parameter
+from gefen_conformance.harness.sharding import WorldOfOne, sharded_parameter
 from gefen_reference.dcp import optimizer_view
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gefen_conformance import deadlines
+from gefen_conformance.harness import deadlines
 
 
 @pytest.fixture

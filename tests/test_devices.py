@@ -17,8 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance import certificate, devices, launch, numeric_profile, plugin, ranks, workload, world
-from gefen_conformance.implementation import CPU_BIT_EXACT
+from gefen_conformance.certificate import build as certificate, numeric_profile
+from gefen_conformance.harness import devices, launch, pool as ranks, world
+from gefen_conformance.plugin import hooks as plugin
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 REPO = Path(__file__).resolve().parents[1]
 needs_pool = pytest.mark.skipif(
@@ -246,7 +249,7 @@ def test_a_project_with_its_own_device_option_still_starts(pytester, child_env):
 
 
 def test_the_report_shows_the_backend_and_world_sizes():
-    from gefen_conformance import report
+    from gefen_conformance.certificate import report
 
     cert = {"implementation": {"name": "x", "version": "1"}, "summary": {}, "verdict": "conformant",
             "execution": {"launcher": "pool", "nodes": 1, "world_size": None, "backend": "nccl",

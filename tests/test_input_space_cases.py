@@ -1,4 +1,4 @@
-"""The input space's cases are what SPEC 4.3.10 says they are (conformance/workload_space.py and the
+"""The input space's cases are what SPEC 4.3.10 says they are (conformance/workload/space.py and the
 explicit examples of conformance/suite/test_input_space.py): the layouts have the strides and storage
 they claim, the GradScaler scale keeps gradients finite and unscales exactly, and the explicit
 examples cover every boundary the clause names. The suite's verdicts on these cases are proven by
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from gefen_conformance import workload_space as space
+from gefen_conformance.workload import space
 from gefen_conformance.suite.test_input_space import BOUNDARIES, PROTOCOL_BOUNDARIES
-from gefen_conformance.workload import REFERENCE
+from gefen_conformance.workload.models import REFERENCE
 
 P = space.ParamCase
 

@@ -1,4 +1,4 @@
-"""Tests of the launcher-agnostic scenario layer: ``gefen_conformance.world`` and ``gefen_conformance.launch``
+"""Tests of the launcher-agnostic scenario layer: ``gefen_conformance.harness.world`` and ``gefen_conformance.harness.launch``
 (SPEC 4.2.4-4.2.7), and of the pool's bounded worker start-up.
 
 Rank bodies are module-level so that pool workers can unpickle them by reference.
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance import deadlines, launch, ranks, world
-from gefen_conformance.ranks import RankFailure
-from gefen_conformance.sharding import WorldOfOne, world_mesh
+from gefen_conformance.harness import deadlines, launch, pool as ranks, world
+from gefen_conformance.harness.pool import RankFailure
+from gefen_conformance.harness.sharding import WorldOfOne, world_mesh
 from tests import _fake_workers
 from tests.support import deadline_wall_s
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from gefen_conformance import deadlines
-from gefen_conformance.ranks import RankFailure, run_on_ranks
+from gefen_conformance.harness import deadlines
+from gefen_conformance.harness.pool import RankFailure, run_on_ranks
 
 from . import test_ranks
 from .interrupt_probe import interrupt_run

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gefen_conformance.interrupts import InterruptGuard
+from gefen_conformance.plugin.interrupts import InterruptGuard
 
 from .interrupt_probe import default_signals, interrupt_run, session_processes
 

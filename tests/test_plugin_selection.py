@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from gefen_conformance.selection import SuiteCensus
+from gefen_conformance.plugin.selection import SuiteCensus
 
 COMPLETE = {"schema": "gefen-conformance-certificate/2", "run": {"complete": True}, "verdict": "conformant"}
 

@@ -1,4 +1,4 @@
-"""Tests of the multi-rank harness ``gefen_conformance.ranks``.
+"""Tests of the multi-rank harness ``gefen_conformance.harness.pool``.
 
 Scenario functions are module-level so that the worker processes can unpickle them by reference.
 Every failure test also checks that no process of the failed call survives it.
@@ -22,8 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance import deadlines, ranks
-from gefen_conformance.ranks import RankFailure, RankOutcome, run_on_ranks
+from gefen_conformance.harness import deadlines, pool as ranks
+from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
 
 from .support import deadline_wall_s
 
@@ -383,7 +383,7 @@ def test_unpicklable_exception_and_result_still_report_text():
 _CALLER_SCRIPT = textwrap.dedent(
     """
     import os, sys, time
-    from gefen_conformance.ranks import run_on_ranks
+    from gefen_conformance.harness.pool import run_on_ranks
 
     def sleeper(pid_dir):
         import torch.distributed as dist

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance import certificate_read, report, report_cli
-from gefen_conformance.report_html import margin_chart
+from gefen_conformance.certificate import read as certificate_read, report, report_cli
+from gefen_conformance.certificate.report_html import margin_chart
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 NAMES = sorted(p.name for p in FIXTURES.glob("*.json"))
@@ -291,7 +291,7 @@ def test_a_malformed_certificate_is_refused_naming_the_key(tmp_path, capsys, cha
 
 
 def test_a_certificate_with_only_the_required_keys_still_reports_and_diffs():
-    from gefen_conformance import certificate_diff
+    from gefen_conformance.certificate import diff as certificate_diff
 
     full = load("mutant-beta-rounding.json")
     bare = {k: full[k] for k in ("schema", "implementation", "verdict", "summary", "clauses")}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance import certificate_read, report
+from gefen_conformance.certificate import read as certificate_read, report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)

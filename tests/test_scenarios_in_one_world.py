@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import launch, ranks, workload, world
-from gefen_conformance.ranks import RankFailure
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.harness import launch, pool as ranks, world
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness.pool import RankFailure
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.suite import checkpoints
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import payload_md5s

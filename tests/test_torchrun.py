@@ -1,4 +1,4 @@
-"""``certify --launcher torchrun`` and :mod:`gefen_conformance.torchrun` (SPEC 4.7).
+"""``certify --launcher torchrun`` and :mod:`gefen_conformance.harness.torchrun` (SPEC 4.7).
 
 The command line and the launcher's description are checked in-process; the launcher itself runs
 real torchrun jobs of 3 CPU ranks on the scenario calls of ``tests/torchrun_probe.py``: every
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import cli, launch, torchrun
+from gefen_conformance import cli
+from gefen_conformance.harness import launch, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "tests/torchrun_probe.py"
@@ -43,7 +44,7 @@ def test_one_node_is_a_standalone_job_of_four_ranks_by_default():
     command = cli.torchrun_command(_args(), ["-q"], "/r.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4" and "--standalone" in command
-    assert command[command.index("-m", 3) + 1] == "gefen_conformance.torchrun"
+    assert command[command.index("-m", 3) + 1] == "gefen_conformance.harness.torchrun"
     assert command[command.index("--result-file") + 1] == "/r.json"
     # torchrun's own parser swallows `--`: pytest's arguments follow a separator of our own
     assert command[-2:] == [torchrun.PYTEST_ARGS, "-q"] and "--" not in command

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance import certificate, report
-from gefen_conformance.certificate import EXIT_STATUS, RunFacts
+from gefen_conformance.certificate import build as certificate, report
+from gefen_conformance.certificate.build import EXIT_STATUS, RunFacts
 
 REPO = Path(__file__).resolve().parents[1]
 REASON = "needs 2 ranks; the one-rank launcher runs at most 1 (1 node(s), world size 1)"
@@ -53,7 +53,7 @@ def test_one_exit_status_per_verdict():
     assert EXIT_STATUS == {"conformant": 0, "conformant-with-expected-failures": 0, "not-conformant": 1,
                            "incomplete": 2, "partial": 6, "inconclusive": 7}
     assert certificate.USAGE_ERROR == 4
-    from gefen_conformance.certificate_read import VERDICTS
+    from gefen_conformance.certificate.read import VERDICTS
 
     assert set(EXIT_STATUS) == set(VERDICTS)  # every verdict a certificate can carry has its status
 
@@ -71,7 +71,7 @@ def test_the_report_leads_with_what_did_not_run():
 
 
 ONE_RANK = '''
-from gefen_conformance import launch
+from gefen_conformance.harness import launch
 
 class OneRank(launch.PoolLauncher):
     """The pool, limited to worlds of one rank (as a torchrun job of one rank is)."""

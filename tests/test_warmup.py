@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from gefen_conformance import Implementation, ranks, warmup
-from gefen_conformance.ranks import RankFailure, run_on_ranks
+from gefen_conformance import Implementation
+from gefen_conformance.harness import pool as ranks
+from gefen_conformance.plugin import warmup
+from gefen_conformance.harness.pool import RankFailure, run_on_ranks
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available())
                                 or not sys.platform.startswith("linux"),

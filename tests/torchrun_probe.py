@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance import launch, world
-from gefen_conformance.ranks import RankFailure
+from gefen_conformance.harness import launch, world
+from gefen_conformance.harness.pool import RankFailure
 
 OUT = os.environ.get("GEFEN_TORCHRUN_PROBE_OUT", "")
 VICTIM = 1

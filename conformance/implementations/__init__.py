@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from ..implementation import KNOWN_CAPABILITIES, Implementation
+from gefen_conformance.implementations.contract import KNOWN_CAPABILITIES, Implementation
 
 
 def adapter_declared(name: str, version: str, make_optimizer: Callable[..., Any], adapter_module: str,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import warnings
 
-from ..implementation import Implementation
-from . import adapter_declared
+from gefen_conformance.implementations.contract import Implementation
+from gefen_conformance.implementations import adapter_declared
 
 
 def _gefen():

@@ -6,7 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import gefen_reference as reference
 
-from . import adapter_declared
+from gefen_conformance.implementations import adapter_declared
 
 
 def _version() -> str:

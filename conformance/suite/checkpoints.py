@@ -2,7 +2,7 @@
 
 Not collected. Several scenario modules use what is here, by name:
 
-* :func:`run`: a rank body on the active launcher (``gefen_conformance.launch``), the test skipped
+* :func:`run`: a rank body on the active launcher (``gefen_conformance.harness.launch``), the test skipped
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
@@ -14,7 +14,7 @@ Not collected. Several scenario modules use what is here, by name:
 Everything written is read back through the independent oracles only
 (``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
 an implementation's loader. Rank bodies resolve the implementation from its ``--impl`` spec
-inside the rank and take their mesh and group from ``gefen_conformance.world.current()``.
+inside the rank and take their mesh and group from ``gefen_conformance.harness.world.current()``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ from pathlib import Path
 
 import torch
 
-from gefen_conformance import launch, observations, registry, workload
-from gefen_conformance.ranks import RankFailure
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.harness import launch
+from gefen_conformance.plugin import observations
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness.pool import RankFailure
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested
 
-from . import margins
+from gefen_conformance.suite import margins
 
 TIMEOUT = 60.0
 CONTINUATION_BOUND = 5e-3  # SPEC 3.7.3, 5.3.3

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance.plugin import implementation_for
-from gefen_conformance.sharding import WorldOfOne
+from gefen_conformance.plugin.hooks import implementation_for
+from gefen_conformance.harness.sharding import WorldOfOne
 
-from . import checkpoints
+from gefen_conformance.suite import checkpoints
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +24,7 @@ def impl(request):
 @pytest.fixture(scope="session")
 def impl_spec(request) -> str:
     """The ``--impl`` spec string of the implementation under test: what rank bodies take as
-    their first argument and resolve inside each rank (``gefen_conformance.registry.resolve``)."""
+    their first argument and resolve inside each rank (``gefen_conformance.implementations.registry.resolve``)."""
     return request.config.getoption("--impl")
 
 
@@ -37,7 +37,7 @@ def saved(tmp_path_factory) -> checkpoints.Checkpoints:
 @pytest.fixture(scope="session")
 def one_rank():
     """A gloo group of one in this process, for in-process DCP saves and loads; it is the
-    process's current World while the session lasts (``gefen_conformance.world.current()``)."""
+    process's current World while the session lasts (``gefen_conformance.harness.world.current()``)."""
     w = WorldOfOne()
     yield w
     w.close()

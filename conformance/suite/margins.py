@@ -7,7 +7,7 @@ certificate with its worst error and bound (tolerance) or differing count (bitwi
 
 from __future__ import annotations
 
-from gefen_conformance import observations
+from gefen_conformance.plugin import observations
 from gefen_oracles.numeric import Comparison, Comparisons
 
 

@@ -18,12 +18,14 @@ import threading
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import deadlines, registry, workload, world
-from gefen_conformance.implementation import DCP_ASYNC_SAVE, DCP_RESHARD
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.harness import deadlines, world
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 WORLD = 2
 GATE_S = 30.0  # how long the held writer waits for the step before giving up

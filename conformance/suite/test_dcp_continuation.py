@@ -2,7 +2,7 @@
 stepped, across world sizes, each followed by several steps (SPEC 4.3.11 items 3 and 5, 3.6, 3.7,
 2.3.6 item 4, 5.6.11, 5.6.22).
 
-The reference trains :data:`gefen_conformance.workload.WIDE` in bf16 on ``SOURCE`` ranks and saves
+The reference trains :data:`gefen_conformance.workload.models.WIDE` in bf16 on ``SOURCE`` ranks and saves
 it. On each target world size, the implementation and the reference each build an optimizer over
 other parameter values with other hyperparameters, step it twice on another gradient stream (its
 codebook, counters and anything derived from them are then stale), restore the checkpoint with
@@ -26,15 +26,17 @@ import os
 import pytest
 import torch
 
-from gefen_conformance import numeric_profile, registry, workload
-from gefen_conformance.implementation import DCP_RESHARD
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, shadowing
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.gefen_schema import slot_key
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 REFERENCE = "reference"
 MODEL = "wide"

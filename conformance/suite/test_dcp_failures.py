@@ -10,13 +10,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import registry, workload, world
-from gefen_conformance.implementation import DCP_RESHARD
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness import world
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
 from gefen_oracles.digests import content_digests, payload_md5s
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 # The bound within which every surviving rank must have raised: a healthy rank waiting on a failed
 # peer gets the gloo error after about half of it (the launcher sets the collective timeout).

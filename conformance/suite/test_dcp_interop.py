@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance import devices, numeric_profile
-from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.harness import devices
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations.contract import DCP_RESHARD
 
-from . import checkpoints
+from gefen_conformance.suite import checkpoints
 
 REFERENCE = "reference"
 

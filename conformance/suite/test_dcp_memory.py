@@ -10,13 +10,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import registry, workload, world
-from gefen_conformance.implementation import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.harness import world
+from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 KiB = 1024
 # SPEC 5.4.2: twice the largest slot's dense form plus 64 KiB. Informative: the reference and

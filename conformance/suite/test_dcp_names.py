@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance import workload
-from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import DCP_RESHARD
 
 
 def _gradient_seed(name: str, index: int, step: int) -> int:

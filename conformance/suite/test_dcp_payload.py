@@ -21,14 +21,16 @@ import os
 import pytest
 import torch
 
-from gefen_conformance import numeric_profile, registry, workload
-from gefen_conformance.implementation import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, codebook_quality
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 WORLDS = [
     pytest.param("base", 1, id="w1"),

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance import numeric_profile
-from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations.contract import DCP_RESHARD
 
-from . import checkpoints
+from gefen_conformance.suite import checkpoints
 
 PATHS = [
     pytest.param("base", 2, 4, id="2->4"),

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance import golden, launch
-from gefen_conformance import numeric_profile
-from gefen_conformance.implementation import DCP_RESHARD
+from gefen_conformance import golden
+from gefen_conformance.harness import launch
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations.contract import DCP_RESHARD
 
-from . import margins
+from gefen_conformance.suite import margins
 
 
 @pytest.mark.clause("5.5.3", "2.2.5", "5.6.11")

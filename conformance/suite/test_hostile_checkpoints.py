@@ -18,12 +18,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import registry, workload
-from gefen_conformance.implementation import DCP_RESHARD
-from gefen_conformance.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.checkpoint_reader import read_nested
 
-from . import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins
 
 
 def _gradient_seed(name: str, index: int, step: int) -> int:

@@ -27,10 +27,11 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from gefen_conformance import registry, workload
-from gefen_conformance.checkpoint_in_memory import InMemoryCheckpoint
-from gefen_conformance.implementation import DCP_RESHARD
-from gefen_conformance.sharding import WorldOfOne
+from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models as workload
+from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.harness.sharding import WorldOfOne
 
 KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 #: Two groups of one parameter each; the optimizer never steps.

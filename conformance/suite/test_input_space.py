@@ -1,6 +1,6 @@
 """The optimizer over its input space (SPEC 4.3.10), judged by the pinned-step oracle (SPEC 5.6).
 
-One example is one :class:`gefen_conformance.workload_space.InputCase`: parameters of any shape,
+One example is one :class:`gefen_conformance.workload.space.InputCase`: parameters of any shape,
 dtype and memory layout in any group structure, a synthesized native state at any step counter
 (or a fresh one), a few ``step()`` calls with hyperparameter schedules between them, made by
 plain calls, through a closure or under the GradScaler protocol. The reference's native state
@@ -33,17 +33,17 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gefen_conformance import numeric_profile
-from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
-from gefen_conformance.workload import REFERENCE
-from gefen_conformance.workload_space import (
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.workload.models import REFERENCE
+from gefen_conformance.workload.space import (
     CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for, run,
     starting_state,
 )
 from gefen_oracles import native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
-from . import margins
+from gefen_conformance.suite import margins
 
 #: Each property runs this share of the hypothesis profile's examples (``gefen-certify``: 300 -> 25;
 #: ``gefen-fuzz``: 5000 -> 416), after its explicit examples: one example drives two optimizers

@@ -15,7 +15,7 @@ Every case is judged over several steps after the load, in two ways (SPEC 5.6.20
 ``test_load_into_a_stepped_optimizer``: an optimizer trained two steps on another gradient stream
 with other hyperparameters (so its codebook, counters and every table or counter a kernel derived
 from them are stale) loads the reference's state after three steps of
-:data:`gefen_conformance.workload.OPTIMIZER` and continues three steps.
+:data:`gefen_conformance.workload.models.OPTIMIZER` and continues three steps.
 
 ``test_mode_migration``: the reference's state of one mode (block or factored second moments,
 SPEC 1.8, 1.9) loads into an optimizer of the other mode, which steps twice (its 2-D parameters
@@ -32,12 +32,13 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance import numeric_profile, workload
-from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
-from . import margins
+from gefen_conformance.suite import margins
 
 DTYPE = torch.float32
 #: The checkpoint: the reference after steps 0-2 of the pinned workload, weight decay 0.05.

@@ -18,12 +18,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance import numeric_profile, workload
-from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
-from . import margins
+from gefen_conformance.suite import margins
 
 STEPS = 6
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -1,6 +1,6 @@
 """State across time (SPEC 4.3.11 items 1-2, 5.6.20, 5.6.21): long trajectories and large counters.
 
-* **Long trajectories.** :data:`gefen_conformance.workload.LONG` trained ``LONG_STEPS`` steps in
+* **Long trajectories.** :data:`gefen_conformance.workload.models.LONG` trained ``LONG_STEPS`` steps in
   bf16 (past 256, where a counter kept in bf16 or in 8 bits stops counting); its 2-D parameter
   takes the factored path when the implementation claims ``factored-v`` (one run then covers both
   paths), the block path otherwise. Under ``cpu-bit-exact`` every step's parameters and the final native state are compared with the
@@ -27,12 +27,13 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance import numeric_profile, workload
-from gefen_conformance.implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.workload import models as workload
+from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
-from . import margins
+from gefen_conformance.suite import margins
 
 DTYPE = torch.bfloat16
 UNSHADOWED_DTYPE = torch.float32

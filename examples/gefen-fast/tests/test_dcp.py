@@ -11,7 +11,7 @@ from torch.distributed.tensor import distribute_tensor
 import gefen_fast
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance.sharding import WorldOfOne, sharded_parameter
+from gefen_conformance.harness.sharding import WorldOfOne, sharded_parameter
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

@@ -1,6 +1,6 @@
 """The suite under torchrun: one job whose world runs every multi-rank scenario that fits it (SPEC 4.7).
 
-Every rank of the job runs ``python -m gefen_conformance.torchrun`` (``gefen-conformance certify
+Every rank of the job runs ``python -m gefen_conformance.harness.torchrun`` (``gefen-conformance certify
 --launcher torchrun`` builds the torchrun command line). Then:
 
 1. **Start-up** (bounded: :data:`STARTUP_TIMEOUT_S`). Each rank connects two clients to the job's
@@ -11,7 +11,7 @@ Every rank of the job runs ``python -m gefen_conformance.torchrun`` (``gefen-con
    every rank writes a marker there and must see every other rank's marker, so a directory that
    is not shared is one clear error before the first scenario.
 2. **Rank 0 runs pytest in-process** with a :class:`TorchrunLauncher` installed
-   (``gefen_conformance.launch.set_launcher``), the test temp dirs (``--basetemp``) in the run
+   (``gefen_conformance.harness.launch.set_launcher``), the test temp dirs (``--basetemp``) in the run
    directory, and writes the one certificate. The other ranks serve scenario calls, and so does
    the *rank-0 server*, a child process that rank 0 starts for its own part in them: the test
    process never forms a scenario's process group, because a test may hold a group of its own
@@ -19,7 +19,7 @@ Every rank of the job runs ``python -m gefen_conformance.torchrun`` (``gefen-con
    torch has one default group per process.
 3. **A call** ``launch.run(fn, k, ...)`` runs ``fn`` on global ranks ``0..k-1``: rank 0 posts the
    call on the store (``cmd/<n>``), every participant forms a fresh ``k``-rank default process
-   group for it (:mod:`gefen_conformance._torchrun_rank`) and posts its outcome; ranks ``>= k`` skip it.
+   group for it (:mod:`gefen_conformance.harness.torchrun_rank`) and posts its outcome; ranks ``>= k`` skip it.
    A rank-0 server that exits during a call is reported "died" with its exit code.
    Every wait is bounded: rank 0 polls the outcomes against the call's deadline and
    ``failure_grace``, then posts ``call/<n>/abort``; a participant still running then dumps every
@@ -56,10 +56,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import launch
-from ._torchrun_rank import Participation, hung_report
-from .deadlines import Deadline, wall_bound
-from .ranks import RankFailure, RankOutcome
+from gefen_conformance.harness import launch
+from gefen_conformance.harness.torchrun_rank import Participation, hung_report
+from gefen_conformance.harness.deadlines import Deadline, wall_bound
+from gefen_conformance.harness.pool import RankFailure, RankOutcome
 
 __all__ = ["TorchrunLauncher", "TorchrunJobEnded", "main"]
 
@@ -97,7 +97,7 @@ class Job:
     def __init__(self, environ=os.environ) -> None:
         missing = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n not in environ]
         if missing:
-            raise RuntimeError(f"gefen_conformance.torchrun must be started by torchrun: {', '.join(missing)} not set")
+            raise RuntimeError(f"gefen_conformance.harness.torchrun must be started by torchrun: {', '.join(missing)} not set")
         self.rank = int(environ["RANK"])
         self.world_size = int(environ["WORLD_SIZE"])
         self.local_rank = int(environ["LOCAL_RANK"])
@@ -125,7 +125,7 @@ def _dumps(value) -> bytes:
 
 def _wait(store, keys: list[str], seconds: float, poll: float = 0.1) -> bool:
     """Wait until every key exists or ``seconds`` quiet seconds pass (a load-clock
-    :class:`~gefen_conformance.deadlines.Deadline`, SPEC 4.2.10); True if they all exist.
+    :class:`~gefen_conformance.harness.deadlines.Deadline`, SPEC 4.2.10); True if they all exist.
 
     Polls with ``check`` rather than blocking in ``store.wait``: a Python signal handler (Ctrl-C,
     SIGTERM) runs within ``poll`` seconds, and an expired wait does not log a C++ warning."""
@@ -143,7 +143,7 @@ def _wait(store, keys: list[str], seconds: float, poll: float = 0.1) -> bool:
 
 
 class TorchrunLauncher:
-    """``gefen_conformance.launch`` launcher over the ranks of this torchrun job (SPEC 4.7.3).
+    """``gefen_conformance.harness.launch`` launcher over the ranks of this torchrun job (SPEC 4.7.3).
 
     Lives in rank 0, the process that runs pytest. ``hellos`` are every rank's start-up facts
     (rank -> dict with ``host``, ``pid``, ``node_rank``, ``device_name``).
@@ -228,7 +228,7 @@ class TorchrunLauncher:
             try:
                 value = pickle.loads(report["value"])
             except BaseException as exc:  # noqa: BLE001
-                from .exception_text import format_exception, qualified_name
+                from gefen_conformance.harness.exception_text import format_exception, qualified_name
 
                 return RankOutcome(rank=rank, status="raised", exc_type=qualified_name(type(exc)),
                                    message=f"the return value could not be unpickled on rank 0: {exc}",
@@ -431,7 +431,7 @@ def _device_facts(device_arg: str | None, job: Job):
     """(device of this rank, its name, error text or None)."""
     import torch
 
-    from . import devices
+    from gefen_conformance.harness import devices
 
     try:
         chosen = devices.parse(device_arg or "cpu")
@@ -478,8 +478,8 @@ def _check_run_dir(job: Job, control, run_dir: str) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gefen_conformance.torchrun",
-                                     description="one rank of a torchrun certification (see gefen_conformance.torchrun)")
+    parser = argparse.ArgumentParser(prog="python -m gefen_conformance.harness.torchrun",
+                                     description="one rank of a torchrun certification (see gefen_conformance.harness.torchrun)")
     parser.add_argument("--impl", default="reference")
     parser.add_argument("--certificate", default=None)
     parser.add_argument("--checkpoint-dir", default=None)
@@ -577,8 +577,8 @@ def _prepare(job: Job, control, options, device) -> str | None:
     """This rank's preparation before any scenario call (SPEC 4.2.11: the scenario modules and
     torch's lazy imports, the implementation's ``prepare``), posted as ``prepared/<rank>`` with
     its time; what it raised, as text, or None."""
-    from . import warmup
-    from .exception_text import format_exception
+    from gefen_conformance.plugin import warmup
+    from gefen_conformance.harness.exception_text import format_exception
 
     started = time.monotonic()
     error = None
@@ -617,7 +617,7 @@ def _start_server(argv: list[str]):
     torchrun's signals reach it), told its role by the environment."""
     import subprocess
 
-    return subprocess.Popen([sys.executable, "-m", "gefen_conformance.torchrun", *argv],
+    return subprocess.Popen([sys.executable, "-m", "gefen_conformance.harness.torchrun", *argv],
                             env=dict(os.environ, **{_SERVER_ROLE: "1"}))
 
 
@@ -649,7 +649,7 @@ def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> in
         server = _start_server(argv)
         if not _wait(control, ["server-ready/0"], STARTUP_TIMEOUT_S):
             raise _StartupError(f"the rank-0 server did not start within {STARTUP_TIMEOUT_S:g} s")
-        from . import devices
+        from gefen_conformance.harness import devices
 
         launcher = TorchrunLauncher(job, control, server, device, devices.backend_for(chosen), hellos)
         prepared = _gather(control, "prepared", job.world_size)

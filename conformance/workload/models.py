@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from . import devices, world
-from .sharding import shard, sharded_parameter
+from gefen_conformance.harness import devices, world
+from gefen_conformance.harness.sharding import shard, sharded_parameter
 
 __all__ = [
     "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "OPTIMIZER", "PINNED_SALT",

@@ -160,12 +160,12 @@ def platform_facts() -> dict:
 
 def execution_facts(world_sizes=(), warm_up_s: Optional[float] = None) -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
-    (:func:`gefen_conformance.launch.execution`: launcher, nodes, world size, largest scenario, backend,
+    (:func:`gefen_conformance.harness.launch.execution`: launcher, nodes, world size, largest scenario, backend,
     device type and device names), ``world_sizes``, the scenario sizes this run actually ran
     (sorted, each once; empty when no multi-rank scenario ran), ``warm_up_s``, the seconds the
     warm-up took before the first test (null when none ran, SPEC 4.2.11), and
     ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10)."""
-    from . import deadlines, launch
+    from gefen_conformance.harness import deadlines, launch
 
     return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes}),
             "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
@@ -178,7 +178,8 @@ def profile_facts(capabilities, device=None) -> dict:
     ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
     from gefen_oracles.numeric import profile_description
 
-    from . import devices, numeric_profile
+    from gefen_conformance.harness import devices
+    from gefen_conformance.certificate import numeric_profile
 
     name, reason = numeric_profile.choose(capabilities, devices.selected() if device is None else device)
     described = dict(profile_description(name))
@@ -187,7 +188,7 @@ def profile_facts(capabilities, device=None) -> dict:
 
 
 def suite_facts(git: bool = True) -> dict:
-    from . import provenance
+    from gefen_conformance.certificate import provenance
 
     described = provenance.describe() if git else {"content_sha256": provenance.content_sha256()}
     return {"name": "gefen-conformance", "version": _version_of("gefen-conformance"), **described}

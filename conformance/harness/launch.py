@@ -1,17 +1,17 @@
 """Run a scenario's rank body on the active launcher (SPEC 4.2.5-4.2.7).
 
-A scenario calls :func:`run` exactly as it would call ``gefen_conformance.ranks.run_on_ranks``: the
-same arguments, the same return values, the same :class:`~gefen_conformance.ranks.RankFailure` and
-:class:`~gefen_conformance.ranks.RankOutcome` statuses. Which processes run the ranks is the active
+A scenario calls :func:`run` exactly as it would call ``gefen_conformance.harness.pool.run_on_ranks``: the
+same arguments, the same return values, the same :class:`~gefen_conformance.harness.pool.RankFailure` and
+:class:`~gefen_conformance.harness.pool.RankOutcome` statuses. Which processes run the ranks is the active
 launcher's business:
 
-* :class:`PoolLauncher` (the default): the local pool of :mod:`gefen_conformance.ranks`, a fresh gloo
+* :class:`PoolLauncher` (the default): the local pool of :mod:`gefen_conformance.harness.pool`, a fresh gloo
   world of ``world_size`` CPU processes per call;
 * another launcher (torchrun, where one job's world runs every scenario that fits it, each on a
   subgroup) is installed process-wide with :func:`set_launcher`, or for a block with
   :func:`using`.
 
-Inside the body, :func:`gefen_conformance.world.current` says which rank, group, device and mesh to
+Inside the body, :func:`gefen_conformance.harness.world.current` says which rank, group, device and mesh to
 use. :func:`execution` describes the active launcher for the certificate, and
 :func:`unfit_reason` says why a scenario is too large for it (the caller skips it with that
 reason).
@@ -26,7 +26,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from . import devices, ranks
+from gefen_conformance.harness import devices, pool as ranks
 
 __all__ = [
     "Execution",
@@ -75,8 +75,8 @@ class WorldTooLarge(ValueError):
 class Launcher(Protocol):
     """What :func:`run` needs of a launcher.
 
-    ``run`` has the contract of ``gefen_conformance.ranks.run_on_ranks`` (SPEC 4.2.1-4.2.2): it binds a
-    :class:`gefen_conformance.world.World` around every rank's call of ``fn``, returns the values (index
+    ``run`` has the contract of ``gefen_conformance.harness.pool.run_on_ranks`` (SPEC 4.2.1-4.2.2): it binds a
+    :class:`gefen_conformance.harness.world.World` around every rank's call of ``fn``, returns the values (index
     = rank), or the outcomes with ``allow_failure``, and raises ``RankFailure`` otherwise.
     """
 
@@ -97,7 +97,7 @@ class Launcher(Protocol):
 
 
 class PoolLauncher:
-    """The local pool of :mod:`gefen_conformance.ranks`, one fresh world per call, on the run's device
+    """The local pool of :mod:`gefen_conformance.harness.pool`, one fresh world per call, on the run's device
     (:func:`conformance.devices.selected`): gloo ranks on CPU; on an accelerator one device per
     rank (rank r on ``type:index+r``) and that device's backend (NCCL for CUDA, SPEC 4.6.3)."""
 
@@ -223,7 +223,7 @@ def run(
 ) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of the active launcher.
 
-    Same contract as ``gefen_conformance.ranks.run_on_ranks``; in addition raises
+    Same contract as ``gefen_conformance.harness.pool.run_on_ranks``; in addition raises
     :class:`WorldTooLarge` (a ``ValueError``) naming the reason when the launcher cannot run that
     many ranks.
     """

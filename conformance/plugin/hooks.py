@@ -20,7 +20,7 @@ from typing import Optional
 
 import pytest
 
-from .selection import SUITE_DIR, in_suite, item_id, names_the_suite
+from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
@@ -83,7 +83,7 @@ def _suite_ids_as_paths(args, namespace, invocation_dir) -> None:
     """A test id as the suite prints it (``test_dcp_async.py::test_x[p]``, SPEC 4.5.5) names that
     suite test from any directory: rewritten to the suite module's path, unless the current
     directory holds a file of that name."""
-    from .selection import suite_path_for
+    from gefen_conformance.plugin.selection import suite_path_for
 
     for i, arg in enumerate(namespace.file_or_dir):
         path = suite_path_for(arg, Path(invocation_dir))
@@ -95,7 +95,7 @@ def _suite_ids_as_paths(args, namespace, invocation_dir) -> None:
 def _guard(config):
     """The run's interrupt guard, installed before anything heavy is imported: a Ctrl-C that lands
     in a callback of an import (hypothesis registers a garbage-collector callback) is not lost."""
-    from .interrupts import InterruptGuard
+    from gefen_conformance.plugin.interrupts import InterruptGuard
 
     guard = config.stash.get(_GUARD_KEY, None)
     if guard is None:
@@ -107,7 +107,7 @@ def _guard(config):
 def _select_device(name: str, guard) -> None:
     """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
     device it does not have is a usage error naming it."""
-    from . import devices
+    from gefen_conformance.harness import devices
 
     try:
         devices.select(devices.parse(name))
@@ -121,7 +121,7 @@ def _check_certificate_path(config, path, guard) -> None:
     line, exit 4. xdist workers write none."""
     if hasattr(config, "workerinput"):
         return
-    from . import outputs
+    from gefen_conformance.certificate import outputs
 
     target = Path(path) if path else Path.cwd() / "gefen-certificate.json"
     why = outputs.problem(target)
@@ -135,7 +135,7 @@ def _select_deadline_scale(text, guard) -> None:
     """``--gefen-deadline-scale F`` checked and made this process's (SPEC 4.2.10)."""
     if text is None:
         return
-    from . import deadlines
+    from gefen_conformance.harness import deadlines
 
     try:
         deadlines.set_scale(deadlines.parse_scale(text))
@@ -145,7 +145,7 @@ def _select_deadline_scale(text, guard) -> None:
 
 
 def _resolve(spec: str, guard):
-    from . import registry
+    from gefen_conformance.implementations import registry
 
     try:
         return registry.resolve(spec)
@@ -165,7 +165,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the implementation declares them")
     chosen = config.getoption("hypothesis_profile", None)
     if chosen and str(chosen).startswith("gefen-"):
-        from . import profiles  # registered before hypothesis's own plugin loads the chosen one
+        from gefen_conformance.plugin import hypothesis_profiles as profiles  # registered before hypothesis's own plugin loads the chosen one
 
         profiles.register()
     config.pluginmanager.register(_SessionHooks(config), "gefen-conformance-session")
@@ -178,7 +178,7 @@ def pytest_configure(config):
 
 def pytest_cmdline_main(config):
     if config.getoption("--impl-list"):
-        from . import registry
+        from gefen_conformance.implementations import registry
 
         names = registry.registered()
         if not names:
@@ -199,7 +199,7 @@ def _activate(config) -> "SuiteRun":
     run = _run(config)
     if run is not None:
         return run
-    from .recorder import SuiteRun
+    from gefen_conformance.plugin.recorder import SuiteRun
 
     if config.option.impl is None:
         config.option.impl = "reference"
@@ -278,8 +278,8 @@ def _missing(item, impl) -> list[str]:
 def _not_on_device(item) -> Optional[str]:
     """Why a test that requires ``cpu-bit-exact`` does not run on the run's device (SPEC 4.6.4),
     or None: bitwise claims are judged on CPU only."""
-    from . import devices
-    from .implementation import CPU_BIT_EXACT
+    from gefen_conformance.harness import devices
+    from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
     device = devices.selected()
     if device.type == "cpu" or not any(CPU_BIT_EXACT in m.args for m in item.iter_markers("requires")):
@@ -331,13 +331,13 @@ def pytest_runtestloop(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _run(item.config) is not None and in_suite(item.path):
-        from . import observations
+        from gefen_conformance.plugin import observations
 
         observations.drain()  # whatever an earlier test left behind is not this test's
 
 
 def _reason(report, call) -> str:
-    from .certificate import cut
+    from gefen_conformance.certificate.build import cut
 
     if hasattr(report, "wasxfail"):
         return cut(report.wasxfail)
@@ -366,7 +366,8 @@ def pytest_runtest_makereport(item, call):
     run = _run(item.config)
     if run is None or not in_suite(item.path):
         return report
-    from . import launch, observations
+    from gefen_conformance.harness import launch
+    from gefen_conformance.plugin import observations
 
     # user_properties travel with the report, also from xdist workers to the controller
     report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
@@ -411,7 +412,7 @@ class _SessionHooks:
         observed = props.get(_OBSERVED) or {}
         if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
             return
-        from .certificate import TestRecord
+        from gefen_conformance.certificate.build import TestRecord
 
         outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else "passed"
         reason = props.get(_REASON, "")

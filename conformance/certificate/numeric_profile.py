@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from . import devices
-from .implementation import CPU_BIT_EXACT
+from gefen_conformance.harness import devices
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 __all__ = ["bitwise", "choose"]
 

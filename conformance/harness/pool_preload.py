@@ -31,8 +31,8 @@ TORCH_MODULES = (
     "torch._dynamo",
 )
 #: the suite's own modules whose functions run in ranks
-SUITE_MODULES = ("gefen_reference", "gefen_reference.dcp", "gefen_conformance.workload",
-                 "gefen_conformance.golden", "gefen_conformance.sharding", "gefen_conformance.registry")
+SUITE_MODULES = ("gefen_reference", "gefen_reference.dcp", "gefen_conformance.workload.models",
+                 "gefen_conformance.golden", "gefen_conformance.harness.sharding", "gefen_conformance.implementations.registry")
 
 
 def modules() -> list[str]:

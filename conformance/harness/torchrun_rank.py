@@ -1,4 +1,4 @@
-"""One torchrun rank's part in one scenario call (private to :mod:`gefen_conformance.torchrun`; SPEC 4.7.3).
+"""One torchrun rank's part in one scenario call (private to :mod:`gefen_conformance.harness.torchrun`; SPEC 4.7.3).
 
 A scenario call of ``k`` ranks runs on global ranks ``0..k-1`` of the torchrun job (rank 0's part
 in the rank-0 server, a child of the process that runs pytest). Each of them runs ``fn`` in a
@@ -13,7 +13,7 @@ rather than a ``new_group`` of the job's world because DCP adapters (the referen
 given; it also means a call needs nothing from the ranks that do not take part, and a rank never
 joins a collective over the whole job.
 
-A rank's outcome is reported as a plain dict (the fields of ``gefen_conformance.ranks.RankOutcome``):
+A rank's outcome is reported as a plain dict (the fields of ``gefen_conformance.harness.pool.RankOutcome``):
 
 * ``"ok"``: ``fn`` returned, the group was destroyed, the value pickled (``value``: the bytes);
 * ``"raised"``: an exception escaped ``fn``, the group set-up or teardown; the group's
@@ -25,7 +25,7 @@ A rank's outcome is reported as a plain dict (the fields of ``gefen_conformance.
   outcome stays "died" with ``exitcode`` ``code``;
 * ``"hung"``: ``fn`` was still running when the coordinator gave up on the call; every thread's
   stack is dumped with ``faulthandler`` into ``traceback``. The thread cannot be stopped, so the
-  rank never takes part in a call again and the job ends (:mod:`gefen_conformance.torchrun`).
+  rank never takes part in a call again and the job ends (:mod:`gefen_conformance.harness.torchrun`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import tempfile
 import threading
 import traceback as traceback_module
 
-from .exception_text import format_exception, qualified_name, safe_str
-from .world import World, scope
+from gefen_conformance.harness.exception_text import format_exception, qualified_name, safe_str
+from gefen_conformance.harness.world import World, scope
 
 __all__ = ["Participation", "RankDied", "hung_report"]
 
@@ -129,7 +129,7 @@ def _reseed(torch) -> None:
 
 
 class Participation:
-    """Rank ``rank``'s part in the call described by ``task`` (see :mod:`gefen_conformance.torchrun`).
+    """Rank ``rank``'s part in the call described by ``task`` (see :mod:`gefen_conformance.harness.torchrun`).
 
     ``pg_store`` is the store the call's process group rendezvouses on (a TCPStore client of this
     rank, not shared with the thread that watches the call). The rank takes the test process's
@@ -183,7 +183,7 @@ class Participation:
             fn, args, kwargs = pickle.loads(task["payload"])
             stage = f"initialising the {task['backend']} process group"
             self._init_group(torch, dist)
-            from .sharding import forget_dtensor_caches
+            from gefen_conformance.harness.sharding import forget_dtensor_caches
 
             forget_dtensor_caches()
             world = World(rank=self.rank, size=task["world_size"], group=dist.group.WORLD, device=self.device,
@@ -231,7 +231,7 @@ class Participation:
         self._owns_group = True
         # gloo connects its full mesh during init: these are the group's connections (and listener)
         self._group_sockets = _socket_fds() - before
-        # Nobody starts fn before every rank has its group (see gefen_conformance._rank_worker: a quick
+        # Nobody starts fn before every rank has its group (see gefen_conformance.harness.pool_worker: a quick
         # rank could otherwise tear its sockets down under a peer still connecting).
         if store.add(_INIT_COUNTER_KEY, 1) == task["world_size"]:
             store.set(_INIT_DONE_KEY, b"1")

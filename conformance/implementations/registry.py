@@ -13,7 +13,7 @@ import importlib
 import os
 from importlib.metadata import entry_points
 
-from .implementation import Implementation
+from gefen_conformance.implementations.contract import Implementation
 
 ENTRY_POINT_GROUP = "gefen_conformance.implementations"
 

@@ -1,8 +1,8 @@
 """What a rank body sees of its ranks: the :class:`World` of the running scenario call (SPEC 4.2.4).
 
 A multi-rank scenario is a rank body plus a check on the values the ranks return, written once
-and run by whichever launcher is active (:mod:`gefen_conformance.launch`): the local pool of
-:mod:`gefen_conformance.ranks` today, torchrun later. The body learns everything launcher-specific from
+and run by whichever launcher is active (:mod:`gefen_conformance.harness.launch`): the local pool of
+:mod:`gefen_conformance.harness.pool` today, torchrun later. The body learns everything launcher-specific from
 ``world.current()``, never from ``torch.distributed``'s defaults:
 
 * ``rank`` and ``size``: its rank within the scenario and the scenario's number of ranks;
@@ -79,13 +79,13 @@ def current() -> World:
     """The World of the scenario call running in this process.
 
     Raises :class:`NoCurrentWorld` outside one: a rank body must be run through
-    :func:`gefen_conformance.launch.run` (or ``gefen_conformance.ranks.run_on_ranks``), or in-process inside
+    :func:`gefen_conformance.harness.launch.run` (or ``gefen_conformance.harness.pool.run_on_ranks``), or in-process inside
     a ``conformance.sharding.WorldOfOne``.
     """
     if _CURRENT is None:
         raise NoCurrentWorld(
-            "gefen_conformance.world.current() was called outside a scenario call: no launcher has "
-            "bound a World in this process (run the rank body through gefen_conformance.launch.run, "
+            "gefen_conformance.harness.world.current() was called outside a scenario call: no launcher has "
+            "bound a World in this process (run the rank body through gefen_conformance.harness.launch.run, "
             "or in-process inside a conformance.sharding.WorldOfOne)"
         )
     return _CURRENT

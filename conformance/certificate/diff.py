@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .certificate_read import BAD_OUTCOMES, OUTCOMES, clause_key, finite_used, tolerance_margins, verdict_rank
+from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, clause_key, finite_used, tolerance_margins, verdict_rank
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # never echo terminal escapes from a certificate
 DEFAULT_MARGIN_FACTOR = 2.0
@@ -207,7 +207,7 @@ def _check_threshold(diff: Diff, tid: str, was: Optional[dict], now: dict) -> No
 
 
 def _pct(used: Optional[float]) -> str:
-    from .report import percent
+    from gefen_conformance.certificate.report import percent
 
     return "outside its bound" if used is None else percent(used)
 
@@ -266,7 +266,7 @@ def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = 
         out[:2] = [_CONTROL.sub("?", line) for line in out[:2]]
         return "\n".join(out) + "\n"
     if fmt == "md":
-        from .report import md_text
+        from gefen_conformance.certificate.report import md_text
 
         out = ["### Gefen conformance diff", "", f"**{md_text(verdict)}**", "",
                "| | certificate | implementation, verdict, start |", "|---|---|---|",

@@ -12,10 +12,10 @@ suite run, before its first test:
   each, a tensor lr and weight decay, and the native state dict where declared), and times it
   (the certificate's ``execution.warm_up_s``);
 * for the pool's rank processes: has the fork server import the scenario modules and torch's
-  lazily imported parts (:mod:`gefen_conformance._rank_preload`), starts the workers the
+  lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`), starts the workers the
   largest scenario needs, and has every rank run :func:`prepare_rank` (resolve the
   implementation, call its ``prepare`` on the rank's device) before its first call's deadline
-  starts (``gefen_conformance.ranks.prepare_workers``);
+  starts (``gefen_conformance.harness.pool.prepare_workers``);
 * torchrun ranks run :func:`prepare_rank` at start-up, before rank 0 starts pytest.
 
 A warm-up that raises does not stop the run: the tests that use the failing code path report
@@ -32,8 +32,8 @@ import torch
 #: (dtype, factored) of every optimizer code path the scenarios use
 CODE_PATHS = tuple((dtype, factored) for dtype in (torch.float32, torch.bfloat16, torch.float16)
                    for factored in (False, True))
-#: the module the rank processes preload (see :mod:`gefen_conformance._rank_preload`)
-RANK_PRELOAD = ("gefen_conformance._rank_preload",)
+#: the module the rank processes preload (see :mod:`gefen_conformance.harness.pool_preload`)
+RANK_PRELOAD = ("gefen_conformance.harness.pool_preload",)
 #: the largest scenario of the suite, in ranks: the pool starts this many workers in the warm-up
 LARGEST_SCENARIO = 4
 
@@ -53,7 +53,7 @@ def prepare_hook(impl, device) -> None:
 def _model():
     """A small model with the scenarios' kinds of parameter: a matrix with structured gradients (a
     searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
-    from . import workload
+    from gefen_conformance.workload import models as workload
 
     return workload.Model(shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
                           groups=(("matrix", "prime"), ("scalar",)), init=workload.one_stream,
@@ -64,8 +64,8 @@ def exercise(impl) -> list[str]:
     """Run each of :data:`CODE_PATHS` the implementation supports once, two steps (the first
     creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
     code path that raised (the tests that use it report it)."""
-    from . import workload
-    from .implementation import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+    from gefen_conformance.workload import models as workload
+    from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
 
     model = _model()
     notes = []
@@ -101,7 +101,7 @@ def warm_up_process(impl, device) -> WarmUp:
 def prepare_pool(impl_spec: str, workers: int) -> None:
     """Have the pool's rank processes preload the scenario modules and prepare the implementation
     before their first call's deadline, and start ``workers`` of them now."""
-    from . import ranks
+    from gefen_conformance.harness import pool as ranks
 
     ranks.prepare_workers(RANK_PRELOAD, prepare_rank, (impl_spec,))
     if workers:
@@ -113,7 +113,7 @@ def prepare_rank(impl_spec: str, *, device) -> None:
     device; a torchrun rank at start-up): resolve the implementation, call its ``prepare``."""
     import importlib
 
-    from . import registry
+    from gefen_conformance.implementations import registry
 
     for name in RANK_PRELOAD:
         importlib.import_module(name)

@@ -19,7 +19,7 @@ Inside ``fn``:
   meshes and friends all work. ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
   ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port that was free when the call started,
   for code that builds its own rendezvous from the environment) are set as well;
-* ``gefen_conformance.world.current()`` is this rank's :class:`~gefen_conformance.world.World`: ``rank`` r of
+* ``gefen_conformance.harness.world.current()`` is this rank's :class:`~gefen_conformance.harness.world.World`: ``rank`` r of
   ``size`` ``world_size``, ``group`` the default group, ``device`` cpu (or rank r's
   accelerator, ``devices.for_rank(device, r)``, made the process's current one), ``mesh`` a 1-D mesh
   over the group, and ``die(code)`` leaves the process with ``os._exit(code)`` (reported "died");
@@ -60,7 +60,7 @@ Bounds
 
 * ``timeout`` is the deadline of the call, counted from the moment the (already started and
   prepared) workers receive the task; starting workers has its own bound (120 s, or
-  ``GEFEN_RANKS_STARTUP_TIMEOUT``). Every bound here is a :class:`~gefen_conformance.deadlines.Deadline`:
+  ``GEFEN_RANKS_STARTUP_TIMEOUT``). Every bound here is a :class:`~gefen_conformance.harness.deadlines.Deadline`:
   seconds of a quiet machine, times the run's deadline scale, on a clock that the machine's
   load slows down (at most 20x), so a slow rank is not taken for a hung one (SPEC 4.2.10). Ranks
   still running at the deadline are stack-dumped and killed, so on a quiet machine the call
@@ -128,9 +128,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import _rank_worker
-from .deadlines import Deadline, wall_bound
-from .exception_text import format_exception, qualified_name
+from gefen_conformance.harness import pool_worker as _rank_worker
+from gefen_conformance.harness.deadlines import Deadline, wall_bound
+from gefen_conformance.harness.exception_text import format_exception, qualified_name
 
 __all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "prepare_workers", "run_on_ranks", "shutdown_pool",
            "start_workers"]
@@ -416,7 +416,7 @@ def _supervise(
     unsettled ``timeout`` seconds after the start, or ``failure_grace`` seconds after the first
     failed outcome (never past the deadline), has every thread's Python stack dumped, is killed
     and reaped, and is "hung" (``overdue`` words the deadline: ``{deadline}`` or ``{startup}``
-    become its description). Both bounds are :class:`~gefen_conformance.deadlines.Deadline` s:
+    become its description). Both bounds are :class:`~gefen_conformance.harness.deadlines.Deadline` s:
     quiet seconds, scaled, on the clock the machine's load slows down (SPEC 4.2.10). Returns one
     outcome per worker, in order; no worker that is not "ok" is left running.
     """
@@ -867,7 +867,7 @@ def run_on_ranks(
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     import torch
 
-    from . import devices
+    from gefen_conformance.harness import devices
 
     device = devices.selected() if device is None else torch.device(device)
     short = devices.shortage(device, world_size)
@@ -959,7 +959,7 @@ def run_on_ranks(
             reusable = [outcome.ok for outcome in prepared]
             outcomes = [
                 o if not o.ok else RankOutcome(
-                    rank=o.rank, status="raised", exc_type="gefen_conformance.ranks.CallNotStarted",
+                    rank=o.rank, status="raised", exc_type="gefen_conformance.harness.pool.CallNotStarted",
                     message=f"the call did not start: rank {first} failed while preparing for it",
                     traceback=f"rank {o.rank}: the call did not start: rank {first} failed while preparing for it",
                     pid=o.pid)

@@ -11,7 +11,7 @@ the gradients, the GradScaler attributes ``grad_scale`` and ``found_inf``).
 :func:`starting_state` builds the native state dict both sides load (from the reference's own
 ``state_dict()`` of the case's groups, so names and hyperparameters are the reference's);
 :func:`run` drives one side (an implementation's ``make_optimizer``, or
-:data:`gefen_conformance.workload.REFERENCE`) through the case and records, per call, the
+:data:`gefen_conformance.workload.models.REFERENCE`) through the case and records, per call, the
 parameters before and after, the gradients the step had to use (unscaled, CPU), the native state
 dict after, and the hyperparameters the groups held. The suite (``test_input_space.py``) judges
 the records with the oracles: bitwise against the reference's run, or each call as a pinned step
@@ -19,7 +19,7 @@ from the implementation's own state (SPEC 5.6.1), so nothing accumulates however
 counter.
 
 Every value is a deterministic function of the case (its ``seed``), so both sides see the same
-inputs; an implementation's tensors live on its device (:func:`gefen_conformance.workload.device_for`),
+inputs; an implementation's tensors live on its device (:func:`gefen_conformance.workload.models.device_for`),
 the records are CPU copies. Nothing here imports hypothesis: the strategies over this space are
 the suite's.
 """
@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import torch
 
-from .workload import REFERENCE, device_for, state_to_cpu, to_cpu
+from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
 
 __all__ = [
     "CODEBOOK", "DTYPES", "GRADIENTS", "LAYOUTS", "OPTIONS", "PROTOCOLS", "SCHEDULES", "Call", "GroupCase",

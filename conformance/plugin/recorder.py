@@ -15,10 +15,11 @@ from typing import Optional
 
 import pytest
 
-from . import certificate, selection
-from .implementation import Implementation
-from .interrupts import InterruptGuard
-from .profiles import SuiteProfile
+from gefen_conformance.certificate import build as certificate
+from gefen_conformance.plugin import selection
+from gefen_conformance.implementations.contract import Implementation
+from gefen_conformance.plugin.interrupts import InterruptGuard
+from gefen_conformance.plugin.hypothesis_profiles import SuiteProfile
 
 
 def _pytest_is_the_program() -> bool:
@@ -101,7 +102,7 @@ class SuiteRun:
         facts = getattr(self, "_suite_facts", None)
         if facts is not None:
             return facts
-        from . import provenance
+        from gefen_conformance.certificate import provenance
 
         provenance.kill_running()
         self.run.notes.append("the suite's git state was not determined before the run was interrupted")
@@ -109,7 +110,7 @@ class SuiteRun:
 
     def close(self) -> None:
         if getattr(self.config.option, "gefen_deadline_scale", None) is not None:
-            from . import deadlines
+            from gefen_conformance.harness import deadlines
 
             deadlines.set_scale(None)
         self.guard.uninstall()
@@ -131,10 +132,10 @@ class SuiteRun:
         status = self.exit_status if self.exit_status is not None else int(pytest.ExitCode.INTERRUPTED)
         try:
             self.close()
-            ranks = sys.modules.get("gefen_conformance.ranks")
+            ranks = sys.modules.get("gefen_conformance.harness.pool")
             if ranks is not None:
                 ranks.kill_all()
-            from . import provenance
+            from gefen_conformance.certificate import provenance
 
             provenance.kill_running()
         finally:
@@ -162,9 +163,10 @@ class SuiteRun:
     def warm_up(self, session) -> None:
         """Prepare the implementation before the first test of this process (SPEC 4.2.11): the
         xdist controller runs no test and leaves it to its workers."""
-        from . import devices, launch, warmup
-        from .implementation import DCP_RESHARD
-        from .selection import in_suite
+        from gefen_conformance.harness import devices, launch
+        from gefen_conformance.plugin import warmup
+        from gefen_conformance.implementations.contract import DCP_RESHARD
+        from gefen_conformance.plugin.selection import in_suite
 
         if self.config.option.collectonly or self.config.pluginmanager.has_plugin("dsession"):
             return
@@ -234,7 +236,7 @@ class SuiteRun:
         return None, self.census.error
 
     def _narrowed_by(self, missing: set, expected_known: bool, session, interrupted: bool) -> list[str]:
-        from . import profiles
+        from gefen_conformance.plugin import hypothesis_profiles as profiles
 
         opt = self.config.option
         why = []
@@ -269,7 +271,7 @@ class SuiteRun:
 
     def finish(self, session, exitstatus: int) -> None:
         """Build and write the certificate (controller or single process, after at least one test)."""
-        from . import profiles
+        from gefen_conformance.plugin import hypothesis_profiles as profiles
 
         self.guard.acknowledge()
         interrupted = self.guard.signal_name

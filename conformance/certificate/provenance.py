@@ -60,7 +60,7 @@ _RUNNING: set = set()  # git processes running now (an interrupted run kills the
 
 
 def _git(cwd: Path, *args: str) -> Optional[str]:
-    from .deadlines import wall_bound
+    from gefen_conformance.harness.deadlines import wall_bound
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     try:

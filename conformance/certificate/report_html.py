@@ -1,6 +1,6 @@
 """A certificate as one self-contained HTML page, failures first, with a chart of margins per clause (SPEC 4.5).
 
-:func:`html` returns a complete page in the order of :mod:`gefen_conformance.report`: the verdict,
+:func:`html` returns a complete page in the order of :mod:`gefen_conformance.certificate.report`: the verdict,
 what did not pass (each with its clauses, reason, rank locations and rerun command), the expected
 failures (blue, apart from the failures' red), :func:`margin_chart`, then what was certified and
 the per-clause table. The chart has one row per clause, or per group of clauses that share the
@@ -22,8 +22,8 @@ from __future__ import annotations
 import html as _html
 import re
 
-from .certificate_read import BAD_OUTCOMES, OUTCOMES
-from .report import (OUTCOME_HEADINGS, PROBLEM_KINDS, ChartRow, clause_rows, chart_rows, facts, margin_text,
+from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES
+from gefen_conformance.certificate.report import (OUTCOME_HEADINGS, PROBLEM_KINDS, ChartRow, clause_rows, chart_rows, facts, margin_text,
                      not_passed, percent, tolerance_lines)
 
 SCALE_MAX = 1.25  # the chart's axis runs from 0 to 125 % of the bound
@@ -125,7 +125,7 @@ def _chart_row(row: ChartRow) -> str:
 
 
 def margin_chart(rows: list) -> str:
-    """Every clause in one chart (rows from :func:`gefen_conformance.report.chart_rows`)."""
+    """Every clause in one chart (rows from :func:`gefen_conformance.certificate.report.chart_rows`)."""
     axis = "".join(f"<span>{i * 25} %</span>" for i in range(6))
     head = (f'<div class="crow"><div class="clab small">clauses</div><div class="axis">{axis}</div></div>')
     return f'<div class="chart" role="figure" aria-label="worst share of its bound used, per clause">{head}' + \

@@ -24,8 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import certificate_diff, report
-from .certificate_read import CertificateError, load
+from gefen_conformance.certificate import diff as certificate_diff, report
+from gefen_conformance.certificate.read import CertificateError, load
 
 
 def _positive(minimum: float, *, strict: bool):
@@ -70,7 +70,7 @@ def _write(path: Path, text: str) -> None:
 
 def run_report(args) -> int:
     if args.out is not None:
-        from .outputs import problem
+        from gefen_conformance.certificate.outputs import problem
 
         why = problem(args.out)
         if why:  # refused before anything is read or rendered (SPEC 4.4.10)

@@ -1,4 +1,4 @@
-"""Worker side of :mod:`gefen_conformance.ranks` (private; the public contract is documented there).
+"""Worker side of :mod:`gefen_conformance.harness.pool` (private; the public contract is documented there).
 
 One worker is one long-lived OS process that runs scenario calls, one at a time, for whichever
 rank the parent assigns it. The parent and the worker talk over a ``multiprocessing`` pipe:
@@ -15,7 +15,7 @@ rank the parent assigns it. The parent and the worker talk over a ``multiprocess
 * worker -> parent ``("result", call_id, report)`` with ``report`` a dict of plain, picklable
   values: ``status`` ("ok" or "raised"), ``value`` (pickled bytes, for "ok"), or ``exc_type``,
   ``message``, ``traceback`` (text) and ``exc_bytes`` (the pickled exception, or None); the
-  worker binds a :class:`gefen_conformance.world.World` (the default group, its rank's device of
+  worker binds a :class:`gefen_conformance.harness.world.World` (the default group, its rank's device of
   ``task["device"]``) around ``fn``;
 * parent -> worker ``("exit",)``: leave the loop and exit 0.
 
@@ -37,8 +37,8 @@ import sys
 import threading
 import time
 
-from .exception_text import format_exception, qualified_name, safe_str
-from .world import World, scope
+from gefen_conformance.harness.exception_text import format_exception, qualified_name, safe_str
+from gefen_conformance.harness.world import World, scope
 
 #: exit code of a worker that reported a "raised" outcome and then left on purpose
 EXIT_AFTER_FAILURE = 10
@@ -48,8 +48,8 @@ EXIT_PARENT_GONE = 70
 SINGLE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _PR_SET_PDEATHSIG = 1
-_INIT_COUNTER_KEY = "gefen_conformance.ranks/initialised"
-_INIT_DONE_KEY = "gefen_conformance.ranks/all-initialised"
+_INIT_COUNTER_KEY = "gefen_conformance.harness.pool/initialised"
+_INIT_DONE_KEY = "gefen_conformance.harness.pool/all-initialised"
 _WATCHDOG_PERIOD_S = 0.5
 # Process groups the previous call destroyed, freed at the start of the next call. torch 2.5 frees a
 # gloo group by joining its worker threads while holding the GIL, and a worker thread still releasing
@@ -155,7 +155,7 @@ def _rank_device(name: str, rank: int, torch):
     here because this module must not import torch at import time): ``cpu`` for every rank; on an accelerator
     ``type:index+rank``, made this process's current device so that a backend's implicit device
     (NCCL's) is the rank's own."""
-    from .devices import for_rank
+    from gefen_conformance.harness.devices import for_rank
 
     device = for_rank(torch.device(name), rank)
     if device.type != "cpu":
@@ -234,7 +234,7 @@ def _run_call(task: dict, torch, dist) -> dict:
     try:
         fn, args, kwargs = pickle.loads(task["payload"])
         device = _rank_device(task["device"], rank, torch)
-        from .devices import backend_for  # torch is imported by now
+        from gefen_conformance.harness.devices import backend_for  # torch is imported by now
 
         backend = backend_for(device)
         stage = f"initialising the {backend} process group on {device}"
@@ -257,7 +257,7 @@ def _run_call(task: dict, torch, dist) -> dict:
         if "torch.distributed.tensor" in sys.modules:
             # DTensor sharding caches are keyed on meshes without their rank; a worker that
             # served as another rank before would otherwise reuse that rank's placements.
-            from .sharding import forget_dtensor_caches
+            from gefen_conformance.harness.sharding import forget_dtensor_caches
 
             forget_dtensor_caches()
         # The pool's World: the whole (fresh) default group; a rank dies by leaving the process.

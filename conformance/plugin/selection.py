@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 SUITE_DIR = PACKAGE_DIR / "suite"
 CENSUS_ENV = "GEFEN_CONFORMANCE_CENSUS"
 CENSUS_TIMEOUT_S = 300.0
@@ -132,7 +132,7 @@ class SuiteCensus:
         """The suite's test ids (None, with :attr:`error` set, when the census failed)."""
         if self._process is None:
             return self.ids
-        from .deadlines import wall_bound
+        from gefen_conformance.harness.deadlines import wall_bound
 
         try:
             out, _ = self._process.communicate(timeout=wall_bound(timeout))

@@ -1,7 +1,7 @@
 """A certificate as a document people read: Markdown for pull requests, HTML for publishing (SPEC 4.5).
 
-:func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`gefen_conformance.certificate_read`)
-into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`gefen_conformance.report_html`).
+:func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`gefen_conformance.certificate.read`)
+into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`gefen_conformance.certificate.report_html`).
 Both lead with what did not pass (:func:`not_passed`: failed, errored and unexpectedly passing
 tests, and tests that did not run for lack of ranks or devices), each with its clauses, its one-line
 reason, where a rank failed, and the command that reruns exactly that test (:func:`rerun_command`);
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .certificate_read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
+from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
 
 OUTCOME_HEADINGS = {"passed": "passed", "failed": "failed", "error": "errored", "skipped": "skipped",
                     "xfailed": "expected failures", "xpassed": "unexpected passes"}
@@ -53,7 +53,7 @@ def render(cert: dict, fmt: str, source: str = "") -> str:
     if fmt == "md":
         return markdown(cert, source)
     if fmt == "html":
-        from .report_html import html
+        from gefen_conformance.certificate.report_html import html
 
         return html(cert, source)
     raise ValueError(f"unknown report format {fmt!r} (known: md, html)")

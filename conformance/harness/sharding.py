@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from . import devices, world
+from gefen_conformance.harness import devices, world
 
 
 def forget_dtensor_caches() -> None:
@@ -32,7 +32,7 @@ def forget_dtensor_caches() -> None:
 
 def world_mesh():
     """The current World's 1-D mesh (SPEC 4.2.4), with torch's DTensor caches dropped first (see
-    :func:`forget_dtensor_caches`). Raises ``gefen_conformance.world.NoCurrentWorld`` outside a scenario
+    :func:`forget_dtensor_caches`). Raises ``gefen_conformance.harness.world.NoCurrentWorld`` outside a scenario
     call or a :class:`WorldOfOne`."""
     forget_dtensor_caches()
     return world.current().mesh
@@ -53,7 +53,7 @@ def sharded_parameter(full: torch.Tensor, mesh) -> torch.nn.Parameter:
 def _no_dying_in_process(exitcode: int):
     raise RuntimeError(
         f"World.die({exitcode}) in a WorldOfOne would end the calling process; simulate a dying "
-        "rank in a launched scenario (gefen_conformance.launch.run)"
+        "rank in a launched scenario (gefen_conformance.harness.launch.run)"
     )
 
 
