@@ -25,6 +25,7 @@ import torch.distributed as dist
 from gefen_conformance.harness import deadlines, pool as ranks
 from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
 
+from .interrupt_probe import default_signals
 from .support import deadline_wall_s
 
 pytestmark = pytest.mark.skipif(
@@ -408,7 +409,12 @@ _CALLER_SCRIPT = textwrap.dedent(
 )
 
 
-def _wait_for_pids(directory: Path, count: int, proc, limit: float = 60) -> list[int]:
+# Waits for something the test needs to happen (ranks started, a line printed), not bounds under test:
+# generous, since on an oversubscribed machine spawning ranks that import torch takes minutes.
+WAIT_S = 600.0
+
+
+def _wait_for_pids(directory: Path, count: int, proc, limit: float = WAIT_S) -> list[int]:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         files = sorted(directory.glob("*.pid"))
@@ -431,7 +437,7 @@ class _LineReader:
         for line in stream:
             self.lines.put(line)
 
-    def wait_for(self, prefix: str, limit: float = 60) -> str:
+    def wait_for(self, prefix: str, limit: float = WAIT_S) -> str:
         deadline = time.monotonic() + limit
         while True:
             try:
@@ -465,6 +471,7 @@ def test_interrupted_or_killed_caller_leaves_no_workers(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_signals,  # Ctrl-C as a terminal's program gets it, even when this run's SIGINT is ignored
     )
     reader = _LineReader(proc.stdout)
     try:
