@@ -8,7 +8,10 @@ whatever ``testpaths`` the directory's own pytest configuration names; with path
 
 The plugin is inert unless the suite is being run, that is ``--impl`` was given, the command line
 names the suite, or suite modules were collected: otherwise it imports nothing beyond pytest and
-the standard library, loads no hypothesis profile, installs no signal handler and writes no file.
+the standard library, loads no hypothesis profile, installs no signal handler, registers no
+fixture or marker and writes no file (SPEC 4.1.5). The suite's fixtures and its ``gefen_clause``
+and ``gefen_requires`` markers are registered by ``gefen_conformance.suite.fixtures`` when the
+first suite module is collected.
 """
 
 from __future__ import annotations
@@ -161,8 +164,6 @@ def _resolve(spec: str, guard):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    config.addinivalue_line("markers", "clause(*ids): the SPEC clauses a conformance test checks")
-    config.addinivalue_line("markers", "requires(*capabilities): skip unless the implementation declares them")
     chosen = config.getoption("hypothesis_profile", None)
     if chosen and str(chosen).startswith("gefen-"):
         from gefen_conformance.plugin import hypothesis_profiles as profiles  # registered before hypothesis's own plugin loads the chosen one
@@ -272,7 +273,9 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 
 def _missing(item, impl) -> list[str]:
-    return [c for m in item.iter_markers("requires") for c in m.args if not impl.has(c)]
+    from gefen_conformance.plugin import markers
+
+    return [c for c in markers.required(item) if not impl.has(c)]
 
 
 def _not_on_device(item) -> Optional[str]:
@@ -280,9 +283,10 @@ def _not_on_device(item) -> Optional[str]:
     or None: bitwise claims are judged on CPU only."""
     from gefen_conformance.harness import devices
     from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+    from gefen_conformance.plugin import markers
 
     device = devices.selected()
-    if device.type == "cpu" or not any(CPU_BIT_EXACT in m.args for m in item.iter_markers("requires")):
+    if device.type == "cpu" or CPU_BIT_EXACT not in markers.required(item):
         return None
     return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"
 
@@ -292,11 +296,13 @@ def pytest_collection_modifyitems(session, config, items):
     suite_items = [item for item in items if in_suite(item.path)]
     if not suite_items:
         return (yield)
+    from gefen_conformance.plugin import markers
+
     run = _activate(config)
     impl = run.impl
     matched = set()
     for item in suite_items:
-        if not list(item.iter_markers("clause")):
+        if not markers.clauses(item):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
         missing = _missing(item, impl)
         off_device = None if missing else _not_on_device(item)
@@ -367,10 +373,10 @@ def pytest_runtest_makereport(item, call):
     if run is None or not in_suite(item.path):
         return report
     from gefen_conformance.harness import launch
-    from gefen_conformance.plugin import observations
+    from gefen_conformance.plugin import markers, observations
 
     # user_properties travel with the report, also from xdist workers to the controller
-    report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
+    report.user_properties.append((_CLAUSES, markers.clauses(item)))
     report.user_properties.append((_SUITE_ID, item_id(item)))
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))

@@ -6,7 +6,7 @@ Not collected. Several scenario modules use what is here, by name:
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
-* :class:`Checkpoints`, the session's cache of their results (the ``saved`` fixture): a
+* :class:`Checkpoints`, the session's cache of their results (the ``gefen_checkpoints`` fixture): a
   checkpoint is trained and saved once per session and read by every module that needs it;
 * the checks run in the test process on a restore: model parameters, continuation, re-save
   (reshard and interop).

@@ -228,47 +228,47 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     return margins.record(comparisons)
 
 
-@pytest.mark.clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_restore_into_a_stepped_optimizer(impl, impl_spec, saved, dtype, target):
-    theirs = _continued(saved, impl_spec, dtype, target)
+def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
+    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
     problems = _failures(theirs)
     if not problems:
-        ours = _continued(saved, REFERENCE, dtype, target)
+        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
         problems = _failures(ours)
     if not problems:
-        problems = _model_problems(_read_once(saved, theirs["source"]), _read(saved, theirs, 0))
-        expected, actual = _read(saved, ours, 0)["optimizer"], _read(saved, theirs, 0)["optimizer"]
+        problems = _model_problems(_read_once(gefen_checkpoints, theirs["source"]), _read(gefen_checkpoints, theirs, 0))
+        expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
         problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
-                                                                       bitwise=numeric_profile.bitwise(impl)))
+                                                                       bitwise=numeric_profile.bitwise(gefen_impl)))
     assert not problems, "\n".join(problems[:20])
 
 
-@pytest.mark.clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_steps_after_the_restore(impl, impl_spec, saved, dtype, target):
-    theirs = _continued(saved, impl_spec, dtype, target)
+def test_steps_after_the_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
+    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
     problems = _failures(theirs)
     if not problems:
-        ours = _continued(saved, REFERENCE, dtype, target)
+        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
         problems = _failures(ours)
     if problems:
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()
     for k in range(1, CONTINUATION + 1):
-        expected, actual = _read(saved, ours, k), _read(saved, theirs, k)
+        expected, actual = _read(gefen_checkpoints, ours, k), _read(gefen_checkpoints, theirs, k)
         _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
-        if numeric_profile.bitwise(impl):
+        if numeric_profile.bitwise(gefen_impl):
             comparisons.merge(checkpoint_compare.compare_restores(expected["optimizer"], actual["optimizer"],
                                                                   bitwise=True, where=f"after {k} steps"))
             for name, value in expected["model"].items():
                 comparisons.add(bitwise_comparison(f"continuation: model parameters ({dtype})", value,
                                                    actual["model"].get(name), label=f"after {k} steps: {name}"))
     problems = margins.record(comparisons)
-    if not problems and not numeric_profile.bitwise(impl):
-        problems = _shadow_problems(saved, theirs, target, DTYPES[dtype])
+    if not problems and not numeric_profile.bitwise(gefen_impl):
+        problems = _shadow_problems(gefen_checkpoints, theirs, target, DTYPES[dtype])
     assert not problems, "\n".join(problems[:20])
