@@ -65,7 +65,7 @@ class SuiteRun:
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
-                                                   "capabilities": sorted(impl.capabilities)})
+                                                   "capabilities": sorted(c.value for c in impl.capabilities)})
         self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None

@@ -91,7 +91,7 @@ def async_with_default_writer(spec: str, path: str):
         _wait(dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=dcp.FileSystemWriter(path),
                              process_group=world.current().group))
     except Exception as exc:  # the outcome is the result
-        return checkpoints.error_report(exc)
+        return checkpoints.RaisedError.of(exc)
     return None
 
 
@@ -118,7 +118,7 @@ def test_async_save_with_the_default_writer_is_refused_before_writing(gefen_impl
     errors = checkpoints.run(async_with_default_writer, WORLD, (gefen_impl_spec, str(path)))
     for rank, error in enumerate(errors):
         assert error is not None, f"rank {rank}: async_save with the default writer succeeded"
-        assert "RuntimeError" in error["mro"] and "GefenFileSystemWriter" in error["message"], (rank, error)
-        assert "GefenSavePlanner" not in error["message"], (rank, error)
+        assert error.is_a(RuntimeError) and "GefenFileSystemWriter" in error.message, (rank, error)
+        assert "GefenSavePlanner" not in error.message, (rank, error)
     written = sorted(p.name for p in path.iterdir()) if path.exists() else []
     assert written == [], written

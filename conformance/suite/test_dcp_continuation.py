@@ -22,6 +22,9 @@ reader (SPEC 5.1).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -67,7 +70,27 @@ def save_reference(model: str, dtype: str, path: str) -> None:
     workload.save(impl, optimizer, path, params=params)
 
 
-def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> dict:
+@dataclass(frozen=True)
+class ContinuationReport:
+    """One rank's account of :func:`restore_and_continue`: the load's error, or the first re-save's
+    error and after how many continuation steps it came (all None: everything succeeded)."""
+
+    load_error: Optional[checkpoints.RaisedError] = None
+    save_error: Optional[checkpoints.RaisedError] = None
+    save_error_after: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Continued:
+    """A restore of ``source`` and its continuation, re-saved under ``out/after<k>``; a
+    :class:`ContinuationReport` per rank."""
+
+    source: Path
+    out: Path
+    reports: list
+
+
+def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> ContinuationReport:
     """A stepped optimizer of ``spec`` restores ``path``, re-saves to ``out/after0``, then steps
     ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
     impl = registry.resolve(spec)
@@ -79,15 +102,15 @@ def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str)
     try:
         workload.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
-        return {"load_error": checkpoints.error_report(exc), "save_error": None}
+        return ContinuationReport(load_error=checkpoints.RaisedError.of(exc))
     for k in range(CONTINUATION + 1):
         if k:
             workload.train(layout, optimizer, params, [workload.DCP_STEPS + k])
         try:
             workload.save(impl, optimizer, os.path.join(out, f"after{k}"), params=params)
         except Exception as exc:  # reported; later re-saves are not attempted
-            return {"load_error": None, "save_error": dict(checkpoints.error_report(exc), after=k)}
-    return {"load_error": None, "save_error": None}
+            return ContinuationReport(save_error=checkpoints.RaisedError.of(exc), save_error_after=k)
+    return ContinuationReport()
 
 
 # -------------------------------------------------------------------------------- the cache
@@ -103,26 +126,25 @@ def _checkpoint(saved: checkpoints.Checkpoints, dtype: str):
     return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
 
 
-def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> dict:
+def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> Continued:
     source = _checkpoint(saved, dtype)
     out = saved.directory("continued", spec, MODEL, dtype, f"w{SOURCE}", f"w{target}")
 
     def make():
         reports = checkpoints.run(restore_and_continue, target, (spec, MODEL, dtype, str(source), str(out)),
                                   timeout=TIMEOUT)
-        return {"source": source, "out": out, "reports": reports}
+        return Continued(source, out, reports)
 
     return saved.once(("continued", spec, MODEL, dtype, SOURCE, target), make)
 
 
-def _failures(continued: dict) -> list[str]:
+def _failures(continued: Continued) -> list[str]:
     out = []
-    for rank, report in enumerate(continued["reports"]):
-        if report["load_error"] is not None:
-            out.append(f"rank {rank}: the load raised {report['load_error']['type']}: {report['load_error']['message']}")
-        elif report["save_error"] is not None:
-            e = report["save_error"]
-            out.append(f"rank {rank}: the re-save after {e['after']} steps raised {e['type']}: {e['message']}")
+    for rank, report in enumerate(continued.reports):
+        if report.load_error is not None:
+            out.append(f"rank {rank}: the load raised {report.load_error}")
+        elif report.save_error is not None:
+            out.append(f"rank {rank}: the re-save after {report.save_error_after} steps raised {report.save_error}")
     return out
 
 
@@ -133,7 +155,7 @@ def _read_once(saved: checkpoints.Checkpoints, path) -> dict:
 
 def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
     """The re-save after ``k`` continuation steps."""
-    return _read_once(saved, continued["out"] / f"after{k}")
+    return _read_once(saved, continued.out / f"after{k}")
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -197,7 +219,7 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
     saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
-    periods = _periods(_read_once(saved, continued["source"]), target)
+    periods = _periods(_read_once(saved, continued.source), target)
     comparisons = Comparisons()
     for rank in range(target):
         mine = sorted(i for r, i in periods if r == rank)
@@ -239,7 +261,7 @@ def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_che
         ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
         problems = _failures(ours)
     if not problems:
-        problems = _model_problems(_read_once(gefen_checkpoints, theirs["source"]), _read(gefen_checkpoints, theirs, 0))
+        problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
         expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
         problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
                                                                        bitwise=numeric_profile.bitwise(gefen_impl)))

@@ -52,7 +52,7 @@ def save_with_divergent_layout(spec: str, path: str, how: str, odd_rank: int = 1
     try:
         workload.save(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result (a rank that returns stays warm for the next call)
-        return checkpoints.error_report(exc)
+        return checkpoints.RaisedError.of(exc)
     return None
 
 
@@ -73,7 +73,7 @@ def failing_load(spec: str, path: str, before_dir: str, after_dir: str, odd_rank
         # adapter sees anything, so the adapter's fail-atomicity covers the optimizer
         workload.load(impl, optimizer, path)
     except Exception as exc:  # the outcome is the result
-        error = checkpoints.error_report(exc)
+        error = checkpoints.RaisedError.of(exc)
     workload.save(impl, optimizer, after_dir, params=params)
     return error
 
@@ -125,12 +125,12 @@ def _written(path) -> list[str]:
     return sorted(p.name for p in path.iterdir()) if path.exists() else []
 
 
-def _raised(rank: int, error: dict | None, expected: type, part: str) -> str | None:
+def _raised(rank: int, error: checkpoints.RaisedError | None, expected: type, part: str) -> str | None:
     """None when the rank's reported error is ``expected`` (or a subclass) naming ``part`` (SPEC 0.2.3)."""
     if error is None:
         return f"rank {rank}: did not raise; expected {expected.__name__} naming {part!r}"
-    if expected.__name__ not in error["mro"] or part not in error["message"]:
-        return f"rank {rank}: raised {error['type']}: {error['message']!r}; expected {expected.__name__} naming {part!r}"
+    if not error.is_a(expected) or part not in error.message:
+        return f"rank {rank}: raised {error.type}: {error.message!r}; expected {expected.__name__} naming {part!r}"
     return None
 
 

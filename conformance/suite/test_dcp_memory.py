@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
+from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_V
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
@@ -100,7 +100,7 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl_spec, gefen_checkpoint
 @pytest.mark.gefen_clause("5.4.3", "5.4.1")
 @pytest.mark.parametrize("factored", [
     pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_SECOND_MOMENT)),
+    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
 ])
 def test_step_updates_state_in_place(gefen_impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain

@@ -34,7 +34,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
     CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for, run,
@@ -280,7 +280,7 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
 
 
 def _check(impl, case: InputCase) -> None:
-    if case.factored and not impl.has(FACTORED_SECOND_MOMENT):
+    if case.factored and not impl.has(FACTORED_V):
         case = case.without_factored()
     start = starting_state(case)
     ours = run(REFERENCE, case, start)

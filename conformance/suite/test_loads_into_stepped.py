@@ -34,7 +34,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -131,7 +131,7 @@ def test_load_into_a_stepped_optimizer(gefen_impl):
 
 
 @pytest.mark.gefen_clause("4.3.11", "1.10.8", "1.8.2", "1.9.2", "1.12.8", "5.6.20")
-@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("first_mode_factored", MIGRATIONS)
 def test_mode_migration(gefen_impl, first_mode_factored):
     shadow = not numeric_profile.bitwise(gefen_impl)

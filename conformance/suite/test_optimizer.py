@@ -20,7 +20,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -77,7 +77,7 @@ def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr
 
 
 @pytest.mark.gefen_clause("1.9", "5.6.10")
-@pytest.mark.gefen_requires(FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_requires(FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(gefen_impl, dtype):
     kw = dict(weight_decay=0.05, factored_v_2d=True)
@@ -120,7 +120,7 @@ def test_pinned_block_step(gefen_impl, dtype, pin_at, weight_decay, tensor_lr):
 
 
 @pytest.mark.gefen_clause("1.9", "1.7", "5.6")
-@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_pinned_factored_step(gefen_impl, dtype):
     problems = _pinned(gefen_impl, dtype, 3, weight_decay=0.05, factored_v_2d=True)
@@ -131,7 +131,7 @@ def test_pinned_factored_step(gefen_impl, dtype):
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("factored", [
     pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_SECOND_MOMENT)),
+    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
 ])
 def test_state_matches_reference(gefen_impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the

@@ -29,7 +29,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -115,7 +115,7 @@ def _free_running_problems(ours: workload.Run, theirs: workload.Run, dtype: torc
 
 @pytest.mark.gefen_clause("4.3.11", "1.8.4", "1.8.5", "1.9.3", "1.10.6", "5.6.20", "5.6.21")
 def test_long_trajectory(gefen_impl):
-    factored = gefen_impl.has(FACTORED_SECOND_MOMENT)
+    factored = gefen_impl.has(FACTORED_V)
     native = gefen_impl.has(NATIVE_STATE_DICT)
     bitwise = numeric_profile.bitwise(gefen_impl)
     # without a state to shadow from, fp32: bf16 rounding allows one ulp per step, which over the
