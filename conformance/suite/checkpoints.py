@@ -68,7 +68,7 @@ class RaisedError:
     was, and checked by class name (``is_a``), since the class may not exist in the test process."""
 
     type: str
-    mro: tuple
+    classes: tuple  # the names of the exception's class and its bases (its MRO)
     message: str
 
     @classmethod
@@ -77,7 +77,7 @@ class RaisedError:
 
     def is_a(self, kind: type) -> bool:
         """True when the exception was a ``kind`` (or a subclass of it)."""
-        return kind.__name__ in self.mro
+        return kind.__name__ in self.classes
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}"
