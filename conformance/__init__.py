@@ -9,8 +9,9 @@ from gefen_conformance.implementations.contract import (
     DCP_ASYNC_SAVE,
     DCP_RESHARD,
     DCP_SAVE_PLANNER,
-    FACTORED_SECOND_MOMENT,
+    FACTORED_V,
     NATIVE_STATE_DICT,
+    Capability,
     Implementation,
 )
 
@@ -19,7 +20,16 @@ __all__ = [
     "DCP_ASYNC_SAVE",
     "DCP_RESHARD",
     "DCP_SAVE_PLANNER",
-    "FACTORED_SECOND_MOMENT",
+    "FACTORED_V",
     "NATIVE_STATE_DICT",
+    "Capability",
     "Implementation",
 ]
+
+
+def __getattr__(name: str):
+    if name == "FACTORED_SECOND_MOMENT":  # renamed FACTORED_V; kept working, with a warning
+        from gefen_conformance.implementations import contract
+
+        return getattr(contract, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

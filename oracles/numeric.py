@@ -15,6 +15,7 @@ the certificate embeds: every rule and bound applied, in words and numbers.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -22,6 +23,16 @@ from typing import Iterable, Optional
 import torch
 
 from . import kernel_bounds
+
+
+class Profile(str, enum.Enum):
+    """The two numeric profiles (SPEC 0.4.3); the values are the names certificates record."""
+
+    TORCH_EXACT = "torch-exact"  # bitwise against the reference (SPEC 5.3.1)
+    TOLERANCE = "tolerance"      # the stage-by-stage rounding bounds of SPEC 5.6 (SPEC 5.3.2)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -181,37 +192,18 @@ def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor,
     return Comparison(what, "tolerance", error, bound, problems=problems)
 
 
-def tolerance_mismatch(
-    what: str, expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: float
-) -> Optional[Mismatch]:
-    """None when ``actual`` is within (rtol, atol) of ``expected`` (``torch.isclose``)."""
-    if not torch.is_tensor(actual):
-        return Mismatch(what, f"expected a tensor, got {type(actual).__name__}")
-    if tuple(expected.shape) != tuple(actual.shape):
-        return Mismatch(what, f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
-    e, a = expected.detach().double().cpu(), actual.detach().double().cpu()
-    bad = ~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
-    if bool(bad.any()):
-        err = (a - e).abs()
-        i = int(err.reshape(-1).argmax())
-        return Mismatch(what, f"{int(bad.sum())} elements outside rtol={rtol}, atol={atol}; max abs error {err.max().item():.3e} at flat index {i}")
-    return None
-
-
-def max_abs_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
-    return float((expected.detach().double() - actual.detach().double()).abs().max()) if expected.numel() else 0.0
-
-
-def profile_description(profile: str) -> dict:
-    """The numeric profile ``profile`` ("torch-exact" or "tolerance") as the certificate states it:
+def profile_description(profile: Profile | str) -> dict:
+    """The numeric profile ``profile`` (a :class:`Profile` or its name) as the certificate states it:
     every rule applied and every bound, with the SPEC clause that derives it (SPEC 0.4, 5.3, 5.6)."""
-    if profile == "torch-exact":
+    try:
+        profile = Profile(profile)
+    except ValueError:
+        raise ValueError(f"unknown numeric profile {profile!r} (known: torch-exact, tolerance)") from None
+    if profile is Profile.TORCH_EXACT:
         return {
-            "name": profile,
+            "name": profile.value,
             "comparison": "bitwise: dtype, shape and every element's bits, for every result the suite compares "
                           "with the reference, and md5 identity of checkpoint payloads (SPEC 5.3.1, 5.2)",
             "continuation_after_reshard": {"max_abs": kernel_bounds.CONTINUATION_MAX_ABS, "clause": "5.3.3"},
         }
-    if profile == "tolerance":
-        return dict(name=profile, **kernel_bounds.describe())
-    raise ValueError(f"unknown numeric profile {profile!r} (known: torch-exact, tolerance)")
+    return dict(name=profile.value, **kernel_bounds.describe())

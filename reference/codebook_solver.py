@@ -28,7 +28,7 @@ Contract: SPEC 1.6 (codebook learning), clauses 1.6.6 to 1.6.8, which restate ge
 
 Two solvers, one contract, the same bits:
 
-* :func:`solve_codebook_plain` writes the recurrence out, O(K*m^2). It is the oracle.
+* :func:`solve_codebook_plain` writes the recurrence out, O(K*m^2). The fast solver is checked against it.
 * :func:`solve_codebook` is the default. It finds the same minima with a divide-and-conquer
   search over monotone argmins whose window cuts are backed by rounding-error bounds, so
   it provably picks the same (leftmost) start as the full scan (see
@@ -155,7 +155,7 @@ def _backtrack(start_of, PW, PX, k: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# The oracle: the recurrence as written
+# The plain solver: the recurrence as written
 # ---------------------------------------------------------------------------
 
 

@@ -9,12 +9,19 @@ Public surface mirrors gefen-x 0.5.0's ``Gefen`` constructor, ``step``,
 
 Per-parameter state keys follow the published layout (SPEC 1.11). On the CPU the
 reference is bit-exact with gefen-x's non-fused path (torch-exact profile).
+
+A kernel backend subclasses ``Gefen`` and overrides only its three extension hooks (SPEC 4.1.8):
+:meth:`Gefen.choose_period`, :meth:`Gefen.learn_codebook` and :meth:`Gefen.update_parameters`
+(or its per-parameter default, :meth:`Gefen.update_parameter`). Everything around them (the
+constructor, groups and names, the step's order, state creation, the state dicts) stays the
+reference's.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -41,8 +48,32 @@ _CONSUMED_GROUP_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class ParameterUpdate:
+    """One parameter's update in a step, as :meth:`Gefen.update_parameters` receives it (SPEC 4.1.8 item 1).
+
+    ``param`` is the parameter as registered (a DTensor's local shard is ``local_tensor(param)``),
+    ``grad`` its local gradient (unscaled, non-empty), ``state`` its state dict, prepared for this
+    step (periods chosen, momentum and the active second moment created, SPEC 1.8.1, 1.9.2) and
+    updated in place, ``hyper`` its group's hyperparameters resolved for this step, ``factored``
+    whether the factored second moment applies (SPEC 1.9.1).
+    """
+
+    name: str
+    param: torch.Tensor
+    grad: torch.Tensor
+    state: dict
+    hyper: StepHyper
+    factored: bool
+
+
 class Gefen(torch.optim.Optimizer):
-    """Gefen: 8-bit codebook momentum with per-block magnitudes and a per-block second moment."""
+    """Gefen: 8-bit codebook momentum with per-block magnitudes and a per-block second moment.
+
+    Extension hooks for kernel backends (SPEC 4.1.8), each with the reference's arithmetic as its
+    default: :meth:`choose_period`, :meth:`learn_codebook`, :meth:`update_parameters` and
+    :meth:`update_parameter`.
+    """
 
     def __init__(
         self,
@@ -88,8 +119,8 @@ class Gefen(torch.optim.Optimizer):
         beta1, beta2 = split_betas(betas)
         validate_hyperparameters(lr, beta1, beta2, eps, weight_decay)
 
-        self.fused = False  # accepted for signature compatibility; the reference has one path
-        self.verbose = bool(verbose)
+        # ``fused`` and ``verbose`` are accepted for gefen-x's signature and mean nothing here: the
+        # reference has one path and prints nothing
         self.factored_v_2d = bool(factored_v_2d)
         self.deterministic = deterministic
         self.period_rules = PeriodRules(
@@ -187,32 +218,62 @@ class Gefen(torch.optim.Optimizer):
             return loss
         if self.codebook is None:
             self._learn_codebook()
-        for group, name, p in self.named_params():
-            if p.grad is None:
-                continue
-            grad = local_tensor(p.grad)
-            if grad.numel() == 0:
-                continue
-            state = self.state[p]
-            factored = self.factored_v_2d and p.ndim == 2 and not is_dtensor(p)
-            self._prepare_state(name, p, grad, state, factored)
-            hyper = StepHyper(
-                lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
-                eps=group["eps"], weight_decay=group["weight_decay"],
-            )
-            self._update(p, grad, state, hyper, factored)
+        updates = []
+        try:
+            for group, name, p in self.named_params():
+                if p.grad is None:
+                    continue
+                grad = local_tensor(p.grad)
+                if grad.numel() == 0:
+                    continue
+                state = self.state[p]
+                factored = self.factored_v_2d and p.ndim == 2 and not is_dtensor(p)
+                self._prepare_state(name, p, grad, state, factored)
+                hyper = StepHyper(
+                    lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
+                    eps=group["eps"], weight_decay=group["weight_decay"],
+                )
+                updates.append(ParameterUpdate(name, p, grad, state, hyper, factored))
+        finally:
+            # parameters are independent: the ones prepared before a failure are still updated
+            # (SPEC 4.1.8 item 1), as one parameter at a time would have done
+            self.update_parameters(updates)
         self.global_step += 1
         return loss
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, hyper: StepHyper, factored: bool) -> None:
-        """One parameter's update from its prepared state (SPEC 1.8.3-1.8.8, 1.9). The one method a
-        kernel backend built on the reference overrides (examples/gefen-fast does): everything
-        around it (preflight, GradScaler, periods and codebook, state creation) stays the
-        reference's."""
+    # ---------------------------------------------------------- extension hooks (SPEC 4.1.8)
+    def update_parameters(self, updates: Sequence[ParameterUpdate]) -> None:
+        """Apply one step's updates, in group then parameter order (SPEC 4.1.8 item 1). Called once per
+        ``step()`` after every parameter's state is prepared, also with an empty list. The
+        parameters are independent, so a backend may run them in any order or all at once (a
+        batched or multi-tensor kernel); the default calls :meth:`update_parameter` for each."""
+        for u in updates:
+            self.update_parameter(u.param, u.grad, u.state, u.hyper, u.factored)
+
+    def update_parameter(self, p: torch.Tensor, grad: torch.Tensor, state: dict, hyper: StepHyper,
+                         factored: bool) -> None:
+        """One parameter's update from its prepared state (SPEC 1.8.3-1.8.8, 1.9, 4.1.8 item 1): the
+        block step, or the factored step when ``factored``. A backend that updates one parameter
+        at a time overrides this one."""
         if factored:
             factored_step(p, grad, state, self.codebook, hyper)
         else:
             block_vmean_step(local_tensor(p), grad, state, self.codebook, hyper)
+
+    def choose_period(self, name: str, global_shape: tuple, local_grad: torch.Tensor) -> int:
+        """The period of parameter ``name`` (SPEC 1.5.2, 4.1.8) from its local gradient: forced 1,
+        the searched period, or the fallback. An exact obligation in every profile: an override
+        must return the reference's period for the same gradient (a faster search of the same
+        rule)."""
+        # the module's choose_period (tests/benign.py clones this module and may replace it)
+        return choose_period(self.period_rules, name, tuple(global_shape), squared_gradient(local_grad))
+
+    def learn_codebook(self, pieces: Sequence[tuple[torch.Tensor, int]], device: torch.device) -> Optional[torch.Tensor]:
+        """The codebook learned from ``pieces``, ``(flat local gradient, period)`` of every parameter
+        with a gradient at the first step (SPEC 1.6, 4.1.8), on ``device``; None when nothing can
+        be learned (every gradient zero). Exact in every profile, as :meth:`choose_period`."""
+        # the module's learn_codebook (tests/benign.py clones this module and may replace it)
+        return learn_codebook(pieces, device)
 
     def _check_gradients(self) -> None:
         """Structural preflight over every gradient before anything changes (SPEC 1.10.2)."""
@@ -261,13 +322,13 @@ class Gefen(torch.optim.Optimizer):
                 continue
             period = self.state[p].get("automatic_period")
             if period is None:
-                period = choose_period(self.period_rules, name, tuple(p.shape), squared_gradient(flat))
+                period = self.choose_period(name, tuple(p.shape), flat)
             check_period_divides(name, flat.numel(), period)
             periods[p] = period
             pieces.append((flat, period))
         first = self.param_groups[0]["params"][0]
         device = local_tensor(first.grad if first.grad is not None else first).device
-        codebook = learn_codebook(pieces, device)
+        codebook = self.learn_codebook(pieces, device)
         if codebook is None:
             return
         for p, period in periods.items():
@@ -280,7 +341,7 @@ class Gefen(torch.optim.Optimizer):
         if "step" not in state:
             period = state.get("automatic_period")
             if period is None:
-                period = choose_period(self.period_rules, name, tuple(p.shape), squared_gradient(grad))
+                period = self.choose_period(name, tuple(p.shape), grad)
             check_period_divides(name, grad.numel(), period)
             state["automatic_period"] = period
             new_momentum_state(state, grad.numel(), period, grad.device)
@@ -288,7 +349,7 @@ class Gefen(torch.optim.Optimizer):
             if "v_row" not in state:
                 new_factored_second_moment(state, tuple(p.shape), grad.device)
         elif "vmean" not in state:
-            new_block_second_moment(state, grad.device)
+            new_block_second_moment(state)
         elif "vmean_step" not in state:
             state["vmean_step"] = state["step"]
 

@@ -39,8 +39,9 @@ def new_momentum_state(state: dict, numel: int, period: int, device: torch.devic
     state["m_magnitude"] = torch.zeros((blocks, 1), dtype=torch.float32, device=device)
 
 
-def new_block_second_moment(state: dict, device: torch.device) -> None:
-    """Zero block second moment, counter 0 (SPEC 1.8.1; after factored steps, the 1.8.2 repair)."""
+def new_block_second_moment(state: dict) -> None:
+    """Zero block second moment beside the block magnitudes (same device), counter 0 (SPEC 1.8.1;
+    after factored steps, the 1.8.2 repair)."""
     state["vmean"] = torch.zeros_like(state["m_magnitude"])
     state["vmean_step"] = 0
 
@@ -101,16 +102,16 @@ def block_vmean_step(
     state["step"] += 1
     state["vmean_step"] += 1
     # SPEC 1.8.5: bias corrections in Python double
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
+    bc1 = 1 - hyper.beta1 ** state["step"]
+    bc2 = 1 - hyper.beta2 ** state["vmean_step"]
 
     # SPEC 1.8.6: decoupled weight decay, before the update
     if hyper.weight_decay > 0.0:
         param.mul_(1 - hyper.lr * hyper.weight_decay)
 
     # SPEC 1.8.7: stepsize per block, each operation rounded to fp32
-    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bias2)).add_(hyper.eps)
-    stepsize = torch.reciprocal(denom).mul_(1.0 / bias1)
+    denom = torch.sqrt(state["vmean"]).div_(math.sqrt(bc2)).add_(hyper.eps)
+    stepsize = torch.reciprocal(denom).mul_(1.0 / bc1)
 
     # SPEC 1.8.8: quantised momentum (steps 1-6), then the update in logical order (step 7)
     momentum = requantized_momentum(state, codebook, grad_blocks, hyper.beta1)
@@ -127,13 +128,12 @@ def factored_step(
 ) -> None:
     """One factored-second-moment update of a plain 2-D ``param`` (SPEC 1.9)."""
     period = state["automatic_period"]
-    rows, cols = param.shape
     # SPEC 1.9.3 step 1: counters
     state["step"] += 1
     state["factored_step"] += 1
     # SPEC 1.9.3 step 2: bias corrections in Python double
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    bc1 = 1 - hyper.beta1 ** state["step"]
+    bc2 = 1 - hyper.beta2 ** state["factored_step"]
 
     # SPEC 1.9.3 step 3: row and column mean squares, in row chunks
     row_ms, col_ms = row_and_column_mean_squares(grad.detach())
@@ -144,9 +144,9 @@ def factored_step(
     row_scale = state["v_row"].mean().clamp_(min=torch.finfo(torch.float32).tiny)
     v_hat = torch.outer(state["v_row"], state["v_col"]).div_(row_scale)
     # SPEC 1.9.3 step 6: divide by bc2 (not its square root) before the square root (1.9.4)
-    denom = v_hat.div_(bias2).sqrt_().add_(hyper.eps)
+    denom = v_hat.div_(bc2).sqrt_().add_(hyper.eps)
     # SPEC 1.9.3 step 7: stepsize per element
-    stepsize = denom.reciprocal_().mul_(1.0 / bias1)
+    stepsize = denom.reciprocal_().mul_(1.0 / bc1)
 
     # SPEC 1.9.3 step 8: quantised momentum as in 1.8.8 steps 1-6
     momentum = requantized_momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)

@@ -59,21 +59,21 @@ def _ema(moment, beta, fresh):
     moment.mul_(beta).add_(fresh, alpha=1 - beta)
 
 
-def _block_denominator(vmean, bias2, eps):
+def _block_denominator(vmean, bc2, eps):
     """``sqrt(vmean) / sqrt(bc2) + eps`` per block (SPEC 1.8.7)."""
-    return torch.sqrt(vmean).div_(math.sqrt(bias2)).add_(eps)
+    return torch.sqrt(vmean).div_(math.sqrt(bc2)).add_(eps)
 
 
-def _factored_denominator(v_row, v_col, bias2, eps):
+def _factored_denominator(v_row, v_col, bc2, eps):
     """``sqrt(outer(v_row, v_col) / max(mean(v_row), tiny) / bc2) + eps`` (SPEC 1.9.3 steps 5-6)."""
     row_scale = v_row.mean().clamp_(min=torch.finfo(torch.float32).tiny)
     v_hat = torch.outer(v_row, v_col).div_(row_scale)
-    return v_hat.div_(bias2).sqrt_().add_(eps)
+    return v_hat.div_(bc2).sqrt_().add_(eps)
 
 
-def _stepsize(denom, bias1):
+def _stepsize(denom, bc1):
     """``(1 / denom) * (1 / bc1)`` (SPEC 1.8.7, 1.9.3 step 7)."""
-    return torch.reciprocal(denom).mul_(1.0 / bias1)
+    return torch.reciprocal(denom).mul_(1.0 / bc1)
 
 
 def _decay_and_update(param, subtract, hyper):
@@ -92,9 +92,9 @@ class Stages:
     ema: Callable = _ema  # (moment, beta, fresh), in place
     block_mean_square: Callable = steps.block_mean_square  # (grad_blocks) -> (blocks, 1)
     momentum: Callable = steps.requantized_momentum  # (state, codebook, grad_blocks, beta1) -> dequantized
-    block_denominator: Callable = _block_denominator  # (vmean, bias2, eps) -> (blocks, 1)
-    factored_denominator: Callable = _factored_denominator  # (v_row, v_col, bias2, eps) -> (rows, cols)
-    stepsize: Callable = _stepsize  # (denom, bias1) -> stepsize, denom's shape
+    block_denominator: Callable = _block_denominator  # (vmean, bc2, eps) -> (blocks, 1)
+    factored_denominator: Callable = _factored_denominator  # (v_row, v_col, bc2, eps) -> (rows, cols)
+    stepsize: Callable = _stepsize  # (denom, bc1) -> stepsize, denom's shape
     decay_and_update: Callable = _decay_and_update  # (param, subtract, hyper), in place
 
 
@@ -106,9 +106,9 @@ def _block_step(stages: Stages, param, grad, state, codebook, hyper):
     stages.ema(state["vmean"], hyper.beta2, stages.block_mean_square(grad_blocks))
     state["step"] += 1
     state["vmean_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["vmean_step"]
-    stepsize = stages.stepsize(stages.block_denominator(state["vmean"], bias2, hyper.eps), bias1)
+    bc1 = 1 - hyper.beta1 ** state["step"]
+    bc2 = 1 - hyper.beta2 ** state["vmean_step"]
+    stepsize = stages.stepsize(stages.block_denominator(state["vmean"], bc2, hyper.eps), bc1)
     momentum = stages.momentum(state, codebook, grad_blocks, hyper.beta1)
     update = momentum.mul_(stepsize).mul_(hyper.lr)
     stages.decay_and_update(param, lambda target: steps._subtract_flat(target, update), hyper)
@@ -119,13 +119,13 @@ def _factored_step(stages: Stages, param, grad, state, codebook, hyper):
     period = state["automatic_period"]
     state["step"] += 1
     state["factored_step"] += 1
-    bias1 = 1 - hyper.beta1 ** state["step"]
-    bias2 = 1 - hyper.beta2 ** state["factored_step"]
+    bc1 = 1 - hyper.beta1 ** state["step"]
+    bc2 = 1 - hyper.beta2 ** state["factored_step"]
     row_ms, col_ms = steps.row_and_column_mean_squares(grad.detach())
     stages.ema(state["v_row"], hyper.beta2, row_ms)
     stages.ema(state["v_col"], hyper.beta2, col_ms)
-    denom = stages.factored_denominator(state["v_row"], state["v_col"], bias2, hyper.eps)
-    stepsize = stages.stepsize(denom, bias1)
+    denom = stages.factored_denominator(state["v_row"], state["v_col"], bc2, hyper.eps)
+    stepsize = stages.stepsize(denom, bc1)
     momentum = stages.momentum(state, codebook, grad.reshape(-1).view(-1, period), hyper.beta1)
     update = momentum.view(param.shape).mul_(stepsize).mul_(hyper.lr)
     stages.decay_and_update(param, lambda target: target.add_(-update), hyper)
@@ -210,15 +210,15 @@ def _momentum_by_reciprocal(state, codebook, grad_blocks, beta1):
     return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
 
 
-def _block_denominator_by_reciprocal(vmean, bias2, eps):
-    inverse_sqrt_bc2 = _f32(1.0 / _f32(math.sqrt(bias2)))  # kernel: h * (1/sqrt(bc2)), as torch on CUDA
+def _block_denominator_by_reciprocal(vmean, bc2, eps):
+    inverse_sqrt_bc2 = _f32(1.0 / _f32(math.sqrt(bc2)))  # kernel: h * (1/sqrt(bc2)), as torch on CUDA
     return torch.sqrt(vmean).mul_(inverse_sqrt_bc2).add_(eps)
 
 
-def _factored_denominator_by_reciprocal(v_row, v_col, bias2, eps):
+def _factored_denominator_by_reciprocal(v_row, v_col, bc2, eps):
     row_scale = v_row.mean().clamp_(min=torch.finfo(torch.float32).tiny)
     v_hat = torch.outer(v_row, v_col).mul_(torch.reciprocal(row_scale))  # kernel
-    return v_hat.mul_(_f32(1.0 / _f32(bias2))).sqrt_().add_(eps)  # kernel
+    return v_hat.mul_(_f32(1.0 / _f32(bc2))).sqrt_().add_(eps)  # kernel
 
 
 BY_RECIPROCAL = Stages(momentum=_momentum_by_reciprocal, block_denominator=_block_denominator_by_reciprocal,
@@ -301,8 +301,8 @@ def _row_and_column_mean_squares_sequential(grad):
 # ------------------------------------------------------ 7. stepsize as a single division
 
 
-def _stepsize_one_division(denom, bias1):
-    return torch.full_like(denom, 1.0 / bias1).div_(denom)  # kernel: (1/bc1) / h in one division
+def _stepsize_one_division(denom, bc1):
+    return torch.full_like(denom, 1.0 / bc1).div_(denom)  # kernel: (1/bc1) / h in one division
 
 
 ONE_DIVISION = Stages(stepsize=_stepsize_one_division)

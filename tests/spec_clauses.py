@@ -2,7 +2,7 @@
 
 A clause is defined by a numbered heading (``### 1.8 Block-vmean step``) or by a paragraph that
 opens with its number inside its section (``1.8.3 The second moment ...``). A citation is
-``SPEC 1.8.3``, ``§1.8.3`` or an id in a ``clause(...)`` marker.
+``SPEC 1.8.3``, ``§1.8.3`` or an id in a ``gefen_clause(...)`` marker.
 """
 
 from __future__ import annotations

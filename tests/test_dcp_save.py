@@ -231,7 +231,7 @@ def test_planner_refuses_unflattened_state_dicts():
     for make in (lambda: rdcp.GefenSavePlanner(flatten_state_dict=False), lambda: rdcp.GefenSavePlanner(False)):
         with pytest.raises(ValueError, match="flatten_state_dict=True") as info:
             make()
-        assert "stand-in" in str(info.value)
+        assert "placeholder" in str(info.value)
     rdcp.GefenSavePlanner()
     rdcp.GefenSavePlanner(flatten_state_dict=True)
 

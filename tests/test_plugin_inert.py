@@ -94,3 +94,65 @@ def test_an_unrelated_session_imports_nothing_heavy_and_writes_nothing(tmp_path,
         # hypothesis's example database is the other project's business (on by default, off in its
         # "ci" profile): written where hypothesis always writes it, not redirected by the plugin
         assert (tmp_path / ".hypothesis").exists()
+
+
+THEIR_CONFTEST = """\
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "clause(name): their own marker, nothing to do with Gefen")
+
+
+@pytest.fixture
+def impl():
+    return "their impl"
+"""
+
+THEIR_TESTS = """\
+import pytest
+
+
+@pytest.mark.clause("theirs")
+def test_their_fixture_and_marker_are_theirs(impl, request, pytestconfig):
+    assert impl == "their impl"
+    assert request.node.get_closest_marker("clause").args == ("theirs",)
+    lines = pytestconfig.getini("markers")
+    assert not [line for line in lines if line.startswith(("gefen_", "requires"))], lines
+    for name in ("gefen_impl", "gefen_impl_spec", "gefen_checkpoints", "gefen_one_rank"):
+        with pytest.raises(pytest.FixtureLookupError):
+            request.getfixturevalue(name)
+"""
+
+THEIR_UNREGISTERED = """\
+import pytest
+
+
+@pytest.mark.requires("anything")
+def test_unregistered_marker():
+    pass
+"""
+
+
+def test_another_projects_impl_fixture_and_clause_marker_are_left_alone(tmp_path):
+    """A project with its own ``impl`` fixture and ``clause`` marker sees exactly its own (SPEC 4.1.5):
+    the suite's fixtures and markers carry the ``gefen_`` prefix and exist only where the suite runs."""
+    (tmp_path / "conftest.py").write_text(THEIR_CONFTEST)
+    (tmp_path / "test_theirs.py").write_text(THEIR_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "--strict-markers", "test_theirs.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("gefen-certificate")]
+
+
+def test_an_unregistered_requires_marker_is_refused_as_without_the_plugin(tmp_path):
+    """``--strict-markers`` refuses another project's ``@pytest.mark.requires`` with or without the
+    plugin: the plugin registers no marker outside the suite."""
+    (tmp_path / "test_unregistered.py").write_text(THEIR_UNREGISTERED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    with_plugin = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "--strict-markers")
+    without = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:gefen_conformance", "--strict-markers")
+    assert without.returncode != 0 and "'requires' not found in `markers`" in without.stdout + without.stderr
+    assert with_plugin.returncode == without.returncode, with_plugin.stdout + with_plugin.stderr
+    assert "'requires' not found in `markers`" in with_plugin.stdout + with_plugin.stderr

@@ -151,13 +151,13 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
         cache = checkpoints.Checkpoints(tmp_path / "one-world")
         restore = cache.restored("reference", "reference", "base", 2, 3)
     assert fake.calls == [("save_trained", 2), ("restore_report", 3)]
-    assert len(restore["reports"]) == 3
+    assert len(restore.reports) == 3
     problems = checkpoints.restore_problems(restore, bit_exact=True)
     assert not problems, "\n".join(problems)
     pool = checkpoints.Checkpoints(tmp_path / "pool")
     pool_path, pool_params = pool.saved("reference", "base", 2)
-    assert payload_md5s(restore["source"]) == payload_md5s(pool_path)
-    assert all(torch.equal(restore["saved_params"][n], v) for n, v in pool_params.items())
+    assert payload_md5s(restore.source) == payload_md5s(pool_path)
+    assert all(torch.equal(restore.saved_params[n], v) for n, v in pool_params.items())
 
 
 def test_a_scenario_larger_than_the_world_is_skipped_with_the_launchers_reason(tmp_path):

@@ -24,25 +24,24 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
+from gefen_conformance.certificate.outcomes import OUTCOMES, SEVERITY, Outcome, Verdict
+
 SCHEMA = "gefen-conformance-certificate/2"
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 REASON_CHARS = 400
 #: The exit status of a suite run by its verdict (SPEC 4.4.9): the one table ``pytest --impl``,
 #: ``gefen-conformance certify`` and a CI job use. Only a conformant run exits 0 (expected failures
 #: are declared, each with its reason, and each ran as a strict expected failure); 1, 2 and 4 mean
 #: what they mean to pytest (tests failed, interrupted, usage error).
 EXIT_STATUS = {
-    "conformant": 0,
-    "conformant-with-expected-failures": 0,
-    "not-conformant": 1,
-    "incomplete": 2,
-    "partial": 6,
-    "inconclusive": 7,
+    Verdict.CONFORMANT: 0,
+    Verdict.CONFORMANT_WITH_EXPECTED_FAILURES: 0,
+    Verdict.NOT_CONFORMANT: 1,
+    Verdict.INCOMPLETE: 2,
+    Verdict.PARTIAL: 6,
+    Verdict.INCONCLUSIVE: 7,
 }
 #: a command line or an implementation that cannot run, refused before anything runs (SPEC 4.1.6)
 USAGE_ERROR = 4
-# setup, call and teardown of one test collapse into one record; the worst outcome wins
-_SEVERITY = ["passed", "skipped", "xfailed", "xpassed", "failed", "error"]
 
 
 def now() -> str:
@@ -61,13 +60,17 @@ class TestRecord:
 
     nodeid: str
     clauses: list
-    outcome: str  # one of OUTCOMES
+    outcome: Outcome
     duration: float = 0.0
     reason: str = ""
     margins: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    missing_capabilities: list = field(default_factory=list)
+    missing_capabilities: list = field(default_factory=list)  # capability tags, when a missing capability skipped it
     not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
+
+    def __post_init__(self):
+        self.outcome = Outcome(self.outcome)
+        self.missing_capabilities = [str(c) for c in self.missing_capabilities]
 
 
 @dataclass
@@ -92,13 +95,13 @@ class Run:
         if old is None:
             self.records[rec.nodeid] = rec
             return
-        worst = rec if _SEVERITY.index(rec.outcome) >= _SEVERITY.index(old.outcome) else old
+        worst = rec if SEVERITY.index(rec.outcome) >= SEVERITY.index(old.outcome) else old
         merged = TestRecord(
             rec.nodeid, old.clauses or rec.clauses, worst.outcome, old.duration + rec.duration,
             worst.reason or old.reason or rec.reason, old.margins + rec.margins,
             old.notes + [n for n in rec.notes if n not in old.notes],
             old.missing_capabilities or rec.missing_capabilities,
-            (old.not_run or rec.not_run) and worst.outcome == "skipped",
+            (old.not_run or rec.not_run) and worst.outcome == Outcome.SKIPPED,
         )
         self.records[rec.nodeid] = merged
 
@@ -176,15 +179,10 @@ def profile_facts(capabilities, device=None) -> dict:
     """The numeric profile applied (SPEC 0.4.3, 4.1.3, 4.6.4), with every bound it applies: the
     bitwise ``torch-exact`` profile only for a ``cpu-bit-exact`` implementation on CPU, the
     ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
-    from gefen_oracles.numeric import profile_description
-
     from gefen_conformance.harness import devices
     from gefen_conformance.certificate import numeric_profile
 
-    name, reason = numeric_profile.choose(capabilities, devices.selected() if device is None else device)
-    described = dict(profile_description(name))
-    described.pop("name", None)
-    return {"name": name, "reason": reason, **described}
+    return numeric_profile.choose(capabilities, devices.selected() if device is None else device).described()
 
 
 def suite_facts(git: bool = True) -> dict:
@@ -202,7 +200,7 @@ def not_run_summary(not_run) -> str:
     return f"{len(not_run)} did not run here ({listed})"
 
 
-def verdict(counts: Counter, facts: RunFacts) -> tuple[str, str]:
+def verdict(counts: Counter, facts: RunFacts) -> tuple[Verdict, str]:
     """``(verdict, reason)``. Precedence: a failed, erroring or unexpectedly passing test makes the
     run ``not-conformant``; else an interrupted run is ``incomplete``; else a narrowed one, or one
     where scenarios did not run for lack of ranks or devices, ``partial``; else one where no test
@@ -210,23 +208,23 @@ def verdict(counts: Counter, facts: RunFacts) -> tuple[str, str]:
     else ``conformant``."""
     ran = facts.executed_tests - len(facts.not_run)
     of = f"{ran} of {facts.expected_tests if facts.expected_tests is not None else '?'} suite tests ran"
-    bad = [f"{counts[k]} {label}" for k, label in (("failed", "failed"), ("error", "errors"),
-                                                    ("xpassed", "unexpectedly passed")) if counts[k]]
+    bad = [f"{counts[k]} {label}" for k, label in ((Outcome.FAILED, "failed"), (Outcome.ERROR, "errors"),
+                                                    (Outcome.XPASSED, "unexpectedly passed")) if counts[k]]
     if bad:
         extra = f" (run interrupted by {facts.interrupted})" if facts.interrupted else ""
-        return "not-conformant", f"{of}; " + ", ".join(bad) + extra
+        return Verdict.NOT_CONFORMANT, f"{of}; " + ", ".join(bad) + extra
     if facts.interrupted:
-        return "incomplete", f"interrupted by {facts.interrupted}: {of}"
+        return Verdict.INCOMPLETE, f"interrupted by {facts.interrupted}: {of}"
     if not facts.complete:
         parts = [not_run_summary(facts.not_run)] if facts.not_run else []
         if facts.narrowed_by:
             parts.append("narrowed by " + "; ".join(facts.narrowed_by))
-        return "partial", f"{of}; " + ("; ".join(parts) or "the whole suite's size is unknown")
-    if counts["passed"] == 0:
-        return "inconclusive", f"{of}; none passed ({counts['skipped']} skipped)"
-    if counts["xfailed"]:
-        return "conformant-with-expected-failures", f"{of}; {counts['xfailed']} expected failures, none failed"
-    return "conformant", f"{of}; none failed"
+        return Verdict.PARTIAL, f"{of}; " + ("; ".join(parts) or "the whole suite's size is unknown")
+    if counts[Outcome.PASSED] == 0:
+        return Verdict.INCONCLUSIVE, f"{of}; none passed ({counts[Outcome.SKIPPED]} skipped)"
+    if counts[Outcome.XFAILED]:
+        return Verdict.CONFORMANT_WITH_EXPECTED_FAILURES, f"{of}; {counts[Outcome.XFAILED]} expected failures, none failed"
+    return Verdict.CONFORMANT, f"{of}; none failed"
 
 
 def _worst_margin(records) -> Optional[dict]:
@@ -249,8 +247,8 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
     clauses = {}
     for c, recs in sorted(by_clause.items()):
         tally = Counter(r.outcome for r in recs)
-        clauses[c] = {**{k: tally.get(k, 0) for k in OUTCOMES}, "worst_margin": _worst_margin(recs)}
-    skips = Counter(cap for r in records if r.outcome == "skipped" for cap in r.missing_capabilities)
+        clauses[c] = {**{k.value: tally.get(k, 0) for k in OUTCOMES}, "worst_margin": _worst_margin(recs)}
+    skips = Counter(cap for r in records if r.outcome == Outcome.SKIPPED for cap in r.missing_capabilities)
     notes = list(run.notes)
     for r in records:
         notes += [n for n in r.notes if n not in notes]
@@ -263,15 +261,15 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
         "platform": platform_,
         "execution": execution,
         "run": facts.as_dict(),
-        "summary": {k: counts.get(k, 0) for k in OUTCOMES},
-        "verdict": name,
+        "summary": {k.value: counts.get(k, 0) for k in OUTCOMES},
+        "verdict": name.value,
         "verdict_reason": reason,
         "capability_skips": dict(sorted(skips.items())),
         "clauses": clauses,
         "notes": notes,
         "stale_expected_failures": list(run.stale_expected_failures),
         "tests": [
-            {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome, "duration_s": round(r.duration, 3),
+            {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome.value, "duration_s": round(r.duration, 3),
              "reason": r.reason, "margins": r.margins, "notes": r.notes}
             for r in records
         ],

@@ -7,8 +7,8 @@ JSON, not an object, schema 1 ("not supported, re-run the suite"), an unknown sc
 or mistyped key. Keys the readers only display (platform, execution, run, ...) may be absent;
 the readers show what is there.
 
-The rest are small shared helpers: outcome and verdict vocabularies (verdicts ordered from best
-to worst), numeric clause ordering (1.10 after 1.9), and the
+The rest are small shared helpers: the outcome and verdict vocabularies
+(:mod:`gefen_conformance.certificate.outcomes`, verdicts ordered from best to worst), numeric clause ordering (1.10 after 1.9), and the
 tolerance and bitwise margins of a test.
 """
 
@@ -19,12 +19,9 @@ import math
 import os
 from pathlib import Path
 
+from gefen_conformance.certificate.outcomes import BAD_OUTCOMES, OUTCOMES, VERDICTS  # noqa: F401 - the readers' vocabulary
+
 SCHEMA = "gefen-conformance-certificate/2"
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
-BAD_OUTCOMES = frozenset({"failed", "error", "xpassed"})
-# best first, a later verdict is worse: a chosen subset that passed (partial) beats a run that
-# stopped (incomplete), which beats one where nothing passed (inconclusive)
-VERDICTS = ("conformant", "conformant-with-expected-failures", "partial", "incomplete", "inconclusive", "not-conformant")
 
 
 # displayed when present; the wrong type would garble the report, so it is refused

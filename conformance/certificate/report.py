@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from gefen_conformance.certificate.outcomes import Outcome
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
 
 OUTCOME_HEADINGS = {"passed": "passed", "failed": "failed", "error": "errored", "skipped": "skipped",
@@ -208,7 +209,6 @@ def tests_with(cert: dict, outcomes) -> list:
 #: How each kind of problem is named, worst first.
 PROBLEM_KINDS = {"failed": "failed", "error": "errored", "xpassed": "unexpectedly passed", "not-run": "did not run",
                  "xfailed": "expected failure"}
-_CAPABILITY_SKIP = re.compile(r"lacks capability ")
 
 
 @dataclass
@@ -228,19 +228,21 @@ def first_line(text, limit: int = 240) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
-def did_not_run(test: dict) -> bool:
-    """A skip that leaves a scenario unjudged (too few ranks or devices, another launcher's world):
-    every skip but a capability the implementation does not declare (SPEC 4.1.3)."""
-    return test["outcome"] == "skipped" and not _CAPABILITY_SKIP.search(str(test.get("reason") or ""))
+def did_not_run(test: dict, not_run_ids) -> bool:
+    """A skip that leaves a scenario unjudged: too few ranks or devices for it, as the run recorded
+    in ``run.not_run`` (SPEC 4.4.2). A skip for a capability the implementation does not declare
+    is its claim (SPEC 4.1.3), not a scenario left unjudged."""
+    return test["outcome"] == Outcome.SKIPPED and test["id"] in not_run_ids
 
 
 def not_passed(cert: dict, *, expected: bool = False) -> list:
     """What did not pass, worst kind first (failed, errored, unexpectedly passed, did not run); with
     ``expected``, the expected failures instead."""
     kinds = ("xfailed",) if expected else ("failed", "error", "xpassed", "not-run")
+    not_run_ids = {e["id"] for e in not_run(cert)}
     out = []
     for test in cert["tests"]:
-        kind = "not-run" if did_not_run(test) else test["outcome"]
+        kind = "not-run" if did_not_run(test, not_run_ids) else test["outcome"]
         if kind in kinds:
             out.append(NotPassed(test["id"], kind, [str(c) for c in test.get("clauses") or []],
                                  first_line(test.get("reason")), [str(w) for w in test.get("where") or []],

@@ -8,12 +8,14 @@ whatever ``testpaths`` the directory's own pytest configuration names; with path
 
 The plugin is inert unless the suite is being run, that is ``--impl`` was given, the command line
 names the suite, or suite modules were collected: otherwise it imports nothing beyond pytest and
-the standard library, loads no hypothesis profile, installs no signal handler and writes no file.
+the standard library, loads no hypothesis profile, installs no signal handler, registers no
+fixture or marker and writes no file (SPEC 4.1.5). The suite's fixtures and its ``gefen_clause``
+and ``gefen_requires`` markers are registered by ``gefen_conformance.suite.fixtures`` when the
+first suite module is collected.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -32,8 +34,10 @@ _REASON = "gefen_conformance_reason"
 _WORLDS = "gefen_conformance_world_sizes"
 _WARM_UP = "gefen_conformance_warm_up"
 _NOT_RUN = "gefen_conformance_not_run_here"
-# the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
-_LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
+_MISSING = "gefen_conformance_missing_capabilities"
+#: the capabilities a suite item requires and the implementation lacks (SPEC 4.1.3): the item is
+#: skipped, and its report carries them to the certificate's ``capability_skips``
+_MISSING_KEY = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
@@ -161,8 +165,6 @@ def _resolve(spec: str, guard):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    config.addinivalue_line("markers", "clause(*ids): the SPEC clauses a conformance test checks")
-    config.addinivalue_line("markers", "requires(*capabilities): skip unless the implementation declares them")
     chosen = config.getoption("hypothesis_profile", None)
     if chosen and str(chosen).startswith("gefen-"):
         from gefen_conformance.plugin import hypothesis_profiles as profiles  # registered before hypothesis's own plugin loads the chosen one
@@ -271,8 +273,11 @@ def pytest_pycollect_makemodule(module_path, parent):
     return _SuiteModule.from_parent(parent, path=module_path)
 
 
-def _missing(item, impl) -> list[str]:
-    return [c for m in item.iter_markers("requires") for c in m.args if not impl.has(c)]
+def _missing(item, impl) -> list:
+    """The capabilities ``item`` requires that ``impl`` does not declare (``Capability`` members)."""
+    from gefen_conformance.plugin import markers
+
+    return impl.lacks(markers.required(item))
 
 
 def _not_on_device(item) -> Optional[str]:
@@ -280,9 +285,10 @@ def _not_on_device(item) -> Optional[str]:
     or None: bitwise claims are judged on CPU only."""
     from gefen_conformance.harness import devices
     from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+    from gefen_conformance.plugin import markers
 
     device = devices.selected()
-    if device.type == "cpu" or not any(CPU_BIT_EXACT in m.args for m in item.iter_markers("requires")):
+    if device.type == "cpu" or CPU_BIT_EXACT not in markers.required(item):
         return None
     return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"
 
@@ -292,15 +298,18 @@ def pytest_collection_modifyitems(session, config, items):
     suite_items = [item for item in items if in_suite(item.path)]
     if not suite_items:
         return (yield)
+    from gefen_conformance.plugin import markers
+
     run = _activate(config)
     impl = run.impl
     matched = set()
     for item in suite_items:
-        if not list(item.iter_markers("clause")):
+        if not markers.clauses(item):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
         missing = _missing(item, impl)
         off_device = None if missing else _not_on_device(item)
         if missing:
+            item.stash[_MISSING_KEY] = missing
             item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))
         elif off_device:
             item.add_marker(pytest.mark.skip(reason=off_device))
@@ -352,8 +361,10 @@ def _reason(report, call) -> str:
         return cut(lines[-1]) if lines else ""
     while isinstance(getattr(error, "exceptions", None), tuple) and error.exceptions:  # an ExceptionGroup
         error = error.exceptions[0]
-    failed = getattr(error, "failed", None)
-    if type(error).__name__ == "RankFailure" and isinstance(failed, list):
+    from gefen_conformance.harness.pool import RankFailure
+
+    if isinstance(error, RankFailure):
+        failed = error.failed
         head = f"RankFailure: {len(failed)} of {len(error.outcomes)} ranks failed"
         return cut(head + ": " + "; ".join(o.headline() for o in failed))
     text = str(error).strip()
@@ -367,14 +378,17 @@ def pytest_runtest_makereport(item, call):
     if run is None or not in_suite(item.path):
         return report
     from gefen_conformance.harness import launch
-    from gefen_conformance.plugin import observations
+    from gefen_conformance.plugin import markers, observations
 
     # user_properties travel with the report, also from xdist workers to the controller
-    report.user_properties.append((_CLAUSES, [str(c) for m in item.iter_markers("clause") for c in m.args]))
+    report.user_properties.append((_CLAUSES, markers.clauses(item)))
     report.user_properties.append((_SUITE_ID, item_id(item)))
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
     report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
+    missing = item.stash.get(_MISSING_KEY, None)
+    if missing and report.skipped:
+        report.user_properties.append((_MISSING, [c.value for c in missing]))
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
     warm_up = run.take_warm_up_report()
@@ -383,12 +397,15 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def _outcome(report) -> str:
+def _outcome(report):
+    """The report's :class:`~gefen_conformance.certificate.outcomes.Outcome`."""
+    from gefen_conformance.certificate.outcomes import Outcome
+
     if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
+        return Outcome.XFAILED if report.skipped else Outcome.XPASSED
     if report.failed:
-        return "failed" if report.when == "call" else "error"
-    return report.outcome
+        return Outcome.FAILED if report.when == "call" else Outcome.ERROR
+    return Outcome(report.outcome)
 
 
 class _SessionHooks:
@@ -413,14 +430,14 @@ class _SessionHooks:
         if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
             return
         from gefen_conformance.certificate.build import TestRecord
+        from gefen_conformance.certificate.outcomes import Outcome
 
-        outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else "passed"
-        reason = props.get(_REASON, "")
-        missing = _LACKS.search(reason) if outcome == "skipped" else None
-        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason,
+        outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else Outcome.PASSED
+        skipped = outcome == Outcome.SKIPPED
+        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, props.get(_REASON, ""),
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
-                              missing.group(1).split(", ") if missing else [],
-                              not_run=bool(props.get(_NOT_RUN)) and outcome == "skipped"))
+                              list(props.get(_MISSING) or []) if skipped else [],
+                              not_run=bool(props.get(_NOT_RUN)) and skipped))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo):

@@ -65,7 +65,7 @@ class SuiteRun:
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
-                                                   "capabilities": sorted(impl.capabilities)})
+                                                   "capabilities": sorted(c.value for c in impl.capabilities)})
         self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
@@ -166,6 +166,7 @@ class SuiteRun:
         from gefen_conformance.harness import devices, launch
         from gefen_conformance.plugin import warmup
         from gefen_conformance.implementations.contract import DCP_RESHARD
+        from gefen_conformance.plugin.markers import required
         from gefen_conformance.plugin.selection import in_suite
 
         if self.config.option.collectonly or self.config.pluginmanager.has_plugin("dsession"):
@@ -175,7 +176,7 @@ class SuiteRun:
             return
         result = warmup.warm_up_process(self.impl, devices.selected())
         ranked = self.impl.has(DCP_RESHARD) and any(
-            DCP_RESHARD in mark.args for item in items for mark in item.iter_markers("requires"))
+            DCP_RESHARD in required(item) for item in items)
         active = launch.active()
         if ranked and isinstance(active, launch.PoolLauncher):
             started = time.monotonic()

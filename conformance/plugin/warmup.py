@@ -65,12 +65,12 @@ def exercise(impl) -> list[str]:
     creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
     code path that raised (the tests that use it report it)."""
     from gefen_conformance.workload import models as workload
-    from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+    from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 
     model = _model()
     notes = []
     for dtype, factored in CODE_PATHS:
-        if factored and not impl.has(FACTORED_SECOND_MOMENT):
+        if factored and not impl.has(FACTORED_V):
             continue
         label = f"{str(dtype).replace('torch.', '')} {'factored' if factored else 'block'}"
         try:

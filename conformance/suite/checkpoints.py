@@ -6,7 +6,7 @@ Not collected. Several scenario modules use what is here, by name:
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
-* :class:`Checkpoints`, the session's cache of their results (the ``saved`` fixture): a
+* :class:`Checkpoints`, the session's cache of their results (the ``gefen_checkpoints`` fixture): a
   checkpoint is trained and saved once per session and read by every module that needs it;
 * the checks run in the test process on a restore: model parameters, continuation, re-save
   (reshard and interop).
@@ -20,7 +20,9 @@ inside the rank and take their mesh and group from ``gefen_conformance.harness.w
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -60,9 +62,51 @@ def run(fn, world_size: int, args=(), *, timeout: float = TIMEOUT, **options) ->
     return launch.run(fn, world_size, args, timeout=timeout, **options)
 
 
-def error_report(exc: BaseException) -> dict:
-    """What a rank body returns for an exception it expected (type, base names, message)."""
-    return {"type": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+@dataclass(frozen=True)
+class RaisedError:
+    """An exception a rank body expected, returned as its result: picklable whatever the exception
+    was, and checked by class name (``is_a``), since the class may not exist in the test process."""
+
+    type: str
+    classes: tuple  # the names of the exception's class and its bases (its MRO)
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "RaisedError":
+        return cls(type(exc).__name__, tuple(c.__name__ for c in type(exc).__mro__), str(exc))
+
+    def is_a(self, kind: type) -> bool:
+        """True when the exception was a ``kind`` (or a subclass of it)."""
+        return kind.__name__ in self.classes
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+@dataclass
+class RestoreReport:
+    """One rank's account of :func:`restore_report`. ``load_error`` set: the load failed and
+    nothing else was done; otherwise the restored full parameters, the re-save's error (None when
+    it succeeded) and the continuation's max-abs difference from the native run per parameter,
+    with that of an optimizer that restored nothing (``unrestored``, the bound's teeth)."""
+
+    load_error: Optional[RaisedError] = None
+    full_params: dict = field(default_factory=dict)
+    resave_error: Optional[RaisedError] = None
+    continuation: dict = field(default_factory=dict)
+    unrestored: dict = field(default_factory=dict)
+
+
+@dataclass
+class Restore:
+    """A checkpoint saved at one world size (``source``, with the ``saved_params`` it was saved
+    from) restored at another: each rank's :class:`RestoreReport` and where the restored state was
+    saved again (``resave``)."""
+
+    source: Path
+    saved_params: dict
+    resave: Path
+    reports: list
 
 
 # ------------------------------------------------------------------------------ rank bodies
@@ -80,7 +124,7 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if b.numel() else 0.0
 
 
-def restore_report(spec: str, model: str, path: str, resave_path: str) -> dict:
+def restore_report(spec: str, model: str, path: str, resave_path: str) -> RestoreReport:
     """Restore ``path`` at this world size with the implementation ``spec`` and report (collective).
 
     1. A native run: the same implementation trained from scratch here on the same gradient
@@ -109,13 +153,12 @@ def restore_report(spec: str, model: str, path: str, resave_path: str) -> dict:
     try:
         workload.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
-        return {"load_error": error_report(exc)}
-    report = {"load_error": None, "full_params": workload.full_params(params)}
+        return RestoreReport(load_error=RaisedError.of(exc))
+    report = RestoreReport(full_params=workload.full_params(params))
     try:
         workload.save(impl, optimizer, resave_path, params=params)
-        report["resave_error"] = None
     except Exception as exc:  # reported; the continuation still runs
-        report["resave_error"] = error_report(exc)
+        report.resave_error = RaisedError.of(exc)
 
     def continue_from_native(stepping, stepped_params) -> dict:
         with torch.no_grad():
@@ -124,12 +167,12 @@ def restore_report(spec: str, model: str, path: str, resave_path: str) -> dict:
         workload.train(layout, stepping, stepped_params, next_step)
         return {n: _max_abs(workload.to_cpu(p.to_local()), after[n]) for n, p in stepped_params.items()}
 
-    report["continuation"] = continue_from_native(optimizer, params)
+    report.continuation = continue_from_native(optimizer, params)
     # Teeth of the bound: the same step from the same parameters by an optimizer that restored
     # nothing (only its hyperparameters set to the saved ones).
     blank_params = workload.parameters(layout, mesh=mesh, salt="blank")
     blank = impl.make_optimizer(workload.param_groups(layout, blank_params), factored_v_2d=False)
-    report["unrestored"] = continue_from_native(blank, blank_params)
+    report.unrestored = continue_from_native(blank, blank_params)
     return report
 
 
@@ -170,15 +213,15 @@ class Checkpoints:
 
         return self.once(("saved", spec, model, world), make)
 
-    def restored(self, loader: str, saver: str, model: str, source: int, target: int) -> dict:
-        """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks:
-        ``{"source", "saved_params", "resave", "reports"}`` (see :func:`restore_report`)."""
+    def restored(self, loader: str, saver: str, model: str, source: int, target: int) -> Restore:
+        """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks
+        (see :func:`restore_report`)."""
         path, saved_params = self.saved(saver, model, source)
         resave = self.root / f"restore-{_safe(loader)}-from-{path.name}-w{target}"
 
         def make():
             reports = run(restore_report, target, (loader, model, str(path), str(resave)))
-            return {"source": path, "saved_params": saved_params, "resave": resave, "reports": reports}
+            return Restore(path, saved_params, resave, reports)
 
         return self.once(("restored", loader, saver, model, source, target), make)
 
@@ -195,19 +238,19 @@ class Checkpoints:
 # ---------------------------------------------------------------------------- restore checks
 
 
-def load_failures(restore: dict) -> list[str]:
-    return [f"rank {r}: the load raised {rep['load_error']['type']}: {rep['load_error']['message']}"
-            for r, rep in enumerate(restore["reports"]) if rep["load_error"] is not None]
+def load_failures(restore: Restore) -> list[str]:
+    return [f"rank {r}: the load raised {rep.load_error}"
+            for r, rep in enumerate(restore.reports) if rep.load_error is not None]
 
 
-def model_problems(restore: dict) -> list[str]:
+def model_problems(restore: Restore) -> list[str]:
     """Restored model parameters (gathered) against those saved and those the oracle reads."""
     problems = []
-    on_disk = read_nested(restore["source"])["model"]
+    on_disk = read_nested(restore.source)["model"]
     differing = total = 0
-    for rank, report in enumerate(restore["reports"]):
-        for name, value in report["full_params"].items():
-            for what, expected in (("saved", restore["saved_params"][name]), ("checkpoint", on_disk[name])):
+    for rank, report in enumerate(restore.reports):
+        for name, value in report.full_params.items():
+            for what, expected in (("saved", restore.saved_params[name]), ("checkpoint", on_disk[name])):
                 total += expected.numel()
                 if value.dtype != expected.dtype or value.shape != expected.shape:
                     differing += expected.numel()
@@ -220,15 +263,15 @@ def model_problems(restore: dict) -> list[str]:
     return problems
 
 
-def continuation_problems(restore: dict) -> list[str]:
+def continuation_problems(restore: Restore) -> list[str]:
     problems = []
-    worst = max(e for rep in restore["reports"] for e in rep["continuation"].values())
+    worst = max(e for rep in restore.reports for e in rep.continuation.values())
     observations.margin("continuation after reshard (max-abs)", error=worst, bound=CONTINUATION_BOUND)
     if not worst <= CONTINUATION_BOUND:
-        where = [(r, n, e) for r, rep in enumerate(restore["reports"]) for n, e in rep["continuation"].items()
+        where = [(r, n, e) for r, rep in enumerate(restore.reports) for n, e in rep.continuation.items()
                  if e > CONTINUATION_BOUND]
         problems.append(f"continuation max-abs error {worst:.3e} exceeds {CONTINUATION_BOUND} at (rank, param, error) {where}")
-    blank = max(e for rep in restore["reports"] for e in rep["unrestored"].values())
+    blank = max(e for rep in restore.reports for e in rep.unrestored.values())
     if not blank > CONTINUATION_BOUND:
         problems.append(f"workload too weak: an optimizer that restored nothing is within the bound too ({blank:.3e})")
     return problems
@@ -315,7 +358,7 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
     return out
 
 
-def restore_problems(restore: dict, bit_exact: bool, resave: bool = True) -> list[str]:
+def restore_problems(restore: Restore, bit_exact: bool, resave: bool = True) -> list[str]:
     """Everything checked after a restore; the load error alone when the load failed."""
     failures = load_failures(restore)
     if failures:
@@ -326,16 +369,16 @@ def restore_problems(restore: dict, bit_exact: bool, resave: bool = True) -> lis
     return problems
 
 
-def resave_only_problems(restore: dict, bit_exact: bool) -> list[str]:
+def resave_only_problems(restore: Restore, bit_exact: bool) -> list[str]:
     failures = load_failures(restore)
     if failures:
         return failures
-    errors = [f"rank {r}: re-saving the restored state raised {rep['resave_error']['type']}: "
-              f"{rep['resave_error']['message']}" for r, rep in enumerate(restore["reports"]) if rep["resave_error"]]
+    errors = [f"rank {r}: re-saving the restored state raised {rep.resave_error}"
+              for r, rep in enumerate(restore.reports) if rep.resave_error is not None]
     if errors:
         return errors
-    original = read_nested(restore["source"])
-    resaved = read_nested(restore["resave"])
+    original = read_nested(restore.source)
+    resaved = read_nested(restore.resave)
     problems = resave_problems(original["optimizer"], resaved["optimizer"], bit_exact)
     differing = 0
     for name, value in original["model"].items():
@@ -347,17 +390,17 @@ def resave_only_problems(restore: dict, bit_exact: bool) -> list[str]:
     return problems
 
 
-def restores_agree(reference_restore: dict, impl_restore: dict, bitwise: bool) -> list[str]:
+def restores_agree(reference_restore: Restore, impl_restore: Restore, bitwise: bool) -> list[str]:
     """One reference checkpoint restored at one world size by the reference and by the
     implementation, both re-saved at once: the two re-saves by SPEC 5.6.11
     (:func:`oracles.checkpoint_compare.compare_restores`)."""
     failures = load_failures(impl_restore)
     if failures:
         return failures
-    errors = [f"rank {r}: re-saving the restored state raised {rep['resave_error']['type']}"
-              for r, rep in enumerate(impl_restore["reports"]) if rep["resave_error"]]
+    errors = [f"rank {r}: re-saving the restored state raised {rep.resave_error.type}"
+              for r, rep in enumerate(impl_restore.reports) if rep.resave_error is not None]
     if errors:
         return errors
-    expected = read_nested(reference_restore["resave"])["optimizer"]
-    actual = read_nested(impl_restore["resave"])["optimizer"]
+    expected = read_nested(reference_restore.resave)["optimizer"]
+    actual = read_nested(impl_restore.resave)["optimizer"]
     return margins.record(checkpoint_compare.compare_restores(expected, actual, bitwise=bitwise))

@@ -1,41 +1,49 @@
-"""Fixtures shared by the suite's modules.
+"""Fixtures and markers shared by the suite's modules.
 
 A plugin module, not a ``conftest.py``: the plugin registers it when it collects the first suite
-module (SPEC 4.1.7), so these fixtures exist only in a session that runs the suite, and pytest never
-imports anything of the suite under a name of the user's repository.
+module (SPEC 4.1.7), so these fixtures and the suite's markers (``gefen_clause``,
+``gefen_requires``) exist only in a session that runs the suite, and pytest never imports anything
+of the suite under a name of the user's repository. Every name carries the ``gefen_`` prefix, so
+that none meets another plugin's or project's (SPEC 4.1.5).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from gefen_conformance.plugin import markers
 from gefen_conformance.plugin.hooks import implementation_for
 from gefen_conformance.harness.sharding import WorldOfOne
 
 from gefen_conformance.suite import checkpoints
 
 
+def pytest_configure(config):
+    """Registered after the session configured: pytest calls this at registration."""
+    markers.register(config)
+
+
 @pytest.fixture(scope="session")
-def impl(request):
+def gefen_impl(request):
     """The implementation under test."""
     return implementation_for(request.config)
 
 
 @pytest.fixture(scope="session")
-def impl_spec(request) -> str:
+def gefen_impl_spec(request) -> str:
     """The ``--impl`` spec string of the implementation under test: what rank bodies take as
     their first argument and resolve inside each rank (``gefen_conformance.implementations.registry.resolve``)."""
     return request.config.getoption("--impl")
 
 
 @pytest.fixture(scope="session")
-def saved(tmp_path_factory) -> checkpoints.Checkpoints:
+def gefen_checkpoints(tmp_path_factory) -> checkpoints.Checkpoints:
     """The session's cache of multi-rank checkpoints, shared by every DCP scenario module."""
     return checkpoints.Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
 
 
 @pytest.fixture(scope="session")
-def one_rank():
+def gefen_one_rank():
     """A gloo group of one in this process, for in-process DCP saves and loads; it is the
     process's current World while the session lasts (``gefen_conformance.harness.world.current()``)."""
     w = WorldOfOne()

@@ -91,15 +91,15 @@ def async_with_default_writer(spec: str, path: str):
         _wait(dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=dcp.FileSystemWriter(path),
                              process_group=world.current().group))
     except Exception as exc:  # the outcome is the result
-        return checkpoints.error_report(exc)
+        return checkpoints.RaisedError.of(exc)
     return None
 
 
-@pytest.mark.clause("4.3.7", "2.6.1", "5.2.3")
-@pytest.mark.requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_checkpoint_holds_the_state_as_of_the_call(impl_spec, saved):
-    root = saved.scratch("async")
-    reports = checkpoints.run(async_snapshot, WORLD, (impl_spec, str(root)))
+@pytest.mark.gefen_clause("4.3.7", "2.6.1", "5.2.3")
+@pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
+def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl_spec, gefen_checkpoints):
+    root = gefen_checkpoints.scratch("async")
+    reports = checkpoints.run(async_snapshot, WORLD, (gefen_impl_spec, str(root)))
     assert all(r["write_data_calls"] == 1 for r in reports), f"the held writer was not used: {reports}"
     before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
     assert set(landed) == set(before), sorted(set(landed) ^ set(before))
@@ -111,14 +111,14 @@ def test_async_checkpoint_holds_the_state_as_of_the_call(impl_spec, saved):
     assert "optimizer.global_step" in moved and any(k.endswith(".momentum") for k in moved), moved
 
 
-@pytest.mark.clause("4.3.7", "2.6.2")
-@pytest.mark.requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_save_with_the_default_writer_is_refused_before_writing(impl_spec, saved):
-    path = saved.scratch("async-default-writer") / "checkpoint"
-    errors = checkpoints.run(async_with_default_writer, WORLD, (impl_spec, str(path)))
+@pytest.mark.gefen_clause("4.3.7", "2.6.2")
+@pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
+def test_async_save_with_the_default_writer_is_refused_before_writing(gefen_impl_spec, gefen_checkpoints):
+    path = gefen_checkpoints.scratch("async-default-writer") / "checkpoint"
+    errors = checkpoints.run(async_with_default_writer, WORLD, (gefen_impl_spec, str(path)))
     for rank, error in enumerate(errors):
         assert error is not None, f"rank {rank}: async_save with the default writer succeeded"
-        assert "RuntimeError" in error["mro"] and "GefenFileSystemWriter" in error["message"], (rank, error)
-        assert "GefenSavePlanner" not in error["message"], (rank, error)
+        assert error.is_a(RuntimeError) and "GefenFileSystemWriter" in error.message, (rank, error)
+        assert "GefenSavePlanner" not in error.message, (rank, error)
     written = sorted(p.name for p in path.iterdir()) if path.exists() else []
     assert written == [], written

@@ -22,6 +22,9 @@ reader (SPEC 5.1).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -67,7 +70,27 @@ def save_reference(model: str, dtype: str, path: str) -> None:
     workload.save(impl, optimizer, path, params=params)
 
 
-def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> dict:
+@dataclass(frozen=True)
+class ContinuationReport:
+    """One rank's account of :func:`restore_and_continue`: the load's error, or the first re-save's
+    error and after how many continuation steps it came (all None: everything succeeded)."""
+
+    load_error: Optional[checkpoints.RaisedError] = None
+    save_error: Optional[checkpoints.RaisedError] = None
+    save_error_after: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Continued:
+    """A restore of ``source`` and its continuation, re-saved under ``out/after<k>``; a
+    :class:`ContinuationReport` per rank."""
+
+    source: Path
+    out: Path
+    reports: list
+
+
+def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> ContinuationReport:
     """A stepped optimizer of ``spec`` restores ``path``, re-saves to ``out/after0``, then steps
     ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
     impl = registry.resolve(spec)
@@ -79,15 +102,15 @@ def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str)
     try:
         workload.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
-        return {"load_error": checkpoints.error_report(exc), "save_error": None}
+        return ContinuationReport(load_error=checkpoints.RaisedError.of(exc))
     for k in range(CONTINUATION + 1):
         if k:
             workload.train(layout, optimizer, params, [workload.DCP_STEPS + k])
         try:
             workload.save(impl, optimizer, os.path.join(out, f"after{k}"), params=params)
         except Exception as exc:  # reported; later re-saves are not attempted
-            return {"load_error": None, "save_error": dict(checkpoints.error_report(exc), after=k)}
-    return {"load_error": None, "save_error": None}
+            return ContinuationReport(save_error=checkpoints.RaisedError.of(exc), save_error_after=k)
+    return ContinuationReport()
 
 
 # -------------------------------------------------------------------------------- the cache
@@ -103,26 +126,25 @@ def _checkpoint(saved: checkpoints.Checkpoints, dtype: str):
     return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
 
 
-def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> dict:
+def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> Continued:
     source = _checkpoint(saved, dtype)
     out = saved.directory("continued", spec, MODEL, dtype, f"w{SOURCE}", f"w{target}")
 
     def make():
         reports = checkpoints.run(restore_and_continue, target, (spec, MODEL, dtype, str(source), str(out)),
                                   timeout=TIMEOUT)
-        return {"source": source, "out": out, "reports": reports}
+        return Continued(source, out, reports)
 
     return saved.once(("continued", spec, MODEL, dtype, SOURCE, target), make)
 
 
-def _failures(continued: dict) -> list[str]:
+def _failures(continued: Continued) -> list[str]:
     out = []
-    for rank, report in enumerate(continued["reports"]):
-        if report["load_error"] is not None:
-            out.append(f"rank {rank}: the load raised {report['load_error']['type']}: {report['load_error']['message']}")
-        elif report["save_error"] is not None:
-            e = report["save_error"]
-            out.append(f"rank {rank}: the re-save after {e['after']} steps raised {e['type']}: {e['message']}")
+    for rank, report in enumerate(continued.reports):
+        if report.load_error is not None:
+            out.append(f"rank {rank}: the load raised {report.load_error}")
+        elif report.save_error is not None:
+            out.append(f"rank {rank}: the re-save after {report.save_error_after} steps raised {report.save_error}")
     return out
 
 
@@ -133,7 +155,7 @@ def _read_once(saved: checkpoints.Checkpoints, path) -> dict:
 
 def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
     """The re-save after ``k`` continuation steps."""
-    return _read_once(saved, continued["out"] / f"after{k}")
+    return _read_once(saved, continued.out / f"after{k}")
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -197,7 +219,7 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
     saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
-    periods = _periods(_read_once(saved, continued["source"]), target)
+    periods = _periods(_read_once(saved, continued.source), target)
     comparisons = Comparisons()
     for rank in range(target):
         mine = sorted(i for r, i in periods if r == rank)
@@ -228,47 +250,47 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     return margins.record(comparisons)
 
 
-@pytest.mark.clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_restore_into_a_stepped_optimizer(impl, impl_spec, saved, dtype, target):
-    theirs = _continued(saved, impl_spec, dtype, target)
+def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
+    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
     problems = _failures(theirs)
     if not problems:
-        ours = _continued(saved, REFERENCE, dtype, target)
+        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
         problems = _failures(ours)
     if not problems:
-        problems = _model_problems(_read_once(saved, theirs["source"]), _read(saved, theirs, 0))
-        expected, actual = _read(saved, ours, 0)["optimizer"], _read(saved, theirs, 0)["optimizer"]
+        problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
+        expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
         problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
-                                                                       bitwise=numeric_profile.bitwise(impl)))
+                                                                       bitwise=numeric_profile.bitwise(gefen_impl)))
     assert not problems, "\n".join(problems[:20])
 
 
-@pytest.mark.clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_steps_after_the_restore(impl, impl_spec, saved, dtype, target):
-    theirs = _continued(saved, impl_spec, dtype, target)
+def test_steps_after_the_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
+    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
     problems = _failures(theirs)
     if not problems:
-        ours = _continued(saved, REFERENCE, dtype, target)
+        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
         problems = _failures(ours)
     if problems:
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()
     for k in range(1, CONTINUATION + 1):
-        expected, actual = _read(saved, ours, k), _read(saved, theirs, k)
+        expected, actual = _read(gefen_checkpoints, ours, k), _read(gefen_checkpoints, theirs, k)
         _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
-        if numeric_profile.bitwise(impl):
+        if numeric_profile.bitwise(gefen_impl):
             comparisons.merge(checkpoint_compare.compare_restores(expected["optimizer"], actual["optimizer"],
                                                                   bitwise=True, where=f"after {k} steps"))
             for name, value in expected["model"].items():
                 comparisons.add(bitwise_comparison(f"continuation: model parameters ({dtype})", value,
                                                    actual["model"].get(name), label=f"after {k} steps: {name}"))
     problems = margins.record(comparisons)
-    if not problems and not numeric_profile.bitwise(impl):
-        problems = _shadow_problems(saved, theirs, target, DTYPES[dtype])
+    if not problems and not numeric_profile.bitwise(gefen_impl):
+        problems = _shadow_problems(gefen_checkpoints, theirs, target, DTYPES[dtype])
     assert not problems, "\n".join(problems[:20])

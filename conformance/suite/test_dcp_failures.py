@@ -52,7 +52,7 @@ def save_with_divergent_layout(spec: str, path: str, how: str, odd_rank: int = 1
     try:
         workload.save(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result (a rank that returns stays warm for the next call)
-        return checkpoints.error_report(exc)
+        return checkpoints.RaisedError.of(exc)
     return None
 
 
@@ -73,7 +73,7 @@ def failing_load(spec: str, path: str, before_dir: str, after_dir: str, odd_rank
         # adapter sees anything, so the adapter's fail-atomicity covers the optimizer
         workload.load(impl, optimizer, path)
     except Exception as exc:  # the outcome is the result
-        error = checkpoints.error_report(exc)
+        error = checkpoints.RaisedError.of(exc)
     workload.save(impl, optimizer, after_dir, params=params)
     return error
 
@@ -125,27 +125,27 @@ def _written(path) -> list[str]:
     return sorted(p.name for p in path.iterdir()) if path.exists() else []
 
 
-def _raised(rank: int, error: dict | None, expected: type, part: str) -> str | None:
+def _raised(rank: int, error: checkpoints.RaisedError | None, expected: type, part: str) -> str | None:
     """None when the rank's reported error is ``expected`` (or a subclass) naming ``part`` (SPEC 0.2.3)."""
     if error is None:
         return f"rank {rank}: did not raise; expected {expected.__name__} naming {part!r}"
-    if expected.__name__ not in error["mro"] or part not in error["message"]:
-        return f"rank {rank}: raised {error['type']}: {error['message']!r}; expected {expected.__name__} naming {part!r}"
+    if not error.is_a(expected) or part not in error.message:
+        return f"rank {rank}: raised {error.type}: {error.message!r}; expected {expected.__name__} naming {part!r}"
     return None
 
 
-@pytest.mark.clause("4.3.3", "2.3.4", "2.3.5", "2.4.1")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.3", "2.3.4", "2.3.5", "2.4.1")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("how,own_error,part", [
     ("renamed", RuntimeError, "different parameter layouts"),
     ("unnamed", RuntimeError, "synthesized"),
 ], ids=["renamed", "unnamed"])
-def test_save_with_one_rank_layout_differing_writes_nothing(impl_spec, saved, how, own_error, part):
+def test_save_with_one_rank_layout_differing_writes_nothing(gefen_impl_spec, gefen_checkpoints, how, own_error, part):
     """Rank 1 names one parameter differently (same slot count: the layout digest, SPEC 2.3.5,
     every rank raises it) or passes unnamed parameters (rank 1's own check, SPEC 2.4.1; the
     others raise the abort naming "another rank", SPEC 2.3.4). Nothing is written."""
-    path = saved.scratch(f"divergent-{how}") / "checkpoint"
-    errors = checkpoints.run(save_with_divergent_layout, WORLD, (impl_spec, str(path), how, ODD_RANK), timeout=TIMEOUT)
+    path = gefen_checkpoints.scratch(f"divergent-{how}") / "checkpoint"
+    errors = checkpoints.run(save_with_divergent_layout, WORLD, (gefen_impl_spec, str(path), how, ODD_RANK), timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
         if how == "renamed" or rank == ODD_RANK:
@@ -158,16 +158,16 @@ def test_save_with_one_rank_layout_differing_writes_nothing(impl_spec, saved, ho
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.3", "3.2.3", "3.2.5", "3.3.7")
-@pytest.mark.requires(DCP_RESHARD)
-def test_load_refused_by_one_rank_changes_no_rank(impl_spec, saved):
+@pytest.mark.gefen_clause("4.3.3", "3.2.3", "3.2.5", "3.3.7")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_load_refused_by_one_rank_changes_no_rank(gefen_impl_spec, gefen_checkpoints):
     """Rank 1's target optimizer was built with ``deterministic=True``; the checkpoint says False.
     Rank 1 raises ValueError naming "deterministic", rank 0 raises naming "another rank", and the
     live state of both, saved before and after the attempt, has identical content digests."""
-    source, _ = saved.saved(impl_spec, "base", WORLD)
-    scratch = saved.scratch("refused-load")
+    source, _ = gefen_checkpoints.saved(gefen_impl_spec, "base", WORLD)
+    scratch = gefen_checkpoints.scratch("refused-load")
     before, after = scratch / "before", scratch / "after"
-    errors = checkpoints.run(failing_load, WORLD, (impl_spec, str(source), str(before), str(after), ODD_RANK),
+    errors = checkpoints.run(failing_load, WORLD, (gefen_impl_spec, str(source), str(before), str(after), ODD_RANK),
                              timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
@@ -184,17 +184,17 @@ def test_load_refused_by_one_rank_changes_no_rank(impl_spec, saved):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.3", "4.2.2", "5.1.2")
-@pytest.mark.requires(DCP_RESHARD)
-def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(impl_spec, saved):
+@pytest.mark.gefen_clause("4.3.3", "4.2.2", "5.1.2")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen_impl_spec, gefen_checkpoints):
     """Rank 1 writes its payload and dies (``World.die``) before reporting it; rank 0 raises
     within the bound, no ``.metadata`` is committed, and an earlier checkpoint in the same parent
     directory is untouched and still restores and trains on."""
-    parent = saved.scratch("killed")
+    parent = gefen_checkpoints.scratch("killed")
     earlier, killed = parent / "earlier", parent / "killed"
-    checkpoints.run(checkpoints.save_trained, WORLD, (impl_spec, "base", str(earlier)), timeout=TIMEOUT)
+    checkpoints.run(checkpoints.save_trained, WORLD, (gefen_impl_spec, "base", str(earlier)), timeout=TIMEOUT)
     md5s = payload_md5s(earlier)
-    outcomes = checkpoints.run(killed_save, WORLD, (impl_spec, str(killed), ODD_RANK), timeout=TIMEOUT,
+    outcomes = checkpoints.run(killed_save, WORLD, (gefen_impl_spec, str(killed), ODD_RANK), timeout=TIMEOUT,
                                allow_failure=True)
     statuses = [o.status for o in outcomes]
     assert statuses == ["raised", "died"], "\n".join(o.headline() for o in outcomes)
@@ -206,6 +206,6 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(impl_
     margins.exact("earlier checkpoint after a killed save (payload md5)",
                   sum(after.get(k) != v for k, v in md5s.items()), len(md5s))
     assert after == md5s
-    reports = checkpoints.run(load_and_continue, WORLD, (impl_spec, str(earlier)), timeout=TIMEOUT)
+    reports = checkpoints.run(load_and_continue, WORLD, (gefen_impl_spec, str(earlier)), timeout=TIMEOUT)
     for rank, report in enumerate(reports):
         assert report["moved"] and report["finite"], (rank, report)

@@ -25,25 +25,25 @@ from gefen_conformance.suite import checkpoints
 REFERENCE = "reference"
 
 
-@pytest.mark.clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
 @pytest.mark.parametrize("direction", ["impl-to-reference", "reference-to-impl"])
-def test_cross_implementation_restore(impl, impl_spec, saved, direction, source, target):
-    saver, loader = (impl_spec, REFERENCE) if direction == "impl-to-reference" else (REFERENCE, impl_spec)
-    restore = saved.restored(loader, saver, "base", source, target)
+def test_cross_implementation_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, direction, source, target):
+    saver, loader = (gefen_impl_spec, REFERENCE) if direction == "impl-to-reference" else (REFERENCE, gefen_impl_spec)
+    restore = gefen_checkpoints.restored(loader, saver, "base", source, target)
     # the re-saved state is the loader's; its bit-exactness is the reference's or the impl's, and
     # bitwise only on CPU (SPEC 4.6.4)
-    bit_exact = numeric_profile.bitwise(impl) or (loader == REFERENCE and devices.is_cpu(devices.selected()))
+    bit_exact = numeric_profile.bitwise(gefen_impl) or (loader == REFERENCE and devices.is_cpu(devices.selected()))
     problems = checkpoints.restore_problems(restore, bit_exact)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
-def test_restore_and_resave_match_the_reference(impl, impl_spec, saved, source, target):
-    ours = saved.restored(REFERENCE, REFERENCE, "base", source, target)
-    theirs = saved.restored(impl_spec, REFERENCE, "base", source, target)
-    problems = checkpoints.restores_agree(ours, theirs, numeric_profile.bitwise(impl))
+def test_restore_and_resave_match_the_reference(gefen_impl, gefen_impl_spec, gefen_checkpoints, source, target):
+    ours = gefen_checkpoints.restored(REFERENCE, REFERENCE, "base", source, target)
+    theirs = gefen_checkpoints.restored(gefen_impl_spec, REFERENCE, "base", source, target)
+    problems = checkpoints.restores_agree(ours, theirs, numeric_profile.bitwise(gefen_impl))
     assert not problems, "\n".join(problems)

@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_SECOND_MOMENT
+from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_V
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
@@ -70,17 +70,17 @@ def planned_save_peak(spec: str, root: str) -> dict:
     return peaks
 
 
-@pytest.mark.clause("5.4.2", "2.5.2", "5.4.1")
-@pytest.mark.requires(DCP_RESHARD, DCP_SAVE_PLANNER)
-def test_planned_save_holds_one_slot_at_a_time(impl_spec, saved):
+@pytest.mark.gefen_clause("5.4.2", "2.5.2", "5.4.1")
+@pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
+def test_planned_save_holds_one_slot_at_a_time(gefen_impl_spec, gefen_checkpoints):
     """At world size 1, the peak extra bytes of a save with ``impl.save_planner()`` stay within the
     twice the largest slot's dense momentum and second moment plus the slack. The slots are large enough
     that a save holding all of them at once would exceed the bound; a save with DCP's default
     planner (placeholders keep their expansions until the save ends, SPEC 2.5.3) is measured
     alongside for the record. The measured saves write one file per item (see
     :func:`planned_save_peak`) and must hold the same content as a standard save."""
-    root = saved.scratch("memory")
-    [peaks] = checkpoints.run(planned_save_peak, 1, (impl_spec, str(root)))
+    root = gefen_checkpoints.scratch("memory")
+    [peaks] = checkpoints.run(planned_save_peak, 1, (gefen_impl_spec, str(root)))
     slots = [2 * 4 * torch.Size(s).numel() for s in MEMORY.shapes.values()]
     bound = 2 * max(slots) + SLACK
     assert sum(slots) > bound, "the workload cannot tell a bounded save from one holding every slot"
@@ -97,16 +97,16 @@ def test_planned_save_holds_one_slot_at_a_time(impl_spec, saved):
         f"2 x {max(slots)} + {SLACK} (all slots: {sum(slots)}; with DCP's default planner: {peaks['default']})")
 
 
-@pytest.mark.clause("5.4.3", "5.4.1")
+@pytest.mark.gefen_clause("5.4.3", "5.4.1")
 @pytest.mark.parametrize("factored", [
     pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.requires(FACTORED_SECOND_MOMENT)),
+    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
 ])
-def test_step_updates_state_in_place(impl, factored):
+def test_step_updates_state_in_place(gefen_impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain
     (non-DTensor) parameters: this is the optimizer's own step, no DCP capability is involved."""
     params = workload.parameters(IN_PLACE)
-    optimizer = impl.make_optimizer(workload.param_groups(IN_PLACE, params), factored_v_2d=factored)
+    optimizer = gefen_impl.make_optimizer(workload.param_groups(IN_PLACE, params), factored_v_2d=factored)
     workload.train(IN_PLACE, optimizer, params, [0])
     before = state_addresses(optimizer.state)
     workload.train(IN_PLACE, optimizer, params, [1])

@@ -21,24 +21,24 @@ POSITIONAL_LOOKING = workload.Model(
 )
 
 
-@pytest.mark.clause("2.4", "1.3.6")
-@pytest.mark.requires(DCP_RESHARD)
-def test_caller_name_that_looks_positional_saves_and_loads(impl, one_rank):
+@pytest.mark.gefen_clause("2.4", "1.3.6")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_caller_name_that_looks_positional_saves_and_loads(gefen_impl, gefen_one_rank):
     """A model may really call a parameter ``param_0``: the caller gave it, so it is a stable identity."""
-    _, opt = workload.trained(impl, POSITIONAL_LOOKING, one_rank.mesh, steps=range(2))
-    path = one_rank.path()
-    workload.save(impl, opt, path, planner=False)
-    fresh = workload.parameters(POSITIONAL_LOOKING, mesh=one_rank.mesh)
-    target = impl.make_optimizer(workload.param_groups(POSITIONAL_LOOKING, fresh), factored_v_2d=False)
-    workload.load(impl, target, path)
+    _, opt = workload.trained(gefen_impl, POSITIONAL_LOOKING, gefen_one_rank.mesh, steps=range(2))
+    path = gefen_one_rank.path()
+    workload.save(gefen_impl, opt, path, planner=False)
+    fresh = workload.parameters(POSITIONAL_LOOKING, mesh=gefen_one_rank.mesh)
+    target = gefen_impl.make_optimizer(workload.param_groups(POSITIONAL_LOOKING, fresh), factored_v_2d=False)
+    workload.load(gefen_impl, target, path)
 
 
-@pytest.mark.clause("2.4", "1.3.6")
-@pytest.mark.requires(DCP_RESHARD)
-def test_synthesized_names_are_refused(impl, one_rank):
+@pytest.mark.gefen_clause("2.4", "1.3.6")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_synthesized_names_are_refused(gefen_impl, gefen_one_rank):
     """Names the optimizer made up depend on registration order: saving against them is refused."""
-    params = workload.parameters(POSITIONAL_LOOKING, mesh=one_rank.mesh)
-    opt = impl.make_optimizer(list(params.values())[:1], factored_v_2d=False)
+    params = workload.parameters(POSITIONAL_LOOKING, mesh=gefen_one_rank.mesh)
+    opt = gefen_impl.make_optimizer(list(params.values())[:1], factored_v_2d=False)
     with pytest.raises(BaseException) as info:
-        workload.save(impl, opt, one_rank.path(), planner=False)
+        workload.save(gefen_impl, opt, gefen_one_rank.path(), planner=False)
     assert not isinstance(info.value, (KeyboardInterrupt, SystemExit))

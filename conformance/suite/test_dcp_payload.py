@@ -36,7 +36,7 @@ WORLDS = [
     pytest.param("base", 1, id="w1"),
     pytest.param("base", 2, id="w2"),
     pytest.param("base", 4, id="w4"),
-    pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.clause("2.4.5")),
+    pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.gefen_clause("2.4.5")),
 ]
 
 
@@ -102,54 +102,54 @@ def _byte_identity_problems(root, first: str, second: str, what: str) -> list[st
     return (_payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)"))
 
 
-@pytest.mark.clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_same_state_saved_twice_is_byte_identical(impl_spec, saved, model, world):
-    problems = _byte_identity_problems(_payloads(saved, impl_spec, model, world), "impl_planned", "impl_planned_again",
+def test_same_state_saved_twice_is_byte_identical(gefen_impl_spec, gefen_checkpoints, model, world):
+    problems = _byte_identity_problems(_payloads(gefen_checkpoints, gefen_impl_spec, model, world), "impl_planned", "impl_planned_again",
                                        "one state saved twice")
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.4", "2.2.5", "2.5.2")
-@pytest.mark.requires(DCP_RESHARD, DCP_SAVE_PLANNER)
+@pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
+@pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_planner_does_not_change_the_bytes(impl_spec, saved, model, world):
-    problems = _byte_identity_problems(_payloads(saved, impl_spec, model, world), "impl_planned", "impl_default",
+def test_planner_does_not_change_the_bytes(gefen_impl_spec, gefen_checkpoints, model, world):
+    problems = _byte_identity_problems(_payloads(gefen_checkpoints, gefen_impl_spec, model, world), "impl_planned", "impl_default",
                                        "planned and default saves of one state")
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.4", "2.2.5", "5.2.1")
-@pytest.mark.requires(DCP_RESHARD, CPU_BIT_EXACT)
+@pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")
+@pytest.mark.gefen_requires(DCP_RESHARD, CPU_BIT_EXACT)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_md5s_match_the_reference(impl_spec, saved, model, world):
-    root = _payloads(saved, impl_spec, model, world)
+def test_payload_md5s_match_the_reference(gefen_impl_spec, gefen_checkpoints, model, world):
+    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
     problems = _payload_differences(root / "impl_planned", root / "reference", "payload against the reference (md5)")
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.4", "2.1", "5.6.11")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.4", "2.1", "5.6.11")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_content_matches_the_reference(impl, impl_spec, saved, model, world):
+def test_payload_content_matches_the_reference(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, world):
     """The checkpoint's content against the reference's trained on the same gradients, read back by
     the independent reader: every non-float value exactly; float state bitwise under
     ``cpu-bit-exact``, otherwise within the free-running bounds (SPEC 5.6.11)."""
-    root = _payloads(saved, impl_spec, model, world)
+    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
-    comparisons = checkpoint_compare.compare(expected, actual, bitwise=numeric_profile.bitwise(impl),
+    comparisons = checkpoint_compare.compare(expected, actual, bitwise=numeric_profile.bitwise(gefen_impl),
                                              param_dtype=torch.float32, largest_gap=max(gaps, default=2.0))
     problems = margins.record(comparisons)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.4", "2.2.5", "5.2.2")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.2")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_metadata_digest_matches_the_reference(impl_spec, saved, model, world):
-    root = _payloads(saved, impl_spec, model, world)
+def test_metadata_digest_matches_the_reference(gefen_impl_spec, gefen_checkpoints, model, world):
+    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
     problems = _metadata_differences(root / "impl_planned", root / "reference", "metadata against the reference (digest)")
     assert not problems, "\n".join(problems)

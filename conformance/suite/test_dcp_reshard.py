@@ -30,24 +30,24 @@ PATHS = [
     pytest.param("base", 2, 1, id="2->1"),
     pytest.param("base", 1, 2, id="1->2"),
     pytest.param("base", 3, 2, id="3->2"),
-    pytest.param("empty", 2, 4, id="2->4-empty-target-shards", marks=pytest.mark.clause("3.4.5", "3.6.3")),
-    pytest.param("empty", 4, 2, id="4->2-empty-source-shards", marks=pytest.mark.clause("2.4.5", "3.4.4")),
+    pytest.param("empty", 2, 4, id="2->4-empty-target-shards", marks=pytest.mark.gefen_clause("3.4.5", "3.6.3")),
+    pytest.param("empty", 4, 2, id="4->2-empty-source-shards", marks=pytest.mark.gefen_clause("2.4.5", "3.4.4")),
 ]
 
 
-@pytest.mark.clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_restores_model_and_continues_within_bound(impl, impl_spec, saved, model, source, target):
-    restore = saved.restored(impl_spec, impl_spec, model, source, target)
-    problems = checkpoints.restore_problems(restore, numeric_profile.bitwise(impl), resave=False)
+def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, source, target):
+    restore = gefen_checkpoints.restored(gefen_impl_spec, gefen_impl_spec, model, source, target)
+    problems = checkpoints.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_resaved_state_is_consistent(impl, impl_spec, saved, model, source, target):
-    restore = saved.restored(impl_spec, impl_spec, model, source, target)
-    problems = checkpoints.resave_only_problems(restore, numeric_profile.bitwise(impl))
+def test_reshard_resaved_state_is_consistent(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, source, target):
+    restore = gefen_checkpoints.restored(gefen_impl_spec, gefen_impl_spec, model, source, target)
+    problems = checkpoints.resave_only_problems(restore, numeric_profile.bitwise(gefen_impl))
     assert not problems, "\n".join(problems)

@@ -21,7 +21,7 @@ CHECKPOINTS = [
     pytest.param("base", 2, id="w2"),
     pytest.param("base", 3, id="w3"),
     pytest.param("base", 4, id="w4"),
-    pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.clause("2.4.5")),
+    pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.gefen_clause("2.4.5")),
 ]
 
 
@@ -53,11 +53,11 @@ def _expected_values(model: str, state: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
-def test_checkpoint_schema_from_the_files(impl_spec, saved, model, world):
-    path, saved_params = saved.saved(impl_spec, model, world)
+def test_checkpoint_schema_from_the_files(gefen_impl_spec, gefen_checkpoints, model, world):
+    path, saved_params = gefen_checkpoints.saved(gefen_impl_spec, model, world)
     nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
     problems = gefen_schema.problems(nested.get("optimizer", {}))
     problems += _expected_values(model, nested.get("optimizer", {}))

@@ -14,13 +14,13 @@ from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import margins
 
 
-@pytest.mark.clause("5.5.3", "2.2.5", "5.6.11")
-@pytest.mark.requires(DCP_RESHARD)
-def test_saves_match_the_goldens(impl, impl_spec, request):
+@pytest.mark.gefen_clause("5.5.3", "2.2.5", "5.6.11")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_saves_match_the_goldens(gefen_impl, gefen_impl_spec, request):
     launch.skip_unless_fits(max(case.world_size for case in golden.CASES.values()))
     if request.config.getoption("--golden-regen"):
         path = golden.generate_into(golden.GOLDEN_DIR, "reference")
         pytest.fail(f"goldens regenerated from the reference into {path.parent}; review and commit them, then rerun")
-    comparisons = golden.compare_goldens(impl_spec, bitwise=numeric_profile.bitwise(impl))
+    comparisons = golden.compare_goldens(gefen_impl_spec, bitwise=numeric_profile.bitwise(gefen_impl))
     problems = margins.record(comparisons)
     assert not problems, "\n".join(problems)

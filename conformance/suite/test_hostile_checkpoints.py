@@ -187,32 +187,32 @@ def load_attempt_on_rank(impl_spec: str, path: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory, one_rank):
+def variants(tmp_path_factory, gefen_one_rank):
     return craft_all(str(tmp_path_factory.mktemp("hostile")))
 
 
-@pytest.mark.clause("3.10.1")
-@pytest.mark.requires(DCP_RESHARD)
-def test_the_valid_checkpoint_loads(impl, variants):
-    outcome = load_attempt(impl, variants["valid"])
+@pytest.mark.gefen_clause("3.10.1")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_the_valid_checkpoint_loads(gefen_impl, variants):
+    outcome = load_attempt(gefen_impl, variants["valid"])
     assert outcome["error"] is None, outcome["error"]
 
 
-@pytest.mark.clause("3.10.1", "3.10.2")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("3.10.1", "3.10.2")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", CASES)
-def test_refused_without_mutation(impl, variants, case):
-    outcome = load_attempt(impl, variants[case])
+def test_refused_without_mutation(gefen_impl, variants, case):
+    outcome = load_attempt(gefen_impl, variants[case])
     assert outcome["error"] is not None, f"{case}: the load was accepted"
     margins.exact("live state after a refused hostile load", int(not outcome["unchanged"]), 1)
     assert outcome["unchanged"], f"{case}: refused, but live state changed ({outcome['error']})"
 
 
-@pytest.mark.clause("3.10.1", "3.10.2", "3.2.3")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("3.10.1", "3.10.2", "3.2.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", ["aborted-save-no-metadata", "flipped-archive-header", "nan-momentum", "renamed-parameter"])
-def test_refused_on_every_rank(impl_spec, variants, case):
-    outcomes = checkpoints.run(load_attempt_on_rank, 2, (impl_spec, variants[case]), timeout=30.0, allow_failure=True)
+def test_refused_on_every_rank(gefen_impl_spec, variants, case):
+    outcomes = checkpoints.run(load_attempt_on_rank, 2, (gefen_impl_spec, variants[case]), timeout=30.0, allow_failure=True)
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"

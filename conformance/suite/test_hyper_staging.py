@@ -272,26 +272,26 @@ def _check(impl, one_rank, saved, dests):
     return expected
 
 
-@pytest.mark.clause("3.5", "4.3.9")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("3.5", "4.3.9")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", sorted(REGRESSIONS))
-def test_staging_regression(impl, one_rank, case):
-    _check(impl, one_rank, *REGRESSIONS[case])
+def test_staging_regression(gefen_impl, gefen_one_rank, case):
+    _check(gefen_impl, gefen_one_rank, *REGRESSIONS[case])
 
 
-@pytest.mark.clause("3.5.1", "3.5.2", "3.5.5", "4.3.9")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("3.5.1", "3.5.2", "3.5.5", "4.3.9")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=False))
-def test_staging_matches_reference(impl, one_rank, saved, dests):
+def test_staging_matches_reference(gefen_impl, gefen_one_rank, saved, dests):
     """Numbers and one-element tensors of every dtype, each group and key with its own tensor."""
-    expected = _check(impl, one_rank, saved, dests)
+    expected = _check(gefen_impl, gefen_one_rank, saved, dests)
     event("reference accepted" if expected.accepted else "reference rejected")
 
 
-@pytest.mark.clause("3.5.3", "3.5.4", "4.3.9")
-@pytest.mark.requires(DCP_RESHARD)
+@pytest.mark.gefen_clause("3.5.3", "3.5.4", "4.3.9")
+@pytest.mark.gefen_requires(DCP_RESHARD)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=True))
-def test_staging_matches_reference_with_autograd_and_aliased_destinations(impl, one_rank, saved, dests):
+def test_staging_matches_reference_with_autograd_and_aliased_destinations(gefen_impl, gefen_one_rank, saved, dests):
     """Adds destinations that require grad and tensors shared across groups and keys."""
-    expected = _check(impl, one_rank, saved, dests)
+    expected = _check(gefen_impl, gefen_one_rank, saved, dests)
     event("reference accepted" if expected.accepted else "reference rejected")

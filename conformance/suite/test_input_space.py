@@ -34,7 +34,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
     CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for, run,
@@ -280,7 +280,7 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
 
 
 def _check(impl, case: InputCase) -> None:
-    if case.factored and not impl.has(FACTORED_SECOND_MOMENT):
+    if case.factored and not impl.has(FACTORED_V):
         case = case.without_factored()
     start = starting_state(case)
     ours = run(REFERENCE, case, start)
@@ -292,23 +292,23 @@ def _check(impl, case: InputCase) -> None:
 # ------------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.clause("4.3.10", "1.4", "1.5", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13")
-@pytest.mark.requires(NATIVE_STATE_DICT)
+@pytest.mark.gefen_clause("4.3.10", "1.4", "1.5", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(BOUNDARIES)
 @given(case=input_cases())
-def test_inputs_match_reference(impl, case):
+def test_inputs_match_reference(gefen_impl, case):
     """Shapes and routing, layouts, dtype mixes, group structures, schedules, step counters and
     gradient patterns, by plain ``step()`` calls."""
-    _check(impl, case)
+    _check(gefen_impl, case)
 
 
-@pytest.mark.clause("4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13")
-@pytest.mark.requires(NATIVE_STATE_DICT)
+@pytest.mark.gefen_clause("4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(PROTOCOL_BOUNDARIES)
 @given(case=input_cases(protocols=("closure", "grad-scale", "found-inf"), frozen_share=3))
-def test_protocols_match_reference(impl, case):
+def test_protocols_match_reference(gefen_impl, case):
     """``step(closure)`` with ``zero_grad(set_to_none=True)`` inside the closure, the GradScaler
     protocol (``grad_scale`` unscales; ``found_inf`` changes nothing), frozen parameters anywhere."""
-    _check(impl, case)
+    _check(gefen_impl, case)

@@ -34,7 +34,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -110,13 +110,13 @@ def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label
     return [f"{label}: {p}" for p in margins.record(comparisons)]
 
 
-@pytest.mark.clause("4.3.11", "1.12.8", "1.12.12", "2.3.6", "5.6.20")
-@pytest.mark.requires(NATIVE_STATE_DICT)
-def test_load_into_a_stepped_optimizer(impl):
+@pytest.mark.gefen_clause("4.3.11", "1.12.8", "1.12.12", "2.3.6", "5.6.20")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_load_into_a_stepped_optimizer(gefen_impl):
     checkpoint = _checkpoint(False)
-    shadow = not numeric_profile.bitwise(impl)
+    shadow = not numeric_profile.bitwise(gefen_impl)
     problems, runs = [], {}
-    for side, make in (("reference", workload.REFERENCE), ("implementation", impl.make_optimizer)):
+    for side, make in (("reference", workload.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
         params, optimizer = _live(make, False)
         workload.train(workload.other_stream(workload.OPTIMIZER), optimizer, params, LIVE_STEPS)
         _load(optimizer, checkpoint)
@@ -126,15 +126,15 @@ def test_load_into_a_stepped_optimizer(impl):
         runs[side] = workload.run_steps(workload.OPTIMIZER, optimizer, params, steps,
                                         record_states=shadow and side == "implementation")
     if not problems:
-        problems += _judge(impl, runs["reference"], runs["implementation"], False, "after the load")
+        problems += _judge(gefen_impl, runs["reference"], runs["implementation"], False, "after the load")
     assert not problems, "\n".join(problems[:20])
 
 
-@pytest.mark.clause("4.3.11", "1.10.8", "1.8.2", "1.9.2", "1.12.8", "5.6.20")
-@pytest.mark.requires(NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_clause("4.3.11", "1.10.8", "1.8.2", "1.9.2", "1.12.8", "5.6.20")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("first_mode_factored", MIGRATIONS)
-def test_mode_migration(impl, first_mode_factored):
-    shadow = not numeric_profile.bitwise(impl)
+def test_mode_migration(gefen_impl, first_mode_factored):
+    shadow = not numeric_profile.bitwise(gefen_impl)
     problems = []
     start = {side: _checkpoint(first_mode_factored) for side in ("reference", "implementation")}
     values = {side: workload.pinned_start(DTYPE) for side in start}
@@ -142,7 +142,7 @@ def test_mode_migration(impl, first_mode_factored):
     for phase, factored in enumerate((not first_mode_factored, first_mode_factored)):
         label = f"phase {phase + 1} ({'factored' if factored else 'block'} optimizer)"
         runs = {}
-        for side, make in (("reference", workload.REFERENCE), ("implementation", impl.make_optimizer)):
+        for side, make in (("reference", workload.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
             params, optimizer = _live(make, factored, values[side])
             _load(optimizer, start[side])
             if side == "implementation":
@@ -153,6 +153,6 @@ def test_mode_migration(impl, first_mode_factored):
             values[side] = {n: workload.to_cpu(p) for n, p in params.items()}
         if problems:
             break
-        problems += _judge(impl, runs["reference"], runs["implementation"], factored, label)
+        problems += _judge(gefen_impl, runs["reference"], runs["implementation"], factored, label)
         step += PHASE_STEPS
     assert not problems, "\n".join(problems[:20])

@@ -20,7 +20,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -65,25 +65,25 @@ def _dtype(dtype) -> str:
     return pinned_step.DTYPE_NAMES[dtype]
 
 
-@pytest.mark.clause("1.8", "1.10.1", "1.4", "5.6.10")
+@pytest.mark.gefen_clause("1.8", "1.10.1", "1.4", "5.6.10")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
-def test_block_step_matches_reference(impl, dtype, weight_decay, tensor_lr):
+def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr):
     kw = dict(tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
     ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
-    theirs = workload.trajectory(impl.make_optimizer, dtype, STEPS, **kw)
-    problems = _trajectory_problems(impl, ours, theirs, dtype)
+    theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
+    problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("1.9", "5.6.10")
-@pytest.mark.requires(FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_clause("1.9", "5.6.10")
+@pytest.mark.gefen_requires(FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_factored_step_matches_reference(impl, dtype):
+def test_factored_step_matches_reference(gefen_impl, dtype):
     kw = dict(weight_decay=0.05, factored_v_2d=True)
     ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
-    theirs = workload.trajectory(impl.make_optimizer, dtype, STEPS, **kw)
-    problems = _trajectory_problems(impl, ours, theirs, dtype)
+    theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
+    problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
 
 
@@ -109,79 +109,79 @@ def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
     return margins.record(comparisons)
 
 
-@pytest.mark.clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
-@pytest.mark.requires(NATIVE_STATE_DICT)
+@pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("pin_at", PIN_POINTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
-def test_pinned_block_step(impl, dtype, pin_at, weight_decay, tensor_lr):
-    problems = _pinned(impl, dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
+def test_pinned_block_step(gefen_impl, dtype, pin_at, weight_decay, tensor_lr):
+    problems = _pinned(gefen_impl, dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("1.9", "1.7", "5.6")
-@pytest.mark.requires(NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT)
+@pytest.mark.gefen_clause("1.9", "1.7", "5.6")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_pinned_factored_step(impl, dtype):
-    problems = _pinned(impl, dtype, 3, weight_decay=0.05, factored_v_2d=True)
+def test_pinned_factored_step(gefen_impl, dtype):
+    problems = _pinned(gefen_impl, dtype, 3, weight_decay=0.05, factored_v_2d=True)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
-@pytest.mark.requires(NATIVE_STATE_DICT)
+@pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("factored", [
     pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.requires(FACTORED_SECOND_MOMENT)),
+    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
 ])
-def test_state_matches_reference(impl, factored):
+def test_state_matches_reference(gefen_impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
     ours = workload.trajectory(workload.REFERENCE, torch.bfloat16, STEPS, factored_v_2d=factored)
-    theirs = workload.trajectory(impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
+    theirs = workload.trajectory(gefen_impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
     expected = ours.optimizer.state_dict()
     histogram = codebook_quality.histogram(workload.first_step_pieces(expected, torch.bfloat16))
     comparisons = native_compare.compare(expected, workload.state_to_cpu(theirs.optimizer.state_dict()),
-                                         bitwise=numeric_profile.bitwise(impl),
+                                         bitwise=numeric_profile.bitwise(gefen_impl),
                                          grad_dtype=torch.bfloat16, histogram=histogram)
     problems = margins.record(comparisons)
     assert not problems, "\n".join(map(str, problems))
 
 
-@pytest.mark.clause("1.10.6")
-def test_global_step_counts_every_step_call(impl):
-    device = workload.device_for(impl.make_optimizer)
+@pytest.mark.gefen_clause("1.10.6")
+def test_global_step_counts_every_step_call(gefen_impl):
+    device = workload.device_for(gefen_impl.make_optimizer)
     p = torch.nn.Parameter(torch.zeros(16, device=device))
-    opt = impl.make_optimizer([p], factored_v_2d=False)
+    opt = gefen_impl.make_optimizer([p], factored_v_2d=False)
     opt.step()
     p.grad = torch.ones(16, device=device)
     opt.step()
     p.grad = None
     opt.step()
-    if impl.has(NATIVE_STATE_DICT):
+    if gefen_impl.has(NATIVE_STATE_DICT):
         sd = opt.state_dict()
         assert sd["gefen_global_step"] == 3
         assert sd["state"][0]["step"] == 1
 
 
-@pytest.mark.clause("1.1.2", "1.1.3")
+@pytest.mark.gefen_clause("1.1.2", "1.1.3")
 @pytest.mark.parametrize(
     "kwargs",
     [{"lr": -1.0}, {"lr": float("nan")}, {"betas": (1.0, 0.9)}, {"betas": (0.9, -0.5)}, {"eps": 0.0},
      {"eps": float("inf")}, {"weight_decay": -1.0}, {"lr": torch.tensor([1.0, 2.0])}],
     ids=["lr-neg", "lr-nan", "beta1-one", "beta2-neg", "eps-zero", "eps-inf", "wd-neg", "lr-two-elements"],
 )
-def test_invalid_hyperparameters_are_rejected(impl, kwargs):
-    device = workload.device_for(impl.make_optimizer)
+def test_invalid_hyperparameters_are_rejected(gefen_impl, kwargs):
+    device = workload.device_for(gefen_impl.make_optimizer)
     with pytest.raises(ValueError):
-        impl.make_optimizer([torch.nn.Parameter(torch.zeros(4, device=device))], **kwargs)
+        gefen_impl.make_optimizer([torch.nn.Parameter(torch.zeros(4, device=device))], **kwargs)
 
 
-@pytest.mark.clause("1.3")
-@pytest.mark.requires(NATIVE_STATE_DICT)
-def test_names_and_provenance(impl):
-    device = workload.device_for(impl.make_optimizer)
+@pytest.mark.gefen_clause("1.3")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_names_and_provenance(gefen_impl):
+    device = workload.device_for(gefen_impl.make_optimizer)
     a, b, c, d, e = (torch.nn.Parameter(torch.zeros(4, device=device)) for _ in range(5))
-    opt = impl.make_optimizer(
+    opt = gefen_impl.make_optimizer(
         [{"params": [a, b]}, {"params": [("A", c)], "lr": 1e-4}, {"params": [d], "name": "Emb"}, {"params": [e], "name": "emb"}]
     )
     groups = opt.state_dict()["param_groups"]
@@ -189,9 +189,9 @@ def test_names_and_provenance(impl):
     assert [g["param_names_synthesized"] for g in groups] == [[True, True], [False], [False], [True]]
 
 
-@pytest.mark.clause("1.7", "1.8.8", "1.12", "5.6.6")
-@pytest.mark.requires(NATIVE_STATE_DICT)
-def test_nearest_codeword_ties_follow_the_rule(impl):
+@pytest.mark.gefen_clause("1.7", "1.8.8", "1.12", "5.6.6")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_nearest_codeword_ties_follow_the_rule(gefen_impl):
     """With the codebook ``linspace(-1, 1, 256)`` a normalised momentum of exactly 0 lies halfway
     between codewords 127 and 128; the rule sends it to 127, which decides the update's sign.
 
@@ -223,12 +223,12 @@ def test_nearest_codeword_ties_follow_the_rule(impl):
         return step, after["state"][0]["m_codebook"].clone()
 
     ours, ours_idx = run(workload.REFERENCE)
-    theirs, theirs_idx = run(impl.make_optimizer)
+    theirs, theirs_idx = run(gefen_impl.make_optimizer)
     assert int(ours_idx[0, 1]) == 127
     differing = int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
     margins.exact("nearest-codeword ties (indices)", differing, ours_idx.numel())
     assert differing == 0, "indices differ from the tie rule (ties go to the lower index)"
-    if numeric_profile.bitwise(impl):
+    if numeric_profile.bitwise(gefen_impl):
         problems = margins.record(bitwise_comparison("pinned step: parameter update (fp32)", ours.p1, theirs.p1,
                                                      label="parameter"))
     else:

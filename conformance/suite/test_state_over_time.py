@@ -29,7 +29,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import FACTORED_SECOND_MOMENT, NATIVE_STATE_DICT
+from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -113,16 +113,16 @@ def _free_running_problems(ours: workload.Run, theirs: workload.Run, dtype: torc
     return margins.record(comparisons)
 
 
-@pytest.mark.clause("4.3.11", "1.8.4", "1.8.5", "1.9.3", "1.10.6", "5.6.20", "5.6.21")
-def test_long_trajectory(impl):
-    factored = impl.has(FACTORED_SECOND_MOMENT)
-    native = impl.has(NATIVE_STATE_DICT)
-    bitwise = numeric_profile.bitwise(impl)
+@pytest.mark.gefen_clause("4.3.11", "1.8.4", "1.8.5", "1.9.3", "1.10.6", "5.6.20", "5.6.21")
+def test_long_trajectory(gefen_impl):
+    factored = gefen_impl.has(FACTORED_V)
+    native = gefen_impl.has(NATIVE_STATE_DICT)
+    bitwise = numeric_profile.bitwise(gefen_impl)
     # without a state to shadow from, fp32: bf16 rounding allows one ulp per step, which over the
     # run would leave no displacement visible to the bias statistic (SPEC 5.6.21)
     dtype = DTYPE if native or bitwise else UNSHADOWED_DTYPE
     ours = _long_run(workload.REFERENCE, factored, record_states=False, dtype=dtype)
-    theirs = _long_run(impl.make_optimizer, factored, record_states=native and not bitwise, dtype=dtype)
+    theirs = _long_run(gefen_impl.make_optimizer, factored, record_states=native and not bitwise, dtype=dtype)
     if bitwise:
         problems = _bitwise_problems(ours, theirs, native)
     elif native:
@@ -155,16 +155,16 @@ def _with_counters(state_dict: dict, step: int, vmean_step) -> dict:
     return sd
 
 
-@pytest.mark.clause("4.3.11", "1.8.2", "1.8.5", "1.12.4", "5.6.1", "5.6.20")
-@pytest.mark.requires(NATIVE_STATE_DICT)
+@pytest.mark.gefen_clause("4.3.11", "1.8.2", "1.8.5", "1.12.4", "5.6.1", "5.6.20")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("counters", COUNTERS)
-def test_pinned_step_at_synthesized_counters(impl, counters):
+def test_pinned_step_at_synthesized_counters(gefen_impl, counters):
     dtype = torch.float32
     kw = dict(weight_decay=0.05, factored_v_2d=False)
     sd = _with_counters(_pinned_after_three(), *counters)
-    theirs = workload.pinned_step(impl.make_optimizer, dtype, 3, sd, **kw)
+    theirs = workload.pinned_step(gefen_impl.make_optimizer, dtype, 3, sd, **kw)
     ours = workload.pinned_step(workload.REFERENCE, dtype, 3, sd, **kw)
-    if numeric_profile.bitwise(impl):
+    if numeric_profile.bitwise(gefen_impl):
         comparisons = native_compare.compare(ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=dtype)
         for n in workload.OPTIMIZER.shapes:
             comparisons.add(bitwise_comparison(f"pinned step: parameter update ({pinned_step.DTYPE_NAMES[dtype]})",

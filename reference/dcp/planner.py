@@ -27,8 +27,8 @@ class GefenSavePlanner(DefaultSavePlanner):
             raise ValueError(
                 "GefenSavePlanner needs flatten_state_dict=True (the default). "
                 "Unflattened, DCP would write the whole optimizer mapping as one "
-                "pickled item, and a Gefen DCP stand-in (a storage-free placeholder "
-                "for a dense slot) cannot be pickled; flattened, each slot becomes "
+                "pickled item, and a Gefen DCP placeholder (the storage-free value of a "
+                "deferred dense slot) cannot be pickled; flattened, each slot becomes "
                 "its own write item that this planner expands on demand."
             )
         self._expansion_lock = threading.Lock()

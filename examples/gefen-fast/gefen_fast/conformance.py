@@ -13,7 +13,7 @@ from gefen_conformance import (
     DCP_ASYNC_SAVE,
     DCP_RESHARD,
     DCP_SAVE_PLANNER,
-    FACTORED_SECOND_MOMENT,
+    FACTORED_V,
     NATIVE_STATE_DICT,
     Implementation,
 )
@@ -52,7 +52,7 @@ def _prepare(device):
 
 
 #: Every capability it has; not ``cpu-bit-exact`` (fp32 sums in another order, IEEE sqrt).
-CAPABILITIES = frozenset({NATIVE_STATE_DICT, FACTORED_SECOND_MOMENT, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE})
+CAPABILITIES = frozenset({NATIVE_STATE_DICT, FACTORED_V, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE})
 
 IMPLEMENTATION = Implementation(
     name="fast",

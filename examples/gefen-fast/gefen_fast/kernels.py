@@ -111,9 +111,9 @@ class _Unsuitable(Exception):
     """The state does not have the layout the kernels write through; the torch step takes it."""
 
 
-def _hyper(hyper, bias2_operand: float, bias1: float, decay: float, apply_decay: bool) -> native.Hyper:
+def _hyper(hyper, bias2_operand: float, bc1: float, decay: float, apply_decay: bool) -> native.Hyper:
     """Field by field: w, beta2, 1 - beta2, the bias-2 operand, eps, 1/bc1, lr, decay (``native.Hyper``)."""
-    return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bias1,
+    return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bc1,
                         hyper.lr, decay, int(apply_decay))
 
 
@@ -192,14 +192,14 @@ def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: Codewo
             counter = "vmean_step"
     except _Unsuitable:
         return None
-    bias1 = 1 - hyper.beta1 ** (state["step"] + 1)
-    bias2 = 1 - hyper.beta2 ** (state[counter] + 1)
+    bc1 = 1 - hyper.beta1 ** (state["step"] + 1)
+    bc2 = 1 - hyper.beta2 ** (state[counter] + 1)
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
     work = native.Work(
         buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices, magnitude, vmean, v_row, v_col,
         ctypes.pointer(tables.get(codebook, grad.dtype)), blocks, period, rows, cols,
-        _hyper(hyper, bias2 if factored else math.sqrt(bias2), bias1, decay, buffers.apply_decay),
+        _hyper(hyper, bc2 if factored else math.sqrt(bc2), bc1, decay, buffers.apply_decay),
         buffers.dtype_code, int(factored),
     )
     return Pending(work, buffers, state, counter)

@@ -1,0 +1,34 @@
+"""The suite's two markers, prefixed so that they never meet another project's (SPEC 4.1.5).
+
+``@pytest.mark.gefen_clause(*ids)`` names the SPEC clauses a suite test checks (a suite test
+without one is a collection error); ``@pytest.mark.gefen_requires(*capabilities)`` skips a test
+unless the implementation declares every capability (SPEC 4.1.3). They are registered only in a
+session that collects the suite (by ``gefen_conformance.suite.fixtures``), never in another
+project's.
+"""
+
+from __future__ import annotations
+
+CLAUSE = "gefen_clause"
+REQUIRES = "gefen_requires"
+
+_DESCRIPTIONS = {
+    CLAUSE: f"{CLAUSE}(*ids): the SPEC clauses a conformance test checks",
+    REQUIRES: f"{REQUIRES}(*capabilities): skip unless the implementation under test declares them",
+}
+
+
+def register(config) -> None:
+    """Make both markers known to ``config`` (``--strict-markers`` accepts them, ``--markers`` lists them)."""
+    for line in _DESCRIPTIONS.values():
+        config.addinivalue_line("markers", line)
+
+
+def clauses(item) -> list[str]:
+    """The SPEC clauses ``item`` names, in marker order."""
+    return [str(c) for m in item.iter_markers(CLAUSE) for c in m.args]
+
+
+def required(item) -> list[str]:
+    """The capabilities ``item`` requires (strings, as the marks hold them)."""
+    return [str(c) for m in item.iter_markers(REQUIRES) for c in m.args]
