@@ -67,6 +67,15 @@ def certify(python: str, impl: str) -> dict:
     return {"wall": wall, "cpu": cpu, "load": load, "exit": proc.returncode, "cert": cert}
 
 
+def _module_sums(cert: dict) -> dict:
+    """Summed test durations per suite module (``test_x.py``) of one certificate."""
+    sums: dict = {}
+    for t in cert["tests"]:
+        module = t["id"].partition("::")[0]
+        sums[module] = sums.get(module, 0.0) + t["duration_s"]
+    return sums
+
+
 def _describe(run: dict) -> str:
     s = run["cert"]["summary"]
     return (f"{run['wall']:6.1f} s wall, {run['cpu']:6.1f} s CPU, load {run['load']:4.1f} at start, exit {run['exit']}, "
@@ -87,6 +96,9 @@ def single(impl: str, sums=(), overhead: bool = True) -> int:
         chosen = [t for t in cert["tests"] if any(text in t["id"] for text in sums)]
         print(f"  {len(chosen)} tests matching {list(sums)}: {sum(t['duration_s'] for t in chosen):.1f} s summed")
     print(f"  {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped, {s['xfailed']} expected failures")
+    print(f"  warm-up {cert.get('execution', {}).get('warm_up_s')} s; summed test durations per module:")
+    for module, seconds in sorted(_module_sums(cert).items(), key=lambda kv: -kv[1]):
+        print(f"    {seconds:7.2f} s  {module}")
     print("slowest tests:")
     for t in sorted(cert["tests"], key=lambda t: -t["duration_s"])[:8]:
         print(f"  {t['duration_s']:7.2f} s  {t['id']}")
@@ -112,6 +124,15 @@ def compare(impl: str, baseline: str, rounds: int) -> int:
     for k in ("wall", "cpu"):
         b, t = medians["baseline"][k], medians["this"][k]
         print(f"median {k}: baseline {b:.1f} s, this {t:.1f} s: {t - b:+.1f} s, ratio {t / b:.3f}")
+    modules = {name: [_module_sums(run["cert"]) for run in rs] for name, rs in runs.items()}
+    print("summed test durations per suite module, median over the rounds (baseline -> this):")
+    for module in sorted(set().union(*(m for ms in modules.values() for m in ms)),
+                         key=lambda m: -statistics.median(ms.get(m, 0.0) for ms in modules["baseline"])):
+        b, t = (statistics.median(ms.get(module, 0.0) for ms in modules[name]) for name in ("baseline", "this"))
+        print(f"  {module:32s} {b:7.1f} s -> {t:7.1f} s")
+    for name, rs in runs.items():
+        warm = [run["cert"].get("execution", {}).get("warm_up_s") for run in rs]
+        print(f"warm-up ({name}): " + ", ".join("-" if w is None else f"{w:.1f} s" for w in warm))
     tests = {name: {t["id"]: t["duration_s"] for t in rs[-1]["cert"]["tests"]} for name, rs in runs.items()}
     added = sorted(set(tests["this"]) - set(tests["baseline"]))
     removed = sorted(set(tests["baseline"]) - set(tests["this"]))

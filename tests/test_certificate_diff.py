@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -203,20 +202,13 @@ def test_text_output_never_echoes_control_characters(capsys, tmp_path):
     assert status == 1 and "\x1b" not in out and "\x07" not in out and "?[2Jcleared?" in out
 
 
-def test_report_and_diff_of_real_suite_runs(pytester, capsys, monkeypatch):
-    """End to end: the reference and a mutant certified on a narrow selection, reported and compared."""
-    repo = Path(__file__).resolve().parents[1]  # tests.mutants lives in the checkout, not the installed suite
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
-    certs = {}
-    for impl in ("reference", "tests.mutants:global_step"):
-        path = pytester.path / f"{impl.replace(':', '-')}.json"
-        pytester.runpytest_subprocess("--pyargs", "gefen_conformance", f"--impl={impl}", f"--certificate={path}",
-                                      "-p", "no:cacheprovider", "-q", "-k", "global_step")
-        certs[impl] = path
-    reference, mutant = certs["reference"], certs["tests.mutants:global_step"]
+def test_report_and_diff_of_real_suite_runs(narrow_certification, tmp_path, capsys):
+    """End to end: the reference and a mutant certified on a narrow selection, reported and compared
+    (the mutant's run is shared with test_conformance_plugin.py)."""
+    reference, mutant = (narrow_certification(impl, "global_step")[1] for impl in ("reference", "tests.mutants:global_step"))
     for fmt in ("md", "html"):
-        assert report_cli.main(["report", str(reference), "--format", fmt, "--out", str(pytester.path / f"r.{fmt}")]) == 0
-    assert "1.10.6" in (pytester.path / "r.html").read_text()
+        assert report_cli.main(["report", str(reference), "--format", fmt, "--out", str(tmp_path / f"r.{fmt}")]) == 0
+    assert "1.10.6" in (tmp_path / "r.html").read_text()
     status, out, _ = diff_cli(capsys, reference, reference)
     assert status == 0 and "No regression." in out
     status, out, _ = diff_cli(capsys, reference, mutant)

@@ -490,7 +490,10 @@ def test_payload_md5_matches_gefenx_on_one_rank(world1, tmp_path):
     assert list(md5["ref_planned"]) == ["__0_0.distcp"]
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+# world 4 (four spawned ranks saving every variant with both implementations) is slow: the default run
+# compares the bytes at world 1 and 2, and the torn world-4 slot of gefen-x (SPEC 2.4.5) is there in
+# tests/test_dcp_load_reshard.py::test_gefenx_torn_checkpoint_is_refused_with_a_clear_error
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_payload_md5_matches_gefenx_on_spawned_ranks(tmp_path, world_size):
     """SPEC 2.2.5, 2.4.5: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5,
     except that at world 4 the reference agrees the scalars of the slot whose shard is empty on

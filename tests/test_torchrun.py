@@ -199,6 +199,11 @@ def _probe(tmp_path: Path, *select: str, options=()) -> tuple[subprocess.Complet
     return result, facts
 
 
+# a whole torchrun job of four ranks (the longest test of the default run): the default run covers its
+# parts with tests/test_scenarios_in_one_world.py (scenarios on the first ranks of a larger world, the
+# suite's own bodies and checks) and tests/test_ranks.py (a raising or dying rank reported at once,
+# nothing left running); .ci/run runs this and certifies the reference under torchrun
+@pytest.mark.slow
 def test_scenario_calls_run_on_the_first_ranks_and_failures_are_reported_as_by_the_pool(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()

@@ -181,6 +181,10 @@ class SuiteRun:
         if ranked and isinstance(active, launch.PoolLauncher):
             started = time.monotonic()
             workers = next((n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0)
+            if not any(warmup.runs_rank_bodies(item) for item in items):
+                # in-process DCP tests only (a World of one): prepared workers start when a call
+                # needs them, their preparation still before its deadline
+                workers = 0
             try:
                 warmup.prepare_pool(self.config.option.impl, workers)
             except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it

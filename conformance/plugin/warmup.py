@@ -13,9 +13,10 @@ suite run, before its first test:
   (the certificate's ``execution.warm_up_s``);
 * for the pool's rank processes: has the fork server import the scenario modules and torch's
   lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`), starts the workers the
-  largest scenario needs, and has every rank run :func:`prepare_rank` (resolve the
-  implementation, call its ``prepare`` on the rank's device) before its first call's deadline
-  starts (``gefen_conformance.harness.pool.prepare_workers``);
+  largest scenario needs (none when no selected test runs rank bodies: :func:`runs_rank_bodies`),
+  and has every rank run :func:`prepare_rank` (resolve the implementation, call its ``prepare`` on
+  the rank's device) before its first call's deadline starts
+  (``gefen_conformance.harness.pool.prepare_workers``);
 * torchrun ranks run :func:`prepare_rank` at start-up, before rank 0 starts pytest.
 
 A warm-up that raises does not stop the run: the tests that use the failing code path report
@@ -36,6 +37,14 @@ CODE_PATHS = tuple((dtype, factored) for dtype in (torch.float32, torch.bfloat16
 RANK_PRELOAD = ("gefen_conformance.harness.pool_preload",)
 #: the largest scenario of the suite, in ranks: the pool starts this many workers in the warm-up
 LARGEST_SCENARIO = 4
+#: the fixture every suite test that runs rank bodies takes (a rank resolves the implementation from
+#: its spec); a run whose tests take none of these starts no rank worker in the warm-up
+RANK_FIXTURES = ("impl_spec",)
+
+
+def runs_rank_bodies(item) -> bool:
+    """Whether the suite test ``item`` may run rank bodies (it takes one of :data:`RANK_FIXTURES`)."""
+    return any(name in RANK_FIXTURES for name in getattr(item, "fixturenames", ()))
 
 
 @dataclass

@@ -11,8 +11,10 @@ file or an exchange of plans per example.
 Property: for any saved hyperparameters and any live destinations, the implementation accepts
 exactly when the reference accepts; on acceptance it commits the same values bit for bit and
 keeps every destination tensor's identity; on rejection it raises ValueError and changes
-nothing. Profiles (``--hypothesis-profile``): ``gefen-certify`` (the default: derandomized, no
-example database, 300 examples) and ``gefen-fuzz`` (random, 5000 examples).
+nothing. Each property first runs its explicit examples (:data:`LIMITS`, :data:`OPEN_LIMITS`: one
+destination at each boundary the strategies draw from), then one third of the profile's examples
+(:data:`EXAMPLE_SHARE`): ``gefen-certify`` (the default: derandomized, no example database) 100 of
+its 300, ``gefen-fuzz`` (random) 1666 of its 5000 (SPEC 4.3.9).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from hypothesis import event, given
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from gefen_conformance.implementations import registry
@@ -76,8 +78,10 @@ class Outcome:
     versions: list
 
 
-def _optimizer(impl, world: WorldOfOne):
-    params = workload.parameters(MODEL, mesh=world.mesh)
+def _optimizer(impl, world: WorldOfOne, reference_side: bool = False):
+    """A fresh optimizer of ``impl``: on the reference's side of a comparison over the parameters
+    the reference's optimizers share (:func:`_reference_parameters`), otherwise over new ones."""
+    params = _reference_parameters(world) if reference_side else workload.parameters(MODEL, mesh=world.mesh)
     return impl.make_optimizer(workload.param_groups(MODEL, params), factored_v_2d=False)
 
 
@@ -86,11 +90,19 @@ def _reference():
     return registry.resolve("reference")
 
 
+@functools.lru_cache(maxsize=1)
+def _reference_parameters(world: WorldOfOne) -> dict:
+    """The parameters of every reference optimizer here, made once per World: the optimizers never
+    step and a checkpoint here holds only the optimizer, so nothing writes them (a DTensor made
+    by a scatter over the World, several milliseconds each). Never handed to the implementation."""
+    return workload.parameters(MODEL, mesh=world.mesh)
+
+
 def write_checkpoint(world: WorldOfOne, saved: list) -> InMemoryCheckpoint:
     """A reference checkpoint whose two groups carry ``saved[g][key]`` (Python floats), in memory:
     staging reads the saved entries DCP hands to ``load_state_dict``, whatever the storage."""
     ref = _reference()
-    opt = _optimizer(ref, world)
+    opt = _optimizer(ref, world, reference_side=True)
     for group, values in zip(opt.param_groups, saved):
         group.update(values)
     checkpoint = InMemoryCheckpoint()
@@ -108,9 +120,11 @@ def _describe(value: Any):
     return (type(value).__name__, repr(value))
 
 
-def load_outcome(impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list) -> Outcome:
-    """Load ``checkpoint`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``."""
-    opt = _optimizer(impl, world)
+def load_outcome(impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list,
+                 reference_side: bool = False) -> Outcome:
+    """Load ``checkpoint`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``
+    (``reference_side``: the reference's side of the comparison, see :func:`_optimizer`)."""
+    opt = _optimizer(impl, world, reference_side)
     shared: dict = {}
     live = []
     for group, dests in zip(opt.param_groups, destinations):
@@ -255,9 +269,93 @@ REGRESSIONS = {
 }
 
 
+#: The boundaries of SPEC 3.5 the properties' explicit examples pin, one destination at a limit
+#: each, every other entry a plain Python number (so that this destination decides): for each
+#: float dtype its largest finite value and the next float above it (overflow), its smallest
+#: subnormal and a quarter of it (underflow), the largest value below 1 and one that rounds to 1
+#: (a beta); for each integer dtype and bool its largest value, the next integer (out of range)
+#: and a fraction (truncation); one-element tensors of shape () and (1,).
+_BELOW_ONE = {torch.float16: 1 - 2.0 ** -11, torch.bfloat16: 1 - 2.0 ** -8, torch.float32: 1 - 2.0 ** -24,
+              torch.float64: 1 - 2.0 ** -53}
+_SMALLEST = {torch.float16: 2.0 ** -24, torch.bfloat16: 2.0 ** -133, torch.float32: 2.0 ** -149, torch.float64: 2.0 ** -1074}
+_LARGEST_INT = {torch.int8: 127.0, torch.int16: 32767.0, torch.int32: 2.0 ** 31 - 1, torch.int64: 2.0 ** 63 - 1024,
+                torch.uint8: 255.0, torch.bool: 1.0}
+_PLAIN_GROUP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
+
+
+def _at_limit(key: str, value: float, dtype: torch.dtype, shape: tuple = (), group: int = 0) -> tuple:
+    saved = [dict(_PLAIN_GROUP), dict(_PLAIN_GROUP)]
+    saved[group][key] = value
+    dests = [dict(_FLOAT_DESTS), dict(_FLOAT_DESTS)]
+    dests[group] = dict(dests[group], **{key: Destination(dtype, 1.0 if dtype.is_floating_point else 0.0, shape)})
+    return saved, dests
+
+
+def _limits() -> dict:
+    cases = {}
+    for i, dtype in enumerate(FLOAT_DTYPES):
+        name, shape, group = str(dtype).replace("torch.", ""), ((), (1,))[i % 2], i % 2
+        largest = torch.finfo(dtype).max
+        cases[f"{name}-largest"] = _at_limit("lr", largest, dtype, shape, group)
+        if dtype != torch.float64:  # above fp64's largest is not a finite saved value
+            cases[f"{name}-above-largest"] = _at_limit("weight_decay", math.nextafter(largest, math.inf), dtype, shape)
+            cases[f"{name}-quarter-subnormal"] = _at_limit("eps", _SMALLEST[dtype] / 4, dtype, (), 1 - group)
+            cases[f"{name}-beta-rounds-to-one"] = _at_limit("beta2", 1 - (1 - _BELOW_ONE[dtype]) / 4, dtype, shape)
+        cases[f"{name}-smallest-subnormal"] = _at_limit("eps", _SMALLEST[dtype], dtype, shape, group)
+        cases[f"{name}-beta-below-one"] = _at_limit("beta1", _BELOW_ONE[dtype], dtype, (), 1 - group)
+    for i, dtype in enumerate(INT_DTYPES):
+        name, shape, group = str(dtype).replace("torch.", ""), ((), (1,))[i % 2], i % 2
+        largest = _LARGEST_INT[dtype]
+        cases[f"{name}-largest"] = _at_limit("weight_decay", largest, dtype, shape, group)
+        cases[f"{name}-past-largest"] = _at_limit("lr", 2.0 ** 63 if dtype == torch.int64 else largest + 1, dtype, shape)
+        cases[f"{name}-fraction"] = _at_limit("lr", 0.5, dtype, (), 1 - group)
+    return cases
+
+
+#: The cases SPEC 3.5.3 and 3.5.4 leave open (the second property): one tensor aliased by keys of
+#: one group or by both groups, saved equal or different; leaf destinations that require grad.
+def _open_limits() -> dict:
+    shared = Destination(torch.float32, 1e-3, alias="shared")
+    grad = Destination(torch.float32, 1e-3, requires_grad=True)
+    plain = [dict(_PLAIN_GROUP), dict(_PLAIN_GROUP)]
+    return {
+        "alias-two-keys-equal": ([dict(_PLAIN_GROUP, weight_decay=1e-3), dict(_PLAIN_GROUP)],
+                                 [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS]),
+        "alias-two-keys-different": (plain, [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS]),
+        "alias-two-groups-equal": (plain, [dict(_FLOAT_DESTS, eps=shared), dict(_FLOAT_DESTS, eps=shared)]),
+        "alias-two-groups-different": ([dict(_PLAIN_GROUP), dict(_PLAIN_GROUP, beta1=0.8)],
+                                       [dict(_FLOAT_DESTS, beta1=shared), dict(_FLOAT_DESTS, beta1=shared)]),
+        "requires-grad-every-key": (plain, [{k: grad for k in KEYS}, {k: grad for k in KEYS}]),
+        "requires-grad-aliased": (plain, [dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g")),
+                                          dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g"))]),
+    }
+
+
+LIMITS = _limits()
+OPEN_LIMITS = _open_limits()
+
+
+#: Each property runs this share of the hypothesis profile's examples (``gefen-certify``: 300 -> 100;
+#: ``gefen-fuzz``: 5000 -> 1666) after its explicit examples (:data:`LIMITS`, :data:`OPEN_LIMITS`),
+#: which pin every boundary the strategies draw from (SPEC 4.3.9).
+EXAMPLE_SHARE = 3
+
+
+def _share_of_profile():
+    return settings(max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE))
+
+
+def _with_examples(cases: dict):
+    def decorate(test):
+        for saved, dests in reversed(list(cases.values())):
+            test = example(saved=saved, dests=dests)(test)
+        return test
+    return decorate
+
+
 def _check(impl, one_rank, saved, dests):
     checkpoint = write_checkpoint(one_rank, saved)
-    expected = load_outcome(_reference(), one_rank, checkpoint, dests)
+    expected = load_outcome(_reference(), one_rank, checkpoint, dests, reference_side=True)
     actual = load_outcome(impl, one_rank, checkpoint, dests)
     assert actual.accepted == expected.accepted, (
         f"reference {'accepted' if expected.accepted else 'rejected: ' + str(expected.error)}; "
@@ -281,6 +379,8 @@ def test_staging_regression(gefen_impl, gefen_one_rank, case):
 
 @pytest.mark.gefen_clause("3.5.1", "3.5.2", "3.5.5", "4.3.9")
 @pytest.mark.gefen_requires(DCP_RESHARD)
+@_share_of_profile()
+@_with_examples(LIMITS)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=False))
 def test_staging_matches_reference(gefen_impl, gefen_one_rank, saved, dests):
     """Numbers and one-element tensors of every dtype, each group and key with its own tensor."""
@@ -290,6 +390,8 @@ def test_staging_matches_reference(gefen_impl, gefen_one_rank, saved, dests):
 
 @pytest.mark.gefen_clause("3.5.3", "3.5.4", "4.3.9")
 @pytest.mark.gefen_requires(DCP_RESHARD)
+@_share_of_profile()
+@_with_examples(OPEN_LIMITS)
 @given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=True))
 def test_staging_matches_reference_with_autograd_and_aliased_destinations(gefen_impl, gefen_one_rank, saved, dests):
     """Adds destinations that require grad and tensors shared across groups and keys."""

@@ -24,9 +24,9 @@ from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
-from gefen_conformance.suite import margins
+from gefen_conformance.suite import margins, reference_side
 
-STEPS = 6
+STEPS = reference_side.STEPS
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 PIN_POINTS = [pytest.param(0, id="pinned-codebook"), pytest.param(3, id="pinned-after-3")]
 
@@ -70,7 +70,7 @@ def _dtype(dtype) -> str:
 @pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
 def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr):
     kw = dict(tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
-    ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
+    ours = reference_side.trajectory(dtype, STEPS, **kw)
     theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
     problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
@@ -81,7 +81,7 @@ def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(gefen_impl, dtype):
     kw = dict(weight_decay=0.05, factored_v_2d=True)
-    ours = workload.trajectory(workload.REFERENCE, dtype, STEPS, **kw)
+    ours = reference_side.trajectory(dtype, STEPS, **kw)
     theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
     problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
     assert not problems, "\n".join(problems)
@@ -91,7 +91,7 @@ def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
     """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
     arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
     in both profiles."""
-    sd = workload.pinned_state(dtype, pin_at, **kw)
+    sd = reference_side.pinned_state(dtype, pin_at, **kw)
     theirs = workload.pinned_step(impl.make_optimizer, dtype, pin_at, sd, **kw)
     ours = workload.pinned_step(workload.REFERENCE, dtype, pin_at, sd, **kw)
     if numeric_profile.bitwise(impl):
@@ -136,7 +136,7 @@ def test_pinned_factored_step(gefen_impl, dtype):
 def test_state_matches_reference(gefen_impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
-    ours = workload.trajectory(workload.REFERENCE, torch.bfloat16, STEPS, factored_v_2d=factored)
+    ours = reference_side.trajectory(torch.bfloat16, STEPS, factored_v_2d=factored)
     theirs = workload.trajectory(gefen_impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
     expected = ours.optimizer.state_dict()
     histogram = codebook_quality.histogram(workload.first_step_pieces(expected, torch.bfloat16))

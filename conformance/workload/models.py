@@ -43,7 +43,8 @@ __all__ = [
     "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "OPTIMIZER", "PINNED_SALT",
     "PINNED_START_SCALE", "REFERENCE", "SAVED_HYPERS", "TARGET_HYPERS", "Model", "PinnedStep", "Trained",
     "crc32_seed", "device_for", "first_step_pieces", "full_params", "gradient", "group", "initial", "linspace", "load", "one_stream", "optimizer_hypers",
-    "param_groups", "param_steps", "parameters", "per_name", "pinned_start", "pinned_state", "pinned_step",
+    "param_groups", "param_steps", "parameters", "per_name", "pinned_from", "pinned_start", "pinned_state",
+    "pinned_step",
     "save", "set_gradients", "state_to_cpu", "to_cpu", "train", "trained", "trajectory", "zeros",
 ]
 
@@ -397,22 +398,28 @@ class Trained:
     params: dict
     optimizer: object
     history: dict  # name -> [CPU copy at the start, after step 1, ...]
+    states: dict = field(default_factory=dict)  # k -> deep copy of the native state dict after k steps
 
 
-def trajectory(make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_decay=0.0, **options) -> Trained:
+def trajectory(make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_decay=0.0, states_after=(),
+               **options) -> Trained:
     """Free-running training of :data:`OPTIMIZER` (SPEC 5.6.10): the optimizer ``make_optimizer``
     builds (:data:`REFERENCE` for the reference's side) over the common start, ``steps`` steps
-    (indices 0..steps-1), every parameter recorded after every step."""
+    (indices 0..steps-1), every parameter recorded after every step, and a deep copy of the
+    native state dict after each step count in ``states_after`` (``Trained.states``)."""
     params = parameters(OPTIMIZER, dtype=dtype, device=device_for(make_optimizer))
     opt = make_optimizer(param_groups(OPTIMIZER, params, optimizer_hypers(tensor_lr=tensor_lr,
                                                                            weight_decay=weight_decay)), **options)
     history = {n: [to_cpu(p)] for n, p in params.items()}
+    states = {}
     for step in range(steps):
         set_gradients(OPTIMIZER, params, step)
         opt.step()
         for n, p in params.items():
             history[n].append(to_cpu(p))
-    return Trained(params, opt, history)
+        if step + 1 in states_after:
+            states[step + 1] = copy.deepcopy(opt.state_dict())
+    return Trained(params, opt, history, states)
 
 
 def first_step_pieces(state_dict: dict, dtype: torch.dtype) -> list:
@@ -429,8 +436,17 @@ def first_step_pieces(state_dict: dict, dtype: torch.dtype) -> list:
 def pinned_state(dtype: torch.dtype, pin_at: int, *, tensor_lr=False, weight_decay=0.0, **options) -> dict:
     """The reference's native state dict after ``pin_at`` steps (a deep copy). ``pin_at == 0``: the
     codebook the reference learned at its first step, every parameter's state fresh."""
-    ran = trajectory(REFERENCE, dtype, max(pin_at, 1), tensor_lr=tensor_lr, weight_decay=weight_decay, **options)
-    sd = copy.deepcopy(ran.optimizer.state_dict())
+    steps = max(pin_at, 1)
+    ran = trajectory(REFERENCE, dtype, steps, tensor_lr=tensor_lr, weight_decay=weight_decay, states_after=(steps,),
+                     **options)
+    return pinned_from(ran.states[steps], pin_at)
+
+
+def pinned_from(state_dict: dict, pin_at: int) -> dict:
+    """The pinned state of :func:`pinned_state` from the reference's native state dict after
+    ``max(pin_at, 1)`` steps of :func:`trajectory` (a deep copy; ``pin_at == 0``: every parameter's
+    state fresh, the codebook kept)."""
+    sd = copy.deepcopy(state_dict)
     if pin_at == 0:
         sd["state"] = {pid: {"name": entry["name"]} for pid, entry in sd["state"].items()}
     return sd
