@@ -1,6 +1,6 @@
-"""``gefen-conformance``: certification and golden checkpoints (SPEC 4.4, 5.5).
+"""``gefen-conformance``: certification, reports and golden checkpoints (SPEC 4.4, 4.5, 5.5).
 
-    gefen-conformance certify [--impl NAME] [--certificate PATH] [--device NAME] [-- PYTEST_ARGS...]
+    gefen-conformance certify [--impl NAME] [--out PATH] [--device NAME] [TEST_ID ...] [-- PYTEST_ARGS...]
     gefen-conformance certify --launcher torchrun [--nproc-per-node N] [--nnodes M --rdzv-endpoint HOST:PORT
                               [--node-rank K]] [--checkpoint-dir DIR] ...   one torchrun job (SPEC 4.7)
     gefen-conformance golden generate DIR [--impl NAME]   write every case and MANIFEST.json
@@ -8,6 +8,12 @@
     gefen-conformance golden compare [--impl NAME] [DIR]  save with NAME, compare with the goldens
     gefen-conformance report CERT [--format md|html] [--out PATH]   a certificate for people (SPEC 4.5)
     gefen-conformance diff OLD NEW [--margin-factor F ...]          exit 1 when NEW regressed (SPEC 4.5.4)
+
+Each subcommand is registered by one ``_add_*`` function (or :func:`report_cli.add_subcommands`)
+that sets ``handler``, a function of the parsed arguments returning the exit status; a handler
+raises :class:`UsageError` for a command line that cannot run (one line, exit 4). A subcommand that
+takes pytest arguments after ``--`` sets ``passthrough=True``; they arrive as ``args.pytest_args``.
+Every usage error exits 4, argparse's included (SPEC 4.4.13).
 """
 
 from __future__ import annotations
@@ -16,34 +22,52 @@ import argparse
 import sys
 from pathlib import Path
 
+from gefen_conformance.cli_usage import (GOLDEN_STATUSES, PROG, Parser, add_version, statuses_text,
+                                         suite_statuses_text)
+
+CERTIFY_DESCRIPTION = """\
+Run the conformance suite against an implementation and write its JSON certificate (SPEC 4.4):
+`python -m pytest --impl=NAME [--certificate=PATH] -p no:cacheprovider [TEST_ID ...] [PYTEST_ARGS ...]`."""
+
 CERTIFY_EPILOG = """\
-certify runs `python -m pytest --impl=NAME [--certificate=PATH] -p no:cacheprovider` on the whole suite.
-Extra pytest arguments go after `--`, for example:
-  gefen-conformance certify --impl fast -- -n 4              # 4 xdist workers
-  gefen-conformance certify --impl fast -- -k reshard         # a partial run (verdict `partial`)
-Paths or node ids after `--` replace the whole suite. The exit status is the verdict's (SPEC 4.4.9):
-  0 conformant or conformant-with-expected-failures, 1 not-conformant, 2 incomplete (interrupted),
-  4 usage error (nothing ran), 6 partial, 7 inconclusive; 3 and 5 are pytest's (internal error, no tests).
+Test ids are those the suite prints (terminal, certificate, reports), accepted from any directory;
+with them, or with pytest arguments that narrow the run, the verdict is `partial`:
+  gefen-conformance certify --impl fast 'test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[2->4]'
+pytest's own options go after `--`:
+  gefen-conformance certify --impl fast -- -n 4                 # 4 xdist workers
+  gefen-conformance certify --impl fast -- -k reshard           # a partial run
+  gefen-conformance certify --impl fast -- --hypothesis-profile=gefen-fuzz
 
 --launcher torchrun runs one torchrun job (`python -m torch.distributed.run`, --standalone on one
 node) of N ranks per node; every multi-rank scenario that fits the job's world runs on its ranks
 and rank 0 writes the certificate (SPEC 4.7):
   gefen-conformance certify --impl fast --launcher torchrun --nproc-per-node 4 --out c.json
-  gefen-conformance certify --impl fast --launcher torchrun --nproc-per-node 8 --device cuda \
+  gefen-conformance certify --impl fast --launcher torchrun --nproc-per-node 8 --device cuda \\
       --nnodes 2 --rdzv-endpoint node0:29400 --checkpoint-dir /shared/scratch --out c.json   # on each node
+
 """
 
 USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6, 4.4.9)
 TORCHRUN_ONLY = ("nproc_per_node", "nnodes", "rdzv_endpoint", "node_rank", "checkpoint_dir")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gefen-conformance")
-    sub = parser.add_subparsers(dest="command", required=True)
+class UsageError(Exception):
+    """A command line that cannot run (exit 4, one line)."""
+
+
+def _raw(**kwargs) -> dict:
+    return dict(formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
+def _add_certify(sub) -> None:
     cert = sub.add_parser("certify", help="run the conformance suite against an implementation, write its certificate",
-                          epilog=CERTIFY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cert.add_argument("--impl", default="reference",
-                      help="registered name or package.module:attribute (default: reference)")
+                          description=CERTIFY_DESCRIPTION, epilog=CERTIFY_EPILOG + suite_statuses_text(), **_raw())
+    cert.add_argument("tests", nargs="*", metavar="TEST_ID",
+                      help="only these suite tests, as the suite prints them (test_module.py::test_name[params]), "
+                           "from any directory (SPEC 4.5.5); default: the whole suite")
+    cert.add_argument("--impl", default="reference", metavar="NAME",
+                      help="registered name or package.module:attribute (default: reference; "
+                           "`pytest --impl-list` lists them)")
     cert.add_argument("--certificate", "--out", dest="certificate", type=Path, default=None, metavar="PATH",
                       help="certificate path (default ./gefen-certificate-<impl>.json)")
     cert.add_argument("--device", default=None, metavar="NAME",
@@ -51,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     cert.add_argument("--deadline-scale", default=None, metavar="F",
                       help="multiply every deadline by F > 0 (default 1; they already stretch with the machine's "
                            "measured load, SPEC 4.2.10): for a much slower CPU, an emulator, a sanitizer build")
+    cert.add_argument("-q", "--quiet", action="store_true",
+                      help="pytest's -q: no progress lines, a shorter report (SPEC 4.4.11)")
     cert.add_argument("--launcher", choices=("pool", "torchrun"), default="pool",
                       help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)")
     run = cert.add_argument_group("torchrun (with --launcher torchrun)")
@@ -62,15 +88,40 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="where scenarios write checkpoints: a filesystem every node shares (needed with "
                           "--nnodes > 1; default a temporary directory)")
-    g = sub.add_parser("golden", help="golden checkpoints").add_subparsers(dest="action", required=True)
-    gen = g.add_parser("generate", help="write the golden cases and their manifest into DIR")
-    gen.add_argument("dir", type=Path)
-    gen.add_argument("--impl", default="reference")
-    chk = g.add_parser("check", help="verify DIR against its MANIFEST.json")
-    chk.add_argument("dir", type=Path)
-    cmp_ = g.add_parser("compare", help="save the cases with an implementation and compare with the goldens")
-    cmp_.add_argument("dir", type=Path, nargs="?", default=None)
-    cmp_.add_argument("--impl", default="reference")
+    # the usage line shows what argparse cannot: pytest's arguments after `--`
+    usage = cert.format_usage().removeprefix("usage: ").rstrip("\n")
+    cert.usage = usage + "\n" + " " * (len("usage: ") + len(cert.prog) + 1) + "[-- PYTEST_ARGS ...]"
+    cert.set_defaults(handler=_certify, passthrough=True, options_for_pytest=True)
+
+
+def _add_golden(sub) -> None:
+    golden = sub.add_parser("golden", help="golden checkpoints: generate, check, compare (SPEC 5.5)",
+                            epilog=statuses_text(GOLDEN_STATUSES), **_raw())
+    g = golden.add_subparsers(dest="action", required=True, metavar="ACTION")
+    impl_help = "the implementation that saves the cases: registered name or package.module:attribute (default: reference)"
+    epilog = statuses_text(GOLDEN_STATUSES)
+    gen = g.add_parser("generate", help="write the golden cases and their manifest into DIR", epilog=epilog, **_raw())
+    gen.add_argument("dir", type=Path, metavar="DIR", help="directory to write (made if missing)")
+    gen.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
+    chk = g.add_parser("check", help="verify DIR against its MANIFEST.json", epilog=epilog, **_raw())
+    chk.add_argument("dir", type=Path, metavar="DIR", help="a directory `golden generate` wrote")
+    cmp_ = g.add_parser("compare", help="save the cases with an implementation and compare with the goldens",
+                        epilog=epilog, **_raw())
+    cmp_.add_argument("dir", type=Path, nargs="?", default=None, metavar="DIR",
+                      help="goldens to compare with (default: the committed ones)")
+    cmp_.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
+    golden.set_defaults(handler=_golden)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="The Gefen conformance suite: certify an implementation, render and "
+                                           "compare certificates, golden checkpoints.",
+                    epilog=f"`{PROG} COMMAND --help` describes each command, its arguments and its exit statuses.",
+                    **_raw())
+    add_version(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_certify(sub)
+    _add_golden(sub)
     from gefen_conformance.certificate import report_cli
 
     report_cli.add_subcommands(sub)
@@ -100,10 +151,6 @@ def _wait_for(command: list[str]) -> int:
             return child.wait()
         except KeyboardInterrupt:
             continue  # Ctrl-C reached the child too (same process group); it stops and reports
-
-
-class UsageError(Exception):
-    """A certify command line that cannot run (exit 4, one line)."""
 
 
 def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str]:
@@ -182,11 +229,27 @@ def _checked_outputs(args) -> float | None:
     return scale
 
 
-def _certify(args, pytest_args: list[str]) -> int:
+def _test_ids(args) -> list[str]:
+    """``certify``'s TEST_IDs, each a suite test id (from any directory) or a path that exists here
+    (SPEC 4.5.5); the plugin maps suite ids to the suite's files (:func:`selection.suite_path_for`)."""
+    from gefen_conformance.plugin import selection
+
+    for test_id in args.tests:
+        target = test_id.partition("::")[0]
+        if selection.suite_path_for(test_id, Path.cwd()) is None and not Path(target).exists():
+            modules = sorted(p.name for p in selection.SUITE_DIR.glob("test_*.py"))
+            raise UsageError(f"TEST_ID {test_id}: the suite has no module {target} and there is no such path here "
+                             f"(a suite test id is test_module.py::test_name[params]; modules: {', '.join(modules)})")
+    return list(args.tests)
+
+
+def _certify(args) -> int:
+    pytest_args = _test_ids(args) + (["-q"] if args.quiet else []) + list(args.pytest_args)
     if args.launcher == "pool":
         given = [f"--{name.replace('_', '-')}" for name in TORCHRUN_ONLY if getattr(args, name) is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} only apply with --launcher torchrun")
+            raise UsageError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} "
+                             "with --launcher torchrun")
         scale = _checked_outputs(args)
         return certify(args.impl, args.certificate, pytest_args, args.device, scale)
     _checked_outputs(args)
@@ -227,30 +290,8 @@ def _check_golden(args) -> None:
         raise UsageError(f"{directory}: no MANIFEST.json (not a golden directory; `golden generate` writes one)")
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    passthrough: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, passthrough = argv[:cut], argv[cut + 1:]
-    args = _parser().parse_args(argv)
-    if args.command == "certify":
-        try:
-            return _certify(args, passthrough)
-        except UsageError as error:
-            print(f"gefen-conformance certify: {error}", file=sys.stderr)
-            return USAGE_ERROR
-    if passthrough:
-        _parser().error("arguments after `--` are only for `certify`")
-    if getattr(args, "handler", None) is not None:
-        return args.handler(args)
-
-    try:
-        _check_golden(args)
-    except UsageError as error:
-        print(f"gefen-conformance golden {args.action}: {error}", file=sys.stderr)
-        return USAGE_ERROR
-
+def _golden(args) -> int:
+    _check_golden(args)
     from gefen_oracles import golden_manifest
 
     from gefen_conformance import golden
@@ -270,6 +311,41 @@ def main(argv=None) -> int:
         print(line)
     print("ok" if not problems else f"{len(problems)} problem(s)")
     return 0 if not problems else 1
+
+
+def _unknown_options(parser, args, unknown: list[str]) -> None:
+    """Words argparse did not take: TEST_IDs given between options join ``args.tests``; an option
+    of a subcommand that hands pytest its arguments is pointed to ``--``; anything else is the usual
+    usage error (exit 4)."""
+    options = [word for word in unknown if word.startswith("-")]
+    if getattr(args, "options_for_pytest", False):
+        if options:
+            raise UsageError(f"unrecognized option {options[0]}: pytest's options go after `--` "
+                             f"({PROG} {args.command} [OPTIONS] [TEST_ID ...] -- {options[0]} ...)")
+        args.tests = list(args.tests) + unknown
+        return
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    name = " ".join(filter(None, (PROG, args.command, getattr(args, "action", None))))
+    try:
+        _unknown_options(parser, args, unknown)
+        if passthrough and not getattr(args, "passthrough", False):
+            raise UsageError(f"arguments after `--` are only for `{PROG} certify`")
+        args.pytest_args = passthrough
+        return args.handler(args)
+    except UsageError as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

@@ -124,8 +124,8 @@ def test_profile_facts_merge_the_numeric_description_with_the_reason():
 
 
 def test_the_terminal_profile_line_names_the_tolerance_bounds():
-    from gefen_conformance.plugin import recorder
+    from gefen_conformance.plugin import terminal_summary
 
-    line = recorder._profile_line(certificate.profile_facts(set()))
+    line = terminal_summary.profile_line(certificate.profile_facts(set()))
     assert "SPEC 5.6" in line and "pinned_step" in line and "max-abs 0.005" in line
-    assert "torch-exact" in recorder._profile_line(certificate.profile_facts({"cpu-bit-exact"}))
+    assert "torch-exact" in terminal_summary.profile_line(certificate.profile_facts({"cpu-bit-exact"}))

@@ -38,4 +38,4 @@ def test_both_spellings_of_the_certificate_path_and_pytest_args_after_the_double
 
 def test_pytest_arguments_without_the_double_dash_are_refused(tmp_path):
     result = _cli(tmp_path, "certify", "--impl", "reference", "-k", "names")
-    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+    assert result.returncode == 4 and "unrecognized option -k: pytest's options go after `--`" in result.stderr

@@ -6,7 +6,9 @@ hash, git state), ``platform``, ``execution`` (how ranks were launched), ``run``
 whether the whole suite ran, interruption, what narrowed it, expected and executed test counts,
 the hypothesis profile, the exit status), ``summary``, ``verdict``, ``verdict_reason``,
 ``capability_skips``, ``clauses`` (counts and the worst tolerance margin per clause), ``notes``,
-``stale_expected_failures`` and ``tests`` (id, clauses, outcome, duration, reason, margins, notes).
+``stale_expected_failures`` and ``tests`` (id, clauses, outcome, duration, reason, where, margins,
+notes). ``implementation`` holds ``spec``, the ``--impl`` value the run was given, so that a rerun
+command names the same implementation (SPEC 4.4.1, 4.5.5).
 
 The verdict never claims more than was run; see :func:`verdict`.
 """
@@ -42,6 +44,38 @@ EXIT_STATUS = {
 }
 #: a command line or an implementation that cannot run, refused before anything runs (SPEC 4.1.6)
 USAGE_ERROR = 4
+#: What each verdict's exit status tells a reader, beyond the verdict's name (SPEC 4.4.9).
+VERDICT_MEANINGS = {
+    "conformant": "",
+    "conformant-with-expected-failures": "every expected failure is declared with its reason and ran as a strict "
+                                         "xfail; read the verdict to refuse them",
+    "not-conformant": "a test failed, errored or passed unexpectedly, also when the run was then interrupted",
+    "incomplete": "interrupted (Ctrl-C, SIGTERM)",
+    "partial": "narrowed (-k, -m, node ids, -x, another hypothesis profile), or scenarios did not run here for "
+               "lack of ranks or devices",
+    "inconclusive": "no test passed",
+}
+#: The statuses a suite run has without a verdict.
+OTHER_EXIT_STATUSES = {
+    USAGE_ERROR: "usage error: nothing ran, no certificate (an unknown option or test id, an unusable --impl or "
+                 "--gefen-device, options that do not fit, an output that cannot be written)",
+    3: "pytest's internal error, no certificate",
+    5: "pytest collected no test, no certificate",
+}
+
+
+def exit_status_rows() -> list[tuple[int, list[str], str]]:
+    """``(status, verdicts, meaning)`` for every exit status of a suite run, by status: the one
+    table that ``gefen-conformance certify --help`` and the README show (SPEC 4.4.9)."""
+    rows: dict = {}
+    for name, status in EXIT_STATUS.items():
+        verdicts, meanings = rows.setdefault(status, ([], []))
+        verdicts.append(getattr(name, "value", name))
+        if VERDICT_MEANINGS.get(name):
+            meanings.append(VERDICT_MEANINGS[name])
+    out = [(status, verdicts, "; ".join(meanings)) for status, (verdicts, meanings) in rows.items()]
+    out += [(status, [], meaning) for status, meaning in OTHER_EXIT_STATUSES.items()]
+    return sorted(out, key=lambda row: row[0])
 
 
 def now() -> str:
@@ -67,6 +101,7 @@ class TestRecord:
     notes: list = field(default_factory=list)
     missing_capabilities: list = field(default_factory=list)  # capability tags, when a missing capability skipped it
     not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
+    where: list = field(default_factory=list)  # "rank N: file:line in function" of the ranks that failed or hung
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -102,6 +137,7 @@ class Run:
             old.notes + [n for n in rec.notes if n not in old.notes],
             old.missing_capabilities or rec.missing_capabilities,
             (old.not_run or rec.not_run) and worst.outcome == Outcome.SKIPPED,
+            old.where + [w for w in rec.where if w not in old.where],
         )
         self.records[rec.nodeid] = merged
 
@@ -270,7 +306,7 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
         "stale_expected_failures": list(run.stale_expected_failures),
         "tests": [
             {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome.value, "duration_s": round(r.duration, 3),
-             "reason": r.reason, "margins": r.margins, "notes": r.notes}
+             "reason": r.reason, "where": list(r.where), "margins": r.margins, "notes": r.notes}
             for r in records
         ],
     }

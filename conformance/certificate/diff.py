@@ -4,8 +4,9 @@
 :mod:`conformance.certificate_read`), OLD and NEW, and returns a :class:`Diff` holding:
 
 * identity changes: implementation name, version and capabilities; numeric profile and its
-  tolerances; suite version, content hash and git commit; torch, python, numpy and machine;
-  execution target; hypothesis profile; how complete the run was;
+  tolerances (each bound that changed within one profile; between two profiles, only that they
+  differ: the report lists each profile's); suite version, content hash and git commit; torch,
+  python, numpy and machine; execution target; hypothesis profile; how complete the run was;
 * the verdict change, and whether it got worse (verdicts ordered as
   :data:`conformance.certificate_read.VERDICTS`);
 * tests by outcome change: new failures (NEW failed, errored or passed unexpectedly where OLD did
@@ -21,12 +22,13 @@
 NEW regressed (:attr:`Diff.regressions` non-empty, exit status 1 of ``gefen-conformance diff``)
 when it has a new failure, a worse verdict, a margin grown past the factor, or a margin that
 reached the threshold. Identity changes are reported, never judged: comparing across profiles or torch
-versions is allowed, and said.
+versions is allowed, and said. The text form wraps every line at :data:`WIDTH` characters.
 """
 
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -36,6 +38,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # never echo terminal escape
 DEFAULT_MARGIN_FACTOR = 2.0
 DEFAULT_MARGIN_FLOOR = 0.01
 DEFAULT_MARGIN_THRESHOLD = 0.9
+WIDTH = 100  # the text form's lines, wrapped
+NOT_RUN_SHOWN = 10  # tests listed as not run in a run that is not complete; the rest are counted
 
 
 @dataclass
@@ -57,6 +61,11 @@ class Diff:
     other_changes: list = field(default_factory=list)  # (test id, old outcome, new outcome)
     added: list = field(default_factory=list)  # (test id, outcome)
     removed: list = field(default_factory=list)  # (test id, outcome)
+    not_run_in_new: list = field(default_factory=list)  # (test id, outcome in OLD): NEW is not complete
+    not_run_in_old: list = field(default_factory=list)  # (test id, outcome in NEW): OLD is not complete
+    why_not_run: tuple = ("", "")  # why OLD, NEW are not complete runs ("" when complete)
+    notes_added: list = field(default_factory=list)  # notes of NEW that OLD had not
+    notes_removed: list = field(default_factory=list)  # notes of OLD that NEW has not
     clauses: list = field(default_factory=list)  # (clause, old counts, new counts)
     margin_growth: list = field(default_factory=list)  # MarginChange
     over_threshold: list = field(default_factory=list)  # MarginChange: reached the threshold in NEW
@@ -135,7 +144,17 @@ def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTO
     """The :class:`Diff` from ``old`` to ``new`` (see the module docstring)."""
     diff = Diff(margin_factor=margin_factor, margin_floor=margin_floor, margin_threshold=margin_threshold)
     a, b = _identity(old), _identity(new)
-    diff.identity = [(k, _text(a[k]), _text(b[k])) for k in a if a[k] != b[k]]
+    for k in a:
+        if a[k] == b[k]:
+            continue
+        if k == "profile tolerances":
+            diff.identity += _tolerance_changes(a["profile"], b["profile"], a[k], b[k])
+        else:
+            diff.identity.append((k, _text(a[k]), _text(b[k])))
+    diff.why_not_run = (_incomplete(old), _incomplete(new))
+    old_notes, new_notes = [str(n) for n in old.get("notes") or []], [str(n) for n in new.get("notes") or []]
+    diff.notes_added = [n for n in new_notes if n not in old_notes]
+    diff.notes_removed = [n for n in old_notes if n not in new_notes]
     caps = _capabilities(old, new)
     if caps:
         diff.identity.insert(2, caps)
@@ -147,10 +166,10 @@ def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTO
         was, now = old_tests.get(tid), new_tests.get(tid)
         was_o, now_o = was and was["outcome"], now and now["outcome"]
         if now is None:
-            diff.removed.append((tid, was_o))
+            (diff.not_run_in_new if diff.why_not_run[1] else diff.removed).append((tid, was_o))
             continue
         if was is None:
-            diff.added.append((tid, now_o))
+            (diff.not_run_in_old if diff.why_not_run[0] else diff.added).append((tid, now_o))
         if now_o in BAD_OUTCOMES and was_o not in BAD_OUTCOMES:
             diff.new_failures.append((tid, was_o, now_o, str(now.get("reason") or "")))
         elif was is not None and was_o != now_o:
@@ -164,6 +183,43 @@ def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTO
         if counts[0] != counts[1]:
             diff.clauses.append((clause, counts[0], counts[1]))
     return diff
+
+
+def _incomplete(cert: dict) -> str:
+    """Why ``cert`` is not a complete run (interrupted, narrowed, scenarios not run here), or ""."""
+    run = cert.get("run") or {}
+    if not run or run.get("complete", True):
+        return ""
+    parts = []
+    if run.get("interrupted"):
+        parts.append("interrupted")
+    if run.get("narrowed_by"):
+        parts.append("narrowed by " + "; ".join(map(str, run["narrowed_by"])))
+    if run.get("not_run"):
+        parts.append(f"{len(run['not_run'])} did not run here")
+    parts.append(f"{run.get('executed_tests', '?')} of {run.get('expected_tests', '?')} expected tests executed")
+    return ", ".join(parts)
+
+
+def _flat(value, prefix: str = "") -> dict:
+    """A nested profile as ``{"a.b": leaf}``."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _tolerance_changes(old_name, new_name, old: dict, new: dict) -> list:
+    """The identity lines of a tolerance change: one per bound that changed within one profile;
+    between two profiles one line (every bound differs; the report lists each profile's)."""
+    if old_name != new_name:
+        return [("profile tolerances", f"those of {_text(old_name)}",
+                 f"those of {_text(new_name)} (`gefen-conformance report` lists each profile's bounds)")]
+    a, b = _flat(old), _flat(new)
+    return [(f"profile tolerance {key}", _text(a.get(key)), _text(b.get(key)))
+            for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
 
 
 def _margins_by_what(test: dict) -> dict:
@@ -196,6 +252,8 @@ def _check_threshold(diff: Diff, tid: str, was: Optional[dict], now: dict) -> No
         if used is None or used >= diff.margin_threshold:
             what = str(m.get("what", ""))
             old_m = before.get(what)
+            if old_m is not None and old_m.get("kind") != "tolerance":
+                old_m = None  # OLD compared it bitwise (another profile): no share of a bound to compare with
             old_used = finite_used(old_m) if old_m else None
             change = MarginChange(tid, what, old_used, used, old_m is not None)
             # a bound a correct kernel already came this close to is no news: only a crossing regresses
@@ -220,14 +278,26 @@ def _growth_item(c: MarginChange) -> str:
 
 
 def _threshold_item(c: MarginChange) -> str:
-    was = f" (was {_pct(c.old)})" if c.old_present else " (new comparison)"
+    was = f" (was {_pct(c.old)})" if c.old_present else " (no such tolerance comparison in OLD)"
     return f"{c.test} :: {c.what}: {_pct(c.new)} of its bound{was}"
 
 
+def _not_run(tests: list, other: str) -> tuple:
+    shown = [f"{tid} ({other}: {o})" for tid, o in tests[:NOT_RUN_SHOWN]]
+    if len(tests) > NOT_RUN_SHOWN:
+        shown.append(f"... and {len(tests) - NOT_RUN_SHOWN} more")
+    return shown, len(tests)
+
+
 def sections(diff: Diff) -> list:
-    """``(title, items)`` for every non-empty part of the diff, in reading order; items are plain text."""
+    """``(title, items, count)`` for every non-empty part of the diff, in reading order; items are
+    plain text; ``count`` is how many things the part holds (a long list of tests that a run that
+    is not complete did not run is cut to :data:`NOT_RUN_SHOWN` items)."""
     def outcome(o):
         return o if o is not None else "(new test)"
+
+    not_run_new, count_new = _not_run(diff.not_run_in_new, "OLD")
+    not_run_old, count_old = _not_run(diff.not_run_in_old, "NEW")
 
     parts = [
         ("Identity changed", [f"{what}: {a} -> {b}" for what, a, b in diff.identity]),
@@ -238,6 +308,8 @@ def sections(diff: Diff) -> list:
         ("Other outcome changes", [f"{tid}: {a} -> {b}" for tid, a, b in diff.other_changes]),
         ("Tests added", [f"{tid} ({o})" for tid, o in diff.added]),
         ("Tests removed", [f"{tid} (was {o})" for tid, o in diff.removed]),
+        (f"Not run in NEW, which is not a complete run ({diff.why_not_run[1]})", not_run_new, count_new),
+        (f"Not run in OLD, which is not a complete run ({diff.why_not_run[0]})", not_run_old, count_old),
         ("Clauses whose outcomes changed", [f"{c}: " + ", ".join(f"{o} {a[o]} -> {b[o]}" for o in OUTCOMES if a[o] != b[o])
                                             for c, a, b in diff.clauses]),
         (f"Margins that grew more than {diff.margin_factor:g}x (margins under {_pct(diff.margin_floor)} count as "
@@ -246,8 +318,18 @@ def sections(diff: Diff) -> list:
         (f"Margins already at or over {_pct(diff.margin_threshold)} of their bound in OLD (not a regression)",
          [_threshold_item(c) for c in diff.still_over_threshold]),
         ("Bitwise comparisons whose differing elements changed", [f"{tid} :: {what}: {a:,} -> {b:,} differ" for tid, what, a, b in diff.bitwise]),
+        ("Notes new in NEW", list(diff.notes_added)),
+        ("Notes of OLD that NEW no longer has", list(diff.notes_removed)),
     ]
-    return [(title, items) for title, items in parts if items]
+    parts = [part if len(part) == 3 else (part[0], part[1], len(part[1])) for part in parts]
+    return [(title, items, count) for title, items, count in parts if items]
+
+
+def _wrap(text: str, first: str, rest: str) -> list:
+    """``text`` in lines of at most :data:`WIDTH` characters (a word longer than that, a test id,
+    stays whole on its own line)."""
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False) or [first.rstrip()]
 
 
 def _describe(cert: dict) -> str:
@@ -261,9 +343,14 @@ def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = 
     verdict = ("REGRESSED: " + "; ".join(diff.regressions)) if diff.regressions else "No regression."
     if fmt == "text":
         out = [f"OLD {old_name}: {_describe(old)}", f"NEW {new_name}: {_describe(new)}", verdict]
-        for title, items in sections(diff):
-            out += ["", f"{title} ({len(items)}):"] + ["  " + _CONTROL.sub("?", item).replace("\n", "\n      ") for item in items]
-        out[:2] = [_CONTROL.sub("?", line) for line in out[:2]]
+        out = [wrapped for line in out for wrapped in _wrap(_CONTROL.sub("?", line), "", "    ")]
+        for title, items, count in sections(diff):
+            out += [""] + _wrap(f"{title} ({count}):", "", "    ")
+            for item in items:
+                first, *rest = _CONTROL.sub("?", item).split("\n")
+                out += _wrap(first, "  ", "      ")
+                for line in rest:
+                    out += _wrap(line, "      ", "      ")
         return "\n".join(out) + "\n"
     if fmt == "md":
         from gefen_conformance.certificate.report import md_text
@@ -271,7 +358,7 @@ def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = 
         out = ["### Gefen conformance diff", "", f"**{md_text(verdict)}**", "",
                "| | certificate | implementation, verdict, start |", "|---|---|---|",
                f"| OLD | {md_text(old_name)} | {md_text(_describe(old))} |", f"| NEW | {md_text(new_name)} | {md_text(_describe(new))} |"]
-        for title, items in sections(diff):
-            out += ["", f"#### {md_text(title)} ({len(items)})", ""] + [f"- {md_text(item)}" for item in items]
+        for title, items, count in sections(diff):
+            out += ["", f"#### {md_text(title)} ({count})", ""] + [f"- {md_text(item)}" for item in items]
         return "\n".join(out) + "\n"
     raise ValueError(f"unknown diff format {fmt!r} (known: text, md)")

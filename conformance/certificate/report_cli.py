@@ -8,12 +8,13 @@
 them on their own (``python -m conformance.report_cli``).
 
 ``report`` writes the certificate as Markdown or one self-contained HTML page
-(:mod:`conformance.report`) to PATH, or to stdout without ``--out``; the format defaults to
-``html`` when PATH ends in ``.html``/``.htm``, else ``md``. ``diff`` prints what changed from OLD
-to NEW (:mod:`conformance.certificate_diff`). Exit status: 0 (report written; diff: no
-regression), 1 (diff: NEW regressed), 2 (a certificate that cannot be read, schema 1 or an unknown
-schema: one line on stderr, nothing written), 4 (``--out`` cannot be written: refused before
-anything is read, SPEC 4.4.10).
+(:mod:`gefen_conformance.certificate.report`) to PATH, or to stdout without ``--out``; PATH's
+extension chooses the format (:data:`EXTENSIONS`), and a ``--format`` that disagrees with it, or
+any other extension, is refused (SPEC 4.5.1). ``diff`` prints what changed from OLD to NEW
+(:mod:`gefen_conformance.certificate.diff`). Exit status: 0 (report written; diff: no regression),
+1 (diff: NEW regressed), 2 (a certificate that cannot be read, schema 1 or an unknown schema: one
+line on stderr, nothing written), 4 (a usage error, argparse's included; ``--out`` that cannot be
+written or has an unknown extension: refused before anything is read, SPEC 4.4.10, 4.4.13).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from pathlib import Path
 
 from gefen_conformance.certificate import diff as certificate_diff, report
 from gefen_conformance.certificate.read import CertificateError, load
+from gefen_conformance.cli_usage import DIFF_STATUSES, PROG, REPORT_STATUSES, Parser, statuses_text
+
+#: the format each ``--out`` extension holds
+EXTENSIONS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html"}
+USAGE_ERROR = 4
 
 
 def _positive(minimum: float, *, strict: bool):
@@ -43,22 +49,45 @@ def _positive(minimum: float, *, strict: bool):
 
 def add_subcommands(subparsers) -> None:
     """Register ``report`` and ``diff`` on an ``argparse`` subparsers object."""
-    rep = subparsers.add_parser("report", help="render a certificate as Markdown or a self-contained HTML page")
-    rep.add_argument("certificate", type=Path, metavar="CERT")
-    rep.add_argument("--format", choices=("md", "html"), default=None, help="default: html when --out ends in .html, else md")
-    rep.add_argument("--out", type=Path, default=None, help="file to write (default: stdout)")
+    raw = argparse.RawDescriptionHelpFormatter
+    rep = subparsers.add_parser("report", help="render a certificate as Markdown or a self-contained HTML page",
+                                description="Render a certificate for people, what did not pass first (SPEC 4.5.1).",
+                                epilog=statuses_text(REPORT_STATUSES), formatter_class=raw)
+    rep.add_argument("certificate", type=Path, metavar="CERT", help="a certificate (JSON) that a suite run wrote")
+    rep.add_argument("--format", choices=("md", "html"), default=None,
+                     help="md (default) or html; with --out, its extension decides and --format must agree")
+    rep.add_argument("--out", type=Path, default=None, metavar="PATH",
+                     help="file to write: .md or .markdown (Markdown), .html or .htm (HTML); default: stdout")
     rep.set_defaults(handler=run_report)
-    dif = subparsers.add_parser("diff", help="compare two certificates; exit 1 when NEW regressed")
-    dif.add_argument("old", type=Path, metavar="OLD")
-    dif.add_argument("new", type=Path, metavar="NEW")
-    dif.add_argument("--format", choices=("text", "md"), default="text", help="md: for a pull-request comment")
+    dif = subparsers.add_parser("diff", help="compare two certificates; exit 1 when NEW regressed",
+                                description="What changed from OLD to NEW, and whether NEW regressed (SPEC 4.5.3, 4.5.4).",
+                                epilog=statuses_text(DIFF_STATUSES), formatter_class=raw)
+    dif.add_argument("old", type=Path, metavar="OLD", help="the baseline certificate (the published one)")
+    dif.add_argument("new", type=Path, metavar="NEW", help="the certificate of the run to judge")
+    dif.add_argument("--format", choices=("text", "md"), default="text", help="text (default) or md: for a pull-request comment")
     dif.add_argument("--margin-factor", type=_positive(1.0, strict=False), default=certificate_diff.DEFAULT_MARGIN_FACTOR,
-                     help="flag a margin that grew by more than this factor (default %(default)s)")
+                     metavar="F", help="flag a margin that grew by more than this factor (default %(default)s)")
     dif.add_argument("--margin-floor", type=_positive(0.0, strict=False), default=certificate_diff.DEFAULT_MARGIN_FLOOR,
-                     help="margins under this share of their bound count as this much when judging growth (default %(default)s)")
+                     metavar="F", help="margins under this share of their bound count as this much when judging growth "
+                                       "(default %(default)s)")
     dif.add_argument("--margin-threshold", type=_positive(0.0, strict=True), default=certificate_diff.DEFAULT_MARGIN_THRESHOLD,
-                     help="flag a passing comparison using at least this share of its bound (default %(default)s)")
+                     metavar="F", help="flag a passing comparison using at least this share of its bound (default %(default)s)")
     dif.set_defaults(handler=run_diff)
+
+
+def output_format(out: Path | None, chosen: str | None) -> tuple[str, str]:
+    """``(format, "")`` for ``report``'s ``--out`` and ``--format``, or ``("", why)`` when they
+    are refused: an extension that is not one of :data:`EXTENSIONS`, or a ``--format`` that
+    disagrees with it (a PDF or a .txt would silently hold Markdown)."""
+    if out is None:
+        return chosen or "md", ""
+    implied = EXTENSIONS.get(out.suffix.lower())
+    if implied is None:
+        known = ", ".join(EXTENSIONS)
+        return "", f"--out {out}: unknown extension {out.suffix or '(none)'!r}; report writes {known}"
+    if chosen is not None and chosen != implied:
+        return "", f"--out {out} holds {implied}, not --format {chosen}; name the file {out.stem}.{chosen}"
+    return implied, ""
 
 
 def _write(path: Path, text: str) -> None:
@@ -69,19 +98,22 @@ def _write(path: Path, text: str) -> None:
 
 
 def run_report(args) -> int:
+    fmt, why = output_format(args.out, args.format)
+    if why:
+        print(f"{PROG} report: {why}", file=sys.stderr)
+        return USAGE_ERROR
     if args.out is not None:
         from gefen_conformance.certificate.outputs import problem
 
         why = problem(args.out)
         if why:  # refused before anything is read or rendered (SPEC 4.4.10)
-            print(f"gefen-conformance report: --out {args.out}: {why}", file=sys.stderr)
-            return 4
+            print(f"{PROG} report: --out {args.out}: {why}", file=sys.stderr)
+            return USAGE_ERROR
     try:
         cert = load(args.certificate)
     except CertificateError as exc:
         print(f"gefen-conformance report: {exc}", file=sys.stderr)
         return 2
-    fmt = args.format or ("html" if args.out is not None and args.out.suffix.lower() in (".html", ".htm") else "md")
     text = report.render(cert, fmt, source=args.certificate.name)
     if args.out is None:
         sys.stdout.write(text)
@@ -104,7 +136,7 @@ def run_diff(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="gefen-conformance")
+    parser = Parser(prog=PROG)
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)

@@ -18,6 +18,15 @@ from gefen_conformance.implementations.contract import Implementation
 ENTRY_POINT_GROUP = "gefen_conformance.implementations"
 
 
+class MissingPackage(ModuleNotFoundError):
+    """Raised by an implementation whose package is not installed: ``requirement`` is what to install
+    (``gefen-x==0.5.0``), so that the error can say so (SPEC 4.1.6)."""
+
+    def __init__(self, module: str, requirement: str):
+        super().__init__(f"No module named {module!r}: install {requirement} (pip install {requirement})", name=module)
+        self.requirement = requirement
+
+
 class ImplementationError(LookupError):
     """The implementation named by a spec cannot be loaded; ``str()`` is one line."""
 
@@ -32,6 +41,16 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def unavailable(name: str) -> str:
+    """Why the registered implementation ``name`` cannot be loaded here (one line), or "" when it
+    can (SPEC 4.1.6): ``pytest --impl-list`` marks such entries."""
+    try:
+        resolve(name)
+    except ImplementationError as error:
+        return error.cause
+    return ""
+
+
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     if isinstance(error, SyntaxError) and error.filename:
@@ -39,9 +58,16 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _missing_package(spec: str, module_name: str, error: MissingPackage) -> "ImplementationError":
+    return ImplementationError(spec, module_name, f"needs the package {error.requirement}, which is not installed "
+                                                  f"here (module {error.name!r}): pip install {error.requirement}")
+
+
 def _import(spec: str, module_name: str):
     try:
         return importlib.import_module(module_name)
+    except MissingPackage as error:
+        raise _missing_package(spec, module_name, error) from None
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
@@ -90,6 +116,8 @@ def resolve(spec: str) -> Implementation:
     if not isinstance(obj, Implementation) and callable(obj):
         try:
             obj = obj()
+        except MissingPackage as error:
+            raise _missing_package(spec, module_name, error) from None
         except Exception as error:
             raise ImplementationError(spec, module_name, f"calling {target}() failed: {_one_line(error)}") from None
     if not isinstance(obj, Implementation):

@@ -38,6 +38,7 @@ _MISSING = "gefen_conformance_missing_capabilities"
 #: the capabilities a suite item requires and the implementation lacks (SPEC 4.1.3): the item is
 #: skipped, and its report carries them to the certificate's ``capability_skips``
 _MISSING_KEY = pytest.StashKey[list]()
+_WHERE = "gefen_conformance_where"
 
 
 def pytest_addoption(parser):
@@ -186,7 +187,8 @@ def pytest_cmdline_main(config):
         if not names:
             print("no implementations are registered")
         for name, target in sorted(names.items()):
-            print(f"{name}\t{target}")
+            why = registry.unavailable(name)  # loads each: an entry is listed as usable only if it is
+            print(f"{name}\t{target}" + (f"\tnot loadable here: {why}" if why else ""))
         return 0
     return None
 
@@ -389,6 +391,10 @@ def pytest_runtest_makereport(item, call):
     missing = item.stash.get(_MISSING_KEY, None)
     if missing and report.skipped:
         report.user_properties.append((_MISSING, [c.value for c in missing]))
+    if report.failed and call.excinfo is not None:
+        from gefen_conformance.plugin.rank_locations import where
+
+        report.user_properties.append((_WHERE, where(call.excinfo.value)))  # the failed ranks' lines (SPEC 4.4.8)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
     warm_up = run.take_warm_up_report()
@@ -437,7 +443,30 @@ class _SessionHooks:
         run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, props.get(_REASON, ""),
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
                               list(props.get(_MISSING) or []) if skipped else [],
-                              not_run=bool(props.get(_NOT_RUN)) and skipped))
+                              not_run=bool(props.get(_NOT_RUN)) and skipped,
+                              where=list(props.get(_WHERE) or ())))
+
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        """The xdist controller learns the run's selection from its workers (progress, SPEC 4.4.11)."""
+        run = _run(self.config)
+        if run is not None and run.progress is not None:
+            # node ids are relative to the rootdir or to the path given (the suite's directory itself)
+            root = self.config.rootpath
+            run.progress.expect(i for i in ids if in_suite(root / i.partition("::")[0])
+                                or (SUITE_DIR / Path(i.partition("::")[0]).name).is_file())
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        run = _run(self.config)
+        if run is not None and run.progress is not None:
+            run.progress.started_test(nodeid)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid, location):
+        run = _run(self.config)
+        if run is not None and run.progress is not None:
+            run.progress.finished_test(nodeid)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo):

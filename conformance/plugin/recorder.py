@@ -36,24 +36,6 @@ def _pytest_is_the_program() -> bool:
     return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
 
 
-def _terminal_line(cert: dict) -> str:
-    s = cert["summary"]
-    return (f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
-            f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
-            f"{s['xfailed']} expected failures)")
-
-
-def _profile_line(profile: dict) -> str:
-    if profile["name"] == "torch-exact":
-        return f"numeric profile torch-exact ({profile['reason']}): {profile.get('comparison', 'bitwise')}"
-    parts = [f"the staged rounding bounds of SPEC 5.6 ({', '.join(k for k in ('pinned_step', 'free_running', 'checkpoints') if k in profile)}; "
-             f"each bound in the certificate's profile)"]
-    extra = profile.get("continuation_after_reshard", {}).get("max_abs")
-    if extra is not None:
-        parts.append(f"continuation after reshard max-abs {extra:g}")
-    return f"numeric profile tolerance ({profile['reason']}): " + "; ".join(parts)
-
-
 class SuiteRun:
     """State of the suite run in this process (the controller's, or a worker's under xdist)."""
 
@@ -64,14 +46,44 @@ class SuiteRun:
         self.guard = guard  # installed already
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
+        # spec: the --impl value as given, so that the rerun commands of the reports name it (SPEC 4.5.5)
         self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
-                                                   "capabilities": sorted(c.value for c in impl.capabilities)})
+                                                   "capabilities": sorted(c.value for c in impl.capabilities),
+                                                   "spec": str(config.option.impl or impl.name)})
         self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
         self._quieted: list = []
         self.warm_up_report: Optional[dict] = None  # this process's warm-up, until a test report carries it
         self.exit_status: Optional[int] = None  # the verdict's exit status, once the certificate is built
+        self._progress: Optional[object] = None
+        self._progress_decided = False
+
+    @property
+    def progress(self):
+        """The run's progress lines (SPEC 4.4.11), or None: written by the process that reports the
+        tests (not an xdist worker), not under ``-q`` or ``--collect-only``, and only to a terminal
+        reporter. Decided on first use, once pytest's terminal reporter exists (after configure)."""
+        if not self._progress_decided:
+            self._progress_decided = True
+            self._progress = self._make_progress()
+        return self._progress
+
+    def _make_progress(self):
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if (self.is_worker or reporter is None or self.config.option.collectonly
+                or int(getattr(self.config.option, "verbose", 0) or 0) < 0):
+            return None
+        from gefen_conformance.plugin.progress import Progress
+
+        def write(text: str) -> None:
+            if reporter.currentfspath:
+                reporter.ensure_newline()
+            elif getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")  # xdist's dots carry no path: end their line first
+            reporter.write_line(text, cyan=True)
+
+        return Progress(write)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -211,6 +223,8 @@ class SuiteRun:
         """Single-process run: start the census unless the run is already known to be narrowed."""
         self.collected_ids = collected_ids
         self.deselected = len(set(collected_ids) - set(selected_ids))
+        if self.progress is not None:
+            self.progress.expect(selected_ids)
         if self.is_worker or self.config.option.collectonly or not selection.SuiteCensus.wanted():
             return
         if self.deselected and not self.narrower_args():
@@ -318,47 +332,17 @@ class SuiteRun:
     # -- terminal ----------------------------------------------------------------------------
 
     def summary(self, tr) -> None:
+        """The "gefen conformance" section, failure first (:mod:`gefen_conformance.plugin.terminal_summary`)."""
         if self.written is None:
             if self.guard.signum is not None and not self.is_worker:
                 tr.ensure_newline()
                 tr.section("gefen conformance")
                 tr.write_line(f"interrupted by {self.guard.signal_name}: no certificate written", yellow=True)
             return
+        from gefen_conformance.plugin import terminal_summary
+
         path, instead_of, cert = self.written
         tr.ensure_newline()
         tr.section("gefen conformance")
-        tr.write_line(_terminal_line(cert), bold=True,
-                      green=cert["verdict"].startswith("conformant"), red=cert["verdict"] == "not-conformant",
-                      yellow=cert["verdict"] in ("partial", "incomplete", "inconclusive"))
-        tr.write_line(f"verdict: {cert['verdict']}: {cert['verdict_reason']}")
-        not_run = cert["run"].get("not_run") or []
-        if not_run:
-            tr.write_line(f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
-                          yellow=True)
-            for entry in not_run:
-                tr.write_line(f"  {entry['id']}: {entry['reason']}", yellow=True)
-        tr.write_line(f"exit status {cert['run']['exit_status']} ({cert['verdict']}; SPEC 4.4.9)")
-        tr.write_line(_profile_line(cert["profile"]))
-        hyp = cert["run"]["hypothesis"]
-        if hyp:
-            s = hyp["settings"]
-            tr.write_line(f"hypothesis profile {hyp['profile']} (max_examples={s.get('max_examples')}, "
-                          f"derandomize={s.get('derandomize')})")
-        if cert["capability_skips"]:
-            tr.write_line("skipped for missing capabilities: "
-                          + ", ".join(f"{cap} {n}" for cap, n in cert["capability_skips"].items()))
-        for note in cert["notes"]:
-            tr.write_line(f"note: {note}", yellow=True)
-        if cert["stale_expected_failures"]:
-            tr.write_line("stale expected failures (match no test): " + ", ".join(cert["stale_expected_failures"]),
-                          yellow=True)
-        for clause, counts in cert["clauses"].items():
-            if counts.get("failed") or counts.get("error") or counts.get("xfailed") or counts.get("xpassed"):
-                detail = ", ".join(f"{counts[k]} {k}" for k in certificate.OUTCOMES if counts.get(k))
-                tr.write_line(f"  SPEC {clause}: {detail}")
-        passing = sum(1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed")))
-        tr.write_line(f"clauses: {passing} of {len(cert['clauses'])} without failures")
-        if instead_of is not None:
-            tr.write_line(f"certificate: {path} (not a complete run, so not written to {instead_of})", yellow=True)
-        else:
-            tr.write_line(f"certificate: {path}")
+        for text, markup in terminal_summary.lines(cert, path, instead_of):
+            tr.write_line(text, **markup)

@@ -200,7 +200,9 @@ class Checkpoints:
                 self._made[key] = (None, failure)
         value, failure = self._made[key]
         if failure is not None:
-            raise RuntimeError(f"{key} failed on the ranks (made once, reported by every test using it):\n{failure}")
+            error = RuntimeError(f"{key} failed on the ranks (made once, reported by every test using it):\n{failure}")
+            error.rank_failure = failure  # where each rank failed, for the certificate (SPEC 4.4.8)
+            raise error
         return value
 
     def saved(self, spec: str, model: str, world: int) -> tuple[Path, dict]:

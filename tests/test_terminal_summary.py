@@ -1,0 +1,98 @@
+"""The terminal summary leads with what did not pass, where, and how to rerun it, then the margins
+near their bounds (SPEC 4.4.12, 4.4.8, 4.5.5), as issue 22 asked: the summary did not repeat the
+near-bound margins the README promised (fast's fp16 pinned updates at 92-97 % of their bound).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from pathlib import Path
+
+from gefen_conformance.plugin import terminal_summary
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "certificates"
+WHERE = "rank 2: gefen_conformance/suite/test_dcp_reshard.py:131 in _check_restored (innermost: x.py:1 in f)"
+
+
+def _cert(name: str) -> dict:
+    path = REPO / "certificates" / name if (REPO / "certificates" / name).exists() else FIXTURES / name
+    cert = json.loads(path.read_text())
+    cert["run"].setdefault("exit_status", 0)
+    return cert
+
+
+def _text(cert: dict, **kwargs) -> list:
+    return [text for text, _ in terminal_summary.lines(cert, **kwargs)]
+
+
+def test_failures_come_right_after_the_verdict_each_with_clauses_reason_where_and_rerun_command():
+    cert = _cert("mutant-beta-rounding.json")
+    cert["implementation"]["spec"] = "tests.mutants:beta_rounding"
+    failing = next(t for t in cert["tests"] if t["outcome"] == "error")
+    failing["where"] = [WHERE]
+    lines = _text(cert, path=Path("c.json"))
+    assert lines[0].startswith("tests.mutants:beta_rounding 0.1.0: not-conformant")
+    assert lines[1].startswith("verdict: not-conformant") and lines[2] == "did not pass (4):"
+    at = lines.index(f"  ERRORED {failing['id']}  (SPEC {', '.join(failing['clauses'])})")
+    assert lines[at + 1].strip() == failing["reason"].splitlines()[0]
+    assert lines[at + 2].strip() == WHERE
+    rerun = lines[at + 3].strip()
+    assert rerun == f"rerun: pytest --impl=tests.mutants:beta_rounding {shlex.quote(failing['id'])}"
+    failed = [t for t in cert["tests"] if t["outcome"] in ("failed", "error")]
+    assert all(any(t["id"] in line for line in lines[2:at + 20]) for t in failed)
+    # the summary's other parts follow the failures
+    assert lines.index("exit status 1 (not-conformant; SPEC 4.4.9)") > at + 3
+    assert lines[-1] == "certificate: c.json"
+
+
+def test_a_rerun_command_without_a_recorded_spec_names_the_implementation():
+    cert = _cert("mutant-beta-rounding.json")
+    cert["implementation"].pop("spec", None)
+    assert any(line.strip().startswith("rerun: pytest --impl=tests.mutants:beta_rounding ") for line in _text(cert))
+
+
+def test_every_comparison_near_its_bound_is_listed_with_its_test_and_clauses():
+    cert = _cert("fast-0.1.0.json")
+    lines = _text(cert)
+    head = next(i for i, line in enumerate(lines) if line.startswith("near their bound"))
+    assert lines[head] == "near their bound (at least 90 % of it): 4 tolerance comparison(s)"
+    listed = lines[head + 1:head + 5]
+    assert listed[0].split()[:2] == ["97.2", "%"] and "test_pinned_block_step[plain-torch.float16-pinned-after-3]" in listed[0]
+    assert all("pinned step: parameter update (fp16)" in line and "(SPEC 1.8, 1.7, 1.4, 1.10.7, 1.12.8, 5.6)" in line
+               for line in listed)
+    assert [float(line.split()[0]) for line in listed] == sorted((float(line.split()[0]) for line in listed), reverse=True)
+    assert "did not pass" not in "\n".join(lines)  # fast is conformant
+
+
+def test_a_comparison_outside_its_bound_is_near_it_too_and_listed_first():
+    cert = copy.deepcopy(_cert("fast-0.1.0.json"))
+    cert["tests"][0]["margins"] = [{"kind": "tolerance", "what": "blown", "error": 1.0, "bound": 0.1, "used": None}]
+    near = terminal_summary.near_bound(cert)
+    assert near[0][:3] == (None, cert["tests"][0]["id"], "blown") and len(near) == 5
+    assert any(line.split()[0] == "outside" and "blown" in line for line in _text(cert))
+
+
+def test_tests_that_did_not_run_here_are_grouped_by_reason():
+    cert = _cert("reference-partial.json")
+    reason = "needs 4 ranks; the torchrun launcher runs at most 1"
+    ids = [t["id"] for t in cert["tests"][:3]]
+    for t in cert["tests"][:3]:
+        t["outcome"], t["reason"] = "skipped", reason
+    cert["run"]["not_run"] = [{"id": i, "reason": reason} for i in ids]
+    lines = _text(cert)
+    head = lines.index("did not run here, so the run cannot be conformant (SPEC 4.4.2): 3 suite tests")
+    assert head == 2 and lines[head + 1] == f"  {reason} (3):"
+    assert [line.split()[0] for line in lines[head + 2:head + 5]] == ids
+
+
+def test_expected_failures_are_apart_from_failures():
+    cert = _cert("fast-run1.json")
+    lines = _text(cert)
+    expected = [t for t in cert["tests"] if t["outcome"] == "xfailed"]
+    head = next(i for i, line in enumerate(lines) if line.startswith("expected failures ("))
+    assert lines[head].startswith(f"expected failures ({len(expected)}, declared")
+    assert all(any(line.strip().startswith(t["id"]) for line in lines[head:]) for t in expected)
+    assert "did not pass" not in "\n".join(lines)
