@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 import warnings
 from functools import lru_cache
 
@@ -62,7 +63,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def handles(param: torch.Tensor, grad: torch.Tensor) -> bool:
     """True when a CPU kernel updates this (local) parameter."""
     return (
-        param.device.type == "cpu" and grad.device.type == "cpu"
+        param.is_cpu and grad.is_cpu
         and param.dtype in KERNEL_DTYPES and grad.dtype == param.dtype
         and param.numel() == grad.numel()
         and available()
@@ -81,6 +82,13 @@ class CodewordTables:
         self._structs = {}
 
     def get(self, codebook: torch.Tensor, grad_dtype: torch.dtype) -> native.Table:
+        return self._entry(codebook, grad_dtype)[0]
+
+    def address(self, codebook: torch.Tensor, grad_dtype: torch.dtype) -> int:
+        """The address of :meth:`get`'s struct (alive as long as this table is current)."""
+        return self._entry(codebook, grad_dtype)[4]
+
+    def _entry(self, codebook: torch.Tensor, grad_dtype: torch.dtype) -> tuple:
         if codebook is not self._codebook or codebook._version != self._version:
             self._table = codeword_table.build(codebook)
             self._codebook, self._version = codebook, codebook._version
@@ -92,15 +100,16 @@ class CodewordTables:
             search = self._table.codebook
             struct = native.Table(cells.ctypes.data, decode.ctypes.data, search.ctypes.data,
                                   int(self._table.use_cells))
-            entry = self._structs[grad_dtype] = (struct, cells, decode, search)  # arrays live with the struct
-        return entry[0]
+            # arrays live with the struct
+            entry = self._structs[grad_dtype] = (struct, cells, decode, search, ctypes.addressof(struct))
+        return entry
 
 
 def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> int:
     """The address of a live state tensor, made contiguous in place of the original if it is not;
     its size and dtype checked, because the kernels write ``numel`` elements through it."""
     t = state[key]
-    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.numel() != numel or t.device.type != "cpu":
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.numel() != numel or not t.is_cpu:
         raise _Unsuitable(key)
     if not t.is_contiguous():
         t = state[key] = t.contiguous()
@@ -109,12 +118,6 @@ def _state(state: dict, key: str, numel: int, dtype: torch.dtype) -> int:
 
 class _Unsuitable(Exception):
     """The state does not have the layout the kernels write through; the torch step takes it."""
-
-
-def _hyper(hyper, bias2_operand: float, bc1: float, decay: float, apply_decay: bool) -> native.Hyper:
-    """Field by field: w, beta2, 1 - beta2, the bias-2 operand, eps, 1/bc1, lr, decay (``native.Hyper``)."""
-    return native.Hyper(1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bias2_operand, hyper.eps, 1.0 / bc1,
-                        hyper.lr, decay, int(apply_decay))
 
 
 class _Buffers:
@@ -150,7 +153,8 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 class Pending:
-    """One parameter's prepared step: the kernel's work item and what to commit after it ran."""
+    """One parameter's prepared step: the kernel's work item (a packed ``native.Work``) and what to
+    commit after it ran."""
 
     __slots__ = ("work", "buffers", "state", "counter")
 
@@ -196,13 +200,45 @@ def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: Codewo
     bc2 = 1 - hyper.beta2 ** (state[counter] + 1)
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
-    work = native.Work(
+    fields = (
         buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices, magnitude, vmean, v_row, v_col,
-        ctypes.pointer(tables.get(codebook, grad.dtype)), blocks, period, rows, cols,
-        _hyper(hyper, bc2 if factored else math.sqrt(bc2), bc1, decay, buffers.apply_decay),
-        buffers.dtype_code, int(factored),
+        tables.address(codebook, grad.dtype), blocks, period, rows, cols,
+        1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bc2 if factored else math.sqrt(bc2), hyper.eps,
+        1.0 / bc1, hyper.lr, decay, int(buffers.apply_decay), buffers.dtype_code, int(factored),
     )
-    return Pending(work, buffers, state, counter)
+    return Pending(_pack_work(fields), buffers, state, counter)
+
+
+#: ``native.Work`` as packed bytes: building a ctypes structure per parameter and step cost more
+#: than the kernels' Python side needs (measured at 4.2M parameters, 8 tensors: benchmarks/README.md).
+_WORK = struct.Struct("=8Q4q8f3i4x")
+
+
+def _check_layout() -> None:
+    """The packed layout is ``native.Work``'s, field by field (else the ctypes structure is used)."""
+    names = [name for name, _ in native.Work._fields_ if name != "h"]
+    offsets = [getattr(native.Work, name).offset for name in names]
+    hyper = native.Work.h.offset
+    expected = [8 * i for i in range(8)] + [64 + 8 * i for i in range(4)] + [hyper + 36, hyper + 40]
+    hyper_offsets = [getattr(native.Hyper, name).offset for name, _ in native.Hyper._fields_]
+    if (_WORK.size != ctypes.sizeof(native.Work) or offsets != expected or hyper != 96
+            or hyper_offsets != [4 * i for i in range(9)]):
+        raise AssertionError("gefen_fast: native.Work does not have the packed layout")
+
+
+_check_layout()
+
+
+def _pack_work(fields: tuple) -> bytes:
+    """The bytes of one ``native.Work``: the same fp32 roundings as ctypes' (a C cast of the double);
+    a value beyond fp32's range, which struct refuses, goes through the ctypes structure (infinity)."""
+    try:
+        return _WORK.pack(*fields)
+    except (struct.error, OverflowError):
+        (p, g, idx, mag, vmean, v_row, v_col, tab, blocks, period, rows, cols, *hyper, dtype, factored) = fields
+        work = native.Work(p, g, idx, mag, vmean, v_row, v_col, ctypes.cast(tab, ctypes.POINTER(native.Table)),
+                           blocks, period, rows, cols, native.Hyper(*hyper), dtype, factored)
+        return bytes(work)
 
 
 def run(batch: list) -> None:
@@ -210,7 +246,7 @@ def run(batch: list) -> None:
     If the kernels cannot allocate their scratch memory, nothing has changed."""
     if not batch:
         return
-    items = (native.Work * len(batch))(*(pending.work for pending in batch))
+    items = (native.Work * len(batch)).from_buffer_copy(b"".join(pending.work for pending in batch))
     status = native.library().gefen_step_batch(items, len(batch), torch.get_num_threads())
     if status == -1:
         raise MemoryError("gefen_fast: the step kernels could not allocate their scratch memory")

@@ -64,12 +64,38 @@ def test_ordinary_gradients_are_decided_by_the_bounds():
     assert period_search.decisions["reference"] == before["reference"]
 
 
-def test_near_ties_go_to_the_reference():
-    """A constant gradient has all variances at rounding noise: the bounds cannot decide, numpy does."""
-    before = period_search.decisions["reference"]
+def test_near_ties_are_decided_by_numpys_own_scores():
+    """A constant gradient has all variances at rounding noise: the bounds cannot decide, numpy's scores do."""
+    before = dict(period_search.decisions)
     grad = _gradient("constant", 4096, 0)
     assert period_search.search_period(grad) == search_period(squared_gradient(grad))
-    assert period_search.decisions["reference"] == before + 1
+    assert period_search.decisions["refined"] == before["refined"] + 1
+    assert period_search.decisions["bounds"] == before["bounds"]
+    assert period_search.decisions["reference"] == before["reference"]
+
+
+@pytest.mark.parametrize("kind", ["randn", "columns", "rows", "periodic", "constant"])
+def test_refinement_from_no_knowledge_is_the_reference(kind):
+    """With enclosures that say nothing, the refinement computes numpy's scores until the winner is proven."""
+    grad = _gradient(kind, 4096 * 3, 7)
+    x = squared_gradient(grad)
+    candidates = period_search.proper_divisors(len(x))
+    lo_e, hi_e = [0.0] * len(candidates), [1e300] * len(candidates)
+    index, computed = period_search.refine(x, candidates, lo_e, hi_e)
+    expected = search_period(x)
+    assert (1 if candidates[index] < 8 else candidates[index]) == expected
+    assert computed >= 1
+
+
+def test_big_matrices_are_refined_on_the_contested_scores_only():
+    """At 4096 x 4096 the largest periods' scores differ by less than the bound: a few numpy scores decide."""
+    g = torch.Generator().manual_seed(100)
+    grad = torch.randn(4096, 4096, generator=g) * 1e-3 * (1.0 + torch.arange(4096) % 5)
+    before = dict(period_search.decisions)
+    period = period_search.search_period(grad)
+    assert period_search.decisions["refined"] == before["refined"] + 1
+    assert period_search.decisions["refined_scores"] - before["refined_scores"] <= 4  # of 24 candidates
+    assert period == search_period(squared_gradient(grad))
 
 
 @pytest.mark.parametrize("layout", ["transposed", "strided", "channels_last", "view_of_flat_buffer"])
