@@ -7,7 +7,10 @@ shorter than the deadline so that peers of a failed rank error out first) and ``
 arguments of :func:`gefen_conformance.harness.launch.run` and
 :func:`gefen_conformance.harness.pool.run_on_ranks`, their defaults are stated here only, and a
 bad value is refused here (``ValueError``; ``TypeError`` for what cannot be pickled) before any
-rank starts. :meth:`Call.finish` turns the ranks' outcomes into the
+rank starts. An :class:`~gefen_conformance.implementations.contract.Implementation` among the
+arguments reaches each rank as that rank process's own, resolved there once
+(:func:`gefen_conformance.implementations.registry.resolve`), so a rank body takes the
+implementation itself rather than its name. :meth:`Call.finish` turns the ranks' outcomes into the
 call's result, the same way under every launcher. Cheap to import (no torch).
 """
 

@@ -192,12 +192,13 @@ def _prepare(job: Job, control, options, device) -> str | None:
     torch's lazy imports, the implementation's ``prepare``), posted as ``prepared/<rank>`` with
     its time; what it raised, as text, or None."""
     from gefen_conformance.harness.exception_text import format_exception
+    from gefen_conformance.implementations import registry
     from gefen_conformance.plugin import warmup
 
     started = time.monotonic()
     error = None
     try:
-        warmup.prepare_rank(options.impl, device=device)
+        warmup.prepare_rank(registry.resolve(options.impl), device=device)
     except Exception as exc:  # noqa: BLE001 - every call this rank takes part in reports it
         error = f"rank {job.rank}: preparing the implementation failed before any call:\n{format_exception(exc)}"
     control.set(f"prepared/{job.rank}", dumps({"seconds": time.monotonic() - started, "error": error}))
