@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, launch, pool as ranks, world
+from gefen_conformance.harness import deadlines, launch, pool as ranks, pool_worker, world
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import WorldOfOne, world_mesh
 from tests import _fake_workers
@@ -246,13 +246,6 @@ def test_the_pool_launcher_keeps_run_on_ranks_semantics():
 # --------------------------------------------------------------------------------------------
 
 
-class _FakeWorkerModule:
-    SINGLE_THREAD_ENV = ranks._rank_worker.SINGLE_THREAD_ENV
-
-    def __init__(self, target):
-        self.worker_main = target
-
-
 @pytest.fixture
 def fresh_pool():
     ranks.shutdown_pool()  # no idle workers: the next call starts new ones
@@ -261,7 +254,7 @@ def fresh_pool():
 
 
 def test_a_worker_that_dies_during_start_up_is_reported(fresh_pool, monkeypatch):
-    monkeypatch.setattr(ranks, "_rank_worker", _FakeWorkerModule(_fake_workers.dies_before_ready))
+    monkeypatch.setattr(pool_worker, "worker_main", _fake_workers.dies_before_ready)
     with pytest.raises(RankFailure, match="failed to start") as info:
         ranks.run_on_ranks(_world_size_only, 2, timeout=30)
     assert [(o.status, o.exitcode) for o in info.value.outcomes] == [("died", 5), ("died", 5)]
@@ -269,9 +262,9 @@ def test_a_worker_that_dies_during_start_up_is_reported(fresh_pool, monkeypatch)
 
 
 def test_a_worker_that_never_becomes_ready_is_dumped_and_killed(fresh_pool, monkeypatch):
-    monkeypatch.setattr(ranks, "_rank_worker", _FakeWorkerModule(_fake_workers.never_ready))
+    monkeypatch.setattr(pool_worker, "worker_main", _fake_workers.never_ready)
     # Long enough for the forked stand-in to install its dump handler on a busy machine.
-    monkeypatch.setattr(ranks, "_STARTUP_TIMEOUT_S", 4.0)
+    monkeypatch.setenv("GEFEN_RANKS_STARTUP_TIMEOUT", "4")
     start = time.monotonic()
     with pytest.raises(RankFailure, match="failed to start") as info:
         ranks.run_on_ranks(_world_size_only, 1, timeout=30)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, pool as ranks
+from gefen_conformance.harness import deadlines, pool as ranks, pool_processes
 from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
 
 from .interrupt_probe import default_signals
@@ -496,7 +496,7 @@ def test_interrupted_or_killed_caller_leaves_no_workers(tmp_path):
 
 
 def test_stale_pool_dirs_of_dead_owners_are_removed(tmp_path, monkeypatch):
-    monkeypatch.setattr(ranks.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(pool_processes.tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen(["true"])
     dead.wait()  # reaped: its pid now belongs to no process
     stale = tmp_path / f"gefen-ranks-{dead.pid}-abc"
@@ -504,5 +504,5 @@ def test_stale_pool_dirs_of_dead_owners_are_removed(tmp_path, monkeypatch):
     foreign = tmp_path / "gefen-ranks-abc123"  # no owner pid in the name: never touched
     for path in (stale, alive, foreign):
         path.mkdir()
-    ranks._remove_stale_pool_dirs()
+    pool_processes.remove_stale_pool_dirs()
     assert not stale.exists() and alive.exists() and foreign.exists()

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from gefen_conformance import cli
-from gefen_conformance.harness import launch, torchrun
+from gefen_conformance.harness import launch, torchrun, torchrun_job, torchrun_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "tests/torchrun_probe.py"
@@ -99,7 +99,7 @@ def test_the_rank_entry_point_refuses_to_run_outside_torchrun(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="must be started by torchrun: RANK, WORLD_SIZE"):
-        torchrun.Job()
+        torchrun_job.Job()
 
 
 def test_rank_zero_runs_pytest_without_xdist_and_with_temp_dirs_in_the_run_directory():
@@ -113,7 +113,7 @@ def test_rank_zero_runs_pytest_without_xdist_and_with_temp_dirs_in_the_run_direc
 def test_the_launcher_describes_the_job_for_the_certificate():
     job = argparse.Namespace(world_size=4)
     hellos = {r: {"node_rank": r // 2, "device_name": f"cuda:{r % 2}", "pid": 100 + r} for r in range(4)}
-    launcher = torchrun.TorchrunLauncher(job, None, None, torch.device("cuda"), "nccl", hellos)
+    launcher = torchrun_launcher.TorchrunLauncher(job, None, None, torch.device("cuda"), "nccl", hellos)
     assert launcher.execution() == launch.Execution("torchrun", 2, 4, 4, "nccl", "cuda",
                                                     ("node0/cuda:0", "node0/cuda:1", "node1/cuda:0", "node1/cuda:1"))
     with launch.using(launcher):

@@ -1,26 +1,12 @@
-"""Deadlines that a slow machine stretches and a hung rank does not escape (SPEC 4.2.10-4.2.12).
+"""Deadlines that a slow machine stretches and a hung rank does not escape (SPEC 4.2.10).
 
-A bound of the harness ("this call finishes within 60 s", "the other ranks report within 5 s of
-the first failure", "a worker is ready within 120 s") is stated in *quiet seconds*: the time the
-work takes on this machine when it has a CPU for each runnable process. A :class:`Deadline` counts
-quiet seconds on a clock that runs slower while the machine is oversubscribed:
-
-    d(quiet) = d(wall) / stretch,   stretch = clamp(others / cpus, 1, MAX_STRETCH)
-
-``others`` is the number of runnable threads on the machine other than the one looking (the
-kernel's instantaneous count, ``/proc/loadavg``'s fourth field, minus one), sampled every time a
-supervisor wakes up (at least every :data:`SAMPLE_S`); ``cpus`` is the CPUs this process may run
-on. Under the kernel's fair scheduler a runnable process gets about ``cpus / runnable`` of a CPU,
-so a correct rank's work takes ``stretch`` times longer in wall time, and so does its deadline. A
-hung rank (asleep, deadlocked, blocked on a dead peer) is not helped: the deadline still passes,
-after at most ``MAX_STRETCH`` times its quiet length, and on a quiet machine exactly at it.
-
-Every bound is also multiplied by the run's *deadline scale* (:func:`scale`, default 1; pytest
-``--gefen-deadline-scale``, ``gefen-conformance certify --deadline-scale``), for what the load
-clock cannot see: a CPU much slower per core than a 2-core 2.4 GHz EPYC VM, an emulator, a
-sanitizer build, a container whose CPU quota is smaller than its affinity mask.
-
-Where ``/proc/loadavg`` does not exist, the 1-minute load average stands in for ``others``.
+Every bound of the harness is stated in *quiet seconds* and counted by a :class:`Deadline` on a
+clock that advances by the wall time divided by the machine's stretch (runnable threads other
+than the waiter per CPU, clamped to 1 .. :data:`MAX_STRETCH`, sampled whenever the waiter wakes,
+at least every :data:`SAMPLE_S`), times the run's deadline scale (:func:`scale`, set by
+:func:`set_scale` and exported to child processes as ``GEFEN_DEADLINE_SCALE``). A bound that must
+be fixed in wall time in advance (gloo's collective timeout) is :func:`wall_bound`. SPEC 4.2.10
+gives the formula and why it neither takes a slow rank for a hung one nor lets a hung one escape.
 """
 
 from __future__ import annotations
@@ -90,7 +76,8 @@ def _cpus() -> int:
 
 
 def _others() -> float:
-    """Runnable threads on the machine other than the caller."""
+    """Runnable threads on the machine other than the caller (`/proc/loadavg`'s fourth field; the
+    1-minute load average where that file does not exist)."""
     try:
         with open("/proc/loadavg", "rb") as handle:
             running = handle.read().split()[3].split(b"/")[0]

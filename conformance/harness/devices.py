@@ -10,8 +10,9 @@ One vocabulary for every launcher:
 * :func:`available` counts the devices of a type, so a scenario needing more ranks than devices is
   skipped with :func:`shortage` as its reason.
 
-The reference always runs on CPU (:func:`conformance.workload.device_for`); only the
-implementation's side moves.
+The reference always runs on CPU (:func:`gefen_conformance.workload.models.device_for`); only the
+implementation's side moves. Process state, only through :func:`select` and :func:`selected`: the
+run's device.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 
 import torch
 
-__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "names", "parse", "select",
+__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "name_of", "names", "parse", "select",
            "selected", "shortage"]
 
 
@@ -109,10 +110,15 @@ def names(device: torch.device, ranks: int | None = None) -> tuple[str, ...]:
         return ("cpu",)
     first = device.index or 0
     count = max(available(device.type) - first, 0) if ranks is None else ranks
-    return tuple(_named(torch.device(device.type, first + i)) for i in range(count))
+    return tuple(name_of(torch.device(device.type, first + i)) for i in range(count))
 
 
-def _named(device: torch.device) -> str:
+def name_of(device: torch.device) -> str:
+    """``type:index`` followed by the hardware's name where torch reports one (``"cuda:0 NVIDIA
+    H200"``); ``cpu`` for CPU."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
     module = getattr(torch, device.type, None)
     getter = getattr(module, "get_device_name", None)
     try:

@@ -1,22 +1,19 @@
-"""Run a scenario's rank body on the active launcher (SPEC 4.2.5-4.2.7).
+"""Run a scenario's rank body on the active launcher: the one launcher contract (SPEC 4.2.5-4.2.7).
 
-A scenario calls :func:`run` exactly as it would call ``gefen_conformance.harness.pool.run_on_ranks``: the
-same arguments, the same return values, the same :class:`~gefen_conformance.harness.pool.RankFailure` and
-:class:`~gefen_conformance.harness.pool.RankOutcome` statuses. Which processes run the ranks is the active
-launcher's business:
+A scenario calls :func:`run` with the arguments of a
+:class:`~gefen_conformance.harness.call.Call`, checked there once, and gets the same values,
+:class:`~gefen_conformance.harness.outcomes.RankOutcome` s and
+:class:`~gefen_conformance.harness.outcomes.RankFailure` under every launcher. A
+:class:`Launcher` is an object with ``run`` and ``execution()``: :class:`PoolLauncher` (the
+default, :mod:`gefen_conformance.harness.pool`) or torchrun's
+(:mod:`gefen_conformance.harness.torchrun_launcher`). :func:`execution` describes the active one
+for the certificate, :func:`unfit_reason` says why a scenario is too large for it (the caller
+skips it, :func:`skip_unless_fits`), and :func:`drain_world_sizes` hands over the sizes of the
+calls made since it was last asked (SPEC 4.6.5).
 
-* :class:`PoolLauncher` (the default): the local pool of :mod:`gefen_conformance.harness.pool`, a fresh gloo
-  world of ``world_size`` CPU processes per call;
-* another launcher (torchrun, where one job's world runs every scenario that fits it, each on a
-  subgroup) is installed process-wide with :func:`set_launcher`, or for a block with
-  :func:`using`.
-
-Inside the body, :func:`gefen_conformance.harness.world.current` says which rank, group, device and mesh to
-use. :func:`execution` describes the active launcher for the certificate, and
-:func:`unfit_reason` says why a scenario is too large for it (the caller skips it with that
-reason).
-:func:`drain_world_sizes` hands over the sizes of the calls made since it was last asked (the
-certificate lists the world sizes a run actually ran, SPEC 4.6.5).
+Process state, only through these functions: the active launcher (:func:`active`; replaced
+process-wide with :func:`set_launcher`, for a block with :func:`using`) and the world sizes run
+(:func:`drain_world_sizes`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from gefen_conformance.harness import devices, pool as ranks
+from gefen_conformance.harness import devices, pool
+from gefen_conformance.harness.call import Call
 
 __all__ = [
     "Execution",
@@ -80,28 +78,21 @@ class Launcher(Protocol):
     = rank), or the outcomes with ``allow_failure``, and raises ``RankFailure`` otherwise.
     """
 
-    def run(
-        self,
-        fn: Callable[..., Any],
-        world_size: int,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        *,
-        timeout: float,
-        allow_failure: bool,
-        pg_timeout: float | None,
-        failure_grace: float,
-    ) -> list: ...
+    def run(self, fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict[str, Any],
+            **bounds: Any) -> list:
+        """``bounds``: the keyword fields of :class:`~gefen_conformance.harness.call.Call`, every
+        one given (``timeout``, ``allow_failure``, ``pg_timeout``, ``failure_grace``)."""
+        ...
 
     def execution(self) -> Execution: ...
 
 
 class PoolLauncher:
     """The local pool of :mod:`gefen_conformance.harness.pool`, one fresh world per call, on the run's device
-    (:func:`conformance.devices.selected`): gloo ranks on CPU; on an accelerator one device per
+    (:func:`gefen_conformance.harness.devices.selected`): gloo ranks on CPU; on an accelerator one device per
     rank (rank r on ``type:index+r``) and that device's backend (NCCL for CUDA, SPEC 4.6.3)."""
 
-    run = staticmethod(ranks.run_on_ranks)
+    run = staticmethod(pool.run_on_ranks)
 
     def execution(self) -> Execution:
         device = devices.selected()
@@ -210,38 +201,21 @@ def _unfit(launcher: Launcher, world_size: int) -> str | None:
     )
 
 
-def run(
-    fn: Callable[..., Any],
-    world_size: int,
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-    *,
-    timeout: float = 60.0,
-    allow_failure: bool = False,
-    pg_timeout: float | None = None,
-    failure_grace: float = ranks.DEFAULT_FAILURE_GRACE_S,
-) -> list:
+def run(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+        **bounds: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of the active launcher.
 
-    Same contract as ``gefen_conformance.harness.pool.run_on_ranks``; in addition raises
+    ``bounds`` are the keyword fields of :class:`~gefen_conformance.harness.call.Call`
+    (``timeout``, ``allow_failure``, ``pg_timeout``, ``failure_grace``), checked there. Same
+    contract as :func:`gefen_conformance.harness.pool.run_on_ranks`; in addition raises
     :class:`WorldTooLarge` (a ``ValueError``) naming the reason when the launcher cannot run that
     many ranks.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    call = Call(fn, world_size, args, kwargs, **bounds)
     launcher = _ACTIVE
     reason = _unfit(launcher, world_size)
     if reason is not None:
         raise WorldTooLarge(reason)
     with _LOCK:
         _SIZES_RUN.add(world_size)
-    return launcher.run(
-        fn,
-        world_size,
-        tuple(args),
-        dict(kwargs or {}),
-        timeout=timeout,
-        allow_failure=allow_failure,
-        pg_timeout=pg_timeout,
-        failure_grace=failure_grace,
-    )
+    return launcher.run(call.fn, call.world_size, call.args, call.kwargs, **call.options())

@@ -62,7 +62,7 @@ class WorldOfOne:
     scratch directory for checkpoints; ``close()`` destroys the group if it made it.
 
     While open, a group it made is also the process's current World (rank 0 of 1, on the run's
-    device, :func:`conformance.devices.selected`: ``cpu`` unless ``--gefen-device`` chose another, whose
+    device, :func:`gefen_conformance.harness.devices.selected`: ``cpu`` unless ``--gefen-device`` chose another, whose
     backend the group then uses, SPEC 4.6.3), so a rank body runs in-process as it does under a
     launcher; ``die()`` raises there instead. In a
     process that already has a default group, it uses the current World, which must then be a

@@ -1,4 +1,5 @@
-"""One torchrun rank's part in one scenario call (private to :mod:`gefen_conformance.harness.torchrun`; SPEC 4.7.3).
+"""One torchrun rank's part in one scenario call (SPEC 4.7.3-4.7.4; used by
+:mod:`gefen_conformance.harness.torchrun_serve`).
 
 A scenario call of ``k`` ranks runs on global ranks ``0..k-1`` of the torchrun job (rank 0's part
 in the rank-0 server, a child of the process that runs pytest). Each of them runs ``fn`` in a
@@ -13,7 +14,8 @@ rather than a ``new_group`` of the job's world because DCP adapters (the referen
 given; it also means a call needs nothing from the ranks that do not take part, and a rank never
 joins a collective over the whole job.
 
-A rank's outcome is reported as a plain dict (the fields of ``gefen_conformance.harness.pool.RankOutcome``):
+The body runs as every launcher runs it (:func:`gefen_conformance.harness.rank_side.run_body`),
+and its outcome is the same plain report dict:
 
 * ``"ok"``: ``fn`` returned, the group was destroyed, the value pickled (``value``: the bytes);
 * ``"raised"``: an exception escaped ``fn``, the group set-up or teardown; the group's
@@ -25,7 +27,8 @@ A rank's outcome is reported as a plain dict (the fields of ``gefen_conformance.
   outcome stays "died" with ``exitcode`` ``code``;
 * ``"hung"``: ``fn`` was still running when the coordinator gave up on the call; every thread's
   stack is dumped with ``faulthandler`` into ``traceback``. The thread cannot be stopped, so the
-  rank never takes part in a call again and the job ends (:mod:`gefen_conformance.harness.torchrun`).
+  rank never takes part in a call again and the job ends
+  (:mod:`gefen_conformance.harness.torchrun_launcher`).
 """
 
 from __future__ import annotations
@@ -33,21 +36,14 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import os
-import pickle
-import random
 import socket
-import sys
 import tempfile
 import threading
 import traceback as traceback_module
 
-from gefen_conformance.harness.exception_text import format_exception, qualified_name, safe_str
-from gefen_conformance.harness.world import World, scope
+from gefen_conformance.harness import rank_side
 
 __all__ = ["Participation", "RankDied", "hung_report"]
-
-_INIT_COUNTER_KEY = "initialised"
-_INIT_DONE_KEY = "all-initialised"
 
 
 class RankDied(BaseException):
@@ -57,15 +53,6 @@ class RankDied(BaseException):
     def __init__(self, exitcode: int) -> None:
         super().__init__(exitcode)
         self.exitcode = exitcode
-
-
-def _exception_report(exc: BaseException, prefix: str = "") -> dict:
-    try:
-        exc_bytes = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException:  # noqa: BLE001 - an unpicklable exception still travels as text
-        exc_bytes = None
-    return {"status": "raised", "exc_type": qualified_name(type(exc)), "message": prefix + safe_str(exc),
-            "traceback": format_exception(exc), "exc_bytes": exc_bytes}
 
 
 def stacks_of_every_thread() -> str:
@@ -119,17 +106,8 @@ def _shut_down_connections(fds: set[int]) -> None:
             probe.close()
 
 
-def _reseed(torch) -> None:
-    """Fresh random state per call, as a pool rank gets (scenarios needing reproducible numbers seed)."""
-    random.seed()
-    torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
-
-
 class Participation:
-    """Rank ``rank``'s part in the call described by ``task`` (see :mod:`gefen_conformance.harness.torchrun`).
+    """Rank ``rank``'s part in the call described by ``task`` (see :mod:`gefen_conformance.harness.torchrun_serve`).
 
     ``pg_store`` is the store the call's process group rendezvouses on (a TCPStore client of this
     rank, not shared with the thread that watches the call). The rank takes the test process's
@@ -166,62 +144,31 @@ class Participation:
     # -- the call thread ------------------------------------------------------------------
 
     def _main(self) -> None:
-        import torch
         import torch.distributed as dist
 
         task = self.task
-        dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-        deterministic = torch.are_deterministic_algorithms_enabled()
-        stage = "unpickling fn/args/kwargs"
+        defaults = rank_side.TorchDefaults()
         try:
-            sys.path[:] = task["sys_path"]
-            try:
-                os.chdir(task["cwd"])
-            except OSError:
-                pass  # another node: the same checkout may live elsewhere
-            _reseed(torch)
-            fn, args, kwargs = pickle.loads(task["payload"])
-            stage = f"initialising the {task['backend']} process group"
-            self._init_group(torch, dist)
-            from gefen_conformance.harness.sharding import forget_dtensor_caches
-
-            forget_dtensor_caches()
-            world = World(rank=self.rank, size=task["world_size"], group=dist.group.WORLD, device=self.device,
-                          die_hook=self._die)
-            stage = "running fn"
-            with scope(world):
-                value = fn(*args, **kwargs)
-            stage = "destroying the process group"
-            self._release_group(dist)
-            stage = "pickling the return value"
-            self._report = {"status": "ok", "value": pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)}
+            rank_side.take_paths(task["sys_path"], task["cwd"])  # another node: the checkout may live elsewhere
+            rank_side.reseed()
+            self._report = rank_side.run_body(
+                task["payload"], rank=self.rank, world_size=task["world_size"], device=self.device,
+                backend=task["backend"], form_group=lambda: self._init_group(dist),
+                release_group=lambda: self._release_group(dist),
+                on_failure=lambda: self._release_group(dist, cut=True), die_hook=self._die)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, none escapes
-            self._release_group(dist, cut=True)
-            if self.died is None:
-                prefix = "" if stage == "running fn" else f"[while {stage}] "
-                self._report = _exception_report(exc, prefix)
+            self._report = rank_side.exception_report(exc, "[while taking the caller's paths] ")
         finally:
-            if torch.get_default_dtype() != dtype:
-                torch.set_default_dtype(dtype)
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-            if torch.are_deterministic_algorithms_enabled() != deterministic:
-                torch.use_deterministic_algorithms(deterministic)
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001
-                    pass
+            defaults.restore()
+            rank_side.flush_streams()
 
-    def _init_group(self, torch, dist) -> None:
+    def _init_group(self, dist) -> None:
         task = self.task
         if dist.is_initialized():
             raise RuntimeError(
                 f"rank {self.rank} already has a default process group (left by an earlier call that "
                 "hung?); a scenario call under torchrun forms its own default group")
-        setter = getattr(getattr(torch, self.device.type, None), "set_device", None)
-        if self.device.type != "cpu" and setter is not None:
-            setter(self.device)  # the rank's current device: NCCL's, and that of bodies' bare .cuda()
+        rank_side.make_current(self.device)
         timeout = datetime.timedelta(seconds=task["pg_timeout"])
         store = dist.PrefixStore(f"call/{task['call_id']}/pg/", self.pg_store)
         store.set_timeout(timeout)
@@ -231,11 +178,7 @@ class Participation:
         self._owns_group = True
         # gloo connects its full mesh during init: these are the group's connections (and listener)
         self._group_sockets = _socket_fds() - before
-        # Nobody starts fn before every rank has its group (see gefen_conformance.harness.pool_worker: a quick
-        # rank could otherwise tear its sockets down under a peer still connecting).
-        if store.add(_INIT_COUNTER_KEY, 1) == task["world_size"]:
-            store.set(_INIT_DONE_KEY, b"1")
-        store.wait([_INIT_DONE_KEY])
+        rank_side.wait_for_every_group(store, task["world_size"])
 
     def _release_group(self, dist, *, cut: bool = False) -> None:
         """Destroy the call's group if this rank still holds it; with ``cut``, first cut its

@@ -2,19 +2,20 @@
 
 A multi-rank scenario is a rank body plus a check on the values the ranks return, written once
 and run by whichever launcher is active (:mod:`gefen_conformance.harness.launch`): the local pool of
-:mod:`gefen_conformance.harness.pool` today, torchrun later. The body learns everything launcher-specific from
+:mod:`gefen_conformance.harness.pool`, or a torchrun job. The body learns everything launcher-specific from
 ``world.current()``, never from ``torch.distributed``'s defaults:
 
 * ``rank`` and ``size``: its rank within the scenario and the scenario's number of ranks;
 * ``group``: the process group to run collectives on and to pass to DCP as ``process_group=``
-  (the default group under the pool; under torchrun, the subgroup the scenario was given);
-* ``device``: the torch device of this rank's tensors (cpu under the pool);
+  (the call's own default group under either launcher, SPEC 4.2.9);
+* ``device``: the torch device of this rank's tensors (cpu, or the rank's accelerator, SPEC 4.6.3);
 * ``mesh``: a 1-D ``DeviceMesh`` over ``group`` in rank order, for ``Shard(0)`` parameters;
 * ``die(exitcode)``: end this rank as if it crashed mid-operation; the caller reports the rank
   "died" with that exit code.
 
-A launcher binds a World around each call with :func:`scope`. This module imports no torch at
-import time (the pool's worker imports it before torch is loaded).
+A launcher binds a World around each call with :func:`scope`; that binding is this module's only
+state, read through :func:`current` and :func:`bound`. This module imports no torch at import
+time (the pool's worker imports it before torch is loaded).
 """
 
 from __future__ import annotations
@@ -80,13 +81,13 @@ def current() -> World:
 
     Raises :class:`NoCurrentWorld` outside one: a rank body must be run through
     :func:`gefen_conformance.harness.launch.run` (or ``gefen_conformance.harness.pool.run_on_ranks``), or in-process inside
-    a ``conformance.sharding.WorldOfOne``.
+    a ``gefen_conformance.harness.sharding.WorldOfOne``.
     """
     if _CURRENT is None:
         raise NoCurrentWorld(
             "gefen_conformance.harness.world.current() was called outside a scenario call: no launcher has "
             "bound a World in this process (run the rank body through gefen_conformance.harness.launch.run, "
-            "or in-process inside a conformance.sharding.WorldOfOne)"
+            "or in-process inside a gefen_conformance.harness.sharding.WorldOfOne)"
         )
     return _CURRENT
 

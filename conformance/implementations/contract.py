@@ -135,3 +135,16 @@ class Implementation:
     def lacks(self, required: Iterable[Union[Capability, str]]) -> list:
         """The capabilities of ``required`` this implementation does not declare, in order."""
         return [c for c in map(Capability.parse, required) if c not in self.capabilities]
+
+    def resolved_as(self, spec: str) -> None:
+        """Remember the spec ``registry.resolve`` found this implementation under: it then pickles
+        as that spec, and unpickles as the receiving process's own resolution of it."""
+        object.__setattr__(self, "_spec", spec)
+
+    def __reduce_ex__(self, protocol):
+        spec = self.__dict__.get("_spec")
+        if spec is None:
+            return super().__reduce_ex__(protocol)
+        from gefen_conformance.implementations.registry import resolve
+
+        return (resolve, (spec,))

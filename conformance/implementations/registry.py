@@ -5,6 +5,10 @@ an import that raises anything at all, a missing attribute, a target that is not
 ``Implementation``, an ``Implementation`` that refuses its own fields) is one
 :class:`ImplementationError` whose message is one line naming the spec, the module and the cause.
 The plugin turns it into a usage error (exit status 4).
+
+An implementation is resolved once per process: :func:`resolve` keeps what it resolved, by spec,
+and an :class:`Implementation` it returned pickles as its spec, so a rank body given one receives
+its own process's instance, resolved there once (SPEC 4.2.11).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from importlib.metadata import entry_points
 from gefen_conformance.implementations.contract import Implementation
 
 ENTRY_POINT_GROUP = "gefen_conformance.implementations"
+
+#: this process's implementations, by the spec they were resolved from
+_RESOLVED: dict[str, Implementation] = {}
 
 
 class MissingPackage(ModuleNotFoundError):
@@ -97,9 +104,12 @@ def _load_target(spec: str, target: str) -> object:
 def resolve(spec: str) -> Implementation:
     """An :class:`Implementation` from a registered name or a ``package.module:attribute`` spec.
 
-    The attribute may be the instance or a zero-argument callable returning it.
-    Raises :class:`ImplementationError` for every way this can fail.
+    The attribute may be the instance or a zero-argument callable returning it. Resolved once
+    per process: a spec resolved before returns the same instance. Raises
+    :class:`ImplementationError` for every way this can fail (a failure is not kept).
     """
+    if isinstance(spec, str) and spec in _RESOLVED:
+        return _RESOLVED[spec]
     if not isinstance(spec, str) or not spec.strip():
         raise ImplementationError(str(spec), "", "no implementation named (give a registered name or package.module:attribute)")
     names = registered()
@@ -122,4 +132,6 @@ def resolve(spec: str) -> Implementation:
             raise ImplementationError(spec, module_name, f"calling {target}() failed: {_one_line(error)}") from None
     if not isinstance(obj, Implementation):
         raise ImplementationError(spec, module_name, f"{target} is a {type(obj).__name__}, not a gefen_conformance.Implementation")
+    obj.resolved_as(spec)
+    _RESOLVED[spec] = obj
     return obj

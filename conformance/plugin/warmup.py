@@ -14,8 +14,8 @@ suite run, before its first test:
 * for the pool's rank processes: has the fork server import the scenario modules and torch's
   lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`), starts the workers the
   largest scenario needs (none when no selected test runs rank bodies: :func:`runs_rank_bodies`),
-  and has every rank run :func:`prepare_rank` (resolve the implementation, call its ``prepare`` on
-  the rank's device) before its first call's deadline starts
+  and has every rank run :func:`prepare_rank` (the implementation, resolved once in the rank
+  process, has its ``prepare`` called on the rank's device) before its first call's deadline starts
   (``gefen_conformance.harness.pool.prepare_workers``);
 * torchrun ranks run :func:`prepare_rank` at start-up, before rank 0 starts pytest.
 
@@ -107,23 +107,27 @@ def warm_up_process(impl, device) -> WarmUp:
     return WarmUp(time.monotonic() - started, notes)
 
 
-def prepare_pool(impl_spec: str, workers: int) -> None:
+def prepare_pool(impl, workers: int) -> None:
     """Have the pool's rank processes preload the scenario modules and prepare the implementation
-    before their first call's deadline, and start ``workers`` of them now."""
-    from gefen_conformance.harness import pool as ranks
-
-    ranks.prepare_workers(RANK_PRELOAD, prepare_rank, (impl_spec,))
-    if workers:
-        ranks.start_workers(workers)
-
-
-def prepare_rank(impl_spec: str, *, device) -> None:
-    """One rank process's preparation (the pool runs it before the rank's first call on a
-    device; a torchrun rank at start-up): resolve the implementation, call its ``prepare``."""
-    import importlib
-
+    (an ``Implementation``, or its spec, resolved here once) before their first call's deadline,
+    and start ``workers`` of them now."""
+    from gefen_conformance.harness import pool
     from gefen_conformance.implementations import registry
+
+    if isinstance(impl, str):
+        impl = registry.resolve(impl)
+    pool.prepare_workers(RANK_PRELOAD, prepare_rank, (impl,))
+    if workers:
+        pool.start_workers(workers)
+
+
+def prepare_rank(impl, *, device) -> None:
+    """One rank process's preparation (the pool runs it before the rank's first call on a
+    device; a torchrun rank at start-up): the scenario modules imported, then the implementation's
+    ``prepare``. ``impl`` arrives as the rank's own resolution of the run's implementation (an
+    ``Implementation`` pickles as its spec and is resolved once per process)."""
+    import importlib
 
     for name in RANK_PRELOAD:
         importlib.import_module(name)
-    prepare_hook(registry.resolve(impl_spec), device)
+    prepare_hook(impl, device)

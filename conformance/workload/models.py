@@ -484,15 +484,20 @@ def pinned_step(make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_
                       state_to_cpu(copy.deepcopy(opt.state_dict())))
 
 
+def _group_hypers(group: dict) -> dict:
+    """A state dict's param group's hyperparameters as floats (a tensor lr included)."""
+    lr = group["lr"]
+    return dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(group["beta1"]),
+                beta2=float(group["beta2"]), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]))
+
+
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
     """The oracle's view (:class:`oracles.pinned_step.ParamStep`) of every parameter that stepped."""
     from gefen_oracles.pinned_step import ParamStep
 
     out = []
     for g in pinned_sd["param_groups"]:
-        lr = g["lr"]
-        hyper = dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(g["beta1"]),
-                     beta2=float(g["beta2"]), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]))
+        hyper = _group_hypers(g)
         for pid, name in zip(g["params"], g["param_names"]):
             if result.grads[name] is None:
                 continue
@@ -598,9 +603,7 @@ def param_runs(run: Run, *, factored_v_2d: bool) -> list:
     last = run.states[-1]
     out = []
     for g in last["param_groups"]:
-        lr = g["lr"]
-        hyper = dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(g["beta1"]),
-                     beta2=float(g["beta2"]), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]))
+        hyper = _group_hypers(g)
         for pid, name in zip(g["params"], g["param_names"]):
             taken = [t for t, grad in enumerate(run.grads[name]) if grad is not None]
             out.append(ParamRun(
@@ -617,16 +620,11 @@ def param_runs(run: Run, *, factored_v_2d: bool) -> list:
 #: elements (a local shard above 64Ki on one rank; 132 rows on two, 88 on three), beside
 #: :data:`BASE`'s small parameters, in :data:`BASE`'s groups and hyperparameters; ``head.weight``
 #: never gets a gradient (a fresh slot).
-WIDE = Model(
+WIDE = replace(
+    BASE,
     shapes={"big.weight": (264, 256), "enc.weight": (8, 24), "enc.bias": (24,), "head.weight": (16, 8)},
     groups=(("big.weight", "enc.bias"), ("enc.weight", "head.weight")),
-    init=per_name,
-    salt="init",
-    seed=crc32_seed("{name}:grad{step}"),
-    hypers=GROUP_HYPERS,
     structured=frozenset({"big.weight"}),
-    column_period=4,
-    frozen=frozenset({FRESH}),
 )
 
 __all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "native_state", "other_stream", "param_runs", "run_steps",
