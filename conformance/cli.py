@@ -8,6 +8,7 @@
     gefen-conformance golden compare [--impl NAME] [DIR]  save with NAME, compare with the goldens
     gefen-conformance report CERT [--format md|html] [--out PATH]   a certificate for people (SPEC 4.5)
     gefen-conformance diff OLD NEW [--margin-factor F ...]          exit 1 when NEW regressed (SPEC 4.5.4)
+    gefen-conformance repro CERT TEST_ID [--impl SPEC]              replay a failed comparison (SPEC 4.5.6)
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     from gefen_conformance.certificate import report_cli
 
     report_cli.add_subcommands(sub)
+    from gefen_conformance import repro
+
+    repro.add_subcommand(sub)
     return parser
 
 

@@ -68,6 +68,7 @@ class TestRecord:
     notes: list = field(default_factory=list)
     missing_capabilities: list = field(default_factory=list)
     not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
+    repro: Optional[bytes] = None  # a failed comparison's reproducer, written beside the certificate (SPEC 4.5.6)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Run:
             old.notes + [n for n in rec.notes if n not in old.notes],
             old.missing_capabilities or rec.missing_capabilities,
             (old.not_run or rec.not_run) and worst.outcome == "skipped",
+            rec.repro or old.repro,
         )
         self.records[rec.nodeid] = merged
 

@@ -32,6 +32,8 @@ _REASON = "gefen_conformance_reason"
 _WORLDS = "gefen_conformance_world_sizes"
 _WARM_UP = "gefen_conformance_warm_up"
 _NOT_RUN = "gefen_conformance_not_run_here"
+# a report attribute, not a user property: the bytes of a reproducer stay out of junit XML and logs
+_REPRO = "gefen_conformance_repro"
 # the skip reason of a missing capability, from the requires marker or from a test itself (SPEC 4.1.3)
 _LACKS = re.compile(r"lacks capability ([\w, -]+?)\s*$")
 
@@ -331,9 +333,10 @@ def pytest_runtestloop(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _run(item.config) is not None and in_suite(item.path):
-        from gefen_conformance.plugin import observations
+        from gefen_conformance.plugin import observations, reproducers
 
         observations.drain()  # whatever an earlier test left behind is not this test's
+        reproducers.clear()
 
 
 def _reason(report, call) -> str:
@@ -375,12 +378,27 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append((_OBSERVED, observations.drain()))
     report.user_properties.append((_REASON, _reason(report, call)))
     report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
+    if report.when == "call":
+        _attach_reproducer(item, report, run)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
     warm_up = run.take_warm_up_report()
     if warm_up is not None:  # this process's warm-up travels with its first report
         report.user_properties.append((_WARM_UP, warm_up))
     return report
+
+
+def _attach_reproducer(item, report, run) -> None:
+    """A failed test's reproducer (SPEC 4.5.6) rides on its report, also from an xdist worker."""
+    from gefen_conformance.harness import devices
+    from gefen_conformance.plugin import reproducers
+
+    clauses = [str(c) for m in item.iter_markers("clause") for c in m.args]
+    impl = {"name": run.impl.name, "version": run.impl.version, "spec": item.config.option.impl}
+    blob = reproducers.drain(item_id(item), clauses, impl, str(devices.selected()),
+                             keep=report.failed and not hasattr(report, "wasxfail"))
+    if blob is not None:
+        setattr(report, _REPRO, blob)
 
 
 def _outcome(report) -> str:
@@ -420,7 +438,8 @@ class _SessionHooks:
         run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, reason,
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
                               missing.group(1).split(", ") if missing else [],
-                              not_run=bool(props.get(_NOT_RUN)) and outcome == "skipped"))
+                              not_run=bool(props.get(_NOT_RUN)) and outcome == "skipped",
+                              repro=getattr(report, _REPRO, None) if outcome == "failed" else None))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo):

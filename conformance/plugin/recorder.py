@@ -65,7 +65,8 @@ class SuiteRun:
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
-                                                   "capabilities": sorted(impl.capabilities)})
+                                                   "capabilities": sorted(impl.capabilities),
+                                                   "spec": config.option.impl})
         self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
         self.deselected = 0
         self.written: Optional[tuple[Path, Optional[Path], dict]] = None
@@ -307,6 +308,9 @@ class SuiteRun:
             target = certificate.partial_path(requested)  # interrupted: never the path asked for (SPEC 4.4.5)
         else:
             target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
+        from gefen_conformance.certificate import repro_files
+
+        repro_files.write_beside(cert, target, {r.nodeid: r.repro for r in self.run.records.values() if r.repro})
         certificate.write(cert, target)
         self.written = (target, requested if target != requested else None, cert)
 
@@ -357,3 +361,9 @@ class SuiteRun:
             tr.write_line(f"certificate: {path} (not a complete run, so not written to {instead_of})", yellow=True)
         else:
             tr.write_line(f"certificate: {path}")
+        replayable = [t["id"] for t in cert["tests"] if t.get("repro")]
+        if replayable:
+            from gefen_conformance.certificate import repro_files
+
+            tr.write_line(f"reproducers of {len(replayable)} failed tests in {repro_files.directory_for(path)}: "
+                          f"gefen-conformance repro {shlex.quote(str(path))} {shlex.quote(replayable[0])}  (SPEC 4.5.6)")
