@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     from gefen_conformance.certificate import report_cli
 
     report_cli.add_subcommands(sub)
+    from gefen_conformance import repro
+
+    repro.add_subcommand(sub)
     return parser
 
 

@@ -24,7 +24,7 @@ import math
 import torch
 
 from . import kernel_bounds as kb
-from .numeric import Comparison, relative_comparison
+from .numeric import Comparison, relative_comparison, worst_elements
 from .pinned_step import DTYPE_NAMES, update_bias
 
 
@@ -58,6 +58,7 @@ def dense_momentum(what: str, label: str, expected: torch.Tensor, actual: torch.
         out.problems.append(f"{label}: {int((rel > factor).sum())} of {rel.numel()} elements deviate by more than "
                             f"{factor:.3e} of their scale; worst {worst:.3e} at flat index {i} ({a[i].item()!r} vs "
                             f"{e[i].item()!r})")
+        out.offenders = worst_elements(label, e, a, factor * s, shape=expected.shape)
     return out
 
 
@@ -98,6 +99,7 @@ def trajectory(name: str, dtype: torch.dtype, expected: list, actual: torch.Tens
         c.problems.append(f"parameter {name}: {int(bad.sum())} of {got.numel()} elements deviate from the reference "
                           f"by more than {factor:.3e} x the accumulated update {accumulated:.3e} plus {steps + 1} ulp; "
                           f"worst at flat index {i}: {got[i].item()!r} vs {ref[-1][i].item()!r}")
+        c.offenders = worst_elements(f"parameter {name}", ref[-1], got, allowed, shape=actual.shape)
     moved = ref[-1] - ref[0]
     visible = moved.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
     return c, ((got - ref[0])[visible], moved[visible], ref[0][visible])

@@ -8,9 +8,10 @@
   counters, names, identities, periods and hyperparameters stay exact in both profiles.
 
 Checkers return :class:`Comparison` objects (what was compared, worst error, the bound at that
-place, how many elements differed, the problems found) and never record anything themselves: the
-suite records them as margins (``conformance.observations``). :func:`profile_description` is what
-the certificate embeds: every rule and bound applied, in words and numbers.
+place, how many elements differed, the problems found, and for a failing one its worst elements,
+:class:`Offender`) and never record anything themselves: the suite records them as margins
+(``conformance.observations``) and ``gefen-conformance repro`` prints the offenders (SPEC 4.5.6).
+:func:`profile_description` is what the certificate embeds: every rule and bound applied, in words and numbers.
 """
 
 from __future__ import annotations
@@ -44,6 +45,70 @@ class Mismatch:
         return f"{self.what}: {self.detail}"
 
 
+#: How many of its worst elements a failing comparison keeps (:attr:`Comparison.offenders`).
+OFFENDERS = 10
+
+
+@dataclass(frozen=True)
+class Offender:
+    """One element of a failing comparison: the tensor it lies in (``label``), its index there,
+    the expected and observed values, and ``allowed``, the largest ``|observed - expected|`` the
+    bound admits at that element (0.0 in a bitwise comparison)."""
+
+    label: str
+    index: tuple
+    expected: float
+    observed: float
+    allowed: float
+
+    @property
+    def difference(self) -> float:
+        d = abs(self.observed - self.expected)
+        return math.inf if math.isnan(d) else d
+
+    @property
+    def share(self) -> float:
+        """``|observed - expected| / allowed`` (inf where nothing is allowed and they differ)."""
+        return _used(self.difference, self.allowed)
+
+
+def worst_elements(label: str, expected: torch.Tensor, observed: torch.Tensor, allowed, *, shape=None,
+                   bitwise: bool = False, count: int = OFFENDERS) -> list:
+    """The ``count`` elements of ``observed`` farthest outside their allowance ``allowed`` (a number
+    or a tensor of absolute differences, broadcast to ``expected``), worst first: by
+    ``|observed - expected| / allowed``, then by the difference. Elements equal to their expected
+    value are left out; ``bitwise`` compares bit patterns (signed zeros and NaN payloads differ).
+    ``shape`` (default ``expected``'s) turns flat positions into indices."""
+    e = expected.detach().cpu().reshape(-1)
+    o = observed.detach().cpu().reshape(-1)
+    shape = tuple(expected.shape if shape is None else shape)
+    if e.numel() == 0 or e.numel() != o.numel():
+        return []
+    if bitwise:
+        differs = differing_bits(e, o) if e.dtype == o.dtype else torch.ones(e.shape, dtype=torch.bool)
+    e, o = e.double(), o.double()
+    diff = (o - e).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    if not bitwise:
+        differs = diff > 0
+    room = torch.as_tensor(allowed, dtype=torch.float64).reshape(-1).expand_as(e) if torch.is_tensor(allowed) \
+        else torch.full_like(e, float(allowed))
+    share = torch.where(room > 0, diff / room, torch.full_like(diff, math.inf))
+    share = torch.where(differs, torch.nan_to_num(share, nan=math.inf), torch.zeros_like(share))
+    order = torch.argsort(diff, descending=True, stable=True)
+    order = order[torch.argsort(share[order], descending=True, stable=True)]
+    order = order[differs[order]][:count]
+    out = []
+    for i in order.tolist():
+        index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), shape)) if shape else ()
+        out.append(Offender(label, index, e[i].item(), o[i].item(), float(room[i])))
+    return out
+
+
+def _worst_of(offenders: list) -> list:
+    return sorted(offenders, key=lambda x: (x.share, x.difference), reverse=True)[:OFFENDERS]
+
+
 @dataclass
 class Comparison:
     """One compared quantity. ``kind`` is "tolerance" (``error`` and ``bound`` in one unit, the
@@ -57,6 +122,7 @@ class Comparison:
     differing: int = 0
     total: int = 0
     problems: list = field(default_factory=list)
+    offenders: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +171,7 @@ class Comparisons:
                 merged = Comparison(old.what, old.kind, old.error, old.bound, old.differing,
                                     old.total + (comparison.total if old.kind == "bitwise" else 0))
             merged.problems = old.problems + comparison.problems
+            merged.offenders = _worst_of(old.offenders + comparison.offenders)
             self._by_what[comparison.what] = merged
 
     def extend(self, comparisons: Iterable[Comparison]) -> None:
@@ -158,7 +225,9 @@ def bitwise_comparison(what: str, expected: torch.Tensor, actual, *, label: Opti
         return Comparison(what, "bitwise", total=total)
     same_form = torch.is_tensor(actual) and actual.dtype == expected.dtype and actual.shape == expected.shape
     differing = int(differing_bits(expected, actual).sum()) if same_form else total
-    return Comparison(what, "bitwise", differing=max(differing, 1), total=total, problems=[str(mismatch)])
+    offenders = worst_elements(label or what, expected, actual, 0.0, bitwise=True) if same_form else []
+    return Comparison(what, "bitwise", differing=max(differing, 1), total=total, problems=[str(mismatch)],
+                      offenders=offenders)
 
 
 def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor, rtol: torch.Tensor | float,
@@ -184,12 +253,13 @@ def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor,
     i = int(ratio.reshape(-1).argmax())
     error = float((err / scale).reshape(-1)[i]) if float(err.reshape(-1)[i]) > 0 else 0.0
     bound = float((allowed / scale).reshape(-1)[i])
-    problems = []
+    problems, offenders = [], []
     if bool(bad.any()):
         problems.append(f"{label}: {int(bad.sum())} of {e.numel()} elements outside the bound; worst at flat index {i}: "
                         f"{a.reshape(-1)[i].item()!r} vs {e.reshape(-1)[i].item()!r} (relative error {error:.3e}, "
                         f"bound {bound:.3e})")
-    return Comparison(what, "tolerance", error, bound, problems=problems)
+        offenders = worst_elements(label, e, a, allowed, shape=expected.shape)
+    return Comparison(what, "tolerance", error, bound, problems=problems, offenders=offenders)
 
 
 def profile_description(profile: Profile | str) -> dict:

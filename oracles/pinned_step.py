@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import kernel_bounds as kb
-from .numeric import Comparison, Comparisons, relative_comparison
+from .numeric import Comparison, Comparisons, relative_comparison, worst_elements
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
@@ -187,7 +187,8 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
     scale = magnitude.clamp_min(torch.finfo(torch.float64).tiny)
     out.add(_worst(_label("momentum magnitude", s.grad.dtype), f"{s.name}.m_magnitude",
-                   (got_magnitude - magnitude).abs() / scale, magnitude_error / scale))
+                   (got_magnitude - magnitude).abs() / scale, magnitude_error / scale,
+                   values=(magnitude, got_magnitude, magnitude_error), shape=s.after["m_magnitude"].shape))
 
     idx = s.after["m_codebook"].long().reshape(blocks, period)
     chosen = cb[idx]
@@ -197,13 +198,17 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     normalized_error = torch.where(
         safe, (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny) + 4 * kb.U,
         torch.full_like(exact, math.inf))
-    excess = (chosen - normalized).abs() - _nearest_distance(cb, normalized)
+    nearest = _nearest_distance(cb, normalized)
+    excess = (chosen - normalized).abs() - nearest
     allowed = 2 * normalized_error + 4 * kb.U
     judged = (got_magnitude > 0).expand(blocks, period)
     excess = torch.where(judged, excess.clamp_min(0.0), torch.zeros_like(excess))
+    # as elements: the chosen codeword against the exact normalized momentum, which it may miss by
+    # the nearest codeword's distance plus the allowance (unjudged blocks allow anything)
+    reach = torch.where(judged, nearest + allowed, torch.full_like(allowed, math.inf))
     out.add(_worst(_label("codeword choice", s.grad.dtype), f"{s.name}.m_codebook",
                    excess, torch.where(judged, allowed, torch.ones_like(allowed)),
-                   unit="beyond the nearest codeword's distance"))
+                   unit="beyond the nearest codeword's distance", values=(normalized, chosen, reach)))
     return (chosen * got_magnitude).reshape(-1)
 
 
@@ -233,7 +238,8 @@ def _update(s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: 
     beyond = ((p1 - expected).abs() - final).clamp_min(0.0)
     out.add(_worst(_label("parameter update", s.grad.dtype), s.name, beyond / update_scale,
                    (allowed - final) / update_scale,
-                   unit="of the block's update scale lr*stepsize*magnitude, beyond the final half ulp"))
+                   unit="of the block's update scale lr*stepsize*magnitude, beyond the final half ulp",
+                   values=(expected, p1, allowed), shape=s.p0.shape))
     observed = p0 * decay - p1
     visible = delta.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
     # A decay smaller than the decayed parameter's rounding is lost to it, always in the same
@@ -298,7 +304,13 @@ def _first_of_each_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return order[new]
 
 
-def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, unit: str = "relative") -> Comparison:
+def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, unit: str = "relative",
+           values=None, shape=None) -> Comparison:
+    """The comparison ``error <= allowed`` per element (both in one unit). ``values``: the same
+    check as ``(expected, observed, allowed |observed - expected|)`` in the result's own units, for
+    the worst elements of a failing comparison; ``shape``: the compared tensor's (default
+    ``error``'s)."""
+    shape = tuple(error.shape if shape is None else shape)
     error, allowed = error.reshape(-1), allowed.reshape(-1)
     if error.numel() == 0:
         return Comparison(what, "tolerance", 0.0, 0.0)
@@ -306,8 +318,10 @@ def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, un
     ratio = torch.where(allowed > 0, error / allowed, torch.where(error > 0, torch.full_like(error, math.inf), torch.zeros_like(error)))
     i = int(ratio.argmax())
     e, b = float(error[i]), float(allowed[i])
-    problems = []
+    problems, offenders = [], []
     if bool(bad.any()):
         problems.append(f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
                         f"index {i}: error {e:.3e} {unit}, bound {b:.3e}")
-    return Comparison(what, "tolerance", e, b, problems=problems)
+        if values is not None:
+            offenders = worst_elements(label, *values, shape=shape)
+    return Comparison(what, "tolerance", e, b, problems=problems, offenders=offenders)

@@ -102,6 +102,7 @@ class TestRecord:
     missing_capabilities: list = field(default_factory=list)  # capability tags, when a missing capability skipped it
     not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
     where: list = field(default_factory=list)  # "rank N: file:line in function" of the ranks that failed or hung
+    repro: Optional[bytes] = None  # a failed comparison's reproducer, written beside the certificate (SPEC 4.5.6)
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -138,6 +139,7 @@ class Run:
             old.missing_capabilities or rec.missing_capabilities,
             (old.not_run or rec.not_run) and worst.outcome == Outcome.SKIPPED,
             old.where + [w for w in rec.where if w not in old.where],
+            rec.repro or old.repro,
         )
         self.records[rec.nodeid] = merged
 

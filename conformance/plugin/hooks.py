@@ -39,6 +39,8 @@ _MISSING = "gefen_conformance_missing_capabilities"
 #: skipped, and its report carries them to the certificate's ``capability_skips``
 _MISSING_KEY = pytest.StashKey[list]()
 _WHERE = "gefen_conformance_where"
+# a report attribute, not a user property: the bytes of a reproducer stay out of junit XML and logs
+_REPRO = "gefen_conformance_repro"
 
 
 def pytest_addoption(parser):
@@ -342,9 +344,10 @@ def pytest_runtestloop(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _run(item.config) is not None and in_suite(item.path):
-        from gefen_conformance.plugin import observations
+        from gefen_conformance.plugin import observations, reproducers
 
         observations.drain()  # whatever an earlier test left behind is not this test's
+        reproducers.clear()
 
 
 def _reason(report, call) -> str:
@@ -395,12 +398,27 @@ def pytest_runtest_makereport(item, call):
         from gefen_conformance.plugin.rank_locations import where
 
         report.user_properties.append((_WHERE, where(call.excinfo.value)))  # the failed ranks' lines (SPEC 4.4.8)
+    if report.when == "call":
+        _attach_reproducer(item, report, run)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
     warm_up = run.take_warm_up_report()
     if warm_up is not None:  # this process's warm-up travels with its first report
         report.user_properties.append((_WARM_UP, warm_up))
     return report
+
+
+def _attach_reproducer(item, report, run) -> None:
+    """A failed test's reproducer (SPEC 4.5.6) rides on its report, also from an xdist worker."""
+    from gefen_conformance.harness import devices
+    from gefen_conformance.plugin import reproducers
+
+    clauses = [str(c) for m in item.iter_markers("gefen_clause") for c in m.args]
+    impl = {"name": run.impl.name, "version": run.impl.version, "spec": item.config.option.impl}
+    blob = reproducers.drain(item_id(item), clauses, impl, str(devices.selected()),
+                             keep=report.failed and not hasattr(report, "wasxfail"))
+    if blob is not None:
+        setattr(report, _REPRO, blob)
 
 
 def _outcome(report):
@@ -444,7 +462,8 @@ class _SessionHooks:
                               list(observed.get("margins", [])), list(observed.get("notes", [])),
                               list(props.get(_MISSING) or []) if skipped else [],
                               not_run=bool(props.get(_NOT_RUN)) and skipped,
-                              where=list(props.get(_WHERE) or ())))
+                              where=list(props.get(_WHERE) or ()),
+                              repro=getattr(report, _REPRO, None) if outcome == Outcome.FAILED else None))
 
 
     @pytest.hookimpl(optionalhook=True)

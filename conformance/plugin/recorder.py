@@ -326,6 +326,9 @@ class SuiteRun:
             target = certificate.partial_path(requested)  # interrupted: never the path asked for (SPEC 4.4.5)
         else:
             target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
+        from gefen_conformance.certificate import repro_files
+
+        repro_files.write_beside(cert, target, {r.nodeid: r.repro for r in self.run.records.values() if r.repro})
         certificate.write(cert, target)
         self.written = (target, requested if target != requested else None, cert)
 
@@ -346,3 +349,9 @@ class SuiteRun:
         tr.section("gefen conformance")
         for text, markup in terminal_summary.lines(cert, path, instead_of):
             tr.write_line(text, **markup)
+        replayable = [t["id"] for t in cert["tests"] if t.get("repro")]
+        if replayable:
+            from gefen_conformance.certificate import repro_files
+
+            tr.write_line(f"reproducers of {len(replayable)} failed tests in {repro_files.directory_for(path)}: "
+                          f"gefen-conformance repro {shlex.quote(str(path))} {shlex.quote(replayable[0])}  (SPEC 4.5.6)")

@@ -21,58 +21,29 @@ import torch
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.workload import models as workload
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step
-from gefen_oracles.numeric import Comparisons, bitwise_comparison
+from gefen_oracles import pinned_step
+from gefen_oracles.numeric import bitwise_comparison
 
-from gefen_conformance.suite import margins, reference_side
+from gefen_conformance.suite import margins, optimizer_cases, reference_side
 
 STEPS = reference_side.STEPS
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 PIN_POINTS = [pytest.param(0, id="pinned-codebook"), pytest.param(3, id="pinned-after-3")]
 
 
-def _group_hypers(trained) -> dict:
-    """name -> (beta1, beta2) of its group."""
-    return {name: (g["beta1"], g["beta2"]) for g in trained.optimizer.param_groups for name in g["param_names"]}
-
-
-def _trajectory_problems(impl, ours, theirs, dtype) -> list[str]:
-    """Free-running parameters: bitwise, or SPEC 5.6.10 (per element, and the displacement bias)."""
-    comparisons = Comparisons()
-    if numeric_profile.bitwise(impl):
-        for n in workload.OPTIMIZER.shapes:
-            comparisons.add(bitwise_comparison(f"free-running: parameters ({_dtype(dtype)})",
-                                               ours.history[n][-1], theirs.history[n][-1], label=f"parameter {n}"))
-        return margins.record(comparisons)
-    gap = codebook_quality.largest_gap(ours.optimizer.codebook)
-    betas = _group_hypers(ours)
-    displacements, systematic = [], 0.0
-    for n in workload.OPTIMIZER.shapes:
-        beta1, beta2 = betas[n]
-        factor = free_running.momentum_factor(STEPS, beta1, gap, dtype)
-        comparison, moved = free_running.trajectory(n, dtype, ours.history[n], theirs.history[n][-1], factor)
-        comparisons.add(comparison)
-        displacements.append(moved)
-        bound = kernel_bounds.second_moment(ours.params[n].numel(), dtype, beta2)
-        systematic = max(systematic, kernel_bounds.update(dtype, kernel_bounds.stepsize(bound)))
-    bias = free_running.displacement_bias(dtype, displacements, systematic)
-    if bias is not None:
-        comparisons.add(bias)
-    return margins.record(comparisons)
-
-
-def _dtype(dtype) -> str:
-    return pinned_step.DTYPE_NAMES[dtype]
+def _judged(gefen_impl, case) -> list[str]:
+    """Run ``case`` (:mod:`gefen_conformance.suite.optimizer_cases`) against the implementation in
+    the run's profile and record its comparisons; a failing case is the test's reproducer (SPEC 4.5.6)."""
+    bitwise = numeric_profile.bitwise(gefen_impl)
+    return margins.record(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise)
 
 
 @pytest.mark.gefen_clause("1.8", "1.10.1", "1.4", "5.6.10")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
 def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr):
-    kw = dict(tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
-    ours = reference_side.trajectory(dtype, STEPS, **kw)
-    theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
-    problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
+    problems = _judged(gefen_impl, optimizer_cases.trajectory(dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay,
+                                                        factored_v_2d=False))
     assert not problems, "\n".join(problems)
 
 
@@ -80,33 +51,15 @@ def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr
 @pytest.mark.gefen_requires(FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(gefen_impl, dtype):
-    kw = dict(weight_decay=0.05, factored_v_2d=True)
-    ours = reference_side.trajectory(dtype, STEPS, **kw)
-    theirs = workload.trajectory(gefen_impl.make_optimizer, dtype, STEPS, **kw)
-    problems = _trajectory_problems(gefen_impl, ours, theirs, dtype)
+    problems = _judged(gefen_impl, optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True))
     assert not problems, "\n".join(problems)
 
 
-def _pinned(impl, dtype, pin_at, **kw) -> list[str]:
+def _pinned(gefen_impl, dtype, pin_at, **kw) -> list[str]:
     """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
     arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
     in both profiles."""
-    sd = reference_side.pinned_state(dtype, pin_at, **kw)
-    theirs = workload.pinned_step(impl.make_optimizer, dtype, pin_at, sd, **kw)
-    ours = workload.pinned_step(workload.REFERENCE, dtype, pin_at, sd, **kw)
-    if numeric_profile.bitwise(impl):
-        comparisons = native_compare.compare(ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=dtype)
-        for n in workload.OPTIMIZER.shapes:
-            comparisons.add(bitwise_comparison(f"pinned step: parameter update ({_dtype(dtype)})", ours.after[n],
-                                               theirs.after[n], label=f"parameter {n}"))
-        return margins.record(comparisons)
-    comparisons = Comparisons()
-    for p in native_compare.exact_problems(ours.state_dict, theirs.state_dict, codebook_exact=True):
-        comparisons.problem(p)
-    if comparisons.ok:
-        comparisons.extend(pinned_step.check_step(workload.param_steps(sd, theirs, factored=kw.get("factored_v_2d", False)),
-                                                  sd["gefen_codebook"]))
-    return margins.record(comparisons)
+    return _judged(gefen_impl, optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw))
 
 
 @pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
@@ -136,14 +89,7 @@ def test_pinned_factored_step(gefen_impl, dtype):
 def test_state_matches_reference(gefen_impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
-    ours = reference_side.trajectory(torch.bfloat16, STEPS, factored_v_2d=factored)
-    theirs = workload.trajectory(gefen_impl.make_optimizer, torch.bfloat16, STEPS, factored_v_2d=factored)
-    expected = ours.optimizer.state_dict()
-    histogram = codebook_quality.histogram(workload.first_step_pieces(expected, torch.bfloat16))
-    comparisons = native_compare.compare(expected, workload.state_to_cpu(theirs.optimizer.state_dict()),
-                                         bitwise=numeric_profile.bitwise(gefen_impl),
-                                         grad_dtype=torch.bfloat16, histogram=histogram)
-    problems = margins.record(comparisons)
+    problems = _judged(gefen_impl, optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored))
     assert not problems, "\n".join(map(str, problems))
 
 

@@ -44,8 +44,8 @@ __all__ = [
     "PINNED_START_SCALE", "REFERENCE", "SAVED_HYPERS", "TARGET_HYPERS", "Model", "PinnedStep", "Trained",
     "crc32_seed", "device_for", "first_step_pieces", "full_params", "gradient", "group", "initial", "linspace", "load", "one_stream", "optimizer_hypers",
     "param_groups", "param_steps", "parameters", "per_name", "pinned_from", "pinned_start", "pinned_state",
-    "pinned_step",
-    "save", "set_gradients", "state_to_cpu", "to_cpu", "train", "trained", "trajectory", "zeros",
+    "pinned_step", "pinned_step_from", "save", "set_gradients", "state_to_cpu", "to_cpu", "train", "trained",
+    "trajectory", "trajectory_from", "trajectory_gradients", "zeros",
 ]
 
 
@@ -407,13 +407,30 @@ def trajectory(make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_dec
     builds (:data:`REFERENCE` for the reference's side) over the common start, ``steps`` steps
     (indices 0..steps-1), every parameter recorded after every step, and a deep copy of the
     native state dict after each step count in ``states_after`` (``Trained.states``)."""
-    params = parameters(OPTIMIZER, dtype=dtype, device=device_for(make_optimizer))
-    opt = make_optimizer(param_groups(OPTIMIZER, params, optimizer_hypers(tensor_lr=tensor_lr,
-                                                                           weight_decay=weight_decay)), **options)
+    return trajectory_from(make_optimizer, initial(OPTIMIZER, dtype=dtype), trajectory_gradients(dtype, steps),
+                           optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), states_after=states_after,
+                           **options)
+
+
+def trajectory_gradients(dtype: torch.dtype, steps: int, model: Model = OPTIMIZER) -> list:
+    """``[{name: gradient or None}]`` of ``model`` for steps 0..steps-1, in ``dtype`` (on CPU)."""
+    return [{n: gradient(model, n, step, dtype=dtype) for n in model.shapes} for step in range(steps)]
+
+
+def trajectory_from(make_optimizer, start: dict, grads: list, hypers, *, model: Model = OPTIMIZER, states_after=(),
+                    **options) -> Trained:
+    """:func:`trajectory` from explicit inputs (a reproducer's, SPEC 4.5.6): parameters ``start``
+    (``{name: value}``, copied to the side's device), one ``{name: gradient or None}`` per step,
+    the groups of ``model`` with ``hypers`` (copied: the two sides never share a tensor)."""
+    device = device_for(make_optimizer)
+    params = {n: torch.nn.Parameter(t.clone().to(device)) for n, t in start.items()}
+    opt = make_optimizer(param_groups(model, params, copy.deepcopy(hypers)), **options)
     history = {n: [to_cpu(p)] for n, p in params.items()}
     states = {}
-    for step in range(steps):
-        set_gradients(OPTIMIZER, params, step)
+    for step, step_grads in enumerate(grads):
+        for n, p in params.items():
+            g = step_grads.get(n)
+            p.grad = None if g is None else g.clone().to(device)
         opt.step()
         for n, p in params.items():
             history[n].append(to_cpu(p))
@@ -422,12 +439,13 @@ def trajectory(make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_dec
     return Trained(params, opt, history, states)
 
 
-def first_step_pieces(state_dict: dict, dtype: torch.dtype) -> list:
-    """``(gradient, period)`` of every parameter that had a gradient at step 1 (codebook learning)."""
+def first_step_pieces(state_dict: dict, dtype: torch.dtype, first_grads: dict | None = None) -> list:
+    """``(gradient, period)`` of every parameter that had a gradient at step 1 (codebook learning);
+    ``first_grads`` (``{name: gradient}``) the gradients of that step, by default :data:`OPTIMIZER`'s."""
     names = {pid: name for g in state_dict["param_groups"] for pid, name in zip(g["params"], g["param_names"])}
     pieces = []
     for pid, entry in state_dict["state"].items():
-        grad = gradient(OPTIMIZER, names[pid], 0, dtype=dtype)
+        grad = gradient(OPTIMIZER, names[pid], 0, dtype=dtype) if first_grads is None else first_grads.get(names[pid])
         if grad is not None and "automatic_period" in entry:
             pieces.append((grad, entry["automatic_period"]))
     return pieces
@@ -470,17 +488,24 @@ def pinned_step(make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_
                 **options) -> PinnedStep:
     """Load ``state_dict`` into an optimizer built by ``make_optimizer`` over :func:`pinned_start`
     parameters, set gradient ``pin_at`` and take one step."""
-    start = pinned_start(dtype)
+    grads = {n: gradient(OPTIMIZER, n, pin_at, dtype=dtype) for n in OPTIMIZER.shapes}
+    return pinned_step_from(make_optimizer, state_dict, pinned_start(dtype), grads,
+                            optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), **options)
+
+
+def pinned_step_from(make_optimizer, state_dict: dict, start: dict, grads: dict, hypers, *,
+                     model: Model = OPTIMIZER, **options) -> PinnedStep:
+    """:func:`pinned_step` from explicit inputs (a reproducer's, SPEC 4.5.6): the optimizer over
+    parameters ``start`` in the groups of ``model`` with ``hypers`` (copied: the two sides never
+    share a tensor), ``state_dict`` loaded, gradients ``grads`` (``{name: gradient or None}``), one step."""
     device = device_for(make_optimizer)
     params = {n: torch.nn.Parameter(t.clone().to(device)) for n, t in start.items()}
-    opt = make_optimizer(param_groups(OPTIMIZER, params, optimizer_hypers(tensor_lr=tensor_lr,
-                                                                          weight_decay=weight_decay)), **options)
+    opt = make_optimizer(param_groups(model, params, copy.deepcopy(hypers)), **options)
     opt.load_state_dict(copy.deepcopy(state_dict))
-    grads = {n: gradient(OPTIMIZER, n, pin_at, dtype=dtype) for n in params}
     for n, p in params.items():
-        p.grad = None if grads[n] is None else grads[n].clone().to(device)
+        p.grad = None if grads.get(n) is None else grads[n].clone().to(device)
     opt.step()
-    return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, grads,
+    return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, {n: grads.get(n) for n in params},
                       state_to_cpu(copy.deepcopy(opt.state_dict())))
 
 
@@ -587,6 +612,34 @@ def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, re
     return Run(params, optimizer, history, grads, states, steps)
 
 
+def run_steps_from(optimizer, params: dict, grads: list, steps: Iterable[int], *, record_states: bool) -> Run:
+    """:func:`run_steps` from explicit gradients (a reproducer's, SPEC 4.5.6): one ``{name: gradient
+    or None}`` per step (copied to each parameter's device); ``steps`` the step indices they belong to."""
+    steps = list(steps)
+    history = {n: [to_cpu(p)] for n, p in params.items()}
+    recorded = {n: [] for n in params}
+    states = [native_state(optimizer)] if record_states else []
+    for step_grads in grads:
+        for n, p in params.items():
+            g = step_grads.get(n)
+            p.grad = None if g is None else g.clone().to(p.device)
+            recorded[n].append(None if p.grad is None else to_cpu(p.grad))
+        optimizer.step()
+        for n, p in params.items():
+            history[n].append(to_cpu(p))
+        if record_states:
+            states.append(native_state(optimizer))
+    return Run(params, optimizer, history, recorded, states, steps)
+
+
+def built_from(make_optimizer, model: Model, start: dict, hypers, **options) -> tuple:
+    """:func:`built` from explicit starting values ``start`` (copied to the side's device; the
+    hyperparameters copied too: the two sides never share a tensor)."""
+    device = device_for(make_optimizer)
+    params = {n: torch.nn.Parameter(t.clone().to(device)) for n, t in start.items()}
+    return params, make_optimizer(param_groups(model, params, copy.deepcopy(hypers)), **options)
+
+
 def built(make_optimizer, model: Model, dtype: torch.dtype, hypers, *, salt=None, **options) -> tuple:
     """``(params, optimizer)``: ``model``'s parameters in ``dtype`` on the side's device
     (:func:`device_for`) and the optimizer ``make_optimizer`` builds over its groups."""
@@ -627,5 +680,5 @@ WIDE = replace(
     structured=frozenset({"big.weight"}),
 )
 
-__all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "native_state", "other_stream", "param_runs", "run_steps",
-            "scaled"]
+__all__ += ["LONG", "LONG_STEPS", "Run", "WIDE", "built", "built_from", "native_state", "other_stream", "param_runs",
+            "run_steps", "run_steps_from", "scaled"]

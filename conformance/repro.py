@@ -1,0 +1,239 @@
+"""``gefen-conformance repro CERT TEST_ID``: replay one failed comparison from its reproducer (SPEC 4.5.6).
+
+A failed test that judged a pinned step or a free-running trajectory left a reproducer beside its
+certificate (:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's
+``repro``. This command loads it, resolves the implementation the certificate names (its spec,
+through the registry, as the plugin does; ``--impl`` replays against another), and in this one
+process runs the case again (:mod:`gefen_conformance.suite.optimizer_cases`): the
+implementation's side on the saved inputs, the reference's side and the oracles recomputed from
+the same inputs. It prints, for every comparison that fails, its margin (``error``, ``bound``,
+``used``; or ``differing`` of ``total``) beside the certificate's, the problems the suite printed,
+and its worst elements (index, expected, observed, allowed), then one verdict line: reproduced bit
+for bit (every margin and problem equal to the certificate's), failing differently, or passing now.
+
+Exit status: 1 when the comparison still fails, 0 when it passes now, 2 when the certificate or
+the reproducer cannot be read, 4 for a usage error (a test the certificate does not hold, a test
+without a reproducer, an implementation or device that cannot be loaded).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+STILL_FAILS, PASSES, UNREADABLE, USAGE_ERROR = 1, 0, 2, 4
+
+
+def add_subcommand(subparsers) -> None:
+    """Register ``repro`` on ``gefen-conformance``'s subparsers (sets ``args.handler``)."""
+    rep = subparsers.add_parser(
+        "repro", help="replay a failed pinned-step or trajectory comparison from its reproducer (SPEC 4.5.6)",
+        description="Replay, in this process, the comparison a failed test made, from the reproducer written "
+                    "beside the certificate, and print its worst elements. Exit status: 1 still fails, 0 passes "
+                    "now, 2 a file that cannot be read, 4 usage error.")
+    rep.add_argument("certificate", type=Path, metavar="CERT", help="the certificate the failing run wrote")
+    rep.add_argument("test_id", metavar="TEST_ID", help="a failed test's id as the certificate lists it")
+    rep.add_argument("--impl", default=None, metavar="SPEC",
+                     help="replay against this implementation instead of the certificate's (a registered name or "
+                          "package.module:attribute)")
+    rep.add_argument("--device", default=None, metavar="NAME",
+                     help="where the implementation's tensors live (default: the failing run's device)")
+    rep.add_argument("--top", type=int, default=10, metavar="N", help="worst elements listed per comparison (default 10)")
+    rep.set_defaults(handler=run)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def run(args) -> int:
+    started = time.monotonic()
+    try:
+        return _run(args, started)
+    except _Refused as refused:
+        print(f"gefen-conformance repro: {refused}", file=sys.stderr)
+        return refused.status
+
+
+def _find_test(cert: dict, test_id: str) -> dict:
+    tests = cert.get("tests") or []
+    for test in tests:
+        if test["id"] == test_id:
+            return test
+    for test in tests:  # a path or pytest node id ending in the suite's id
+        if test_id.endswith("/" + test["id"]) or test_id.endswith("." + test["id"]):
+            return test
+    with_repro = [t["id"] for t in tests if t.get("repro")]
+    listed = ("; tests with a reproducer: " + ", ".join(with_repro[:10])) if with_repro else ""
+    raise _Refused(USAGE_ERROR, f"the certificate holds no test {test_id!r}{listed}")
+
+
+def _run(args, started: float) -> int:
+    from gefen_conformance.certificate import read, repro_files
+
+    try:
+        cert = read.load(args.certificate)
+    except read.CertificateError as error:
+        raise _Refused(UNREADABLE, str(error)) from None
+    test = _find_test(cert, args.test_id)
+    if not test.get("repro"):
+        why = (f"it {test['outcome']}" if test["outcome"] != "failed"
+               else "only failed pinned-step and free-running trajectory comparisons write one")
+        raise _Refused(USAGE_ERROR, f"{test['id']} has no reproducer in {args.certificate} ({why})")
+    path = Path(args.certificate).parent / test["repro"]
+    try:
+        payload = repro_files.load(path)
+    except repro_files.ReproError as error:
+        raise _Refused(UNREADABLE, str(error)) from None
+    impl, spec = _implementation(args, cert, payload)
+    device = _device(args, payload)
+
+    from gefen_conformance.certificate import numeric_profile
+    from gefen_conformance.suite import optimizer_cases
+
+    print(f"reproducer {path} of {test['id']} (SPEC {', '.join(payload.get('clauses') or test.get('clauses') or [])})")
+    print(f"implementation {impl.name} {impl.version} ({spec}) on {device}; written under torch "
+          f"{payload.get('torch')}, replayed under torch {_torch_version()}")
+    certified = {m.get("what"): m for m in test.get("margins") or []}
+    failing, same = 0, True
+    for k, entry in enumerate(payload["cases"], 1):
+        try:
+            case = optimizer_cases.from_payload(entry["case"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
+        bitwise = entry["bitwise"] if args.impl is None and args.device is None else numeric_profile.bitwise(impl, device)
+        profile = "torch-exact (bitwise)" if bitwise else "tolerance"
+        print(f"case {k} of {len(payload['cases'])}: {case.describe()}; profile {profile}")
+        began = time.monotonic()
+        comparisons = case.compare(impl.make_optimizer, bitwise=bitwise)
+        print(f"replayed in {time.monotonic() - began:.2f} s")
+        failing += _print_comparisons(comparisons, certified, max(args.top, 0))
+        same &= _same_as_recorded(comparisons, certified, entry)
+    elapsed = time.monotonic() - started
+    if failing == 0:
+        print(f"verdict: passes now: no comparison of {test['id']} fails ({elapsed:.2f} s)")
+        return PASSES
+    if same:
+        print(f"verdict: reproduced bit for bit: {failing} failing comparison{'s' if failing != 1 else ''} of "
+              f"{test['id']}, every margin and problem equal to the certificate's ({elapsed:.2f} s)")
+    else:
+        print(f"verdict: fails differently from the certificate: {failing} failing comparison"
+              f"{'s' if failing != 1 else ''} of {test['id']} ({elapsed:.2f} s)")
+    return STILL_FAILS
+
+
+def _implementation(args, cert: dict, payload: dict):
+    from gefen_conformance.implementations import registry
+
+    spec = args.impl or (payload.get("implementation") or {}).get("spec") or cert["implementation"].get("spec") \
+        or cert["implementation"]["name"]
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as under `python -m pytest`, where the run resolved it
+    try:
+        return registry.resolve(spec), spec
+    except registry.ImplementationError as error:
+        raise _Refused(USAGE_ERROR, f"--impl={spec}: {error}" if args.impl else str(error)) from None
+
+
+def _device(args, payload: dict):
+    from gefen_conformance.harness import devices
+
+    name = args.device or payload.get("device") or "cpu"
+    try:
+        device = devices.parse(name)
+        devices.select(device)
+    except devices.DeviceUnavailable as error:
+        raise _Refused(USAGE_ERROR, f"device {error}") from None
+    return device
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _margin_text(c) -> str:
+    if c.kind == "bitwise":
+        return f"{c.differing} of {c.total} elements differ"
+    used = _used(c.error, c.bound)
+    return f"error {c.error!r}, bound {c.bound!r}, used {'inf' if math.isinf(used) else f'{used:.6g}'}"
+
+
+def _certified_text(c, certified: dict) -> str:
+    m = certified.get(c.what)
+    if m is None:
+        return "the certificate recorded no such comparison"
+    if _same_margin(c, m):
+        return "the same in the certificate"
+    if m.get("kind") == "bitwise":
+        return f"the certificate: {m.get('differing')} of {m.get('total')} differ"
+    return f"the certificate: error {m.get('error')!r}, bound {m.get('bound')!r}"
+
+
+def _used(error: float, bound: float) -> float:
+    if error == 0.0:
+        return 0.0
+    return math.inf if bound <= 0.0 or not math.isfinite(error) else error / bound
+
+
+def _same_float(a, b) -> bool:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return False
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _same_margin(c, m: dict) -> bool:
+    if m.get("kind") != c.kind:
+        return False
+    if c.kind == "bitwise":
+        return m.get("differing") == c.differing and m.get("total") == c.total
+    return _same_float(m.get("error"), c.error) and _same_float(m.get("bound"), c.bound)
+
+
+def _same_as_recorded(comparisons, certified: dict, entry: dict) -> bool:
+    """Every margin equal to the certificate's and the problems equal to those the run recorded."""
+    return (all(c.what in certified and _same_margin(c, certified[c.what]) for c in comparisons)
+            and list(comparisons.problems) == list(entry.get("problems") or []))
+
+
+def _print_comparisons(comparisons, certified: dict, top: int) -> int:
+    """Print every failing comparison with its worst elements; returns how many failed."""
+    failing = 0
+    named = set()
+    for c in comparisons:
+        if c.ok:
+            continue
+        failing += 1
+        named.update(c.problems)
+        print(f"\nFAILED {c.what}: {_margin_text(c)} ({_certified_text(c, certified)})")
+        for problem in c.problems:
+            print(f"  {problem}")
+        if c.offenders and top:
+            _print_offenders(c.offenders[:top], bitwise=c.kind == "bitwise")
+    rules = [p for p in comparisons.problems if p not in named]
+    if rules:
+        failing += 1
+        print("\nFAILED exact rules (no numeric margin):")
+        for problem in rules:
+            print(f"  {problem}")
+    return failing
+
+
+def _print_offenders(offenders, *, bitwise: bool) -> None:
+    head = "worst elements (bit patterns must be equal)" if bitwise else \
+        "worst elements (|observed - expected| / allowed, worst first)"
+    print(f"  {head}:")
+    rows = [("tensor", "index", "expected", "observed", "allowed", "share")]
+    for o in offenders:
+        share = "inf" if math.isinf(o.share) else f"{o.share:.4g}"
+        rows.append((o.label, str(list(o.index)), repr(o.expected), repr(o.observed),
+                     "0 (bitwise)" if bitwise else f"{o.allowed:.6g}", "differs" if bitwise else share))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("    " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
