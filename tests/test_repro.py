@@ -104,7 +104,7 @@ def _test_entry(test_id: str, comparisons=None, outcome: str = "failed") -> dict
 # ----------------------------------------------------------------------- worst elements
 
 
-@pytest.mark.clause("4.5.6")
+# SPEC 4.5.6
 def test_worst_elements_are_ordered_by_share_of_the_allowance_and_indexed_by_shape():
     expected = torch.zeros(2, 3)
     observed = torch.tensor([[0.0, 1e-3, 0.5], [2e-3, 0.0, float("nan")]])
@@ -120,7 +120,7 @@ def test_worst_elements_are_ordered_by_share_of_the_allowance_and_indexed_by_sha
     assert numeric.relative_comparison("ok", torch.ones(3), torch.ones(3), 0.1).offenders == []
 
 
-@pytest.mark.clause("4.5.6", "5.6.8")
+# SPEC 4.5.6, SPEC 5.6.8
 def test_a_failing_pinned_step_names_its_worst_elements():
     comparisons = _pinned_case().compare(_half_percent_high, bitwise=False)
     update = next(c for c in comparisons if c.what == "pinned step: parameter update (fp32)")
@@ -134,7 +134,7 @@ def test_a_failing_pinned_step_names_its_worst_elements():
 # ------------------------------------------------------------------------------- files
 
 
-@pytest.mark.clause("4.5.6")
+# SPEC 4.5.6
 def test_a_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
     case = _pinned_case()
     blob, comparisons = _blob(case, False, "test_optimizer.py::test_x[a]")
@@ -149,7 +149,7 @@ def test_a_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
     assert again.problems == comparisons.problems == entry["problems"]
 
 
-@pytest.mark.clause("4.5.6")
+# SPEC 4.5.6
 def test_reproducers_go_beside_their_certificate_and_never_over_other_files(tmp_path):
     blob, _ = _blob(_pinned_case(), False, "t.py::a")
     target = tmp_path / "out" / "cert.partial.json"
@@ -181,7 +181,7 @@ def test_reproducers_go_beside_their_certificate_and_never_over_other_files(tmp_
     assert not (clean.parent / "c.repro").exists()
 
 
-@pytest.mark.clause("4.5.6")
+# SPEC 4.5.6
 def test_file_names_are_safe_and_distinct():
     ids = ["test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]",
            "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3 ]", "a/../../b::c[../x]"]
@@ -201,7 +201,7 @@ def _written(tmp_path: Path, tests: list, blobs: dict) -> Path:
     return path
 
 
-@pytest.mark.clause("4.5.6")
+# SPEC 4.5.6
 def test_repro_of_a_fixed_implementation_passes_and_refusals_are_one_line(tmp_path, capsys):
     blob, comparisons = _blob(_pinned_case(), True, "t.py::traj")
     path = _written(tmp_path, [_test_entry("t.py::traj", comparisons), _test_entry("t.py::other")],
@@ -242,7 +242,7 @@ def _failing_margins(test: dict) -> list:
 
 
 @pytest.mark.proof
-@pytest.mark.clause("4.5.6", "5.6.8", "5.6.10")
+# SPEC 4.5.6, SPEC 5.6.8, SPEC 5.6.10
 @pytest.mark.parametrize("spec,select,test_id", [
     pytest.param("tests.mutants:tolerant_lr_half_percent_high",
                  "test_pinned_block_step and plain and float32 and pinned-after-3",
