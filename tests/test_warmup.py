@@ -153,3 +153,17 @@ def test_a_per_process_build_longer_than_the_deadlines_is_paid_before_them(pytes
     # the test process and at least the two ranks of the first call, and the two that replace
     # the killed call's ranks: each built once, before its first call's deadline
     assert len(pids) >= 5 and {b["device"] for b in builds} == {"cpu"}
+
+
+def test_the_rank_fixtures_are_the_suites_own():
+    """A renamed fixture must not silently turn the warm-up's rank workers off (SPEC 4.2.11): every
+    name the warm-up looks for is a fixture the suite defines, and the multi-rank scenarios take it."""
+    import inspect
+
+    from gefen_conformance.plugin import warmup
+    from gefen_conformance.suite import fixtures, test_dcp_reshard
+
+    for name in warmup.RANK_FIXTURES:
+        assert callable(getattr(fixtures, name, None)), f"{name} is not a fixture of the suite"
+    scenario = test_dcp_reshard.test_reshard_restores_model_and_continues_within_bound
+    assert set(inspect.signature(scenario).parameters) & set(warmup.RANK_FIXTURES)
