@@ -250,16 +250,24 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     return margins.record(comparisons)
 
 
+def _continued_by_both(checkpoints, spec: str, dtype, target):
+    """The implementation's restore-and-continue, then (if it ran) the reference's: ``(theirs, ours,
+    problems)``, ``ours`` None when the implementation's own run already failed."""
+    theirs = _continued(checkpoints, spec, dtype, target)
+    problems = _failures(theirs)
+    ours = None
+    if not problems:
+        ours = _continued(checkpoints, REFERENCE, dtype, target)
+        problems = _failures(ours)
+    return theirs, ours, problems
+
+
 @pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
-    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
-    problems = _failures(theirs)
-    if not problems:
-        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
-        problems = _failures(ours)
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
     if not problems:
         problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
         expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
@@ -273,11 +281,7 @@ def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_che
 @pytest.mark.parametrize("target", PATHS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_steps_after_the_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
-    theirs = _continued(gefen_checkpoints, gefen_impl_spec, dtype, target)
-    problems = _failures(theirs)
-    if not problems:
-        ours = _continued(gefen_checkpoints, REFERENCE, dtype, target)
-        problems = _failures(ours)
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
     if problems:
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()
