@@ -162,14 +162,8 @@ def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
 
 
 def _model_problems(checkpoint: dict, resaved: dict) -> list[str]:
-    differing, problems = 0, []
-    for name, value in checkpoint["model"].items():
-        again = resaved.get("model", {}).get(name)
-        if not torch.is_tensor(again) or again.dtype != value.dtype or not torch.equal(again, value):
-            differing += 1
-            problems.append(f"model parameter {name}: restored value differs from the checkpoint's (SPEC 3.7.1)")
-    margins.exact("restore into a stepped optimizer: model parameters", differing, len(checkpoint["model"]))
-    return problems
+    return checkpoints.model_resave_problems(checkpoint, resaved, "restore into a stepped optimizer",
+                                      "restored value differs from the checkpoint's (SPEC 3.7.1)")
 
 
 def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -> None:
