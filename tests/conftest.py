@@ -16,6 +16,14 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    # the project's own tests import suite modules directly (their markers are applied at import),
+    # outside a session that collects the suite, where the plugin registers them
+    from gefen_conformance.plugin import markers
+
+    markers.register(config)
+
+
 @pytest.fixture(scope="session")
 def narrow_certification(tmp_path_factory):
     """``narrow_certification(impl, select)``: ``pytest --pyargs gefen_conformance --impl=IMPL -k

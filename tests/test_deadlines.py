@@ -29,8 +29,9 @@ def machine(monkeypatch):
     deadlines.set_scale(previous)
 
 
-def _run_until_expired(deadline: deadlines.Deadline, limit_s: float = 10.0) -> float:
-    started = time.monotonic()
+def _run_until_expired(deadline: deadlines.Deadline, limit_s: float = 10.0, since: float | None = None) -> float:
+    # measured from the deadline's own start unless told: the caller built it a moment before this call
+    started = deadline.started if since is None else since
     while not deadline.expired():
         assert time.monotonic() - started < limit_s, "the deadline never expired"
         time.sleep(min(0.01, deadline.wait_s() or 0.01))
@@ -65,7 +66,7 @@ def test_the_stretch_follows_the_load_as_it_changes(machine):
     deadline.tick()
     assert deadline.spent == pytest.approx(0.1, abs=0.03)
     machine.others = 0  # then quiet: the remaining 0.3 s at wall speed
-    elapsed = _run_until_expired(deadline)
+    elapsed = _run_until_expired(deadline, since=time.monotonic())
     assert 0.25 <= elapsed < 0.5
 
 

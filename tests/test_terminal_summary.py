@@ -54,24 +54,35 @@ def test_a_rerun_command_without_a_recorded_spec_names_the_implementation():
     assert any(line.strip().startswith("rerun: pytest --impl=tests.mutants:beta_rounding ") for line in _text(cert))
 
 
+def _near_by_hand(cert: dict) -> list:
+    """(share of the bound, test id) of every finite tolerance comparison at 90 % or more, counted
+    here from the raw error and bound, so the committed certificate can be regenerated freely."""
+    return sorted(((m["error"] / m["bound"], t["id"]) for t in cert["tests"] for m in t.get("margins") or []
+                   if m.get("kind") == "tolerance" and m.get("bound") and m["error"] / m["bound"] >= 0.9),
+                  key=lambda near: (-near[0], near[1]))
+
+
 def test_every_comparison_near_its_bound_is_listed_with_its_test_and_clauses():
     cert = _cert("fast-0.1.0.json")
+    expected = _near_by_hand(cert)
+    assert expected, "fast's certificate has fp16 pinned updates near their bound; this test needs one"
     lines = _text(cert)
     head = next(i for i, line in enumerate(lines) if line.startswith("near their bound"))
-    assert lines[head] == "near their bound (at least 90 % of it): 4 tolerance comparison(s)"
-    listed = lines[head + 1:head + 5]
-    assert listed[0].split()[:2] == ["97.2", "%"] and "test_pinned_block_step[plain-torch.float16-pinned-after-3]" in listed[0]
-    assert all("pinned step: parameter update (fp16)" in line and "(SPEC 1.8, 1.7, 1.4, 1.10.7, 1.12.8, 5.6)" in line
-               for line in listed)
+    assert lines[head] == f"near their bound (at least 90 % of it): {len(expected)} tolerance comparison(s)"
+    listed = lines[head + 1:head + 1 + len(expected)]
+    assert listed[0].split()[:2] == [f"{100 * expected[0][0]:.1f}", "%"] and expected[0][1] in listed[0]
+    assert {i for _, i in expected} == {i for _, i in expected if any(i in line for line in listed)}
+    assert all("pinned step: parameter update (fp16)" in line and "(SPEC " in line for line in listed)
     assert [float(line.split()[0]) for line in listed] == sorted((float(line.split()[0]) for line in listed), reverse=True)
     assert "did not pass" not in "\n".join(lines)  # fast is conformant
 
 
 def test_a_comparison_outside_its_bound_is_near_it_too_and_listed_first():
     cert = copy.deepcopy(_cert("fast-0.1.0.json"))
+    before = len(_near_by_hand(cert))
     cert["tests"][0]["margins"] = [{"kind": "tolerance", "what": "blown", "error": 1.0, "bound": 0.1, "used": None}]
     near = terminal_summary.near_bound(cert)
-    assert near[0][:3] == (None, cert["tests"][0]["id"], "blown") and len(near) == 5
+    assert near[0][:3] == (None, cert["tests"][0]["id"], "blown") and len(near) == before + 1
     assert any(line.split()[0] == "outside" and "blown" in line for line in _text(cert))
 
 
