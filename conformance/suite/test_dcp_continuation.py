@@ -244,6 +244,14 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     return margins.record(comparisons)
 
 
+def _every_restore(test):
+    """Needs DCP; once per restore path and dtype."""
+    for mark in (pytest.mark.parametrize("dtype", list(DTYPES)), pytest.mark.parametrize("target", PATHS),
+                 pytest.mark.gefen_requires(DCP_RESHARD)):
+        test = mark(test)
+    return test
+
+
 def _continued_by_both(checkpoints, spec: str, dtype, target):
     """The implementation's restore-and-continue, then (if it ran) the reference's: ``(theirs, ours,
     problems)``, ``ours`` None when the implementation's own run already failed."""
@@ -257,9 +265,7 @@ def _continued_by_both(checkpoints, spec: str, dtype, target):
 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("target", PATHS)
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@_every_restore
 def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
     theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
     if not problems:
@@ -271,9 +277,7 @@ def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_che
 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("target", PATHS)
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@_every_restore
 def test_steps_after_the_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
     theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
     if problems:

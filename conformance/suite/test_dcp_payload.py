@@ -96,28 +96,27 @@ def _metadata_differences(a, b, what: str) -> list[str]:
     return [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
 
 
-def _byte_identity_problems(root, first: str, second: str, what: str) -> list[str]:
-    """Two saves of one state under ``root``: payload md5s and metadata digest, both exact."""
+def _assert_byte_identical(checkpoints, spec: str, model: str, world: int, first: str, second: str, what: str):
+    """Two saves of one state: payload md5s and metadata digest, both exact."""
+    root = _payloads(checkpoints, spec, model, world)
     a, b = root / first, root / second
-    return (_payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)"))
+    problems = _payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_same_state_saved_twice_is_byte_identical(gefen_impl_spec, gefen_checkpoints, model, world):
-    problems = _byte_identity_problems(_payloads(gefen_checkpoints, gefen_impl_spec, model, world), "impl_planned", "impl_planned_again",
-                                       "one state saved twice")
-    assert not problems, "\n".join(problems)
+    _assert_byte_identical(gefen_checkpoints, gefen_impl_spec, model, world, "impl_planned", "impl_planned_again", "one state saved twice")
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_planner_does_not_change_the_bytes(gefen_impl_spec, gefen_checkpoints, model, world):
-    problems = _byte_identity_problems(_payloads(gefen_checkpoints, gefen_impl_spec, model, world), "impl_planned", "impl_default",
-                                       "planned and default saves of one state")
-    assert not problems, "\n".join(problems)
+    _assert_byte_identical(gefen_checkpoints, gefen_impl_spec, model, world, "impl_planned", "impl_default",
+                           "planned and default saves of one state")
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")

@@ -341,15 +341,15 @@ OPEN_LIMITS = _open_limits()
 EXAMPLE_SHARE = 3
 
 
-def _share_of_profile():
-    return settings(max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE))
-
-
-def _with_examples(cases: dict):
+def _staging_property(cases: dict, *, open_cases: bool):
+    """A staging property over two saved groups and drawn destinations: needs DCP, runs a third of
+    the profile's examples after the explicit ``cases`` (the boundaries), each an ``@example``."""
     def decorate(test):
+        test = given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=open_cases))(test)
         for saved, dests in reversed(list(cases.values())):
             test = example(saved=saved, dests=dests)(test)
-        return test
+        test = settings(max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE))(test)
+        return pytest.mark.gefen_requires(DCP_RESHARD)(test)
     return decorate
 
 
@@ -370,6 +370,12 @@ def _check(impl, one_rank, saved, dests):
     return expected
 
 
+def _check_and_tally(impl, one_rank, saved, dests) -> None:
+    """:func:`_check`, then a hypothesis event saying which way the reference went."""
+    expected = _check(impl, one_rank, saved, dests)
+    event("reference accepted" if expected.accepted else "reference rejected")
+
+
 @pytest.mark.gefen_clause("3.5", "4.3.9")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", sorted(REGRESSIONS))
@@ -378,22 +384,14 @@ def test_staging_regression(gefen_impl, gefen_one_rank, case):
 
 
 @pytest.mark.gefen_clause("3.5.1", "3.5.2", "3.5.5", "4.3.9")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@_share_of_profile()
-@_with_examples(LIMITS)
-@given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=False))
+@_staging_property(LIMITS, open_cases=False)
 def test_staging_matches_reference(gefen_impl, gefen_one_rank, saved, dests):
     """Numbers and one-element tensors of every dtype, each group and key with its own tensor."""
-    expected = _check(gefen_impl, gefen_one_rank, saved, dests)
-    event("reference accepted" if expected.accepted else "reference rejected")
+    _check_and_tally(gefen_impl, gefen_one_rank, saved, dests)
 
 
 @pytest.mark.gefen_clause("3.5.3", "3.5.4", "4.3.9")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@_share_of_profile()
-@_with_examples(OPEN_LIMITS)
-@given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=True))
+@_staging_property(OPEN_LIMITS, open_cases=True)
 def test_staging_matches_reference_with_autograd_and_aliased_destinations(gefen_impl, gefen_one_rank, saved, dests):
     """Adds destinations that require grad and tensors shared across groups and keys."""
-    expected = _check(gefen_impl, gefen_one_rank, saved, dests)
-    event("reference accepted" if expected.accepted else "reference rejected")
+    _check_and_tally(gefen_impl, gefen_one_rank, saved, dests)

@@ -593,15 +593,14 @@ def native_state(optimizer) -> dict:
     return state_to_cpu(copy.deepcopy(optimizer.state_dict()))
 
 
-def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, record_states: bool) -> Run:
-    """Set the gradients and step for each index in ``steps``, recording every parameter (and the
-    native state, when ``record_states``) before the first step and after each."""
-    steps = list(steps)
+def _stepped(optimizer, params: dict, steps: list, give_gradients: Callable[[int], None], record_states: bool) -> Run:
+    """Step once per entry of ``steps`` after ``give_gradients(i)`` set the ``i``-th step's
+    gradients, recording every parameter and gradient (and the native state, when asked)."""
     history = {n: [to_cpu(p)] for n, p in params.items()}
     grads = {n: [] for n in params}
     states = [native_state(optimizer)] if record_states else []
-    for step in steps:
-        set_gradients(model, params, step)
+    for i in range(len(steps)):
+        give_gradients(i)
         for n, p in params.items():
             grads[n].append(None if p.grad is None else to_cpu(p.grad))
         optimizer.step()
@@ -612,24 +611,26 @@ def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, re
     return Run(params, optimizer, history, grads, states, steps)
 
 
+def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, record_states: bool) -> Run:
+    """Set the gradients and step for each index in ``steps``, recording every parameter (and the
+    native state, when ``record_states``) before the first step and after each."""
+    steps = list(steps)
+    return _stepped(optimizer, params, steps, lambda i: set_gradients(model, params, steps[i]), record_states)
+
+
 def run_steps_from(optimizer, params: dict, grads: list, steps: Iterable[int], *, record_states: bool) -> Run:
     """:func:`run_steps` from explicit gradients (a reproducer's, SPEC 4.5.6): one ``{name: gradient
     or None}`` per step (copied to each parameter's device); ``steps`` the step indices they belong to."""
     steps = list(steps)
-    history = {n: [to_cpu(p)] for n, p in params.items()}
-    recorded = {n: [] for n in params}
-    states = [native_state(optimizer)] if record_states else []
-    for step_grads in grads:
+    if len(steps) != len(grads):
+        raise ValueError(f"{len(grads)} steps of gradients for {len(steps)} step indices")
+
+    def give(i: int) -> None:
         for n, p in params.items():
-            g = step_grads.get(n)
+            g = grads[i].get(n)
             p.grad = None if g is None else g.clone().to(p.device)
-            recorded[n].append(None if p.grad is None else to_cpu(p.grad))
-        optimizer.step()
-        for n, p in params.items():
-            history[n].append(to_cpu(p))
-        if record_states:
-            states.append(native_state(optimizer))
-    return Run(params, optimizer, history, recorded, states, steps)
+
+    return _stepped(optimizer, params, steps, give, record_states)
 
 
 def built_from(make_optimizer, model: Model, start: dict, hypers, **options) -> tuple:
