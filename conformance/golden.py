@@ -98,9 +98,13 @@ def train_case(impl, case: Case):
     return params, optimizer
 
 
-def write_case(impl_spec: str, case_name: str, path: str) -> None:
-    """Rank body: train one case with the implementation and save it with its DCP adapter."""
-    impl = registry.resolve(impl_spec)
+def _implementation(impl):
+    """``impl`` itself, or the implementation its ``--impl`` spec names."""
+    return registry.resolve(impl) if isinstance(impl, str) else impl
+
+
+def write_case(impl, case_name: str, path: str) -> None:
+    """Rank body: train one case with the implementation ``impl`` and save it with its DCP adapter."""
     _, optimizer = train_case(impl, CASES[case_name])
     workload.save(impl, optimizer, path, planner=False)
 
@@ -114,9 +118,11 @@ def reference_codebook_gap(case_name: str) -> float:
     return codebook_quality.largest_gap(optimizer.codebook)
 
 
-def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: float = 120.0) -> dict:
-    """Write every case under ``root/<case>`` with ``impl_spec`` on the active launcher
-    (``gefen_conformance.harness.launch``); return the manifest (not written)."""
+def generate(root: Path, impl="reference", cases=None, timeout: float = 120.0, run=None) -> dict:
+    """Write every case under ``root/<case>`` with ``impl`` (an implementation or its spec) on the
+    active launcher, through ``run`` (``gefen_conformance.harness.launch.run`` unless given); return
+    the manifest (not written)."""
+    impl, run = _implementation(impl), run or launch.run
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     chosen = {name: CASES[name] for name in (cases or CASES)}
@@ -124,18 +130,19 @@ def generate(root: Path, impl_spec: str = "reference", cases=None, timeout: floa
         target = root / name
         if target.exists():
             shutil.rmtree(target)
-        launch.run(write_case, case.world_size, args=(impl_spec, name, str(target)), timeout=timeout)
+        run(write_case, case.world_size, (impl, name, str(target)), timeout=timeout)
     descriptions = {n: {"world_size": c.world_size, "dtype": str(c.dtype), "covers": c.covers} for n, c in chosen.items()}
     return golden_manifest.build_manifest(root, descriptions)
 
 
-def generate_into(root: Path, impl_spec: str = "reference") -> Path:
+def generate_into(root: Path, impl="reference") -> Path:
     """Generate every case and write the manifest next to them."""
-    return golden_manifest.write_manifest(root, generate(root, impl_spec))
+    return golden_manifest.write_manifest(root, generate(root, impl))
 
 
-def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None) -> Comparisons:
-    """``impl_spec``'s saves of the catalogue against the goldens, by the rules of its profile.
+def compare_goldens(impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None, run=None) -> Comparisons:
+    """The saves of the catalogue by ``impl`` (an implementation or its spec; through ``run``, as
+    :func:`generate`) against the goldens, by the rules of its profile.
 
     Both profiles: every non-float value exactly (SPEC 5.6.11), and every case's canonical
     metadata digest (structure: keys, dtypes, shapes, chunks, storage layout, and byte offsets
@@ -152,13 +159,14 @@ def compare_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: boo
 
     from gefen_conformance.certificate import numeric_profile
 
+    impl = _implementation(impl)
     if bitwise is None:
-        bitwise = numeric_profile.bitwise(registry.resolve(impl_spec))
+        bitwise = numeric_profile.bitwise(impl)
     manifest = golden_manifest.read_manifest(golden_root)
     same_torch = manifest["environment"]["torch"] == torch.__version__
     out = Comparisons()
     with tempfile.TemporaryDirectory(prefix="gefen-golden-") as tmp:
-        ours = generate(Path(tmp), impl_spec, cases=list(manifest["cases"]))
+        ours = generate(Path(tmp), impl, cases=list(manifest["cases"]), run=run)
         for name, info in manifest["cases"].items():
             mine = ours["cases"][name]
             if same_torch:

@@ -37,7 +37,7 @@ def _kernel_repository(root: Path) -> Path:
     (root / "tests" / "test_theirs.py").write_text(
         "import pytest\n\n"
         "def test_no_suite_fixture_here(request):\n"
-        "    for name in ('impl', 'impl_spec', 'saved', 'one_rank', 'gefen_impl', 'gefen_impl_spec', 'gefen_checkpoints', 'gefen_one_rank'):\n"
+        "    for name in ('impl', 'impl_spec', 'saved', 'one_rank', 'gefen_impl', 'gefen_reference', 'gefen_ranks', 'gefen_checkpoints', 'gefen_one_rank'):\n"
         "        with pytest.raises(pytest.FixtureLookupError):\n"
         "            request.getfixturevalue(name)\n")
     (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")

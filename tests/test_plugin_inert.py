@@ -119,7 +119,7 @@ def test_their_fixture_and_marker_are_theirs(impl, request, pytestconfig):
     assert request.node.get_closest_marker("clause").args == ("theirs",)
     lines = pytestconfig.getini("markers")
     assert not [line for line in lines if line.startswith(("gefen_", "requires"))], lines
-    for name in ("gefen_impl", "gefen_impl_spec", "gefen_checkpoints", "gefen_one_rank"):
+    for name in ("gefen_impl", "gefen_reference", "gefen_ranks", "gefen_checkpoints", "gefen_one_rank"):
         with pytest.raises(pytest.FixtureLookupError):
             request.getfixturevalue(name)
 """

@@ -31,6 +31,7 @@ from gefen_conformance.harness import launch, pool as ranks, world
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
 from gefen_conformance.suite import checkpoints
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import payload_md5s
@@ -149,13 +150,14 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
     fake = RegroupingLauncher(str(tmp_path))
     with launch.using(fake):
         cache = checkpoints.Checkpoints(tmp_path / "one-world")
-        restore = cache.restored("reference", "reference", "base", 2, 3)
+        reference = registry.resolve("reference")
+        restore = cache.restored(reference, reference, "base", 2, 3)
     assert fake.calls == [("save_trained", 2), ("restore_report", 3)]
     assert len(restore.reports) == 3
     problems = checkpoints.restore_problems(restore, bit_exact=True)
     assert not problems, "\n".join(problems)
     pool = checkpoints.Checkpoints(tmp_path / "pool")
-    pool_path, pool_params = pool.saved("reference", "base", 2)
+    pool_path, pool_params = pool.saved(reference, "base", 2)
     assert payload_md5s(restore.source) == payload_md5s(pool_path)
     assert all(torch.equal(restore.saved_params[n], v) for n, v in pool_params.items())
 
@@ -184,7 +186,7 @@ def test_an_adapter_that_reduces_over_the_default_group_cannot_save_on_a_subgrou
     """Why the regrouping launcher: the reference adapter's agreement all-reduce runs on the
     default group, which the two idle ranks never enter, so the save fails at the gloo timeout."""
     with launch.using(SubgroupLauncher(str(tmp_path))):
-        outcomes = launch.run(checkpoints.save_trained, 2, ("reference", "base", str(tmp_path / "ckpt")),
+        outcomes = launch.run(checkpoints.save_trained, 2, (registry.resolve("reference"), "base", str(tmp_path / "ckpt")),
                               timeout=60, allow_failure=True)
     assert [o.status for o in outcomes] != ["ok", "ok"]
     assert not (tmp_path / "ckpt" / ".metadata").exists()

@@ -165,5 +165,7 @@ def test_the_rank_fixtures_are_the_suites_own():
 
     for name in warmup.RANK_FIXTURES:
         assert callable(getattr(fixtures, name, None)), f"{name} is not a fixture of the suite"
+    # the multi-rank scenarios reach the rank runner through the checkpoint cache
+    assert set(inspect.signature(fixtures.gefen_checkpoints).parameters) & set(warmup.RANK_FIXTURES)
     scenario = test_dcp_reshard.test_reshard_restores_model_and_continues_within_bound
-    assert set(inspect.signature(scenario).parameters) & set(warmup.RANK_FIXTURES)
+    assert "gefen_checkpoints" in inspect.signature(scenario).parameters

@@ -136,6 +136,11 @@ class Implementation:
         """The capabilities of ``required`` this implementation does not declare, in order."""
         return [c for c in map(Capability.parse, required) if c not in self.capabilities]
 
+    @property
+    def spec(self) -> str:
+        """The ``--impl`` spec this implementation was resolved under (its name when built directly)."""
+        return self.__dict__.get("_spec") or self.name
+
     def resolved_as(self, spec: str) -> None:
         """Remember the spec ``registry.resolve`` found this implementation under: it then pickles
         as that spec, and unpickles as the receiving process's own resolution of it."""

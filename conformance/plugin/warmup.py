@@ -39,7 +39,7 @@ RANK_PRELOAD = ("gefen_conformance.harness.pool_preload",)
 LARGEST_SCENARIO = 4
 #: the fixture every suite test that runs rank bodies takes (a rank resolves the implementation from
 #: its spec); a run whose tests take none of these starts no rank worker in the warm-up
-RANK_FIXTURES = ("gefen_impl_spec",)
+RANK_FIXTURES = ("gefen_ranks",)
 
 
 def runs_rank_bodies(item) -> bool:

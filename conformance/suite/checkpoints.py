@@ -13,8 +13,9 @@ Not collected. Several scenario modules use what is here, by name:
 
 Everything written is read back through the independent oracles only
 (``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
-an implementation's loader. Rank bodies resolve the implementation from its ``--impl`` spec
-inside the rank and take their mesh and group from ``gefen_conformance.harness.world.current()``.
+an implementation's loader. Rank bodies receive the implementation itself (it travels to a rank
+as its ``--impl`` spec and is resolved there once per process, SPEC 4.2.5) and take their mesh and
+group from ``gefen_conformance.harness.world.current()``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from gefen_conformance.harness import launch
 from gefen_conformance.plugin import observations
-from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
@@ -112,9 +113,8 @@ class Restore:
 # ------------------------------------------------------------------------------ rank bodies
 
 
-def save_trained(spec: str, model: str, path: str) -> dict:
-    """Train ``model`` with the implementation and save model and optimizer; the saved full params."""
-    impl = registry.resolve(spec)
+def save_trained(impl: Implementation, model: str, path: str) -> dict:
+    """Train ``model`` with ``impl`` and save model and optimizer; the saved full params."""
     params, optimizer = workload.trained(impl, workload.DCP_MODELS[model], world_mesh())
     workload.save(impl, optimizer, path, params=params)
     return workload.full_params(params)
@@ -124,8 +124,8 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if b.numel() else 0.0
 
 
-def restore_report(spec: str, model: str, path: str, resave_path: str) -> RestoreReport:
-    """Restore ``path`` at this world size with the implementation ``spec`` and report (collective).
+def restore_report(impl: Implementation, model: str, path: str, resave_path: str) -> RestoreReport:
+    """Restore ``path`` at this world size with ``impl`` and report (collective).
 
     1. A native run: the same implementation trained from scratch here on the same gradient
        stream for steps 1..K, its local parameters recorded, then step K+1.
@@ -138,7 +138,6 @@ def restore_report(spec: str, model: str, path: str, resave_path: str) -> Restor
        K+1 is reported per parameter (SPEC 3.7.3).
     A failed load is reported (type, message) instead of 2-4.
     """
-    impl = registry.resolve(spec)
     layout = workload.DCP_MODELS[model]
     mesh = world_mesh()
     next_step = [workload.DCP_STEPS + 1]
@@ -205,31 +204,32 @@ class Checkpoints:
             raise error
         return value
 
-    def saved(self, spec: str, model: str, world: int) -> tuple[Path, dict]:
-        """``(directory, full params)`` of ``model`` trained and saved by ``spec`` on ``world`` ranks."""
-        path = self.root / f"{_safe(spec)}-{model}-w{world}"
+    def saved(self, impl: Implementation, model: str, world: int) -> tuple[Path, dict]:
+        """``(directory, full params)`` of ``model`` trained and saved by ``impl`` on ``world`` ranks."""
+        path = self.root / f"{_safe(impl.spec)}-{model}-w{world}"
 
         def make():
-            values = run(save_trained, world, (spec, model, str(path)))
+            values = run(save_trained, world, (impl, model, str(path)))
             return path, values[0]
 
-        return self.once(("saved", spec, model, world), make)
+        return self.once(("saved", impl.spec, model, world), make)
 
-    def restored(self, loader: str, saver: str, model: str, source: int, target: int) -> Restore:
+    def restored(self, loader: Implementation, saver: Implementation, model: str, source: int, target: int) -> Restore:
         """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks
         (see :func:`restore_report`)."""
         path, saved_params = self.saved(saver, model, source)
-        resave = self.root / f"restore-{_safe(loader)}-from-{path.name}-w{target}"
+        resave = self.root / f"restore-{_safe(loader.spec)}-from-{path.name}-w{target}"
 
         def make():
             reports = run(restore_report, target, (loader, model, str(path), str(resave)))
             return Restore(path, saved_params, resave, reports)
 
-        return self.once(("restored", loader, saver, model, source, target), make)
+        return self.once(("restored", loader.spec, saver.spec, model, source, target), make)
 
-    def directory(self, *parts: str) -> Path:
-        """A directory under the cache's root for ``parts`` (the same path every time)."""
-        return self.root / "-".join(_safe(p) for p in parts)
+    def directory(self, *parts) -> Path:
+        """A directory under the cache's root for ``parts`` (strings, or implementations by their
+        spec; the same path every time)."""
+        return self.root / "-".join(_safe(p.spec if isinstance(p, Implementation) else p) for p in parts)
 
     def scratch(self, name: str) -> Path:
         path = self.root / "scratch" / name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from gefen_conformance.implementations import registry
 from gefen_conformance.plugin import markers
 from gefen_conformance.plugin.hooks import implementation_for
 from gefen_conformance.harness.sharding import WorldOfOne
@@ -30,14 +31,22 @@ def gefen_impl(request):
 
 
 @pytest.fixture(scope="session")
-def gefen_impl_spec(request) -> str:
-    """The ``--impl`` spec string of the implementation under test: what rank bodies take as
-    their first argument and resolve inside each rank (``gefen_conformance.implementations.registry.resolve``)."""
-    return request.config.getoption("--impl")
+def gefen_reference():
+    """The reference implementation: the other side of every comparison with the reference."""
+    return registry.resolve("reference")
 
 
 @pytest.fixture(scope="session")
-def gefen_checkpoints(tmp_path_factory) -> checkpoints.Checkpoints:
+def gefen_ranks():
+    """``gefen_ranks(body, world_size, args, timeout=..., **options)``: run a rank body on the active
+    launcher (:func:`gefen_conformance.suite.checkpoints.run`). Implementations among ``args``
+    reach each rank as themselves. The warm-up starts and prepares the rank processes before
+    the first test that asks for this fixture, directly or through another (SPEC 4.2.11)."""
+    return checkpoints.run
+
+
+@pytest.fixture(scope="session")
+def gefen_checkpoints(tmp_path_factory, gefen_ranks) -> checkpoints.Checkpoints:
     """The session's cache of multi-rank checkpoints, shared by every DCP scenario module."""
     return checkpoints.Checkpoints(tmp_path_factory.mktemp("dcp-checkpoints"))
 

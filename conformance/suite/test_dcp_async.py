@@ -19,9 +19,8 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from gefen_conformance.harness import deadlines, world
-from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD
+from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 
@@ -47,12 +46,12 @@ def _wait(response):
     return future.result()
 
 
-def async_snapshot(spec: str, root: str) -> dict:
+def async_snapshot(impl: Implementation, root: str) -> dict:
     """Rank body (SPEC 2.6.1): a synchronous save, then ``dcp.async_save`` with
     ``impl.async_writer``, an optimizer step before the background write may start, the wait, and
     a synchronous save after the step (collective). The background write is held until the step
     is done."""
-    impl, model = registry.resolve(spec), workload.BASE
+    model = workload.BASE
     params, optimizer = workload.trained(impl, model, world_mesh())
     workload.save(impl, optimizer, os.path.join(root, "sync_before"))
     writer = impl.async_writer(os.path.join(root, "async"))
@@ -82,10 +81,9 @@ def async_snapshot(spec: str, root: str) -> dict:
     return {"write_data_calls": len(gated)}
 
 
-def async_with_default_writer(spec: str, path: str):
+def async_with_default_writer(impl: Implementation, path: str):
     """Rank body (SPEC 2.6.2): ``dcp.async_save`` of the adapter with DCP's default
     ``FileSystemWriter``; the error on this rank (None if it was accepted)."""
-    impl = registry.resolve(spec)
     _, optimizer = workload.trained(impl, workload.BASE, world_mesh())
     try:
         _wait(dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=dcp.FileSystemWriter(path),
@@ -97,9 +95,9 @@ def async_with_default_writer(spec: str, path: str):
 
 @pytest.mark.gefen_clause("4.3.7", "2.6.1", "5.2.3")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl_spec, gefen_checkpoints):
+def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl, gefen_checkpoints):
     root = gefen_checkpoints.scratch("async")
-    reports = checkpoints.run(async_snapshot, WORLD, (gefen_impl_spec, str(root)))
+    reports = checkpoints.run(async_snapshot, WORLD, (gefen_impl, str(root)))
     assert all(r["write_data_calls"] == 1 for r in reports), f"the held writer was not used: {reports}"
     before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
     assert set(landed) == set(before), sorted(set(landed) ^ set(before))
@@ -113,9 +111,9 @@ def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl_spec, gefen_
 
 @pytest.mark.gefen_clause("4.3.7", "2.6.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
-def test_async_save_with_the_default_writer_is_refused_before_writing(gefen_impl_spec, gefen_checkpoints):
+def test_async_save_with_the_default_writer_is_refused_before_writing(gefen_impl, gefen_checkpoints):
     path = gefen_checkpoints.scratch("async-default-writer") / "checkpoint"
-    errors = checkpoints.run(async_with_default_writer, WORLD, (gefen_impl_spec, str(path)))
+    errors = checkpoints.run(async_with_default_writer, WORLD, (gefen_impl, str(path)))
     for rank, error in enumerate(errors):
         assert error is not None, f"rank {rank}: async_save with the default writer succeeded"
         assert error.is_a(RuntimeError) and "GefenFileSystemWriter" in error.message, (rank, error)

@@ -32,7 +32,7 @@ import torch
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, shadowing
 from gefen_oracles.checkpoint_reader import read_nested
@@ -60,9 +60,8 @@ HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 # ------------------------------------------------------------------------------ rank bodies
 
 
-def save_reference(model: str, dtype: str, path: str) -> None:
-    """The reference trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and optimizer."""
-    impl = registry.resolve(REFERENCE)
+def save_reference(impl: Implementation, model: str, dtype: str, path: str) -> None:
+    """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and optimizer."""
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
     optimizer = impl.make_optimizer(workload.param_groups(layout, params), factored_v_2d=False)
@@ -90,10 +89,9 @@ class Continued:
     reports: list
 
 
-def restore_and_continue(spec: str, model: str, dtype: str, path: str, out: str) -> ContinuationReport:
-    """A stepped optimizer of ``spec`` restores ``path``, re-saves to ``out/after0``, then steps
+def restore_and_continue(impl: Implementation, model: str, dtype: str, path: str, out: str) -> ContinuationReport:
+    """A stepped optimizer of ``impl`` restores ``path``, re-saves to ``out/after0``, then steps
     ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
-    impl = registry.resolve(spec)
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(workload.param_groups(layout, params, workload.TARGET_HYPERS),
@@ -120,22 +118,22 @@ def _checkpoint(saved: checkpoints.Checkpoints, dtype: str):
     path = saved.directory("reference-saved", MODEL, dtype, f"w{SOURCE}")
 
     def make():
-        checkpoints.run(save_reference, SOURCE, (MODEL, dtype, str(path)), timeout=TIMEOUT)
+        checkpoints.run(save_reference, SOURCE, (registry.resolve(REFERENCE), MODEL, dtype, str(path)), timeout=TIMEOUT)
         return path
 
     return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
 
 
-def _continued(saved: checkpoints.Checkpoints, spec: str, dtype: str, target: int) -> Continued:
+def _continued(saved: checkpoints.Checkpoints, impl: Implementation, dtype: str, target: int) -> Continued:
     source = _checkpoint(saved, dtype)
-    out = saved.directory("continued", spec, MODEL, dtype, f"w{SOURCE}", f"w{target}")
+    out = saved.directory("continued", impl, MODEL, dtype, f"w{SOURCE}", f"w{target}")
 
     def make():
-        reports = checkpoints.run(restore_and_continue, target, (spec, MODEL, dtype, str(source), str(out)),
+        reports = checkpoints.run(restore_and_continue, target, (impl, MODEL, dtype, str(source), str(out)),
                                   timeout=TIMEOUT)
         return Continued(source, out, reports)
 
-    return saved.once(("continued", spec, MODEL, dtype, SOURCE, target), make)
+    return saved.once(("continued", impl.spec, MODEL, dtype, SOURCE, target), make)
 
 
 def _failures(continued: Continued) -> list[str]:
@@ -252,22 +250,22 @@ def _every_restore(test):
     return test
 
 
-def _continued_by_both(checkpoints, spec: str, dtype, target):
+def _continued_by_both(checkpoints, impl: Implementation, dtype, target):
     """The implementation's restore-and-continue, then (if it ran) the reference's: ``(theirs, ours,
     problems)``, ``ours`` None when the implementation's own run already failed."""
-    theirs = _continued(checkpoints, spec, dtype, target)
+    theirs = _continued(checkpoints, impl, dtype, target)
     problems = _failures(theirs)
     ours = None
     if not problems:
-        ours = _continued(checkpoints, REFERENCE, dtype, target)
+        ours = _continued(checkpoints, registry.resolve(REFERENCE), dtype, target)
         problems = _failures(ours)
     return theirs, ours, problems
 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
 @_every_restore
-def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
+def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_checkpoints, dtype, target):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, dtype, target)
     if not problems:
         problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
         expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
@@ -278,8 +276,8 @@ def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_impl_spec, gefen_che
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
 @_every_restore
-def test_steps_after_the_restore(gefen_impl, gefen_impl_spec, gefen_checkpoints, dtype, target):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl_spec, dtype, target)
+def test_steps_after_the_restore(gefen_impl, gefen_checkpoints, dtype, target):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, dtype, target)
     if problems:
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()

@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
 from gefen_oracles.digests import content_digests, payload_md5s
@@ -31,14 +30,14 @@ KILLED_EXIT_CODE = 17
 # ------------------------------------------------------------------------------ rank bodies
 
 
-def save_with_divergent_layout(spec: str, path: str, how: str, odd_rank: int = 1):
+def save_with_divergent_layout(impl: Implementation, path: str, how: str, odd_rank: int = 1):
     """Every rank saves; ``odd_rank`` built its optimizer with a different layout (SPEC 2.3.5, 2.4.1).
     Returns the save's error on this rank (None if it succeeded).
 
     ``how`` is "renamed" (one parameter named differently: same slot count, different identity)
     or "unnamed" (plain parameters, so the optimizer synthesizes the names).
     """
-    impl, model = registry.resolve(spec), workload.BASE
+    model = workload.BASE
     params = workload.parameters(model, mesh=world_mesh())
     groups = workload.param_groups(model, params)
     if world.current().rank == odd_rank:
@@ -56,12 +55,12 @@ def save_with_divergent_layout(spec: str, path: str, how: str, odd_rank: int = 1
     return None
 
 
-def failing_load(spec: str, path: str, before_dir: str, after_dir: str, odd_rank: int = 1):
+def failing_load(impl: Implementation, path: str, before_dir: str, after_dir: str, odd_rank: int = 1):
     """A load that one rank refuses: ``odd_rank`` built its optimizer with ``deterministic=True``
     while the checkpoint says False (SPEC 3.3.7). The live state (trained one step of its own,
     target hyperparameters), model included, is saved before and after the attempt; returns
     the load's error."""
-    impl, model = registry.resolve(spec), workload.BASE
+    model = workload.BASE
     params = workload.parameters(model, mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
                                     factored_v_2d=False, deterministic=world.current().rank == odd_rank)
@@ -96,16 +95,16 @@ class DyingWriter(dcp.FileSystemWriter):
         return future
 
 
-def killed_save(spec: str, path: str, victim: int = 1) -> None:
+def killed_save(impl: Implementation, path: str, victim: int = 1) -> None:
     """Train and save with rank ``victim`` killed in the middle of the save (collective)."""
-    impl, model = registry.resolve(spec), workload.BASE
+    model = workload.BASE
     params, optimizer = workload.trained(impl, model, world_mesh(), steps=range(1, workload.DCP_STEPS + 2))
     workload.save(impl, optimizer, params=params, writer=DyingWriter(path, victim))
 
 
-def load_and_continue(spec: str, path: str) -> dict:
+def load_and_continue(impl: Implementation, path: str) -> dict:
     """Restore ``path`` into a fresh optimizer and take one more step (collective)."""
-    impl, model = registry.resolve(spec), workload.BASE
+    model = workload.BASE
     params = workload.parameters(model, mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
                                     factored_v_2d=False)
@@ -140,12 +139,12 @@ def _raised(rank: int, error: checkpoints.RaisedError | None, expected: type, pa
     ("renamed", RuntimeError, "different parameter layouts"),
     ("unnamed", RuntimeError, "synthesized"),
 ], ids=["renamed", "unnamed"])
-def test_save_with_one_rank_layout_differing_writes_nothing(gefen_impl_spec, gefen_checkpoints, how, own_error, part):
+def test_save_with_one_rank_layout_differing_writes_nothing(gefen_impl, gefen_checkpoints, how, own_error, part):
     """Rank 1 names one parameter differently (same slot count: the layout digest, SPEC 2.3.5,
     every rank raises it) or passes unnamed parameters (rank 1's own check, SPEC 2.4.1; the
     others raise the abort naming "another rank", SPEC 2.3.4). Nothing is written."""
     path = gefen_checkpoints.scratch(f"divergent-{how}") / "checkpoint"
-    errors = checkpoints.run(save_with_divergent_layout, WORLD, (gefen_impl_spec, str(path), how, ODD_RANK), timeout=TIMEOUT)
+    errors = checkpoints.run(save_with_divergent_layout, WORLD, (gefen_impl, str(path), how, ODD_RANK), timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
         if how == "renamed" or rank == ODD_RANK:
@@ -160,14 +159,14 @@ def test_save_with_one_rank_layout_differing_writes_nothing(gefen_impl_spec, gef
 
 @pytest.mark.gefen_clause("4.3.3", "3.2.3", "3.2.5", "3.3.7")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-def test_load_refused_by_one_rank_changes_no_rank(gefen_impl_spec, gefen_checkpoints):
+def test_load_refused_by_one_rank_changes_no_rank(gefen_impl, gefen_checkpoints):
     """Rank 1's target optimizer was built with ``deterministic=True``; the checkpoint says False.
     Rank 1 raises ValueError naming "deterministic", rank 0 raises naming "another rank", and the
     live state of both, saved before and after the attempt, has identical content digests."""
-    source, _ = gefen_checkpoints.saved(gefen_impl_spec, "base", WORLD)
+    source, _ = gefen_checkpoints.saved(gefen_impl, "base", WORLD)
     scratch = gefen_checkpoints.scratch("refused-load")
     before, after = scratch / "before", scratch / "after"
-    errors = checkpoints.run(failing_load, WORLD, (gefen_impl_spec, str(source), str(before), str(after), ODD_RANK),
+    errors = checkpoints.run(failing_load, WORLD, (gefen_impl, str(source), str(before), str(after), ODD_RANK),
                              timeout=TIMEOUT)
     problems = []
     for rank, error in enumerate(errors):
@@ -186,15 +185,15 @@ def test_load_refused_by_one_rank_changes_no_rank(gefen_impl_spec, gefen_checkpo
 
 @pytest.mark.gefen_clause("4.3.3", "4.2.2", "5.1.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen_impl_spec, gefen_checkpoints):
+def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen_impl, gefen_checkpoints):
     """Rank 1 writes its payload and dies (``World.die``) before reporting it; rank 0 raises
     within the bound, no ``.metadata`` is committed, and an earlier checkpoint in the same parent
     directory is untouched and still restores and trains on."""
     parent = gefen_checkpoints.scratch("killed")
     earlier, killed = parent / "earlier", parent / "killed"
-    checkpoints.run(checkpoints.save_trained, WORLD, (gefen_impl_spec, "base", str(earlier)), timeout=TIMEOUT)
+    checkpoints.run(checkpoints.save_trained, WORLD, (gefen_impl, "base", str(earlier)), timeout=TIMEOUT)
     md5s = payload_md5s(earlier)
-    outcomes = checkpoints.run(killed_save, WORLD, (gefen_impl_spec, str(killed), ODD_RANK), timeout=TIMEOUT,
+    outcomes = checkpoints.run(killed_save, WORLD, (gefen_impl, str(killed), ODD_RANK), timeout=TIMEOUT,
                                allow_failure=True)
     statuses = [o.status for o in outcomes]
     assert statuses == ["raised", "died"], "\n".join(o.headline() for o in outcomes)
@@ -206,6 +205,6 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen
     margins.exact("earlier checkpoint after a killed save (payload md5)",
                   sum(after.get(k) != v for k, v in md5s.items()), len(md5s))
     assert after == md5s
-    reports = checkpoints.run(load_and_continue, WORLD, (gefen_impl_spec, str(earlier)), timeout=TIMEOUT)
+    reports = checkpoints.run(load_and_continue, WORLD, (gefen_impl, str(earlier)), timeout=TIMEOUT)
     for rank, report in enumerate(reports):
         assert report["moved"] and report["finite"], (rank, report)

@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_V
+from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_V, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
@@ -44,7 +43,7 @@ IN_PLACE = workload.Model(shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b")
                           salt=5403)
 
 
-def planned_save_peak(spec: str, root: str) -> dict:
+def planned_save_peak(impl: Implementation, root: str) -> dict:
     """Rank body (SPEC 5.4.2, world size 1): the peak extra bytes
     (``oracles.memory.StorageTracker``) of a save of the adapter with ``impl.save_planner()``, and
     the same with DCP's default planner.
@@ -55,7 +54,6 @@ def planned_save_peak(spec: str, root: str) -> dict:
     then holds one item at a time and the peak is the planner's. A standard save of the same
     state is written too, for the test to compare contents.
     """
-    impl = registry.resolve(spec)
     _, optimizer = workload.trained(impl, MEMORY, world_mesh(), steps=(1, 2))
     workload.save(impl, optimizer, os.path.join(root, "standard"))
     peaks = {}
@@ -72,7 +70,7 @@ def planned_save_peak(spec: str, root: str) -> dict:
 
 @pytest.mark.gefen_clause("5.4.2", "2.5.2", "5.4.1")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
-def test_planned_save_holds_one_slot_at_a_time(gefen_impl_spec, gefen_checkpoints):
+def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
     """At world size 1, the peak extra bytes of a save with ``impl.save_planner()`` stay within the
     twice the largest slot's dense momentum and second moment plus the slack. The slots are large enough
     that a save holding all of them at once would exceed the bound; a save with DCP's default
@@ -80,7 +78,7 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl_spec, gefen_checkpoint
     alongside for the record. The measured saves write one file per item (see
     :func:`planned_save_peak`) and must hold the same content as a standard save."""
     root = gefen_checkpoints.scratch("memory")
-    [peaks] = checkpoints.run(planned_save_peak, 1, (gefen_impl_spec, str(root)))
+    [peaks] = checkpoints.run(planned_save_peak, 1, (gefen_impl, str(root)))
     slots = [2 * 4 * torch.Size(s).numel() for s in MEMORY.shapes.values()]
     bound = 2 * max(slots) + SLACK
     assert sum(slots) > bound, "the workload cannot tell a bounded save from one holding every slot"

@@ -24,7 +24,7 @@ import torch
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, codebook_quality
 from gefen_oracles.checkpoint_reader import read_nested
@@ -40,7 +40,7 @@ WORLDS = [
 ]
 
 
-def payload_saves(spec: str, model: str, root: str) -> float:
+def payload_saves(impl: Implementation, model: str, root: str) -> float:
     """Rank body: save one trained state several ways under ``root`` (collective; optimizer only).
 
     ``impl_planned`` and ``impl_planned_again`` with ``impl.save_planner()``, ``impl_default``
@@ -49,7 +49,7 @@ def payload_saves(spec: str, model: str, root: str) -> float:
     adjacent codewords of the reference's codebook on this rank (a checkpoint carries no
     codebook; SPEC 5.6.11 needs it).
     """
-    impl, layout, mesh = registry.resolve(spec), workload.DCP_MODELS[model], world_mesh()
+    layout, mesh = workload.DCP_MODELS[model], world_mesh()
     _, optimizer = workload.trained(impl, layout, mesh)
     workload.save(impl, optimizer, os.path.join(root, "impl_planned"))
     workload.save(impl, optimizer, os.path.join(root, "impl_planned_again"))
@@ -60,16 +60,16 @@ def payload_saves(spec: str, model: str, root: str) -> float:
     return codebook_quality.largest_gap(ref_optimizer.codebook)
 
 
-def _payloads(saved, spec: str, model: str, world: int):
+def _payloads(saved, impl: Implementation, model: str, world: int):
     """The directory of :func:`payload_saves` for ``model`` at ``world`` ranks (made once)."""
-    root = saved.directory("payloads", spec, model, f"w{world}")
+    root = saved.directory("payloads", impl, model, f"w{world}")
 
     def make():
-        gaps = checkpoints.run(payload_saves, world, (spec, model, str(root)))
+        gaps = checkpoints.run(payload_saves, world, (impl, model, str(root)))
         (root / "reference_codebook_gaps.json").write_text(json.dumps(gaps))
         return root
 
-    return saved.once(("payloads", spec, model, world), make)
+    return saved.once(("payloads", impl.spec, model, world), make)
 
 
 def _payload_differences(a, b, what: str) -> list[str]:
@@ -96,9 +96,9 @@ def _metadata_differences(a, b, what: str) -> list[str]:
     return [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
 
 
-def _assert_byte_identical(checkpoints, spec: str, model: str, world: int, first: str, second: str, what: str):
+def _assert_byte_identical(checkpoints, impl: Implementation, model: str, world: int, first: str, second: str, what: str):
     """Two saves of one state: payload md5s and metadata digest, both exact."""
-    root = _payloads(checkpoints, spec, model, world)
+    root = _payloads(checkpoints, impl, model, world)
     a, b = root / first, root / second
     problems = _payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)")
     assert not problems, "\n".join(problems)
@@ -107,23 +107,23 @@ def _assert_byte_identical(checkpoints, spec: str, model: str, world: int, first
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_same_state_saved_twice_is_byte_identical(gefen_impl_spec, gefen_checkpoints, model, world):
-    _assert_byte_identical(gefen_checkpoints, gefen_impl_spec, model, world, "impl_planned", "impl_planned_again", "one state saved twice")
+def test_same_state_saved_twice_is_byte_identical(gefen_impl, gefen_checkpoints, model, world):
+    _assert_byte_identical(gefen_checkpoints, gefen_impl, model, world, "impl_planned", "impl_planned_again", "one state saved twice")
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_planner_does_not_change_the_bytes(gefen_impl_spec, gefen_checkpoints, model, world):
-    _assert_byte_identical(gefen_checkpoints, gefen_impl_spec, model, world, "impl_planned", "impl_default",
+def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, model, world):
+    _assert_byte_identical(gefen_checkpoints, gefen_impl, model, world, "impl_planned", "impl_default",
                            "planned and default saves of one state")
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")
 @pytest.mark.gefen_requires(DCP_RESHARD, CPU_BIT_EXACT)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_md5s_match_the_reference(gefen_impl_spec, gefen_checkpoints, model, world):
-    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
+def test_payload_md5s_match_the_reference(gefen_impl, gefen_checkpoints, model, world):
+    root = _payloads(gefen_checkpoints, gefen_impl, model, world)
     problems = _payload_differences(root / "impl_planned", root / "reference", "payload against the reference (md5)")
     assert not problems, "\n".join(problems)
 
@@ -131,11 +131,11 @@ def test_payload_md5s_match_the_reference(gefen_impl_spec, gefen_checkpoints, mo
 @pytest.mark.gefen_clause("4.3.4", "2.1", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_content_matches_the_reference(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, world):
+def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, model, world):
     """The checkpoint's content against the reference's trained on the same gradients, read back by
     the independent reader: every non-float value exactly; float state bitwise under
     ``cpu-bit-exact``, otherwise within the free-running bounds (SPEC 5.6.11)."""
-    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
+    root = _payloads(gefen_checkpoints, gefen_impl, model, world)
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
@@ -148,7 +148,7 @@ def test_payload_content_matches_the_reference(gefen_impl, gefen_impl_spec, gefe
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_metadata_digest_matches_the_reference(gefen_impl_spec, gefen_checkpoints, model, world):
-    root = _payloads(gefen_checkpoints, gefen_impl_spec, model, world)
+def test_metadata_digest_matches_the_reference(gefen_impl, gefen_checkpoints, model, world):
+    root = _payloads(gefen_checkpoints, gefen_impl, model, world)
     problems = _metadata_differences(root / "impl_planned", root / "reference", "metadata against the reference (digest)")
     assert not problems, "\n".join(problems)

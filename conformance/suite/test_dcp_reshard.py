@@ -38,8 +38,8 @@ PATHS = [
 @pytest.mark.gefen_clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, source, target):
-    restore = gefen_checkpoints.restored(gefen_impl_spec, gefen_impl_spec, model, source, target)
+def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_checkpoints, model, source, target):
+    restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
     problems = checkpoints.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
     assert not problems, "\n".join(problems)
 
@@ -47,7 +47,7 @@ def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_imp
 @pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_resaved_state_is_consistent(gefen_impl, gefen_impl_spec, gefen_checkpoints, model, source, target):
-    restore = gefen_checkpoints.restored(gefen_impl_spec, gefen_impl_spec, model, source, target)
+def test_reshard_resaved_state_is_consistent(gefen_impl, gefen_checkpoints, model, source, target):
+    restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
     problems = checkpoints.resave_only_problems(restore, numeric_profile.bitwise(gefen_impl))
     assert not problems, "\n".join(problems)

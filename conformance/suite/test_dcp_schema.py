@@ -56,8 +56,8 @@ def _expected_values(model: str, state: dict) -> list[str]:
 @pytest.mark.gefen_clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
-def test_checkpoint_schema_from_the_files(gefen_impl_spec, gefen_checkpoints, model, world):
-    path, saved_params = gefen_checkpoints.saved(gefen_impl_spec, model, world)
+def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, model, world):
+    path, saved_params = gefen_checkpoints.saved(gefen_impl, model, world)
     nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
     problems = gefen_schema.problems(nested.get("optimizer", {}))
     problems += _expected_values(model, nested.get("optimizer", {}))

@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 from gefen_conformance.implementations import registry
 from gefen_conformance.workload import models as workload
-from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.checkpoint_reader import read_nested
 
@@ -178,9 +178,9 @@ def load_attempt(impl, path: str) -> dict:
     return {"error": error, "unchanged": same(before, snapshot(params, opt))}
 
 
-def load_attempt_on_rank(impl_spec: str, path: str) -> dict:
+def load_attempt_on_rank(impl: Implementation, path: str) -> dict:
     """Rank body: the same attempt at the launched world size."""
-    return load_attempt(registry.resolve(impl_spec), path)
+    return load_attempt(impl, path)
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -211,8 +211,8 @@ def test_refused_without_mutation(gefen_impl, variants, case):
 @pytest.mark.gefen_clause("3.10.1", "3.10.2", "3.2.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", ["aborted-save-no-metadata", "flipped-archive-header", "nan-momentum", "renamed-parameter"])
-def test_refused_on_every_rank(gefen_impl_spec, variants, case):
-    outcomes = checkpoints.run(load_attempt_on_rank, 2, (gefen_impl_spec, variants[case]), timeout=30.0, allow_failure=True)
+def test_refused_on_every_rank(gefen_impl, gefen_ranks, variants, case):
+    outcomes = gefen_ranks(load_attempt_on_rank, 2, (gefen_impl, variants[case]), timeout=30.0, allow_failure=True)
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"
