@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import gefen_reference.optimizer as optimizer_module  # noqa: E402
 import gefen_reference.steps as steps  # noqa: E402
-from gefen_conformance.workload import models as workload  # noqa: E402
+from gefen_conformance import workload  # noqa: E402
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step  # noqa: E402
 from gefen_oracles.numeric import Comparisons  # noqa: E402
 from tests.mutant_tools import clone  # noqa: E402

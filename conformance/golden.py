@@ -22,7 +22,7 @@ from gefen_oracles.numeric import Comparison, Comparisons
 from gefen_conformance.harness import launch
 from gefen_conformance.plugin import observations
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"

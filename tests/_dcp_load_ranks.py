@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_reference.dcp import layout

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from tests.support import COMPACT_KEYS, DCP_MODEL, FRESH, dcp_optimizer, dcp_trained

@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 
 
 def _parity_seed(name: str, index: int, step: int) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 from gefen_conformance.implementations.registry import resolve
 from gefen_conformance.harness.sharding import world_mesh

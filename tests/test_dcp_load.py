@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import gefen_reference.dcp as rdcp
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_reader
 from gefen_reference.codebook import learn_codebook

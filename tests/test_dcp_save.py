@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
 from gefen_conformance.harness import launch
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness.sharding import sharded_parameter, world_mesh
 from gefen_oracles import checkpoint_reader, gefen_schema
 from gefen_oracles.digests import canonical_metadata, payload_md5s

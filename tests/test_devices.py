@@ -20,7 +20,7 @@ import torch.distributed as dist
 from gefen_conformance.certificate import build as certificate, numeric_profile
 from gefen_conformance.harness import devices, launch, pool as ranks, world
 from gefen_conformance.plugin import hooks as plugin
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 REPO = Path(__file__).resolve().parents[1]

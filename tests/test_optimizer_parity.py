@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gefen_reference as reference
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_reference.periods import search_period, squared_gradient
 
 from .support import LATE_START, PARITY, parity_hypers, silence_gefenx_warnings

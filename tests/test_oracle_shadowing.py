@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_oracles import checkpoint_compare, kernel_bounds, pinned_step, shadowing
 
 STEPS = 12

@@ -32,7 +32,7 @@ from gefen_conformance import cli, repro
 from gefen_conformance.certificate import repro_files
 from gefen_conformance.plugin import reproducers
 from gefen_conformance.suite import optimizer_cases
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_oracles import numeric
 
 from .mutant_tools import failed_tests, run_suite

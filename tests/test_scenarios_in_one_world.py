@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from gefen_conformance.harness import launch, pool as ranks, world
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry

@@ -10,7 +10,7 @@ import torch
 import gefen_reference as reference
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.steps as steps
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_oracles import pinned_step
 
 from .mutant_tools import clone

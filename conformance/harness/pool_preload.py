@@ -31,7 +31,7 @@ TORCH_MODULES = (
     "torch._dynamo",
 )
 #: the suite's own modules whose functions run in ranks
-SUITE_MODULES = ("gefen_reference", "gefen_reference.dcp", "gefen_conformance.workload.models",
+SUITE_MODULES = ("gefen_reference", "gefen_reference.dcp", "gefen_conformance.workload",
                  "gefen_conformance.golden", "gefen_conformance.harness.sharding", "gefen_conformance.implementations.registry")
 
 

@@ -62,7 +62,7 @@ def prepare_hook(impl, device) -> None:
 def _model():
     """A small model with the scenarios' kinds of parameter: a matrix with structured gradients (a
     searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
-    from gefen_conformance.workload import models as workload
+    from gefen_conformance import workload
 
     return workload.Model(shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
                           groups=(("matrix", "prime"), ("scalar",)), init=workload.one_stream,
@@ -73,7 +73,7 @@ def exercise(impl) -> list[str]:
     """Run each of :data:`CODE_PATHS` the implementation supports once, two steps (the first
     creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
     code path that raised (the tests that use it report it)."""
-    from gefen_conformance.workload import models as workload
+    from gefen_conformance import workload
     from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 
     model = _model()

@@ -30,7 +30,7 @@ import torch
 from gefen_conformance.harness import launch
 from gefen_conformance.plugin import observations
 from gefen_conformance.implementations.contract import Implementation
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare

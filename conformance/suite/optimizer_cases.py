@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step, shadowing
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
@@ -281,7 +281,7 @@ def _value(v) -> str:
 
 def pinned(dtype: torch.dtype, pin_at: int, state_dict: dict, *, tensor_lr: bool = False, weight_decay: float = 0.0,
            **options) -> PinnedCase:
-    """The pinned step of :func:`gefen_conformance.workload.models.pinned_step` as a case."""
+    """The pinned step of :func:`gefen_conformance.workload.runs.pinned_step` as a case."""
     return PinnedCase(dtype, state_dict, workload.pinned_start(dtype),
                       {n: workload.gradient(workload.OPTIMIZER, n, pin_at, dtype=dtype) for n in workload.OPTIMIZER.shapes},
                       workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), dict(options),
@@ -290,7 +290,7 @@ def pinned(dtype: torch.dtype, pin_at: int, state_dict: dict, *, tensor_lr: bool
 
 def trajectory(dtype: torch.dtype, steps: int, *, judge: str = "parameters", tensor_lr: bool = False,
                weight_decay: float = 0.0, **options) -> TrajectoryCase:
-    """The free-running training of :func:`gefen_conformance.workload.models.trajectory` as a case."""
+    """The free-running training of :func:`gefen_conformance.workload.runs.trajectory` as a case."""
     return TrajectoryCase(dtype, workload.initial(workload.OPTIMIZER, dtype=dtype),
                           workload.trajectory_gradients(dtype, steps),
                           workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), dict(options),

@@ -5,11 +5,11 @@ reference computation: the free-running trajectory of one dtype and set of hyper
 the pinned states after 1 and 3 of its steps (SPEC 5.6.1). The reference is deterministic, so each
 is computed once here and shared:
 
-* :func:`trajectory`: :func:`gefen_conformance.workload.models.trajectory` of
+* :func:`trajectory`: :func:`gefen_conformance.workload.runs.trajectory` of
   :data:`~gefen_conformance.workload.models.REFERENCE`, cached by everything that determines it
   (dtype, steps, hyperparameters, constructor options), with the native state dict kept after
   every step;
-* :func:`pinned_state`: :func:`gefen_conformance.workload.models.pinned_state`, taken from that
+* :func:`pinned_state`: :func:`gefen_conformance.workload.runs.pinned_state`, taken from that
   trajectory's state after ``max(pin_at, 1)`` steps (the first steps of a trajectory do not depend
   on the later ones), a fresh deep copy for every caller.
 
@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 
 #: Steps of the free-running comparisons (``test_optimizer.STEPS``)
 STEPS = 6
@@ -42,7 +42,7 @@ def trajectory(dtype: torch.dtype, steps: int = STEPS, **options) -> workload.Tr
 
 
 def pinned_state(dtype: torch.dtype, pin_at: int, **options) -> dict:
-    """:func:`gefen_conformance.workload.models.pinned_state` (a fresh deep copy), from the cached
+    """:func:`gefen_conformance.workload.runs.pinned_state` (a fresh deep copy), from the cached
     trajectory of the same dtype and options."""
     ran = trajectory(dtype, max(STEPS, pin_at, 1), **options)
     return workload.pinned_from(ran.states[max(pin_at, 1)], pin_at)

@@ -19,7 +19,7 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from gefen_conformance.harness import deadlines, world
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.digests import content_digests

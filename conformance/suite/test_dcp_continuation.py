@@ -31,7 +31,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, shadowing

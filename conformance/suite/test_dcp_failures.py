@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh

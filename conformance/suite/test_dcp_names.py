@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD
 
 

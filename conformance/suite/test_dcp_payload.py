@@ -23,7 +23,7 @@ import torch
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles import checkpoint_compare, codebook_quality

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested

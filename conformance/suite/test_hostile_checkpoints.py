@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_oracles.checkpoint_reader import read_nested

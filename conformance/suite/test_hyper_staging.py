@@ -30,7 +30,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from gefen_conformance.implementations import registry
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.harness.sharding import WorldOfOne

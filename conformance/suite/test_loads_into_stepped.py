@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.workload import models as workload
+from gefen_conformance import workload
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
