@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from gefen_conformance.certificate import build as certificate, numeric_profile
 from gefen_conformance.harness import devices, launch, pool as ranks, world
-from gefen_conformance.plugin import hooks as plugin
+from gefen_conformance.plugin import markers
 from gefen_conformance import workload
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
@@ -135,11 +135,11 @@ def test_bitwise_only_tests_are_skipped_off_cpu_with_the_reason(run_device):
     def item(*required):
         return SimpleNamespace(iter_markers=lambda name: [SimpleNamespace(args=required)] if required else [])
 
-    assert plugin._not_on_device(item(CPU_BIT_EXACT)) is None  # on CPU it runs
+    assert markers.off_device(item(CPU_BIT_EXACT)) is None  # on CPU it runs
     devices.select(torch.device("cuda:1"))
-    reason = plugin._not_on_device(item("dcp-reshard", CPU_BIT_EXACT))
+    reason = markers.off_device(item("dcp-reshard", CPU_BIT_EXACT))
     assert reason == "cpu-bit-exact is judged on CPU only; device cuda:1 is judged by tolerance (SPEC 4.6.4)"
-    assert plugin._not_on_device(item("dcp-reshard")) is None
+    assert markers.off_device(item("dcp-reshard")) is None
 
 
 # -------------------------------------------------------------- where tensors live

@@ -16,17 +16,17 @@ first suite module is collected.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
+from gefen_conformance.plugin import options
 from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
+from gefen_conformance.plugin.suite_module import SUITE_PACKAGE, SuiteModule
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
-_GUARD_KEY = pytest.StashKey[object]()
 _CLAUSES = "gefen_conformance_clauses"
 _SUITE_ID = "gefen_conformance_id"
 _OBSERVED = "gefen_conformance_observations"
@@ -44,26 +44,7 @@ _REPRO = "gefen_conformance_repro"
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("gefen-conformance", "Gefen conformance suite")
-    group.addoption("--impl", default=None,
-                    help="run the conformance suite against this implementation: a registered name or "
-                         "package.module:attribute (without paths: the whole suite, from any directory)")
-    group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
-    group.addoption("--golden-regen", action="store_true",
-                    help="rewrite the committed golden checkpoints from the reference, then fail the run")
-    # not plain --device: this plugin loads in every pytest session of its environment, and a
-    # project whose conftest adds its own --device would then not start (argparse conflict)
-    group.addoption("--gefen-device", dest="gefen_device", default="cpu", metavar="NAME",
-                    help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
-                         "device type; the reference runs on CPU, and a non-CPU device is judged by the "
-                         "tolerance profile (gefen-conformance certify --device NAME passes it on)")
-    group.addoption("--gefen-deadline-scale", dest="gefen_deadline_scale", default=None, metavar="F",
-                    help="multiply every deadline of the rank harness by F (> 0; default 1). Deadlines already "
-                         "stretch with the machine's measured load (SPEC 4.2.10); F is for what load does not "
-                         "show: a much slower CPU, an emulator, a sanitizer build")
-    group.addoption("--certificate", default=None, metavar="PATH",
-                    help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
-                         "a run that is not complete never replaces a complete certificate)")
+    options.add(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -78,92 +59,12 @@ def pytest_load_initial_conftests(early_config, parser, args):
         args.append(str(SUITE_DIR))
         namespace.file_or_dir = [str(SUITE_DIR)]
     else:
-        _suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
-    guard = _guard(early_config)
-    _select_deadline_scale(getattr(namespace, "gefen_deadline_scale", None), guard)
-    _check_certificate_path(early_config, getattr(namespace, "certificate", None), guard)
-    _select_device(getattr(namespace, "gefen_device", "cpu"), guard)  # imports torch
-    early_config.stash[_IMPL_KEY] = _resolve(namespace.impl, guard)
-
-
-def _suite_ids_as_paths(args, namespace, invocation_dir) -> None:
-    """A test id as the suite prints it (``test_dcp_async.py::test_x[p]``, SPEC 4.5.5) names that
-    suite test from any directory: rewritten to the suite module's path, unless the current
-    directory holds a file of that name."""
-    from gefen_conformance.plugin.selection import suite_path_for
-
-    for i, arg in enumerate(namespace.file_or_dir):
-        path = suite_path_for(arg, Path(invocation_dir))
-        if path is not None:
-            args[:] = [path if a == arg else a for a in args]
-            namespace.file_or_dir[i] = path
-
-
-def _guard(config):
-    """The run's interrupt guard, installed before anything heavy is imported: a Ctrl-C that lands
-    in a callback of an import (hypothesis registers a garbage-collector callback) is not lost."""
-    from gefen_conformance.plugin.interrupts import InterruptGuard
-
-    guard = config.stash.get(_GUARD_KEY, None)
-    if guard is None:
-        guard = config.stash[_GUARD_KEY] = InterruptGuard()
-        guard.install()
-    return guard
-
-
-def _select_device(name: str, guard) -> None:
-    """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
-    device it does not have is a usage error naming it."""
-    from gefen_conformance.harness import devices
-
-    try:
-        devices.select(devices.parse(name))
-    except devices.DeviceUnavailable as error:
-        guard.uninstall()
-        raise pytest.UsageError(f"--gefen-device {error}") from None
-
-
-def _check_certificate_path(config, path, guard) -> None:
-    """A certificate that could not be written is refused before anything runs (SPEC 4.4.10): one
-    line, exit 4. xdist workers write none."""
-    if hasattr(config, "workerinput"):
-        return
-    from gefen_conformance.certificate import outputs
-
-    target = Path(path) if path else Path.cwd() / "gefen-certificate.json"
-    why = outputs.problem(target)
-    if why:
-        guard.uninstall()
-        where = f"--certificate {path}" if path else f"the certificate (default: in {Path.cwd()})"
-        raise pytest.UsageError(f"{where}: {why}")
-
-
-def _select_deadline_scale(text, guard) -> None:
-    """``--gefen-deadline-scale F`` checked and made this process's (SPEC 4.2.10)."""
-    if text is None:
-        return
-    from gefen_conformance.harness import deadlines
-
-    try:
-        deadlines.set_scale(deadlines.parse_scale(text))
-    except ValueError as error:
-        guard.uninstall()
-        raise pytest.UsageError(f"--gefen-deadline-scale {text}: {error}") from None
-
-
-def _resolve(spec: str, guard):
-    from gefen_conformance.implementations import registry
-
-    try:
-        return registry.resolve(spec)
-    except registry.ImplementationError as error:
-        guard.uninstall()
-        raise pytest.UsageError(f"--impl={spec}: {error}") from None
-    except KeyboardInterrupt:
-        guard.uninstall()
-        # before the session exists pytest would print the whole import traceback
-        sys.stderr.write(f"interrupted while loading the implementation {spec!r}\n")
-        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
+        options.suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
+    guard = options.guard(early_config)
+    options.select_deadline_scale(getattr(namespace, "gefen_deadline_scale", None), guard)
+    options.check_certificate_path(early_config, getattr(namespace, "certificate", None), guard)
+    options.select_device(getattr(namespace, "gefen_device", "cpu"), guard)  # imports torch
+    early_config.stash[_IMPL_KEY] = options.resolve(namespace.impl, guard)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,12 +110,12 @@ def _activate(config) -> "SuiteRun":
 
     if config.option.impl is None:
         config.option.impl = "reference"
-    guard = _guard(config)
-    _select_deadline_scale(config.option.gefen_deadline_scale, guard)
+    guard = options.guard(config)
+    options.select_deadline_scale(config.option.gefen_deadline_scale, guard)
     if config.stash.get(_IMPL_KEY, None) is None:
-        _check_certificate_path(config, config.option.certificate, guard)
-    _select_device(config.option.gefen_device, guard)
-    impl = config.stash.get(_IMPL_KEY, None) or _resolve(config.option.impl, guard)
+        options.check_certificate_path(config, config.option.certificate, guard)
+    options.select_device(config.option.gefen_device, guard)
+    impl = config.stash.get(_IMPL_KEY, None) or options.resolve(config.option.impl, guard)
     run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
     run.open()
@@ -227,37 +128,7 @@ def implementation_for(config):
     return _activate(config).impl
 
 
-#: The suite's modules are imported under these names, whatever directory pytest runs from.
-SUITE_PACKAGE = "gefen_conformance.suite"
 _FIXTURES = f"{SUITE_PACKAGE}.fixtures"
-
-
-class _SuiteModule(pytest.Module):
-    """A suite module imported by its installed name (``gefen_conformance.suite.test_x``), never
-    by pytest's path-derived one: in an editable install that would be ``conformance.suite.test_x``
-    with the checkout put on ``sys.path``, which collides with a user's own ``conformance``
-    package and makes rank bodies unpicklable in the ranks (SPEC 4.1.7)."""
-
-    def _getobj(self):
-        import importlib
-
-        name = f"{SUITE_PACKAGE}.{self.path.stem}"
-        try:
-            module = importlib.import_module(name)
-        except Exception:
-            raise self.CollectError(f"the suite module {name} failed to import:\n"
-                                    f"{_exception_text()}") from None
-        if Path(module.__file__).resolve() != self.path.resolve():
-            raise self.CollectError(f"{name} was imported from {module.__file__}, not from {self.path}: "
-                                    "another gefen_conformance shadows this one")
-        self.config.pluginmanager.consider_module(module)
-        return module
-
-
-def _exception_text() -> str:
-    import traceback
-
-    return traceback.format_exc(limit=-3)
 
 
 def pytest_collect_directory(path, parent):
@@ -274,27 +145,7 @@ def pytest_pycollect_makemodule(module_path, parent):
     config = parent.config
     if not config.pluginmanager.has_plugin(_FIXTURES):
         config.pluginmanager.import_plugin(_FIXTURES)
-    return _SuiteModule.from_parent(parent, path=module_path)
-
-
-def _missing(item, impl) -> list:
-    """The capabilities ``item`` requires that ``impl`` does not declare (``Capability`` members)."""
-    from gefen_conformance.plugin import markers
-
-    return impl.lacks(markers.required(item))
-
-
-def _not_on_device(item) -> Optional[str]:
-    """Why a test that requires ``cpu-bit-exact`` does not run on the run's device (SPEC 4.6.4),
-    or None: bitwise claims are judged on CPU only."""
-    from gefen_conformance.harness import devices
-    from gefen_conformance.implementations.contract import CPU_BIT_EXACT
-    from gefen_conformance.plugin import markers
-
-    device = devices.selected()
-    if device.type == "cpu" or CPU_BIT_EXACT not in markers.required(item):
-        return None
-    return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"
+    return SuiteModule.from_parent(parent, path=module_path)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -310,8 +161,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in suite_items:
         if not markers.clauses(item):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
-        missing = _missing(item, impl)
-        off_device = None if missing else _not_on_device(item)
+        missing = impl.lacks(markers.required(item))
+        off_device = None if missing else markers.off_device(item)
         if missing:
             item.stash[_MISSING_KEY] = missing
             item.add_marker(pytest.mark.skip(reason=f"{impl.name} lacks capability {', '.join(missing)}"))

@@ -32,3 +32,15 @@ def clauses(item) -> list[str]:
 def required(item) -> list[str]:
     """The capabilities ``item`` requires (strings, as the marks hold them)."""
     return [str(c) for m in item.iter_markers(REQUIRES) for c in m.args]
+
+
+def off_device(item) -> str | None:
+    """Why a test that requires ``cpu-bit-exact`` does not run on the run's device (SPEC 4.6.4),
+    or None: bitwise claims are judged on CPU only."""
+    from gefen_conformance.harness import devices
+    from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+
+    device = devices.selected()
+    if device.type == "cpu" or CPU_BIT_EXACT not in required(item):
+        return None
+    return f"{CPU_BIT_EXACT} is judged on CPU only; device {device} is judged by tolerance (SPEC 4.6.4)"

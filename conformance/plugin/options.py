@@ -1,0 +1,123 @@
+"""The plugin's command-line options and their checks before anything runs (SPEC 4.1.5, 4.1.6,
+4.2.10, 4.4.10, 4.6.1).
+
+:func:`add` registers the ``--impl`` family in every pytest session (nothing else of the plugin
+acts unless the suite runs). The checks run from ``pytest_load_initial_conftests`` when the suite
+runs: each bad value is one usage error naming the option, raised before the suite's modules are
+imported (exit 4).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+#: the run's interrupt guard (``gefen_conformance.plugin.interrupts.InterruptGuard``), in the config's stash
+GUARD_KEY = pytest.StashKey[object]()
+
+
+def add(parser) -> None:
+    """The ``--impl`` family: the only options the plugin adds to every pytest session (SPEC 4.1.5)."""
+    group = parser.getgroup("gefen-conformance", "Gefen conformance suite")
+    group.addoption("--impl", default=None,
+                    help="run the conformance suite against this implementation: a registered name or "
+                         "package.module:attribute (without paths: the whole suite, from any directory)")
+    group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
+    group.addoption("--golden-regen", action="store_true",
+                    help="rewrite the committed golden checkpoints from the reference, then fail the run")
+    # not plain --device: this plugin loads in every pytest session of its environment, and a
+    # project whose conftest adds its own --device would then not start (argparse conflict)
+    group.addoption("--gefen-device", dest="gefen_device", default="cpu", metavar="NAME",
+                    help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
+                         "device type; the reference runs on CPU, and a non-CPU device is judged by the "
+                         "tolerance profile (gefen-conformance certify --device NAME passes it on)")
+    group.addoption("--gefen-deadline-scale", dest="gefen_deadline_scale", default=None, metavar="F",
+                    help="multiply every deadline of the rank harness by F (> 0; default 1). Deadlines already "
+                         "stretch with the machine's measured load (SPEC 4.2.10); F is for what load does not "
+                         "show: a much slower CPU, an emulator, a sanitizer build")
+    group.addoption("--certificate", default=None, metavar="PATH",
+                    help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
+                         "a run that is not complete never replaces a complete certificate)")
+
+
+def suite_ids_as_paths(args, namespace, invocation_dir) -> None:
+    """A test id as the suite prints it (``test_dcp_async.py::test_x[p]``, SPEC 4.5.5) names that
+    suite test from any directory: rewritten to the suite module's path, unless the current
+    directory holds a file of that name."""
+    from gefen_conformance.plugin.selection import suite_path_for
+
+    for i, arg in enumerate(namespace.file_or_dir):
+        path = suite_path_for(arg, Path(invocation_dir))
+        if path is not None:
+            args[:] = [path if a == arg else a for a in args]
+            namespace.file_or_dir[i] = path
+
+
+def guard(config):
+    """The run's interrupt guard, installed before anything heavy is imported: a Ctrl-C that lands
+    in a callback of an import (hypothesis registers a garbage-collector callback) is not lost."""
+    from gefen_conformance.plugin.interrupts import InterruptGuard
+
+    installed = config.stash.get(GUARD_KEY, None)
+    if installed is None:
+        installed = config.stash[GUARD_KEY] = InterruptGuard()
+        installed.install()
+    return installed
+
+
+def select_device(name: str, guard) -> None:
+    """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
+    device it does not have is a usage error naming it."""
+    from gefen_conformance.harness import devices
+
+    try:
+        devices.select(devices.parse(name))
+    except devices.DeviceUnavailable as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--gefen-device {error}") from None
+
+
+def check_certificate_path(config, path, guard) -> None:
+    """A certificate that could not be written is refused before anything runs (SPEC 4.4.10): one
+    line, exit 4. xdist workers write none."""
+    if hasattr(config, "workerinput"):
+        return
+    from gefen_conformance.certificate import outputs
+
+    target = Path(path) if path else Path.cwd() / "gefen-certificate.json"
+    why = outputs.problem(target)
+    if why:
+        guard.uninstall()
+        where = f"--certificate {path}" if path else f"the certificate (default: in {Path.cwd()})"
+        raise pytest.UsageError(f"{where}: {why}")
+
+
+def select_deadline_scale(text, guard) -> None:
+    """``--gefen-deadline-scale F`` checked and made this process's (SPEC 4.2.10)."""
+    if text is None:
+        return
+    from gefen_conformance.harness import deadlines
+
+    try:
+        deadlines.set_scale(deadlines.parse_scale(text))
+    except ValueError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--gefen-deadline-scale {text}: {error}") from None
+
+
+def resolve(spec: str, guard):
+    """The implementation ``--impl`` names; every way it fails to load is a usage error (SPEC 4.1.6)."""
+    from gefen_conformance.implementations import registry
+
+    try:
+        return registry.resolve(spec)
+    except registry.ImplementationError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--impl={spec}: {error}") from None
+    except KeyboardInterrupt:
+        guard.uninstall()
+        # before the session exists pytest would print the whole import traceback
+        sys.stderr.write(f"interrupted while loading the implementation {spec!r}\n")
+        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
