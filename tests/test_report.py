@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance.certificate import read as certificate_read, report, report_cli
+from gefen_conformance.certificate import read as certificate_read, problems, report, report_cli
 from gefen_conformance.certificate.report_html import margin_chart
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
@@ -217,13 +217,13 @@ def test_chart_of_a_certificate_without_comparisons_names_every_clause():
 
 def test_the_rerun_command_follows_the_launcher_and_device():
     cert = load("fast-run1.json")
-    assert report.rerun_command(cert, "test_x.py::t[a-b]") == "pytest --impl=fast 'test_x.py::t[a-b]'"
+    assert problems.rerun_command(cert, "test_x.py::t[a-b]") == "pytest --impl=fast 'test_x.py::t[a-b]'"
     cert["implementation"]["spec"] = "fast.conformance:IMPLEMENTATION"
     cert["execution"].update(device_type="cuda")
-    assert report.rerun_command(cert, "test_x.py::t") == \
+    assert problems.rerun_command(cert, "test_x.py::t") == \
         "pytest --impl=fast.conformance:IMPLEMENTATION --gefen-device=cuda test_x.py::t"
     cert["execution"].update(launcher="torchrun", world_size=4, nodes=1, device_type="cpu")
-    assert report.rerun_command(cert, "test_x.py::t") == \
+    assert problems.rerun_command(cert, "test_x.py::t") == \
         "gefen-conformance certify --impl fast.conformance:IMPLEMENTATION --launcher torchrun --nproc-per-node 4 test_x.py::t"
 
 

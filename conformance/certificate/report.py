@@ -2,9 +2,9 @@
 
 :func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`gefen_conformance.certificate.read`)
 into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`gefen_conformance.certificate.report_html`).
-Both lead with what did not pass (:func:`not_passed`: failed, errored and unexpectedly passing
+Both lead with what did not pass (:func:`gefen_conformance.certificate.problems.not_passed`: failed, errored and unexpectedly passing
 tests, and tests that did not run for lack of ranks or devices), each with its clauses, its one-line
-reason, where a rank failed, and the command that reruns exactly that test (:func:`rerun_command`);
+reason, where a rank failed, and the command that reruns exactly that test;
 then the expected failures, apart; then the margins per clause; then what was certified (identity,
 profile and tolerances, execution, suite, platform, completeness), the per-clause table, capability
 skips, stale expected-failure entries and notes.
@@ -13,8 +13,8 @@ Every string taken from the certificate is escaped for the target format (a Mark
 keeps ``|`` and line breaks inside the cell; HTML gets entity-escaped text); nothing from the
 certificate is ever emitted as markup.
 
-The content model (:func:`facts`, :func:`clause_rows`, :func:`chart_rows`, :func:`not_passed`,
-:func:`margin_text`) is shared by both formats.
+The content model (:func:`facts`, :func:`clause_rows`, :func:`chart_rows`, :func:`margin_text`, and
+:mod:`~gefen_conformance.certificate.problems`) is shared by both formats.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gefen_conformance.certificate.outcomes import Outcome
+from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
 
 OUTCOME_HEADINGS = {"passed": "passed", "failed": "failed", "error": "errored", "skipped": "skipped",
@@ -134,13 +134,6 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
     return rows
 
 
-def not_run(cert: dict) -> list:
-    """``[{"id", "reason"}]``: the suite tests this run could not hold (too few ranks or devices,
-    SPEC 4.4.2), which a report shows right after the verdict."""
-    entries = (cert.get("run") or {}).get("not_run") or []
-    return [e for e in entries if isinstance(e, dict) and "id" in e]
-
-
 def _completeness(run: dict) -> str:
     if not run:
         return "completeness not recorded"
@@ -202,80 +195,6 @@ def margin_text(row: ClauseRow) -> tuple:
 
 def tests_with(cert: dict, outcomes) -> list:
     return [t for t in cert["tests"] if t["outcome"] in outcomes]
-
-
-# --- what did not pass ---------------------------------------------------------------------------
-
-#: How each kind of problem is named, worst first.
-PROBLEM_KINDS = {"failed": "failed", "error": "errored", "xpassed": "unexpectedly passed", "not-run": "did not run",
-                 "xfailed": "expected failure"}
-
-
-@dataclass
-class NotPassed:
-    """One test that did not pass, as the reports lead with it."""
-
-    test: str
-    kind: str  # a key of PROBLEM_KINDS
-    clauses: list
-    reason: str  # its first line
-    where: list  # "rank N: file:line in function" lines, when a rank failed or hung
-    rerun: str
-
-
-def first_line(text, limit: int = 240) -> str:
-    line = next((part.strip() for part in str(text or "").splitlines() if part.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
-
-
-def did_not_run(test: dict, not_run_ids) -> bool:
-    """A skip that leaves a scenario unjudged: too few ranks or devices for it, as the run recorded
-    in ``run.not_run`` (SPEC 4.4.2). A skip for a capability the implementation does not declare
-    is its claim (SPEC 4.1.3), not a scenario left unjudged."""
-    return test["outcome"] == Outcome.SKIPPED and test["id"] in not_run_ids
-
-
-def not_passed(cert: dict, *, expected: bool = False) -> list:
-    """What did not pass, worst kind first (failed, errored, unexpectedly passed, did not run); with
-    ``expected``, the expected failures instead."""
-    kinds = ("xfailed",) if expected else ("failed", "error", "xpassed", "not-run")
-    not_run_ids = {e["id"] for e in not_run(cert)}
-    out = []
-    for test in cert["tests"]:
-        kind = "not-run" if did_not_run(test, not_run_ids) else test["outcome"]
-        if kind in kinds:
-            out.append(NotPassed(test["id"], kind, [str(c) for c in test.get("clauses") or []],
-                                 first_line(test.get("reason")), [str(w) for w in test.get("where") or []],
-                                 rerun_command(cert, test["id"])))
-    if not expected:  # scenarios the run recorded as not run here without a test record of their own
-        seen = {p.test for p in out}
-        out += [NotPassed(e["id"], "not-run", [], first_line(e.get("reason")), [], rerun_command(cert, e["id"]))
-                for e in not_run(cert) if e["id"] not in seen]
-    return sorted(out, key=lambda p: kinds.index(p.kind))
-
-
-def _quote(word: str) -> str:
-    import shlex
-
-    return shlex.quote(word)
-
-
-def rerun_command(cert: dict, test_id: str) -> str:
-    """The command that runs exactly ``test_id`` again as this run ran it (SPEC 4.5.5): the same
-    implementation spec, device, launcher and world, from any directory."""
-    impl = cert.get("implementation") or {}
-    spec = impl.get("spec") or impl.get("name") or "reference"
-    ex = cert.get("execution") or {}
-    device = ex.get("device_type") or "cpu"
-    if ex.get("launcher") == "torchrun":
-        words = ["gefen-conformance", "certify", "--impl", spec, "--launcher", "torchrun"]
-        if ex.get("world_size"):
-            words += ["--nproc-per-node", str(ex["world_size"] // max(int(ex.get("nodes") or 1), 1))]
-        if device != "cpu":
-            words += ["--device", device]
-        return " ".join(map(_quote, words + [test_id]))
-    words = ["pytest", f"--impl={spec}"] + ([f"--gefen-device={device}"] if device != "cpu" else []) + [test_id]
-    return " ".join(map(_quote, words))
 
 
 # --- the chart's rows ----------------------------------------------------------------------------

@@ -23,8 +23,9 @@ import html as _html
 import re
 
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES
-from gefen_conformance.certificate.report import (OUTCOME_HEADINGS, PROBLEM_KINDS, ChartRow, clause_rows, chart_rows, facts, margin_text,
-                     not_passed, percent, tolerance_lines)
+from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
+from gefen_conformance.certificate.report import (OUTCOME_HEADINGS, ChartRow, clause_rows, chart_rows, facts, margin_text,
+                     percent, tolerance_lines)
 
 SCALE_MAX = 1.25  # the chart's axis runs from 0 to 125 % of the bound
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from gefen_conformance.certificate import report
+from gefen_conformance.certificate import problems, report
 from gefen_conformance.certificate.diff import DEFAULT_MARGIN_THRESHOLD
 from gefen_conformance.certificate.read import finite_used, tolerance_margins
 
@@ -61,18 +61,18 @@ def _clauses(clauses) -> str:
 
 
 def _problems(cert: dict) -> list:
-    problems = report.not_passed(cert)
-    bad = [p for p in problems if p.kind != "not-run"]
+    found = problems.not_passed(cert)
+    bad = [p for p in found if p.kind != "not-run"]
     out = []
     if bad:
         out.append((f"did not pass ({len(bad)}):", _RED))
     for p in bad:
-        out.append((f"  {report.PROBLEM_KINDS[p.kind].upper()} {p.test}{_clauses(p.clauses)}", _RED))
+        out.append((f"  {problems.PROBLEM_KINDS[p.kind].upper()} {p.test}{_clauses(p.clauses)}", _RED))
         if p.reason:
             out.append((f"{_INDENT}{p.reason}", {}))
         out += [(f"{_INDENT}{w}", {}) for w in p.where]
         out.append((f"{_INDENT}rerun: {p.rerun}", {}))
-    not_run = [p for p in problems if p.kind == "not-run"]
+    not_run = [p for p in found if p.kind == "not-run"]
     if not_run:
         out.append((f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
                     _YELLOW))
@@ -86,7 +86,7 @@ def _problems(cert: dict) -> list:
 
 
 def _expected(cert: dict) -> list:
-    expected = report.not_passed(cert, expected=True)
+    expected = problems.not_passed(cert, expected=True)
     if not expected:
         return []
     out = [(f"expected failures ({len(expected)}, declared by the implementation with their reasons):", {})]
