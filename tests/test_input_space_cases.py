@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gefen_conformance.workload import space
+from gefen_conformance.workload import space, space_driver
 from gefen_conformance.suite.test_input_space import BOUNDARIES, PROTOCOL_BOUNDARIES
 from gefen_conformance.workload.models import REFERENCE
 
@@ -23,7 +23,7 @@ def test_layouts_have_the_strides_and_storage_they_claim():
     case = space.InputCase(params=(
         P((6, 4), layout="transposed"), P((2, 3, 4, 5), layout="channels-last"), P((5,), layout="flat-view"),
         P((3, 4), layout="flat-view"), P((3, 4), layout="strided-grad"), P((7,), "bf16", layout="flat-view")))
-    built = space._build(case, REFERENCE, torch.device("cpu"))
+    built = space_driver.build(case, REFERENCE, torch.device("cpu"))
     p = built.params
     assert p[0].shape == (6, 4) and p[0].stride() == (1, 6)
     assert p[1].is_contiguous(memory_format=torch.channels_last) and not p[1].is_contiguous()
@@ -33,7 +33,7 @@ def test_layouts_have_the_strides_and_storage_they_claim():
     assert p[5].untyped_storage().data_ptr() != p[2].untyped_storage().data_ptr()  # one buffer per dtype
     for i, value in built.params.items():
         torch.testing.assert_close(value.detach(), space.initial(case, i), rtol=0, atol=0)
-        g = space._placed(case, built, i, space.gradient(case, i, 1), torch.device("cpu"))
+        g = space_driver.placed(case, built, i, space.gradient(case, i, 1), torch.device("cpu"))
         assert torch.equal(g, space.gradient(case, i, 1)) and g.shape == value.shape
         if case.params[i].layout == "strided-grad":
             assert not g.is_contiguous() and value.is_contiguous()
@@ -46,7 +46,7 @@ def test_layouts_have_the_strides_and_storage_they_claim():
 def test_grad_scale_keeps_gradients_finite_and_unscales_exactly():
     case = space.InputCase(params=(P((64, 32), "fp16", gradient="huge"), P((64,), "fp16", gradient="tiny"),
                                    P((48,), "bf16")), calls=2, protocol="grad-scale")
-    scale = space.grad_scale(case, 1)
+    scale = space_driver.grad_scale(case, 1)
     assert scale < space.GRAD_SCALE and scale >= 1.0 and scale == 2.0 ** round(torch.log2(torch.tensor(scale)).item())
     for i in range(len(case.params)):
         g = space.gradient(case, i, 1)
@@ -57,8 +57,8 @@ def test_grad_scale_keeps_gradients_finite_and_unscales_exactly():
 
 def test_synthesized_state_is_a_valid_native_state():
     case = BOUNDARIES["dtype-mix-per-group"]
-    sd = space.starting_state(case)
-    built = space._build(case, REFERENCE, torch.device("cpu"))
+    sd = space_driver.starting_state(case)
+    built = space_driver.build(case, REFERENCE, torch.device("cpu"))
     built.optimizer.load_state_dict(sd)  # the reference validates every entry (SPEC 1.12)
     entry = sd["state"][0]
     assert entry["step"] == case.counter and entry["m_codebook"].dtype == torch.uint8

@@ -37,9 +37,9 @@ from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
-    CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for, run,
-    starting_state,
+    CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for,
 )
+from gefen_conformance.workload.space_driver import run, starting_state
 from gefen_oracles import native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 

@@ -4,7 +4,8 @@
 their deterministic initial values and gradients), ``saving`` (save and load through an
 implementation's DCP adapter) and ``runs`` (the optimizer comparisons' runs of the reference and
 an implementation), their public names all reachable as ``workload.NAME``. Apart, imported by
-name: ``space``, the optimizer's input space as hypothesis strategies (SPEC 4.3.10), and
+name: ``space``, the optimizer's input space (SPEC 4.3.10), and ``space_driver``, which drives one
+side through a case; and
 ``checkpoint_in_memory``, DCP storage held in memory for scenarios that inspect what an adapter
 writes.
 """

@@ -1,0 +1,226 @@
+"""How one side is driven through an input case (SPEC 4.3.10).
+
+:func:`starting_state` builds the native state dict both sides load (from the reference's own
+``state_dict()`` of the case's groups, so names and hyperparameters are the reference's);
+:func:`run` drives one side (an implementation's ``make_optimizer``, or
+:data:`gefen_conformance.workload.models.REFERENCE`) through the case and records, per call, the
+parameters before and after, the gradients the step had to use (unscaled, CPU), the native state
+dict after, and the hyperparameters the groups held. The suite (``test_input_space.py``) judges
+the records with the oracles: bitwise against the reference's run, or each call as a pinned step
+from the implementation's own state (SPEC 5.6.1), so nothing accumulates however long the
+counter. An implementation's tensors live on its device
+(:func:`gefen_conformance.workload.models.device_for`); the records are CPU copies.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
+from gefen_conformance.workload.space import (
+    CODEBOOK, GRAD_SCALE, PERIOD_ONE_SUBSTRING, GroupCase, InputCase, synthesized_entry, gradient, initial,
+)
+
+__all__ = ["Built", "Call", "Run", "build", "grad_scale", "placed", "run", "starting_state"]
+
+
+def _lr(group: GroupCase, device):
+    return torch.tensor(group.lr, device=device) if group.tensor_lr else group.lr
+
+
+def _options(case: InputCase) -> dict:
+    options = {"factored_v_2d": case.factored}
+    for name in case.options:
+        options[name] = (PERIOD_ONE_SUBSTRING,) if name == "period_one_substrings" else True
+    return options
+
+
+@dataclass
+class Built:
+    params: dict  # i -> nn.Parameter
+    grad_buffers: dict  # dtype -> flat buffer for the flat-view layout's gradients
+    offsets: dict  # i -> storage offset in its dtype's flat buffers
+    optimizer: Any = None
+
+
+def build(case: InputCase, make_optimizer, device) -> Built:
+    flat_sizes: dict = {}
+    offsets = {}
+    for i, p in enumerate(case.params):
+        if p.layout == "flat-view":
+            start = flat_sizes.get(p.torch_dtype, 3)  # never at offset 0, with gaps between views
+            offsets[i] = start
+            flat_sizes[p.torch_dtype] = start + p.numel + 5
+    buffers = {dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()}
+    grad_buffers = {dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()}
+    params = {}
+    for i, p in enumerate(case.params):
+        value = initial(case, i).to(device)
+        if p.layout == "transposed":
+            param = torch.nn.Parameter(value.t().contiguous().t())
+        elif p.layout == "channels-last":
+            param = torch.nn.Parameter(value.contiguous(memory_format=torch.channels_last))
+        elif p.layout == "flat-view":
+            view = buffers[p.torch_dtype][offsets[i]:offsets[i] + p.numel].view(p.shape)
+            view.copy_(value)
+            param = torch.nn.Parameter(view)
+        else:
+            param = torch.nn.Parameter(value.clone())
+        param.requires_grad_(not p.frozen)
+        params[i] = param
+    built = Built(params, grad_buffers, offsets)
+    groups = []
+    for g, group in enumerate(case.groups):
+        groups.append({"params": [(case.name(i), params[i]) for i in case.order() if case.params[i].group == g],
+                       "lr": _lr(group, device), "betas": group.betas, "eps": group.eps,
+                       "weight_decay": group.weight_decay})
+    built.optimizer = make_optimizer(groups, **_options(case))
+    return built
+
+
+def placed(case: InputCase, built: Built, i: int, value: torch.Tensor, device) -> torch.Tensor:
+    """A gradient in parameter ``i`` 's layout: strides like its parameter's, a view into the flat
+    gradient buffer, or doubled strides."""
+    p, param = case.params[i], built.params[i]
+    value = value.to(device)
+    if p.layout == "flat-view":
+        buffer = built.grad_buffers[p.torch_dtype]
+        return buffer[built.offsets[i]:built.offsets[i] + p.numel].view(p.shape).copy_(value)
+    if p.layout == "strided-grad":
+        wide = torch.zeros(*p.shape, 2, dtype=value.dtype, device=device)
+        return wide[..., 0].copy_(value)
+    out = torch.empty_strided(param.shape, param.stride(), dtype=value.dtype, device=device)
+    return out.copy_(value)
+
+
+def starting_state(case: InputCase) -> dict:
+    """The native state dict both sides load before the first call (SPEC 1.11): the reference's
+    ``state_dict()`` of the case's groups with the codebook :data:`CODEBOOK`, global step
+    ``case.counter``, and a synthesized entry for every parameter with a period."""
+    built = build(case, REFERENCE, torch.device("cpu"))
+    sd = built.optimizer.state_dict()
+    ids = {i: pid for pid, i in enumerate(case.order())}
+    sd["state"] = {ids[i]: (synthesized_entry(case, i) if p.period is not None else {"name": case.name(i)})
+                   for i, p in enumerate(case.params)}
+    sd["gefen_codebook"] = CODEBOOK.clone()
+    sd["gefen_global_step"] = case.counter
+    for group in sd["param_groups"]:
+        group.pop("_gefen_checkpoint_metadata", None)
+    return copy.deepcopy(sd)
+
+
+# ---------------------------------------------------------------------------------- driving
+
+
+@dataclass
+class Call:
+    """One ``step()`` call of a run. ``grads[i]``: the (unscaled) gradient parameter ``i`` had to
+    step with, or None; ``hypers[g]``: group ``g`` 's values as Python floats (lr by SPEC 1.4.2)
+    when the call was made; ``skipped``: ``found_inf`` was set; ``loss``: what ``step`` returned
+    (the closure protocol's loss, else None)."""
+
+    before: dict
+    after: dict
+    grads: dict
+    state_dict: dict
+    hypers: list
+    skipped: bool = False
+    loss: Any = None
+    expected_loss: Any = None
+
+
+@dataclass
+class Run:
+    case: InputCase
+    loaded: dict  # the native state dict right after the load (CPU copy)
+    calls: list = field(default_factory=list)
+
+
+def _apply_schedule(case: InputCase, optimizer, device) -> None:
+    """SPEC 1.4.2: what a scheduler does between steps (in place for a tensor lr where the case says so)."""
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if case.schedule == "lr-in-place" and torch.is_tensor(lr):
+            lr.mul_(0.5)
+        elif torch.is_tensor(lr):
+            group["lr"] = torch.tensor(float(lr.item()) * 0.5, device=lr.device)
+        else:
+            group["lr"] = lr * 0.5
+        if case.schedule == "all":
+            group["beta1"], group["beta2"] = (0.8, 0.99) if group["beta1"] != 0.8 else (0.9, 0.999)
+            group["eps"] = group["eps"] * 10.0
+            group["weight_decay"] = 0.1 if group["weight_decay"] == 0.0 else 0.0
+
+
+def _hypers(optimizer) -> list:
+    out = []
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        out.append(dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(group["beta1"]),
+                        beta2=float(group["beta2"]), eps=float(group["eps"]),
+                        weight_decay=float(group["weight_decay"])))
+    return out
+
+
+def grad_scale(case: InputCase, call: int) -> float:
+    """The GradScaler protocols' scale at ``call``: :data:`GRAD_SCALE`, halved until every scaled
+    gradient is finite in its dtype (a power of two, so unscaling is exact)."""
+    scale = GRAD_SCALE
+    for i in range(len(case.params)):
+        g = gradient(case, i, call)
+        while g is not None and scale > 1.0 and not bool(torch.isfinite((g.double() * scale).to(g.dtype)).all()):
+            scale /= 2.0
+    return scale
+
+
+def _skipped(case: InputCase, call: int) -> bool:
+    return case.protocol == "found-inf" and call == case.calls - 1
+
+
+def run(make_optimizer, case: InputCase, state_dict: dict) -> Run:
+    """Drive one side through ``case`` from ``state_dict`` (:func:`starting_state`)."""
+    device = device_for(make_optimizer)
+    built = build(case, make_optimizer, device)
+    opt, params = built.optimizer, built.params
+    opt.load_state_dict(copy.deepcopy(state_dict))
+    out = Run(case, state_to_cpu(copy.deepcopy(opt.state_dict())))
+    for call in range(1, case.calls + 1):
+        if call > 1 and case.schedule != "constant":
+            _apply_schedule(case, opt, device)
+        grads = {i: gradient(case, i, call) for i in params}
+        before = {i: to_cpu(p) for i, p in params.items()}
+        hypers = _hypers(opt)
+        record = Call(before, {}, grads, {}, hypers, skipped=_skipped(case, call))
+        scale = grad_scale(case, call) if case.protocol in ("grad-scale", "found-inf") else 1.0
+
+        def assign():
+            for i, p in params.items():
+                g = grads[i]
+                p.grad = None if g is None else placed(case, built, i, (g.double() * scale).to(g.dtype), device)
+
+        if case.protocol == "closure":
+            for i, p in params.items():  # what a previous iteration left behind
+                stale = gradient(case, i, call, stale=True)
+                p.grad = None if stale is None else placed(case, built, i, stale, device)
+            record.expected_loss = torch.tensor(float(call))
+
+            def closure():
+                opt.zero_grad(set_to_none=True)
+                assign()
+                return record.expected_loss
+
+            record.loss = opt.step(closure)
+        else:
+            assign()
+            if case.protocol in ("grad-scale", "found-inf"):
+                opt.grad_scale = torch.tensor(scale, device=device)
+                opt.found_inf = torch.tensor(1.0 if record.skipped else 0.0, device=device)
+            opt.step()
+        record.after = {i: to_cpu(p) for i, p in params.items()}
+        record.state_dict = state_to_cpu(copy.deepcopy(opt.state_dict()))
+        out.calls.append(record)
+    return out
