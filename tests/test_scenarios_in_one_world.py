@@ -32,7 +32,7 @@ from gefen_conformance import workload
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
-from gefen_conformance.suite import checkpoints
+from gefen_conformance.suite import checkpoints, restore_checks
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import payload_md5s
 
@@ -154,7 +154,7 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
         restore = cache.restored(reference, reference, "base", 2, 3)
     assert fake.calls == [("save_trained", 2), ("restore_report", 3)]
     assert len(restore.reports) == 3
-    problems = checkpoints.restore_problems(restore, bit_exact=True)
+    problems = restore_checks.restore_problems(restore, bit_exact=True)
     assert not problems, "\n".join(problems)
     pool = checkpoints.Checkpoints(tmp_path / "pool")
     pool_path, pool_params = pool.saved(reference, "base", 2)

@@ -39,7 +39,7 @@ from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.gefen_schema import slot_key
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
-from gefen_conformance.suite import checkpoints, margins
+from gefen_conformance.suite import checkpoints, margins, restore_checks
 
 REFERENCE = "reference"
 MODEL = "wide"
@@ -160,7 +160,7 @@ def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
 
 
 def _model_problems(checkpoint: dict, resaved: dict) -> list[str]:
-    return checkpoints.model_resave_problems(checkpoint, resaved, "restore into a stepped optimizer",
+    return restore_checks.model_resave_problems(checkpoint, resaved, "restore into a stepped optimizer",
                                       "restored value differs from the checkpoint's (SPEC 3.7.1)")
 
 

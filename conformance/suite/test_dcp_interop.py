@@ -20,7 +20,7 @@ from gefen_conformance.harness import devices
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import DCP_RESHARD
 
-from gefen_conformance.suite import checkpoints
+from gefen_conformance.suite import restore_checks
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
@@ -33,7 +33,7 @@ def test_cross_implementation_restore(gefen_impl, gefen_reference, gefen_checkpo
     # the re-saved state is the loader's; its bit-exactness is the reference's or the impl's, and
     # bitwise only on CPU (SPEC 4.6.4)
     bit_exact = numeric_profile.bitwise(gefen_impl) or (loader is gefen_reference and devices.is_cpu(devices.selected()))
-    problems = checkpoints.restore_problems(restore, bit_exact)
+    problems = restore_checks.restore_problems(restore, bit_exact)
     assert not problems, "\n".join(problems)
 
 
@@ -43,5 +43,5 @@ def test_cross_implementation_restore(gefen_impl, gefen_reference, gefen_checkpo
 def test_restore_and_resave_match_the_reference(gefen_impl, gefen_reference, gefen_checkpoints, source, target):
     ours = gefen_checkpoints.restored(gefen_reference, gefen_reference, "base", source, target)
     theirs = gefen_checkpoints.restored(gefen_impl, gefen_reference, "base", source, target)
-    problems = checkpoints.restores_agree(ours, theirs, numeric_profile.bitwise(gefen_impl))
+    problems = restore_checks.restores_agree(ours, theirs, numeric_profile.bitwise(gefen_impl))
     assert not problems, "\n".join(problems)

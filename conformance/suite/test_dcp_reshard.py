@@ -22,7 +22,7 @@ import pytest
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import DCP_RESHARD
 
-from gefen_conformance.suite import checkpoints
+from gefen_conformance.suite import restore_checks
 
 PATHS = [
     pytest.param("base", 2, 4, id="2->4"),
@@ -40,7 +40,7 @@ PATHS = [
 @pytest.mark.parametrize("model,source,target", PATHS)
 def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_checkpoints, model, source, target):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    problems = checkpoints.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
+    problems = restore_checks.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
     assert not problems, "\n".join(problems)
 
 
@@ -49,5 +49,5 @@ def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_che
 @pytest.mark.parametrize("model,source,target", PATHS)
 def test_reshard_resaved_state_is_consistent(gefen_impl, gefen_checkpoints, model, source, target):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    problems = checkpoints.resave_only_problems(restore, numeric_profile.bitwise(gefen_impl))
+    problems = restore_checks.resave_only_problems(restore, numeric_profile.bitwise(gefen_impl))
     assert not problems, "\n".join(problems)

@@ -14,7 +14,7 @@ from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested
 
-from gefen_conformance.suite import checkpoints, margins
+from gefen_conformance.suite import margins, restore_checks
 
 CHECKPOINTS = [
     pytest.param("base", 1, id="w1"),
@@ -42,7 +42,7 @@ def _expected_values(model: str, state: dict) -> list[str]:
             problems.append(f"{key}: {got!r}, expected {value}")
     for i, name in enumerate(layout.shapes):
         fresh = name in layout.frozen
-        for field, value in zip(checkpoints.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)):
+        for field, value in zip(restore_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)):
             got = state.get(gefen_schema.slot_key(i, field))
             if not torch.is_tensor(got) or got.item() != value:
                 problems.append(f"{gefen_schema.slot_key(i, field)} ({name}): {got!r}, expected {value}")
