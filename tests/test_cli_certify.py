@@ -61,6 +61,7 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_the_rerun_command_the_summary_prints_reruns_exactly_that_test_from_another_directory(tmp_path):
     """A mutant fails one test; the summary's rerun command, run elsewhere through certify, runs that test only."""
     first = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--impl=tests.mutants:global_step",

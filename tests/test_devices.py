@@ -225,6 +225,7 @@ def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_e
     assert not [p.name for p in pytester.path.iterdir() if p.name.startswith("gefen-certificate")]
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 @needs_pool
 def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester, child_env):
     cert_path = pytester.path / "cert.json"

@@ -159,6 +159,7 @@ default_planner.DefaultSavePlanner.create_local_plan = create_local_plan
 """
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 @needs_main_thread
 def test_ctrl_c_stops_the_run_within_5_s_and_writes_the_partial_certificate(pytester, default_sigint):
     """Issue 20: Ctrl-C stopped a certification 16-23 s after the signal, and an interrupted run

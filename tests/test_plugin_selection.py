@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gefen_conformance.plugin.selection import SuiteCensus
 
 COMPLETE = {"schema": "gefen-conformance-certificate/2", "run": {"complete": True}, "verdict": "conformant"}
@@ -22,6 +24,7 @@ def _backend_repository(pytester):
     return pytester
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_impl_without_paths_runs_the_suite_not_the_repositorys_testpaths(pytester):
     repo = _backend_repository(pytester)
     default = repo.path / "gefen-certificate-reference.json"
@@ -46,6 +49,7 @@ def test_explicit_paths_run_only_themselves(pytester):
     assert not list(repo.path.glob("gefen-certificate*"))  # no suite test ran: no certificate
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     cert_path = pytester.path / "c.json"
     # by module name: the child resolves it in its own import system (a path from this process could
@@ -60,6 +64,7 @@ def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     assert cert["run"]["expected_tests"] > 100 and cert["run"]["executed_tests"] == 2
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_another_hypothesis_profile_is_partial(pytester):
     cert_path = pytester.path / "c.json"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "gefen_conformance", "--impl=reference",
@@ -92,6 +97,7 @@ def pytest_runtest_call(item):
 """
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     """DCP's logger is at DEBUG with a NullHandler; pytest >= 9.1 captures non-propagating loggers,
     so each in-process save and load would flood a failing test's report (SPEC 4.4.6)."""
@@ -103,6 +109,7 @@ def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     assert levels and min(levels) >= 30, levels
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_a_printed_test_id_reruns_that_test_from_any_directory(pytester):
     """SPEC 4.5.5: the id the terminal, certificate and reports print is a valid argument."""
     repo = _backend_repository(pytester)

@@ -70,7 +70,9 @@ def _run(pytester, *extra):
     return pytester.runpytest_subprocess("--impl=reference", "-p", "no:cacheprovider", *SELECTION, *extra)
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+# the xdist run is a whole suite run in two workers: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.parametrize("workers", [pytest.param([], id="one-process"),
+                                     pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)])
 def test_a_real_run_prints_a_line_per_module_and_none_with_q(pytester, workers):
     result = _run(pytester, *workers)
     out = result.stdout.str()

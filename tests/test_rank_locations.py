@@ -141,6 +141,7 @@ IMPLEMENTATION = dataclasses.replace(REFERENCE, name="broken-adapter", dcp_state
 """
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_a_suite_run_records_where_each_failed_rank_was(pytester, monkeypatch):
     """An adapter that raises on every rank of a DCP save: the certificate's test has a ``where``
     line per rank naming the adapter's line, and the terminal summary prints them under the test."""

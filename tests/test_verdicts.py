@@ -84,6 +84,7 @@ def pytest_configure(config):
 '''
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_partial(pytester):
     pytester.makepyfile(one_rank=ONE_RANK)
     cert_path = pytester.path / "c.json"

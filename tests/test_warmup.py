@@ -127,6 +127,7 @@ SLOW_BUILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
 def test_a_per_process_build_longer_than_the_deadlines_is_paid_before_them(pytester, monkeypatch):
     """The row of issue 20: ranks "hung" at the deadline inside a kernel build. Here every
     process pays a 4 s build and the scenarios' deadlines are scaled down to 3 s (killed save)
