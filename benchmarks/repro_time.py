@@ -1,6 +1,7 @@
 """How long ``gefen-conformance repro`` takes to replay a mutant's failure (SPEC 4.5.6; target: under 5 s).
 
-For each mutant of tests/test_repro.py: certify it on the one suite test it fails (``pytest
+For each mutant of tests/test_repro.py (the catalogue's ``lr-half-percent-high``, named from
+tests/optimizer_mutants.py, whose import pulls in no DCP code): certify it on the one suite test it fails (``pytest
 --impl=... -k ...`` in a subprocess, as tests/mutant_tools.run_suite does), then run
 ``python -m gefen_conformance.cli repro CERT TEST_ID`` ``--runs`` times and print, side by side,
 the failing suite run's wall time, the test's duration in the certificate, the repro command's wall
@@ -30,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from tests.mutant_tools import failed_tests, run_suite  # noqa: E402
 
 CASES = [
-    ("tests.mutants:tolerant_lr_half_percent_high", "test_pinned_block_step and plain and float32 and pinned-after-3"),
-    ("tests.mutants:mutant_lr_half_percent_high", "test_block_step_matches_reference and plain and float32"),
+    ("tests.optimizer_mutants:tolerant_lr_half_percent_high", "test_pinned_block_step and plain and float32 and pinned-after-3"),
+    ("tests.optimizer_mutants:mutant_lr_half_percent_high", "test_block_step_matches_reference and plain and float32"),
 ]
 
 

@@ -100,9 +100,19 @@ def worst_elements(label: str, expected: torch.Tensor, observed: torch.Tensor, a
     order = order[differs[order]][:count]
     out = []
     for i in order.tolist():
-        index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), shape)) if shape else ()
+        index = _unravel(i, shape) if shape else ()
         out.append(Offender(label, index, e[i].item(), o[i].item(), float(room[i])))
     return out
+
+
+def _unravel(flat: int, shape) -> tuple:
+    """The index of element ``flat`` of a row-major tensor of ``shape`` (``torch.unravel_index``
+    imports torch's symbolic-shapes machinery, about a second, on its first call)."""
+    index = []
+    for size in reversed(tuple(shape)):
+        flat, k = divmod(flat, int(size))
+        index.append(k)
+    return tuple(reversed(index))
 
 
 def _worst_of(offenders: list) -> list:

@@ -44,13 +44,11 @@ from gefen_conformance.implementations import reference as reference_impl
 from gefen_reference.native_state import local_tensor
 
 from .mutant_tools import clone, proxy
+from .optimizer_mutants import OPTIMIZER_CAPS, as_kernel, mutant_lr_half_percent_high
+from .optimizer_mutants import optimizer_mutant as _optimizer_mutant
+from .optimizer_mutants import stepping_with as _stepping_with
 
-OPTIMIZER_CAPS = {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_V}
 ALL_CAPS = KNOWN_CAPABILITIES
-
-
-def _optimizer_mutant(name, make_optimizer):
-    return Implementation(name=name, version="mutant", make_optimizer=make_optimizer, capabilities=OPTIMIZER_CAPS)
 
 
 def _dcp_mutant(name, adapter_module, *, make_optimizer=None):
@@ -82,32 +80,6 @@ def _betas_stored_rounded(params, **hp):
     return reference.Gefen(params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp)
 
 
-def _stepping_with(key: str, change):
-    """A reference optimizer whose every step sees ``change(value)`` for each group's ``key``
-    (the stored value stays the user's)."""
-
-    def make(params, **hp):
-        opt = reference.Gefen(params, **hp)
-        original = opt.step
-
-        def step(closure=None):
-            saved = [g[key] for g in opt.param_groups]
-            for g in opt.param_groups:
-                g[key] = change(g[key])
-            try:
-                return original(closure)
-            finally:
-                for g, value in zip(opt.param_groups, saved):
-                    g[key] = value
-
-        opt.step = step
-        return opt
-
-    return make
-
-
-#: Every step applies 1.005 x the group's lr.
-_lr_half_percent_high = _stepping_with("lr", lambda lr: lr * 1.005)
 
 
 def _codewords_in_bf16(codebook, indices, dtype):
@@ -298,7 +270,7 @@ CATALOGUE = {
     "betas-stored-rounded": Entry(_optimizer_mutant("betas-stored-rounded", _betas_stored_rounded), "1.8", "block_step",
                                   "the user's betas rounded to fp32 and stored (the step uses them too)",
                                   tolerance_clause="1.2.4", tolerance_select="state_matches"),
-    "lr-half-percent-high": Entry(_optimizer_mutant("lr-half-percent-high", _lr_half_percent_high), "1.8",
+    "lr-half-percent-high": Entry(mutant_lr_half_percent_high, "1.8",
                                   "block_step", "every step applies 1.005 x lr",
                                   tolerance_select="pinned_block_step and float32"),
     "bf16-codewords": Entry(
@@ -725,11 +697,6 @@ CATALOGUE.update({
     name: Entry(_backend(name, cls), clause, select, bug)
     for name, (cls, clause, select, bug) in INPUT_SPACE_MUTANTS.items()
 })
-
-
-def as_kernel(implementation: Implementation) -> Implementation:
-    """The same implementation declared as a kernel backend would: without ``cpu-bit-exact``."""
-    return replace(implementation, capabilities=implementation.capabilities - {CPU_BIT_EXACT})
 
 
 # Spec strings for --impl: tests.mutants:<attribute>

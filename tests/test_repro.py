@@ -1,7 +1,8 @@
 """Reproducers of failed optimizer comparisons and ``gefen-conformance repro`` (SPEC 4.5.6).
 
-The proofs certify two mutants of tests/mutants.py on the one suite test each fails, through the
-plugin in a subprocess, then replay that test with ``gefen-conformance repro`` in another and
+The proofs certify two mutants of the catalogue (tests/mutants.py; named from
+tests/optimizer_mutants.py, which holds them without importing DCP code) on the one suite test each
+fails, through the plugin in a subprocess, then replay that test with ``gefen-conformance repro`` in another and
 check that it reports the same failing comparisons with the same numbers, bit for bit:
 
 * ``lr-half-percent-high`` as a kernel backend (tolerance profile) on a pinned fp32 step: the
@@ -244,10 +245,10 @@ def _failing_margins(test: dict) -> list:
 @pytest.mark.proof
 # SPEC 4.5.6, SPEC 5.6.8, SPEC 5.6.10
 @pytest.mark.parametrize("spec,select,test_id", [
-    pytest.param("tests.mutants:tolerant_lr_half_percent_high",
+    pytest.param("tests.optimizer_mutants:tolerant_lr_half_percent_high",
                  "test_pinned_block_step and plain and float32 and pinned-after-3",
                  "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]", id="pinned-tolerance"),
-    pytest.param("tests.mutants:mutant_lr_half_percent_high", "test_block_step_matches_reference and plain and float32",
+    pytest.param("tests.optimizer_mutants:mutant_lr_half_percent_high", "test_block_step_matches_reference and plain and float32",
                  "test_optimizer.py::test_block_step_matches_reference[plain-torch.float32]", id="free-running-bitwise"),
 ])
 def test_repro_reproduces_a_mutants_failure_bit_for_bit(spec, select, test_id, tmp_path):

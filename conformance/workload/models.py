@@ -30,7 +30,6 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from gefen_conformance.harness import devices, world
-from gefen_conformance.harness.sharding import shard, sharded_parameter
 
 __all__ = [
     "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "LONG", "LONG_STEPS", "OPTIMIZER",
@@ -187,6 +186,9 @@ def parameters(model: Model, *, dtype: torch.dtype = torch.float32, salt=None, m
     """``{name: nn.Parameter}``: plain, or ``Shard(0)`` DTensors on ``mesh``; on ``device``
     (default: the implementation's, :func:`device_for`)."""
     device = device_for() if device is None else device
+    if mesh is not None:
+        # torch.distributed.tensor takes seconds to import: only sharded parameters pay for it
+        from gefen_conformance.harness.sharding import sharded_parameter
     out = {}
     for name, value in initial(model, dtype=dtype, salt=salt).items():
         value = value.to(device)
@@ -216,6 +218,8 @@ def set_gradients(model: Model, params: dict, step: int) -> None:
     """Every parameter's ``.grad`` for ``step``: in its dtype, on its device, sharded like it (a
     collective for DTensors)."""
     from torch.distributed.tensor import DTensor
+
+    from gefen_conformance.harness.sharding import shard
 
     for name, p in params.items():
         g = gradient(model, name, step, dtype=p.dtype)
