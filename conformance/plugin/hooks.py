@@ -60,11 +60,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
         namespace.file_or_dir = [str(SUITE_DIR)]
     else:
         options.suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
-    guard = options.guard(early_config)
-    options.select_deadline_scale(getattr(namespace, "gefen_deadline_scale", None), guard)
-    options.check_certificate_path(early_config, getattr(namespace, "certificate", None), guard)
-    options.select_device(getattr(namespace, "gefen_device", "cpu"), guard)  # imports torch
-    early_config.stash[_IMPL_KEY] = options.resolve(namespace.impl, guard)
+    early_config.stash[_IMPL_KEY], _ = options.prepare(  # selecting the device imports torch
+        early_config, impl=namespace.impl, deadline_scale=getattr(namespace, "gefen_deadline_scale", None),
+        certificate=getattr(namespace, "certificate", None), device=getattr(namespace, "gefen_device", "cpu"))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -110,12 +108,9 @@ def _activate(config) -> "SuiteRun":
 
     if config.option.impl is None:
         config.option.impl = "reference"
-    guard = options.guard(config)
-    options.select_deadline_scale(config.option.gefen_deadline_scale, guard)
-    if config.stash.get(_IMPL_KEY, None) is None:
-        options.check_certificate_path(config, config.option.certificate, guard)
-    options.select_device(config.option.gefen_device, guard)
-    impl = config.stash.get(_IMPL_KEY, None) or options.resolve(config.option.impl, guard)
+    impl, guard = options.prepare(config, impl=config.option.impl, deadline_scale=config.option.gefen_deadline_scale,
+                                  certificate=config.option.certificate, device=config.option.gefen_device,
+                                  resolved=config.stash.get(_IMPL_KEY, None))
     run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
     run.open()

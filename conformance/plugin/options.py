@@ -42,6 +42,19 @@ def add(parser) -> None:
                          "a run that is not complete never replaces a complete certificate)")
 
 
+def prepare(config, *, impl: str, deadline_scale, certificate, device: str, resolved=None):
+    """Every check of the run's options, in the order a failure is reported, then the
+    implementation: ``(implementation, interrupt guard)``. Given ``resolved`` (the implementation
+    the early check already loaded in this process), the certificate path is not checked again
+    and the implementation is not resolved again."""
+    installed = guard(config)
+    select_deadline_scale(deadline_scale, installed)
+    if resolved is None:
+        check_certificate_path(config, certificate, installed)
+    select_device(device, installed)
+    return (resolved if resolved is not None else resolve(impl, installed)), installed
+
+
 def suite_ids_as_paths(args, namespace, invocation_dir) -> None:
     """A test id as the suite prints it (``test_dcp_async.py::test_x[p]``, SPEC 4.5.5) names that
     suite test from any directory: rewritten to the suite module's path, unless the current

@@ -30,7 +30,6 @@ import pytest
 import torch
 
 from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
@@ -41,7 +40,6 @@ from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
 from gefen_conformance.suite import checkpoints, margins, restore_checks
 
-REFERENCE = "reference"
 MODEL = "wide"
 MODELS = {MODEL: workload.WIDE}
 DTYPES = {"bf16": torch.bfloat16}
@@ -114,18 +112,19 @@ def restore_and_continue(impl: Implementation, model: str, dtype: str, path: str
 # -------------------------------------------------------------------------------- the cache
 
 
-def _checkpoint(saved: checkpoints.Checkpoints, dtype: str):
+def _checkpoint(saved: checkpoints.Checkpoints, reference: Implementation, dtype: str):
     path = saved.directory("reference-saved", MODEL, dtype, f"w{SOURCE}")
 
     def make():
-        checkpoints.run(save_reference, SOURCE, (registry.resolve(REFERENCE), MODEL, dtype, str(path)), timeout=TIMEOUT)
+        checkpoints.run(save_reference, SOURCE, (reference, MODEL, dtype, str(path)), timeout=TIMEOUT)
         return path
 
     return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
 
 
-def _continued(saved: checkpoints.Checkpoints, impl: Implementation, dtype: str, target: int) -> Continued:
-    source = _checkpoint(saved, dtype)
+def _continued(saved: checkpoints.Checkpoints, impl: Implementation, reference: Implementation, dtype: str,
+               target: int) -> Continued:
+    source = _checkpoint(saved, reference, dtype)
     out = saved.directory("continued", impl, MODEL, dtype, f"w{SOURCE}", f"w{target}")
 
     def make():
@@ -250,22 +249,22 @@ def _every_restore(test):
     return test
 
 
-def _continued_by_both(checkpoints, impl: Implementation, dtype, target):
+def _continued_by_both(checkpoints, impl: Implementation, reference: Implementation, dtype, target):
     """The implementation's restore-and-continue, then (if it ran) the reference's: ``(theirs, ours,
     problems)``, ``ours`` None when the implementation's own run already failed."""
-    theirs = _continued(checkpoints, impl, dtype, target)
+    theirs = _continued(checkpoints, impl, reference, dtype, target)
     problems = _failures(theirs)
     ours = None
     if not problems:
-        ours = _continued(checkpoints, registry.resolve(REFERENCE), dtype, target)
+        ours = _continued(checkpoints, reference, reference, dtype, target)
         problems = _failures(ours)
     return theirs, ours, problems
 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
 @_every_restore
-def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_checkpoints, dtype, target):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, dtype, target)
+def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_reference, gefen_checkpoints, dtype, target):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
     if not problems:
         problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
         expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
@@ -276,8 +275,8 @@ def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_checkpoints, dtype, 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
 @_every_restore
-def test_steps_after_the_restore(gefen_impl, gefen_checkpoints, dtype, target):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, dtype, target)
+def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, dtype, target):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
     if problems:
         pytest.fail("\n".join(problems))
     comparisons = Comparisons()

@@ -73,15 +73,11 @@ def trajectory_from(make_optimizer, start: dict, grads: list, hypers, *, model: 
     """:func:`trajectory` from explicit inputs (a reproducer's, SPEC 4.5.6): parameters ``start``
     (``{name: value}``, copied to the side's device), one ``{name: gradient or None}`` per step,
     the groups of ``model`` with ``hypers`` (copied: the two sides never share a tensor)."""
-    device = device_for(make_optimizer)
-    params = {n: torch.nn.Parameter(t.clone().to(device)) for n, t in start.items()}
-    opt = make_optimizer(param_groups(model, params, copy.deepcopy(hypers)), **options)
+    params, opt = built_from(make_optimizer, model, start, hypers, **options)
     history = {n: [to_cpu(p)] for n, p in params.items()}
     states = {}
     for step, step_grads in enumerate(grads):
-        for n, p in params.items():
-            g = step_grads.get(n)
-            p.grad = None if g is None else g.clone().to(device)
+        _set_gradients(params, step_grads)
         opt.step()
         for n, p in params.items():
             history[n].append(to_cpu(p))
@@ -149,12 +145,9 @@ def pinned_step_from(make_optimizer, state_dict: dict, start: dict, grads: dict,
     """:func:`pinned_step` from explicit inputs (a reproducer's, SPEC 4.5.6): the optimizer over
     parameters ``start`` in the groups of ``model`` with ``hypers`` (copied: the two sides never
     share a tensor), ``state_dict`` loaded, gradients ``grads`` (``{name: gradient or None}``), one step."""
-    device = device_for(make_optimizer)
-    params = {n: torch.nn.Parameter(t.clone().to(device)) for n, t in start.items()}
-    opt = make_optimizer(param_groups(model, params, copy.deepcopy(hypers)), **options)
+    params, opt = built_from(make_optimizer, model, start, hypers, **options)
     opt.load_state_dict(copy.deepcopy(state_dict))
-    for n, p in params.items():
-        p.grad = None if grads.get(n) is None else grads[n].clone().to(device)
+    _set_gradients(params, grads)
     opt.step()
     return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, {n: grads.get(n) for n in params},
                       state_to_cpu(copy.deepcopy(opt.state_dict())))
@@ -236,12 +229,14 @@ def run_steps_from(optimizer, params: dict, grads: list, steps: Iterable[int], *
     if len(steps) != len(grads):
         raise ValueError(f"{len(grads)} steps of gradients for {len(steps)} step indices")
 
-    def give(i: int) -> None:
-        for n, p in params.items():
-            g = grads[i].get(n)
-            p.grad = None if g is None else g.clone().to(p.device)
+    return _stepped(optimizer, params, steps, lambda i: _set_gradients(params, grads[i]), record_states)
 
-    return _stepped(optimizer, params, steps, give, record_states)
+
+def _set_gradients(params: dict, grads: dict) -> None:
+    """Each parameter's ``.grad``: a copy of ``grads[name]`` on the parameter's device, or None."""
+    for n, p in params.items():
+        g = grads.get(n)
+        p.grad = None if g is None else g.clone().to(p.device)
 
 
 def built_from(make_optimizer, model: Model, start: dict, hypers, **options) -> tuple:
