@@ -141,6 +141,35 @@ def test_ctrl_c_inside_an_in_process_dcp_save_stops_the_run(pytester, default_si
     assert "verdict: incomplete" in out
 
 
+EARLY_INTERRUPTER = """
+import os, signal, time
+from gefen_conformance.plugin import recorder
+
+_original = recorder.SuiteRun.open
+
+def open(self):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the suite's session is being configured
+    time.sleep(0.5)
+    return _original(self)
+
+recorder.SuiteRun.open = open
+"""
+
+
+@needs_main_thread
+def test_ctrl_c_before_the_session_starts_says_so_in_one_line(pytester, default_sigint):
+    """CI, 2026-12-01: a certification interrupted 3-4.5 s in left with exit 2 and no output at all:
+    the interrupt landed in the suite's configure hook, which runs before pytest's terminal exists."""
+    pytester.makepyfile(early_interrupter=EARLY_INTERRUPTER)
+    cert_path = pytester.path / "c.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "early_interrupter", "--impl=reference",
+                                           f"--certificate={cert_path}")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out
+    assert out.strip() == "interrupted before the suite's session started: no test ran, no certificate written", out
+    assert not cert_path.exists() and not (pytester.path / "c.partial.json").exists()
+
+
 TIMED_INTERRUPTER = """
 import os, signal, time
 from torch.distributed.checkpoint import default_planner
@@ -203,10 +232,12 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert report["stopped_after_s"] < 5, report["output"][-3000:]
     assert report["gone_after_s"] < 5, report
     if report["verdict"] is None:
-        # on a loaded machine 5 s may still be start-up: loading the implementation (it says so),
+        # on a loaded machine 5 s may still be start-up: loading the implementation or configuring
+        # the session before pytest's terminal exists (the plugin says so, one line each),
         # importing pytest before any plugin runs (Python's own traceback), or the interpreter's own
         # start before it handles SIGINT at all (killed by the signal, nothing printed)
         assert "interrupted while loading the implementation" in report["output"] or \
+            "interrupted before the suite's session started" in report["output"] or \
             "KeyboardInterrupt" in report["output"] or \
             (report["exit"] == -signal.SIGINT and not report["output"].strip()), (report["exit"], report["output"][-3000:])
     else:

@@ -16,6 +16,7 @@ first suite module is collected.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -335,6 +336,10 @@ class _SessionHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo):
+        if self.config.pluginmanager.get_plugin("terminalreporter") is None:
+            # the interrupt landed in a configure hook that ran before pytest's terminal existed:
+            # nobody else would say why the run ended (SPEC 4.4.6)
+            sys.stderr.write("interrupted before the suite's session started: no test ran, no certificate written\n")
         run = _run(self.config)
         if run is not None:
             run.guard.acknowledge()
