@@ -51,6 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gefen_reference as reference  # noqa: E402
+from gefen_reference.codebook import forget_solved  # noqa: E402
 from gefen_oracles.memory import StorageTracker  # noqa: E402
 
 SIZES = {
@@ -219,6 +220,7 @@ def measure_all(makers, size, dtype, steps, slow_steps):
         for name, make in makers.items():
             try:
                 subject = Subject(make, size, dtype)
+                forget_solved()  # every first step solves its codebook (the reference keeps the last few)
                 subject.first = subject.step(0)
             except Exception as exc:  # an optimizer that does not support this dtype
                 print(f"  {name}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
@@ -321,6 +323,7 @@ def first_step_scaling(args, summary):
                     for n, p in fresh.items():
                         p.grad = sets[0][n]
                     clocks.clear()
+                    forget_solved()
                     t = time.perf_counter()
                     opt.step()
                     total = time.perf_counter() - t

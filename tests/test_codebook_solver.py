@@ -366,3 +366,51 @@ def test_all_4096_bins_active_fast_plain_and_gefenx():
     fast = solve_codebook(c, w)
     assert_same_bits(fast, gefenx_codebook(c, w))
     assert_same_bits(fast, solve_codebook_plain(c, w))
+
+
+# ---------------------------------------------------------------------------
+# The kept solutions of codebook_from_counts (a solve is a pure function of the counts)
+# ---------------------------------------------------------------------------
+
+
+def _counts(seed: int, active_bins: int = 300) -> torch.Tensor:
+    """Bin counts with ``active_bins`` active bins (more than 256: the DP runs)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(4096, dtype=torch.int64)
+    counts[torch.randperm(4096, generator=g)[:active_bins]] = torch.randint(1, 1000, (active_bins,), generator=g)
+    return counts
+
+
+def test_a_kept_codebook_is_the_solved_one_in_a_fresh_tensor(monkeypatch):
+    import gefen_reference.codebook as codebook
+
+    codebook.forget_solved()
+    calls = []
+    monkeypatch.setattr(codebook, "solve_codebook", lambda *a: calls.append(1) or solve_codebook(*a))
+    counts = _counts(0)
+    first = codebook.codebook_from_counts(counts)
+    first.fill_(0.0)  # a caller that writes into its codebook changes nobody else's
+    again = codebook.codebook_from_counts(counts.clone())
+    c, w = active(counts.numpy())
+    assert_same_bits(again.numpy(), solve_codebook(c, w, 256))
+    assert calls == [1]  # solved once
+    codebook.codebook_from_counts(_counts(1))
+    assert calls == [1, 1]  # other counts: solved
+
+
+def test_kept_codebooks_are_bounded_and_a_failed_solve_keeps_nothing(monkeypatch):
+    import gefen_reference.codebook as codebook
+
+    codebook.forget_solved()
+    for seed in range(codebook.SOLVED_KEPT + 3):
+        codebook.codebook_from_counts(_counts(seed, active_bins=40))  # padded: no DP
+    assert len(codebook._solved) == codebook.SOLVED_KEPT
+    codebook.forget_solved()
+
+    def failing(*_):
+        raise ZeroDivisionError("lost count")
+
+    monkeypatch.setattr(codebook, "solve_codebook", failing)
+    with pytest.raises(ZeroDivisionError):
+        codebook.codebook_from_counts(_counts(0))
+    assert len(codebook._solved) == 0
