@@ -44,7 +44,7 @@ from gefen_conformance.harness.pool_processes import Pool, Worker, fork_server_p
 from gefen_conformance.harness.pool_supervision import supervise
 
 __all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "kill_all", "prepare_workers", "run_on_ranks",
-           "shutdown_pool", "start_workers"]
+           "shutdown_pool", "start_server", "start_workers"]
 
 _HOST = "127.0.0.1"
 
@@ -105,6 +105,13 @@ def _own_pool() -> Pool | None:
     """This process's pool if it has started one, without starting it."""
     pool = _POOL
     return pool if pool is not None and pool.owner_pid == os.getpid() else None
+
+
+def start_server() -> None:
+    """Start this process's pool without starting a worker: its fork server begins importing torch
+    and the preloaded modules in its own process (seconds of CPU) while the caller goes on; the
+    first worker asked for waits for it."""
+    _pool()
 
 
 def start_workers(count: int) -> None:

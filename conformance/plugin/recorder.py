@@ -186,23 +186,31 @@ class SuiteRun:
         items = [item for item in session.items if in_suite(item.path)]
         if not items:
             return
-        result = warmup.warm_up_process(self.impl, devices.selected())
+        started = time.monotonic()
         ranked = self.impl.has(DCP_RESHARD) and any(
             DCP_RESHARD in required(item) for item in items)
         active = launch.active()
+        pool_notes, workers = [], None
         if ranked and isinstance(active, launch.PoolLauncher):
-            started = time.monotonic()
             workers = next((n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0)
             if not any(warmup.runs_rank_bodies(item) for item in items):
                 # in-process DCP tests only (a World of one): prepared workers start when a call
                 # needs them, their preparation still before its deadline
                 workers = 0
             try:
-                warmup.prepare_pool(self.config.option.impl, workers)
+                # the fork server imports in its own process while this one runs its code paths
+                warmup.begin_pool(self.config.option.impl, workers)
             except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
-                result.notes.append(f"warm-up: starting {workers} rank workers failed: "
-                                    f"{certificate.cut(str(exc), 300)}")
-            result.seconds += time.monotonic() - started
+                pool_notes.append(f"warm-up: starting the rank workers' server failed: {certificate.cut(str(exc), 300)}")
+                workers = None
+        result = warmup.warm_up_process(self.impl, devices.selected())
+        if workers:
+            try:
+                warmup.start_workers(workers)
+            except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
+                pool_notes.append(f"warm-up: starting {workers} rank workers failed: {certificate.cut(str(exc), 300)}")
+        result.notes += pool_notes
+        result.seconds = time.monotonic() - started
         result.seconds += float(getattr(active, "preparation_s", 0.0) or 0.0)  # torchrun ranks, at start-up
         self.warm_up_report = {"seconds": result.seconds, "notes": result.notes}
         self.run.warmed_up(result.seconds, result.notes)

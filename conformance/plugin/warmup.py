@@ -12,7 +12,8 @@ suite run, before its first test:
   each, a tensor lr and weight decay, and the native state dict where declared), and times it
   (the certificate's ``execution.warm_up_s``);
 * for the pool's rank processes: has the fork server import the scenario modules and torch's
-  lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`), starts the workers the
+  lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`; it is started first, so
+  its imports overlap the test process's code paths above), starts the workers the
   largest scenario needs (none when no selected test runs rank bodies: :func:`runs_rank_bodies`),
   and has every rank run :func:`prepare_rank` (the implementation, resolved once in the rank
   process, has its ``prepare`` called on the rank's device) before its first call's deadline starts
@@ -107,10 +108,11 @@ def warm_up_process(impl, device) -> WarmUp:
     return WarmUp(time.monotonic() - started, notes)
 
 
-def prepare_pool(impl, workers: int) -> None:
+def begin_pool(impl, workers: int) -> None:
     """Have the pool's rank processes preload the scenario modules and prepare the implementation
-    (an ``Implementation``, or its spec, resolved here once) before their first call's deadline,
-    and start ``workers`` of them now."""
+    (an ``Implementation``, or its spec, resolved here once) before their first call's deadline;
+    with ``workers``, start the pool's fork server now, so that its imports run in its own process
+    while this one warms up (:func:`warm_up_process`)."""
     from gefen_conformance.harness import pool
     from gefen_conformance.implementations import registry
 
@@ -118,7 +120,21 @@ def prepare_pool(impl, workers: int) -> None:
         impl = registry.resolve(impl)
     pool.prepare_workers(RANK_PRELOAD, prepare_rank, (impl,))
     if workers:
-        pool.start_workers(workers)
+        pool.start_server()
+
+
+def start_workers(workers: int) -> None:
+    """Start ``workers`` prepared rank workers now (after :func:`begin_pool`)."""
+    from gefen_conformance.harness import pool
+
+    pool.start_workers(workers)
+
+
+def prepare_pool(impl, workers: int) -> None:
+    """:func:`begin_pool`, then :func:`start_workers`."""
+    begin_pool(impl, workers)
+    if workers:
+        start_workers(workers)
 
 
 def prepare_rank(impl, *, device) -> None:
