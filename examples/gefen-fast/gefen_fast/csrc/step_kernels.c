@@ -159,25 +159,6 @@ static inline void vstore_codes(uint8_t *dst, __m256i k) {
     _mm_storel_epi64((__m128i *)dst, _mm_unpacklo_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
 }
 
-/* the low bytes of the lanes of k0..k3, stored as 32 bytes in order: each vector's bytes go to
-   one dword of each 128-bit lane, then the dwords are put back in element order */
-static inline void vstore_codes32(uint8_t *dst, __m256i k0, __m256i k1, __m256i k2, __m256i k3) {
-#define GEFEN_PICK(d) _mm256_setr_epi8(PICK_##d(0), PICK_##d(1), PICK_##d(2), PICK_##d(3), \
-                                       PICK_##d(0), PICK_##d(1), PICK_##d(2), PICK_##d(3))
-#define PICK_0(q) (q) == 0 ? 0 : -1, (q) == 0 ? 4 : -1, (q) == 0 ? 8 : -1, (q) == 0 ? 12 : -1
-#define PICK_1(q) (q) == 1 ? 0 : -1, (q) == 1 ? 4 : -1, (q) == 1 ? 8 : -1, (q) == 1 ? 12 : -1
-#define PICK_2(q) (q) == 2 ? 0 : -1, (q) == 2 ? 4 : -1, (q) == 2 ? 8 : -1, (q) == 2 ? 12 : -1
-#define PICK_3(q) (q) == 3 ? 0 : -1, (q) == 3 ? 4 : -1, (q) == 3 ? 8 : -1, (q) == 3 ? 12 : -1
-    __m256i s = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(k0, GEFEN_PICK(0)), _mm256_shuffle_epi8(k1, GEFEN_PICK(1))),
-                                _mm256_or_si256(_mm256_shuffle_epi8(k2, GEFEN_PICK(2)), _mm256_shuffle_epi8(k3, GEFEN_PICK(3))));
-#undef PICK_0
-#undef PICK_1
-#undef PICK_2
-#undef PICK_3
-#undef GEFEN_PICK
-    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
 /* 1/x within 2 ulp: the hardware estimate and one Newton step (the factored stepsize, SPEC 5.6.5
    allows its rounding; a division per element would double the divider's load). */
 static inline __m256 vreciprocal(__m256 x) {
@@ -447,23 +428,6 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
     top = hmax_u32(vtop);                                                                        \
     if (SUM) total = hsum_ps(vsum);
 
-/* Pass B's lookup and update of the eight elements at stage offset I; K gets their codes. */ \
-#define GEFEN_PASS_B_UPDATE(S, I, K)                                                             \
-    {                                                                                            \
-        const int64_t i_ = (I);                                                                  \
-        __m256 q = vlookup(_mm256_load_ps(normalised + i_), cells, offsets + i_, &(K));          \
-        __m256 delta;                                                                            \
-        if (FACTORED) {                                                                          \
-            __m256 den = _mm256_add_ps(_mm256_mul_ps(vrow, _mm256_loadu_ps(col_root + (j + i_ - seg0))), veps); \
-            delta = _mm256_mul_ps(_mm256_mul_ps(q, vreciprocal(den)), vfscale);                  \
-        } else {                                                                                 \
-            delta = _mm256_mul_ps(q, vblock);                                                    \
-        }                                                                                        \
-        __m256 pv = vload_##S(p + j + i_);                                                       \
-        if (DECAY) pv = vround_##S(_mm256_mul_ps(pv, vdecay));                                   \
-        vstore_##S(p + j + i_, _mm256_sub_ps(pv, delta));                                        \
-    }
-
 #define GEFEN_PASS_B_VECTOR(S)                                                                   \
     {                                                                                            \
         const __m256 vmag = _mm256_set1_ps(mag), vold = _mm256_set1_ps(old);                     \
@@ -494,20 +458,20 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 _mm256_store_ps(normalised + i, u);                                              \
                 _mm256_store_si256((__m256i *)(offsets + i), vcell_offsets(u));                  \
             }                                                                                    \
-            /* four vectors at a time, their 32 codes stored together */                         \
-            int64_t i = 0;                                                                       \
-            for (; i + 32 <= m; i += 32) {                                                       \
-                __m256i k0, k1, k2, k3;                                                          \
-                GEFEN_PASS_B_UPDATE(S, i, k0)                                                    \
-                GEFEN_PASS_B_UPDATE(S, i + 8, k1)                                                \
-                GEFEN_PASS_B_UPDATE(S, i + 16, k2)                                               \
-                GEFEN_PASS_B_UPDATE(S, i + 24, k3)                                               \
-                vstore_codes32(idx + j + i, k0, k1, k2, k3);                                     \
-            }                                                                                    \
-            for (; i < m; i += 8) {                                                              \
+            for (int64_t i = 0; i < m; i += 8) {                                                 \
                 __m256i k;                                                                       \
-                GEFEN_PASS_B_UPDATE(S, i, k)                                                     \
+                __m256 q = vlookup(_mm256_load_ps(normalised + i), cells, offsets + i, &k);      \
                 vstore_codes(idx + j + i, k);                                                    \
+                __m256 delta;                                                                    \
+                if (FACTORED) {                                                                  \
+                    __m256 den = _mm256_add_ps(_mm256_mul_ps(vrow, _mm256_loadu_ps(col_root + (j + i - seg0))), veps); \
+                    delta = _mm256_mul_ps(_mm256_mul_ps(q, vreciprocal(den)), vfscale);          \
+                } else {                                                                         \
+                    delta = _mm256_mul_ps(q, vblock);                                            \
+                }                                                                                \
+                __m256 pv = vload_##S(p + j + i);                                                \
+                if (DECAY) pv = vround_##S(_mm256_mul_ps(pv, vdecay));                           \
+                vstore_##S(p + j + i, _mm256_sub_ps(pv, delta));                                 \
             }                                                                                    \
             j += m;                                                                              \
         }                                                                                        \
