@@ -27,6 +27,7 @@
  * All pointers of one item refer to distinct, non-overlapping buffers (Python checks).
  */
 #include "gefen_common.h"
+#include <sched.h>
 
 /* Blocks up to this size keep their lerped momentum in a per-thread scratch between the passes. */
 #define KEEP_MAX 65536
@@ -518,11 +519,19 @@ DEFINE_KERNELS(f16, uint16_t, 0)
 
 #define MAX_THREADS 256
 
+/* Wait until *done >= target (another thread's pass B of the kept pieces): spin briefly, then
+   yield the core, as a descheduled partner on a busy machine needs it back. */
+static void kept_wait(const int64_t *done, int64_t target) {
+    for (int spins = 0; __atomic_load_n(done, __ATOMIC_ACQUIRE) < target; spins++) {
+        if (spins < 4096) {
 #if GEFEN_AVX2
-#define GEFEN_PAUSE() _mm_pause()
-#else
-#define GEFEN_PAUSE() do { } while (0)
+            _mm_pause();
 #endif
+        } else {
+            sched_yield();
+        }
+    }
+}
 
 static double profile_clock[STAGE_COUNT];
 static int64_t last_scratch_bytes;
@@ -742,8 +751,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                 for (int k = 0; k < LARGE_PIECES; k++) {
                     float part = 0.0f;
                     const int64_t j0 = w->period * k / LARGE_PIECES;
-                    if (k >= first_kept)
-                        while (__atomic_load_n(&kept_done, __ATOMIC_ACQUIRE) < kept_before) GEFEN_PAUSE();
+                    if (k >= first_kept) kept_wait(&kept_done, kept_before);
                     tops[parity][k] = DISPATCH(w->dtype, large_pass_a, w, b, j0, w->period * (k + 1) / LARGE_PIECES,
                                                &part, k >= first_kept ? kept + (j0 - keep_from) : NULL);
                     sums[parity][k] = part;
