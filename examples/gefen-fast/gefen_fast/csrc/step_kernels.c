@@ -11,8 +11,9 @@
  *           update the parameter (steps 6-7, SPEC 1.8.6 weight decay first).
  * Blocks up to KEEP_MAX elements are handed to the threads whole, and the second visit reads the
  * kept momentum from the cache: memory is read once (p, g, indices) and written once (p, indices).
- * Larger blocks are cut into pieces (a maximum and a sum over the pieces between the passes) and
- * pass B recomputes the lerp from g and the old index.
+ * Larger blocks are cut into pieces (a maximum and a sum over the pieces between the passes); pass
+ * A keeps the lerps of a block's last pieces, up to LARGE_KEEP elements, in a scratch buffer, and
+ * pass B takes those pieces first and recomputes the lerp of the others from g and the old index.
  *
  * Arithmetic is fp32, one rounding per operation; the lerp is a true fused multiply-add (fmaf /
  * vfmadd). Differences from the reference, all inside the tolerance profile (SPEC 5.6.1): the
@@ -26,6 +27,7 @@
  * All pointers of one item refer to distinct, non-overlapping buffers (Python checks).
  */
 #include "gefen_common.h"
+#include <sched.h>
 
 /* Blocks up to this size keep their lerped momentum in a per-thread scratch between the passes. */
 #define KEEP_MAX 65536
@@ -94,17 +96,20 @@ static inline __m256 vsquare_f16(__m256 x) { return _mm256_mul_ps(x, x); }
 #define GEFEN_VECTOR_F16 0
 #endif
 
-/* decode[k[0..7]]: eight scalar loads (faster than a hardware gather on the CPUs measured) */
+/* decode[k[0..7]]: eight scalar loads (faster than a hardware gather on the CPUs measured), six
+   of them folded into vpinsrd (one instruction each instead of a load and an insert) */
+typedef int32_t gefen_f32_bits __attribute__((may_alias)); /* a float's bits, read in place */
 static inline __m256 vdecode(const float *decode, const uint8_t *k) {
-    __m128 a = _mm_load_ss(decode + k[0]);
-    a = _mm_insert_ps(a, _mm_load_ss(decode + k[1]), 0x10);
-    a = _mm_insert_ps(a, _mm_load_ss(decode + k[2]), 0x20);
-    a = _mm_insert_ps(a, _mm_load_ss(decode + k[3]), 0x30);
-    __m128 b = _mm_load_ss(decode + k[4]);
-    b = _mm_insert_ps(b, _mm_load_ss(decode + k[5]), 0x10);
-    b = _mm_insert_ps(b, _mm_load_ss(decode + k[6]), 0x20);
-    b = _mm_insert_ps(b, _mm_load_ss(decode + k[7]), 0x30);
-    return _mm256_set_m128(b, a);
+    const gefen_f32_bits *d = (const gefen_f32_bits *)decode;
+    __m128i a = _mm_cvtsi32_si128(d[k[0]]);
+    a = _mm_insert_epi32(a, d[k[1]], 1);
+    a = _mm_insert_epi32(a, d[k[2]], 2);
+    a = _mm_insert_epi32(a, d[k[3]], 3);
+    __m128i b = _mm_cvtsi32_si128(d[k[4]]);
+    b = _mm_insert_epi32(b, d[k[5]], 1);
+    b = _mm_insert_epi32(b, d[k[6]], 2);
+    b = _mm_insert_epi32(b, d[k[7]], 3);
+    return _mm256_castsi256_ps(_mm256_set_m128i(b, a));
 }
 
 static inline __m256 vload_cell_pair(const char *first, const char *second) {
@@ -369,18 +374,21 @@ static void small_block_##S(const Work *w, int64_t b, float *keep, const Stepsiz
     GEFEN_TOCK(t0, clock[STAGE_PASS_B]);                                                         \
 }                                                                                                \
                                                                                                  \
-/* A slice [j0, j1) of a large block, pass A: the slice's maximum bits and sum of squares. */  \
-static uint32_t large_pass_a_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float *sum) { \
+/* A slice [j0, j1) of a large block, pass A: the slice's maximum bits and sum of squares;     \
+   keep: NULL, or where the slice's lerps go (indexed from j0) for pass B to read back. */     \
+static uint32_t large_pass_a_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float *sum,  \
+                                 float *keep) {                                                  \
     const int64_t base = b * w->period;                                                          \
     return pass_a_##S((const T *)w->g + base, w->idx + base, w->tab->decode, j0, j1, w->magnitude[b], \
-                      w->h.w, fabsf(w->h.w) < 0.5f, NULL, w->vmean ? sum : NULL);                \
+                      w->h.w, fabsf(w->h.w) < 0.5f, keep, w->vmean ? sum : NULL);                \
 }                                                                                                \
                                                                                                  \
+/* Pass B of a slice: kept is the slice's lerps from large_pass_a, or NULL to recompute them. */ \
 static void large_pass_b_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float old, float mag, \
-                             const Stepsize *st) {                                               \
+                             const float *kept, const Stepsize *st) {                            \
     const int64_t base = b * w->period;                                                          \
     pass_b_##S((T *)w->p + base, (const T *)w->g + base, w->idx + base, w->tab, base, j0, j1, old, mag, \
-               NULL, st, &w->h);                                                                 \
+               kept, st, &w->h);                                                                 \
 }                                                                                                \
                                                                                                  \
 /* SPEC 1.9.3 step 3 for rows [r0, r1): row sums of squares, column sums into `part`. */        \
@@ -511,6 +519,20 @@ DEFINE_KERNELS(f16, uint16_t, 0)
 
 #define MAX_THREADS 256
 
+/* Wait until *done >= target (another thread's pass B of the kept pieces): spin briefly, then
+   yield the core, as a descheduled partner on a busy machine needs it back. */
+static void kept_wait(const int64_t *done, int64_t target) {
+    for (int spins = 0; __atomic_load_n(done, __ATOMIC_ACQUIRE) < target; spins++) {
+        if (spins < 4096) {
+#if GEFEN_AVX2
+            _mm_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
 static double profile_clock[STAGE_COUNT];
 static int64_t last_scratch_bytes;
 
@@ -528,6 +550,23 @@ static inline int64_t first_block_at(const Work *w, int64_t offset) {
 #define SMALL_CHUNK ((int64_t)1 << 16)   /* elements of small blocks per piece */
 #define LARGE_PIECES 16                  /* pieces of one large block */
 #define MOMENT_PIECES 8                  /* row pieces of one factored parameter */
+/* Elements of a large block whose lerps pass A keeps for pass B (its last pieces, those most
+   likely still in the cache when pass B starts with them); the rest of the block is recomputed
+   from g and the old indices. One buffer for all large blocks: before a pass A piece writes it,
+   its thread waits until every kept piece of the previous large blocks has been through pass B
+   (a counter; pass B takes the kept pieces first and pass A writes them last, so the wait is
+   rarely more than one load). */
+#ifndef LARGE_KEEP
+#define LARGE_KEEP ((int64_t)1 << 20)
+#endif
+
+/* The first piece of a large block of `period` elements whose lerps are kept: the pieces from
+   it on hold at most LARGE_KEEP elements (LARGE_PIECES when none fits). */
+static inline int first_kept_piece(int64_t period) {
+    int k = 0;
+    while (k < LARGE_PIECES && period - period * k / LARGE_PIECES > LARGE_KEEP) k++;
+    return k;
+}
 
 /*
  * gefen_step_batch: one optimizer step for `count` parameters (SPEC 1.8 / 1.9 each), in one
@@ -545,7 +584,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     int64_t keep_max = 0, cols_total = 0, roots_total = 0, row_sums_total = 0, small_total = 0;
-    int64_t total_elements = 0, moment_jobs = 0;
+    int64_t total_elements = 0, moment_jobs = 0, large_keep = 0;
     for (int32_t i = 0; i < count; i++) {
         const Work *w = items + i;
         if (w->dtype < 0 || w->dtype >= GEFEN_DTYPES) return -2;
@@ -556,6 +595,10 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
         if (w->period <= KEEP_MAX) {
             keep_max = w->period > keep_max ? w->period : keep_max;
             small_total += w->blocks * w->period;
+        } else if (w->blocks > 0) {
+            const int first = first_kept_piece(w->period);
+            const int64_t kept = w->period - w->period * first / LARGE_PIECES;
+            large_keep = kept > large_keep ? kept : large_keep;
         }
         if (w->factored) {
             cols_total += w->cols;
@@ -567,7 +610,9 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     threads = gefen_threads_for(total_elements, threads);
     const size_t stride = ((size_t)keep_max + 15) & ~(size_t)15;
     const int64_t chunks = (small_total + SMALL_CHUNK - 1) / SMALL_CHUNK;
-    float *keep = (float *)aligned_alloc(64, (size_t)threads * stride * sizeof(float) + 64);
+    const size_t large_stride = ((size_t)large_keep + 15) & ~(size_t)15;
+    float *keep = (float *)aligned_alloc(64, ((size_t)threads * stride + large_stride) * sizeof(float) + 64);
+    float *large_kept = keep + (size_t)threads * stride;
     float *parts = (float *)malloc(((size_t)MOMENT_PIECES * (size_t)cols_total + 1) * sizeof(float));
     float *roots = (float *)malloc(((size_t)roots_total + 1) * sizeof(float));
     float *row_sums = (float *)malloc(((size_t)row_sums_total + 1) * sizeof(float));
@@ -575,7 +620,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
     int64_t *starts = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
     int64_t *part_at = (int64_t *)malloc(((size_t)count + 1) * sizeof(int64_t));
     int32_t *moment_item = (int32_t *)malloc(((size_t)moment_jobs + 1) * sizeof(int32_t));
-    last_scratch_bytes = (int64_t)((size_t)threads * stride * sizeof(float) + 64
+    last_scratch_bytes = (int64_t)(((size_t)threads * stride + large_stride) * sizeof(float) + 64
         + ((size_t)MOMENT_PIECES * (size_t)cols_total + 1) * sizeof(float) + ((size_t)roots_total + 1) * sizeof(float)
         + ((size_t)row_sums_total + 1) * sizeof(float) + ((size_t)count + 1) * (sizeof(Stepsize) + 2 * sizeof(int64_t))
         + ((size_t)moment_jobs + 1) * sizeof(int32_t));
@@ -604,6 +649,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
         }
     }
     starts[count] = offset;
+    int64_t kept_done = 0; /* kept pieces through pass B so far (atomic) */
     uint32_t tops[2][LARGE_PIECES];
     float sums[2][LARGE_PIECES];
     double clocks[MAX_THREADS][STAGE_COUNT];
@@ -689,7 +735,7 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
             }
         }
         /* 3. large blocks, each in pieces */
-        int64_t large_seen = 0;
+        int64_t large_seen = 0, kept_before = 0;
         for (int32_t i = 0; i < count; i++) {
             const Work *w = items + i;
             if (w->period <= KEEP_MAX) continue;
@@ -698,11 +744,16 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                 const int parity = (int)(large_seen & 1);
                 const float old = w->magnitude[b];
                 float old_v = w->vmean ? w->vmean[b] : 0.0f;
+                const int first_kept = first_kept_piece(w->period);
+                const int64_t keep_from = w->period * first_kept / LARGE_PIECES;
+                float *kept = large_kept;
                 _Pragma("omp for schedule(dynamic, 1)")
                 for (int k = 0; k < LARGE_PIECES; k++) {
                     float part = 0.0f;
-                    tops[parity][k] = DISPATCH(w->dtype, large_pass_a, w, b, w->period * k / LARGE_PIECES,
-                                               w->period * (k + 1) / LARGE_PIECES, &part);
+                    const int64_t j0 = w->period * k / LARGE_PIECES;
+                    if (k >= first_kept) kept_wait(&kept_done, kept_before);
+                    tops[parity][k] = DISPATCH(w->dtype, large_pass_a, w, b, j0, w->period * (k + 1) / LARGE_PIECES,
+                                               &part, k >= first_kept ? kept + (j0 - keep_from) : NULL);
                     sums[parity][k] = part;
                 }
                 GEFEN_TOCK(t0, clock[STAGE_LARGE_A]);
@@ -721,10 +772,16 @@ int gefen_step_batch(const Work *items, int32_t count, int32_t threads) {
                                              : block_stepsize_f32(sum, w->period, &old_v, &w->h);
                     st.block_scale = (mag * ss) * w->h.lr;
                 }
+                /* the kept pieces first (the last ones of pass A, likeliest in the cache) */
                 _Pragma("omp for schedule(dynamic, 1) nowait")
-                for (int k = 0; k < LARGE_PIECES; k++)
-                    DISPATCH_VOID(w->dtype, large_pass_b, w, b, w->period * k / LARGE_PIECES,
-                                  w->period * (k + 1) / LARGE_PIECES, old, mag, &st);
+                for (int r = 0; r < LARGE_PIECES; r++) {
+                    const int k = LARGE_PIECES - 1 - r;
+                    const int64_t j0 = w->period * k / LARGE_PIECES;
+                    DISPATCH_VOID(w->dtype, large_pass_b, w, b, j0, w->period * (k + 1) / LARGE_PIECES, old, mag,
+                                  k >= first_kept ? kept + (j0 - keep_from) : NULL, &st);
+                    if (k >= first_kept) __atomic_fetch_add(&kept_done, 1, __ATOMIC_RELEASE);
+                }
+                kept_before += LARGE_PIECES - first_kept;
                 _Pragma("omp single nowait")
                 {
                     w->magnitude[b] = mag;
