@@ -36,6 +36,22 @@ def _pytest_is_the_program() -> bool:
     return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
 
 
+def leave_process(status: int, *, is_worker: bool) -> None:
+    """Leave at once with ``status`` where pytest is the program (or an xdist worker), skipping
+    pytest's remaining clean-up and the interpreter's finalization (SPEC 4.4.6); return where
+    ``pytest.main()`` was called by another program, which carries on and leaves itself."""
+    import os
+    import sys
+
+    if _pytest_is_the_program() or is_worker:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(status)
+
+
 class SuiteRun:
     """State of the suite run in this process (the controller's, or a worker's under xdist)."""
 
@@ -138,7 +154,6 @@ class SuiteRun:
         remaining clean-up and the interpreter's finalization (full garbage collections of a heap
         holding torch, seconds on a loaded machine) are skipped: a Ctrl-C'd run is gone within
         seconds of the signal, also at load."""
-        import os
         import sys
 
         status = self.exit_status if self.exit_status is not None else int(pytest.ExitCode.INTERRUPTED)
@@ -151,14 +166,7 @@ class SuiteRun:
 
             provenance.kill_running()
         finally:
-            if _pytest_is_the_program() or self.is_worker:
-                for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-                    try:
-                        stream.flush()
-                    except Exception:  # noqa: BLE001
-                        pass
-                os._exit(status)
-            # pytest.main() inside another program (torchrun's rank 0): it carries on and leaves itself
+            leave_process(status, is_worker=self.is_worker)
 
     def quiet_torch_loggers(self) -> None:
         """Keep torch.distributed's own loggers at WARNING while the suite runs.
