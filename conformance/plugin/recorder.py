@@ -207,7 +207,7 @@ class SuiteRun:
                 workers = 0
             try:
                 # the fork server imports in its own process while this one runs its code paths
-                warmup.begin_pool(self.config.option.impl, workers)
+                warmup.begin_pool(self.impl, workers)  # resolved once, in this process
             except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
                 pool_notes.append(f"warm-up: starting the rank workers' server failed: {certificate.cut(str(exc), 300)}")
                 workers = None

@@ -130,13 +130,6 @@ def start_workers(workers: int) -> None:
     pool.start_workers(workers)
 
 
-def prepare_pool(impl, workers: int) -> None:
-    """:func:`begin_pool`, then :func:`start_workers`."""
-    begin_pool(impl, workers)
-    if workers:
-        start_workers(workers)
-
-
 def prepare_rank(impl, *, device) -> None:
     """One rank process's preparation (the pool runs it before the rank's first call on a
     device; a torchrun rank at start-up): the scenario modules imported, then the implementation's
