@@ -142,13 +142,28 @@ def test_ctrl_c_inside_an_in_process_dcp_save_stops_the_run(pytester, default_si
 
 
 EARLY_INTERRUPTER = """
-import atexit, os, signal, time
+import atexit, os, signal, sys, time
 from gefen_conformance.plugin import recorder
 
 atexit.register(lambda: open("finalized", "w").close())  # runs only if the interpreter finalizes
 _original = getattr(recorder.SuiteRun, "{method}")
 
+
+class ImportsAfterTheSignal:
+    # writes down every module imported from now on: leaving must import nothing (an import of
+    # hypothesis while leaving took 5 s at 4x oversubscription)
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name in sys.builtin_module_names:
+            return None  # compiled into the interpreter: nothing to read or run
+        with open("imported", "a") as handle:
+            handle.write(name + "\\n")
+        return None
+
+
 def interrupted(self, *args, **kwargs):
+    sys.meta_path.insert(0, ImportsAfterTheSignal)
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the suite's session is being configured
     time.sleep(0.5)
     return _original(self, *args, **kwargs)
@@ -163,7 +178,9 @@ def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, d
     """CI, 2026-12-01: a certification interrupted 3-4.5 s in left with exit 2 and no output at all:
     the interrupt landed in the suite's configure hook, which runs before pytest's terminal exists.
     CI, 2026-12-02: at 4x oversubscription such a run took 5.9 s to leave when the suite run did
-    not exist yet (the interpreter's finalization of a heap holding torch); it now leaves at once."""
+    not exist yet (the interpreter's finalization of a heap holding torch); it now leaves at once.
+    CI, 2026-12-02 again: 5.1 s, the interrupt had landed in the suite's first import of hypothesis
+    and leaving imported it again to undo a profile never loaded; leaving now imports nothing."""
     pytester.makepyfile(early_interrupter=EARLY_INTERRUPTER.format(method=method))
     cert_path = pytester.path / "c.json"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "early_interrupter", "--impl=reference",
@@ -173,6 +190,39 @@ def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, d
     assert out.strip() == "interrupted before the suite's session started: no test ran, no certificate written", out
     assert not cert_path.exists() and not (pytester.path / "c.partial.json").exists()
     assert not (pytester.path / "finalized").exists()  # left by os._exit, as every interrupted run (SPEC 4.4.6)
+    imported = pytester.path / "imported"
+    assert not imported.exists(), imported.read_text()
+
+
+TORCH_IMPORT_INTERRUPTER = """
+import os, signal, sys, time
+
+
+class InterruptTorchImport:
+    # Ctrl-C the moment the suite first imports torch (choosing the run's device)
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(InterruptTorchImport)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        return None
+
+
+sys.meta_path.insert(0, InterruptTorchImport)
+"""
+
+
+@needs_main_thread
+def test_ctrl_c_while_torch_is_imported_says_so_in_one_line(pytester, default_sigint):
+    """Before the plugin existed as a session, a Ctrl-C in ``import torch`` printed Python's whole
+    import traceback; it is one line, exit 2, like every interrupt before the session (SPEC 4.4.6)."""
+    pytester.makepyfile(torch_import_interrupter=TORCH_IMPORT_INTERRUPTER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "torch_import_interrupter",
+                                           "--impl=reference")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out
+    assert out.strip() == "interrupted while importing torch: no test ran, no certificate written", out
 
 
 TIMED_INTERRUPTER = """
@@ -237,11 +287,12 @@ def test_certification_interrupted_at(tmp_path, at_s):
     assert report["stopped_after_s"] < 5, report["output"][-3000:]
     assert report["gone_after_s"] < 5, report
     if report["verdict"] is None:
-        # on a loaded machine 5 s may still be start-up: loading the implementation or configuring
-        # the session before pytest's terminal exists (the plugin says so, one line each),
-        # importing pytest before any plugin runs (Python's own traceback), or the interpreter's own
-        # start before it handles SIGINT at all (killed by the signal, nothing printed)
-        assert "interrupted while loading the implementation" in report["output"] or \
+        # on a loaded machine 5 s may still be start-up: importing torch, loading the implementation
+        # or configuring the session before pytest's terminal exists (the plugin says so, one line
+        # each), importing pytest before any plugin runs (Python's own traceback), or the
+        # interpreter's own start before it handles SIGINT at all (killed by the signal, nothing printed)
+        assert "interrupted while importing torch" in report["output"] or \
+            "interrupted while loading the implementation" in report["output"] or \
             "interrupted before the suite's session started" in report["output"] or \
             "KeyboardInterrupt" in report["output"] or \
             (report["exit"] == -signal.SIGINT and not report["output"].strip()), (report["exit"], report["output"][-3000:])

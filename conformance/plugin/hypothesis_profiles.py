@@ -51,6 +51,8 @@ class SuiteProfile:
         configuration.set_hypothesis_home_dir(self._home)
 
     def exit(self) -> None:
+        if self._previous is None and self._home is None:
+            return  # nothing entered: no import of hypothesis (seconds at load) on the way out
         from hypothesis import configuration, settings
 
         if self._previous is not None:

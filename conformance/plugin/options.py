@@ -9,6 +9,7 @@ imported (exit 4).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -83,13 +84,25 @@ def guard(config):
 def select_device(name: str, guard) -> None:
     """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
     device it does not have is a usage error naming it."""
-    from gefen_conformance.harness import devices
-
+    with _interrupt_says("while importing torch", guard):
+        from gefen_conformance.harness import devices
     try:
         devices.select(devices.parse(name))
     except devices.DeviceUnavailable as error:
         guard.uninstall()
         raise pytest.UsageError(f"--gefen-device {error}") from None
+
+
+@contextlib.contextmanager
+def _interrupt_says(when: str, guard):
+    """A Ctrl-C before the session exists (pytest would print the whole import traceback) is one
+    line naming what was interrupted, exit 2 (SPEC 4.4.6)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        guard.uninstall()
+        sys.stderr.write(f"interrupted {when}: no test ran, no certificate written\n")
+        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
 
 
 def check_certificate_path(config, path, guard) -> None:
@@ -124,13 +137,9 @@ def resolve(spec: str, guard):
     """The implementation ``--impl`` names; every way it fails to load is a usage error (SPEC 4.1.6)."""
     from gefen_conformance.implementations import registry
 
-    try:
-        return registry.resolve(spec)
-    except registry.ImplementationError as error:
-        guard.uninstall()
-        raise pytest.UsageError(f"--impl={spec}: {error}") from None
-    except KeyboardInterrupt:
-        guard.uninstall()
-        # before the session exists pytest would print the whole import traceback
-        sys.stderr.write(f"interrupted while loading the implementation {spec!r}\n")
-        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
+    with _interrupt_says(f"while loading the implementation {spec!r}", guard):
+        try:
+            return registry.resolve(spec)
+        except registry.ImplementationError as error:
+            guard.uninstall()
+            raise pytest.UsageError(f"--impl={spec}: {error}") from None
