@@ -195,14 +195,16 @@ def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, d
 
 
 TORCH_IMPORT_INTERRUPTER = """
-import os, signal, sys, time
+import atexit, os, signal, sys, time
+
+atexit.register(lambda: open("finalized", "w").close())  # runs only if the interpreter finalizes
 
 
 class InterruptTorchImport:
-    # Ctrl-C the moment the suite first imports torch (choosing the run's device)
+    # Ctrl-C the moment the suite first imports this module
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name == "torch":
+        if name == "{module}":
             sys.meta_path.remove(InterruptTorchImport)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
@@ -214,15 +216,22 @@ sys.meta_path.insert(0, InterruptTorchImport)
 
 
 @needs_main_thread
-def test_ctrl_c_while_torch_is_imported_says_so_in_one_line(pytester, default_sigint):
-    """Before the plugin existed as a session, a Ctrl-C in ``import torch`` printed Python's whole
-    import traceback; it is one line, exit 2, like every interrupt before the session (SPEC 4.4.6)."""
-    pytester.makepyfile(torch_import_interrupter=TORCH_IMPORT_INTERRUPTER)
+@pytest.mark.parametrize("module, when", [
+    ("torch", "while importing torch"),  # choosing the run's device
+    ("gefen_conformance.implementations.reference", "while loading the implementation 'reference'"),
+])
+def test_ctrl_c_while_torch_or_the_implementation_is_imported_says_so_in_one_line(pytester, default_sigint,
+                                                                                  module, when):
+    """A Ctrl-C in the suite's first ``import torch`` printed Python's whole import traceback; it is,
+    as one while the implementation loads, one line, exit 2, and the process leaves at once, like every interrupt before the session
+    (SPEC 4.4.6)."""
+    pytester.makepyfile(torch_import_interrupter=TORCH_IMPORT_INTERRUPTER.format(module=module))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "torch_import_interrupter",
                                            "--impl=reference")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED, out
-    assert out.strip() == "interrupted while importing torch: no test ran, no certificate written", out
+    assert out.strip() == f"interrupted {when}: no test ran, no certificate written", out
+    assert not (pytester.path / "finalized").exists()  # left at once: finalizing a half-imported torch took 1.2 s at load
 
 
 TIMED_INTERRUPTER = """

@@ -375,6 +375,6 @@ class _SessionHooks:
         elif run is None and getattr(config.stash.get(options.GUARD_KEY, None), "signum", None) is not None:
             # interrupted before the suite run existed: nothing of it to stop, and the interpreter's
             # finalization of a heap holding torch took 5.9 s at 4x oversubscription (CI)
-            from gefen_conformance.plugin.recorder import leave_process
+            from gefen_conformance.plugin.interrupts import leave_process
 
             leave_process(int(pytest.ExitCode.INTERRUPTED), is_worker=hasattr(config, "workerinput"))

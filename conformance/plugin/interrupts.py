@@ -138,3 +138,27 @@ class InterruptGuard:
                 signal.pthread_kill(main, self.signum)
             except (OSError, ValueError):
                 return
+
+
+def _pytest_is_the_program() -> bool:
+    """True when this process runs pytest and nothing else (``python -m pytest``, the ``pytest``
+    script), so an interrupted run may leave with ``os._exit``; False for ``pytest.main()`` called
+    by another program, which carries on after it."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("pytest", "pytest.__main__"):
+        return True
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
+
+
+def leave_process(status: int, *, is_worker: bool) -> None:
+    """Leave at once with ``status`` where pytest is the program (or an xdist worker), skipping
+    pytest's remaining clean-up and the interpreter's finalization (SPEC 4.4.6); return where
+    ``pytest.main()`` was called by another program, which carries on and leaves itself."""
+    if _pytest_is_the_program() or is_worker:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(status)

@@ -52,8 +52,12 @@ def prepare(config, *, impl: str, deadline_scale, certificate, device: str, reso
     select_deadline_scale(deadline_scale, installed)
     if resolved is None:
         check_certificate_path(config, certificate, installed)
-    select_device(device, installed)
-    return (resolved if resolved is not None else resolve(impl, installed)), installed
+    with _interrupt_says("while importing torch", installed, config):
+        select_device(device, installed)
+    if resolved is not None:
+        return resolved, installed
+    with _interrupt_says(f"while loading the implementation {impl!r}", installed, config):
+        return resolve(impl, installed), installed
 
 
 def suite_ids_as_paths(args, namespace, invocation_dir) -> None:
@@ -84,8 +88,8 @@ def guard(config):
 def select_device(name: str, guard) -> None:
     """``--gefen-device NAME`` checked on this machine and made the run's device (SPEC 4.6.1); a
     device it does not have is a usage error naming it."""
-    with _interrupt_says("while importing torch", guard):
-        from gefen_conformance.harness import devices
+    from gefen_conformance.harness import devices
+
     try:
         devices.select(devices.parse(name))
     except devices.DeviceUnavailable as error:
@@ -94,15 +98,26 @@ def select_device(name: str, guard) -> None:
 
 
 @contextlib.contextmanager
-def _interrupt_says(when: str, guard):
+def _interrupt_says(when: str, guard, config):
     """A Ctrl-C before the session exists (pytest would print the whole import traceback) is one
-    line naming what was interrupted, exit 2 (SPEC 4.4.6)."""
+    line naming what was interrupted, exit 2, and the process leaves at once (SPEC 4.4.6: the
+    finalization of a half-imported torch took over a second at load)."""
     try:
         yield
     except KeyboardInterrupt:
+        from gefen_conformance.plugin.interrupts import leave_process
+
         guard.uninstall()
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None:  # pytest's capture holds the streams until the options are checked
+            capture.suspend_global_capture(in_=True)
+            out, err = capture.read_global_capture()
+            sys.stdout.write(out)
+            sys.stderr.write(err)
         sys.stderr.write(f"interrupted {when}: no test ran, no certificate written\n")
-        raise SystemExit(int(pytest.ExitCode.INTERRUPTED)) from None
+        status = int(pytest.ExitCode.INTERRUPTED)
+        leave_process(status, is_worker=hasattr(config, "workerinput"))
+        raise SystemExit(status) from None  # pytest.main() called by another program
 
 
 def check_certificate_path(config, path, guard) -> None:
@@ -137,9 +152,8 @@ def resolve(spec: str, guard):
     """The implementation ``--impl`` names; every way it fails to load is a usage error (SPEC 4.1.6)."""
     from gefen_conformance.implementations import registry
 
-    with _interrupt_says(f"while loading the implementation {spec!r}", guard):
-        try:
-            return registry.resolve(spec)
-        except registry.ImplementationError as error:
-            guard.uninstall()
-            raise pytest.UsageError(f"--impl={spec}: {error}") from None
+    try:
+        return registry.resolve(spec)
+    except registry.ImplementationError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--impl={spec}: {error}") from None

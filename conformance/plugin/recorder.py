@@ -1,8 +1,8 @@
 """One suite run inside a pytest session: what it selected, what ran, and its certificate (SPEC 4.4).
 
 Created by the plugin only when the suite is being run. It owns the run's side effects and undoes
-them in :meth:`SuiteRun.close`: the hypothesis profile (:mod:`conformance.profiles`), the signal
-handlers (:mod:`conformance.interrupts`) and the census process (:mod:`conformance.selection`).
+them in :meth:`SuiteRun.close`: the hypothesis profile (:mod:`.hypothesis_profiles`), the signal
+handlers (:mod:`.interrupts`) and the census process (:mod:`.selection`).
 """
 
 from __future__ import annotations
@@ -18,38 +18,8 @@ import pytest
 from gefen_conformance.certificate import build as certificate
 from gefen_conformance.plugin import selection
 from gefen_conformance.implementations.contract import Implementation
-from gefen_conformance.plugin.interrupts import InterruptGuard
+from gefen_conformance.plugin.interrupts import InterruptGuard, leave_process
 from gefen_conformance.plugin.hypothesis_profiles import SuiteProfile
-
-
-def _pytest_is_the_program() -> bool:
-    """True when this process runs pytest and nothing else (``python -m pytest``, the ``pytest``
-    script), so an interrupted run may leave with ``os._exit``; False for ``pytest.main()`` called
-    by another program, which carries on after it."""
-    import os
-    import sys
-
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name in ("pytest", "pytest.__main__"):
-        return True
-    program = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
-
-
-def leave_process(status: int, *, is_worker: bool) -> None:
-    """Leave at once with ``status`` where pytest is the program (or an xdist worker), skipping
-    pytest's remaining clean-up and the interpreter's finalization (SPEC 4.4.6); return where
-    ``pytest.main()`` was called by another program, which carries on and leaves itself."""
-    import os
-    import sys
-
-    if _pytest_is_the_program() or is_worker:
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(status)
 
 
 class SuiteRun:
