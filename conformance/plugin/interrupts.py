@@ -18,6 +18,10 @@ it is swallowed anyway, the signal is delivered again every :data:`RETRY_S` seco
 reports the interrupt. The run's verdict reads :attr:`InterruptGuard.signal_name`, so a run that
 was interrupted is never certified as complete. A handler is only replaced where it is Python's
 default: a run started with SIGINT ignored keeps it ignored.
+
+:func:`leave_process` is how an interrupted run leaves once it has said why: at once, with
+``os._exit``. It lives here, beside the guard, so that the way out imports nothing (an import on a
+loaded machine takes seconds).
 """
 
 import gc
