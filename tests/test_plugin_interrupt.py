@@ -194,24 +194,24 @@ def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, d
     assert not imported.exists(), imported.read_text()
 
 
-TORCH_IMPORT_INTERRUPTER = """
+IMPORT_INTERRUPTER = """
 import atexit, os, signal, sys, time
 
 atexit.register(lambda: open("finalized", "w").close())  # runs only if the interpreter finalizes
 
 
-class InterruptTorchImport:
+class InterruptTheImport:
     # Ctrl-C the moment the suite first imports this module
     @staticmethod
     def find_spec(name, path=None, target=None):
         if name == "{module}":
-            sys.meta_path.remove(InterruptTorchImport)
+            sys.meta_path.remove(InterruptTheImport)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
         return None
 
 
-sys.meta_path.insert(0, InterruptTorchImport)
+sys.meta_path.insert(0, InterruptTheImport)
 """
 
 
@@ -222,11 +222,11 @@ sys.meta_path.insert(0, InterruptTorchImport)
 ])
 def test_ctrl_c_while_torch_or_the_implementation_is_imported_says_so_in_one_line(pytester, default_sigint,
                                                                                   module, when):
-    """A Ctrl-C in the suite's first ``import torch`` printed Python's whole import traceback; it is,
-    as one while the implementation loads, one line, exit 2, and the process leaves at once, like every interrupt before the session
-    (SPEC 4.4.6)."""
-    pytester.makepyfile(torch_import_interrupter=TORCH_IMPORT_INTERRUPTER.format(module=module))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "torch_import_interrupter",
+    """A Ctrl-C in the suite's first ``import torch`` printed Python's whole import traceback. It is
+    now, as one while the implementation loads, one line, exit 2, and the process leaves at once,
+    like every interrupt before the session (SPEC 4.4.6)."""
+    pytester.makepyfile(import_interrupter=IMPORT_INTERRUPTER.format(module=module))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "import_interrupter",
                                            "--impl=reference")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED, out
