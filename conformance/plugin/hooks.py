@@ -16,7 +16,6 @@ first suite module is collected.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -339,7 +338,9 @@ class _SessionHooks:
         if self.config.pluginmanager.get_plugin("terminalreporter") is None:
             # the interrupt landed in a configure hook that ran before pytest's terminal existed:
             # nobody else would say why the run ended (SPEC 4.4.6)
-            sys.stderr.write("interrupted before the suite's session started: no test ran, no certificate written\n")
+            from gefen_conformance.plugin.interrupts import say_interrupted
+
+            say_interrupted("before the suite's session started")
         run = _run(self.config)
         if run is not None:
             run.guard.acknowledge()

@@ -155,6 +155,11 @@ def _pytest_is_the_program() -> bool:
     return program in ("pytest", "py.test") or program.startswith(("pytest-", "py.test-"))
 
 
+def say_interrupted(when: str) -> None:
+    """The one line of a run interrupted before its session started (SPEC 4.4.6)."""
+    sys.stderr.write(f"interrupted {when}: no test ran, no certificate written\n")
+
+
 def leave_process(status: int, *, is_worker: bool) -> None:
     """Leave at once with ``status`` where pytest is the program (or an xdist worker), skipping
     pytest's remaining clean-up and the interpreter's finalization (SPEC 4.4.6); return where

@@ -105,7 +105,7 @@ def _interrupt_says(when: str, guard, config):
     try:
         yield
     except KeyboardInterrupt:
-        from gefen_conformance.plugin.interrupts import leave_process
+        from gefen_conformance.plugin.interrupts import leave_process, say_interrupted
 
         guard.uninstall()
         capture = config.pluginmanager.get_plugin("capturemanager")
@@ -114,7 +114,7 @@ def _interrupt_says(when: str, guard, config):
             out, err = capture.read_global_capture()
             sys.stdout.write(out)
             sys.stderr.write(err)
-        sys.stderr.write(f"interrupted {when}: no test ran, no certificate written\n")
+        say_interrupted(when)
         status = int(pytest.ExitCode.INTERRUPTED)
         leave_process(status, is_worker=hasattr(config, "workerinput"))
         raise SystemExit(status) from None  # pytest.main() called by another program
