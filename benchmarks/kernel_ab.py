@@ -1,11 +1,13 @@
 """Old against new step kernels of the ``fast`` backend, in one process (issue 23 item 1).
 
-    python benchmarks/kernel_ab.py [--against REV] [--define NAME=VALUE ...] [--sizes 4.2M,16.8M]
+    python benchmarks/kernel_ab.py [--against REV|worktree] [--define NAME=VALUE ...] [--old-define NAME=VALUE ...]
+                                   [--sizes 4.2M,16.8M]
                                    [--dtypes fp32,bf16] [--modes block,factored] [--rounds 30] [--threads 1]
 
 Builds the kernel library twice, from the sources of git revision REV (default ``main``) and from
 the working tree (with ``-DNAME=VALUE`` for each ``--define``, to try a compile-time setting), with
-the flags of ``gefen_fast._build``. For each model of ``step_time.py`` (same parameters and
+the flags of ``gefen_fast._build`` (``--against worktree``: both from the working tree, the old one
+with ``-DNAME=VALUE`` for each ``--old-define``). For each model of ``step_time.py`` (same parameters and
 gradients), runs three steps of ``gefen_fast.Gefen`` to capture one steady step's work items, then
 calls each library's ``gefen_step_batch`` on those items in interleaved rounds, the order rotating
 every round, so a change of machine load hits both alike. Reported per library: the call's CPU time
@@ -62,6 +64,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="main", help="git revision of the old kernels (default main)")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the new build (repeatable)")
+    ap.add_argument("--old-define", action="append", default=[],
+                    help="NAME=VALUE for the old build (repeatable); with --against worktree, two settings of the working tree")
     ap.add_argument("--sizes", default="4.2M,16.8M")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--modes", default="block,factored")
@@ -76,8 +80,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
         tmp = Path(tmp)
         (tmp / "old").mkdir()
-        old_src = export(args.against, tmp / "old")
-        libs = {"old": build(old_src, tmp / "old.so"), "new": build(ROOT / CSRC, tmp / "new.so", args.define)}
+        old_src = ROOT / CSRC if args.against == "worktree" else export(args.against, tmp / "old")
+        libs = {"old": build(old_src, tmp / "old.so", args.old_define),
+                "new": build(ROOT / CSRC, tmp / "new.so", args.define)}
         captured = []
         run = kernels.run
 
@@ -88,7 +93,7 @@ def main() -> None:
 
         kernels.run = capture
         clock = time.thread_time if args.threads == 1 else time.process_time
-        print(f"old: {args.against}, new: working tree {' '.join('-D' + d for d in args.define)}; "
+        print(f"old: {args.against} {' '.join('-D' + d for d in args.old_define)}, new: working tree {' '.join('-D' + d for d in args.define)}; "
               f"threads {args.threads}, rounds {args.rounds}; {step_time.load()}", flush=True)
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
         try:

@@ -29,7 +29,7 @@ from . import _build
 BuildError = _build.BuildError
 #: The structure layout and signatures below; the library must report the same.
 ABI_VERSION = 3
-CAP_AVX2, CAP_HALF = 1, 2
+CAP_AVX2, CAP_HALF, CAP_AVX512 = 1, 2, 4
 
 
 class Table(ctypes.Structure):

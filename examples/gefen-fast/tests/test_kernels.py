@@ -7,6 +7,8 @@ the order of fp32 sums and the IEEE square root only, a few ulp.
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -85,6 +87,32 @@ def test_matches_reference(dtype, factored):
     ref = _run(reference.Gefen, dtype, factored_v_2d=factored)
     fast = _run(gefen_fast.Gefen, dtype, factored_v_2d=factored)
     _compare(ref, fast, dtype)
+
+
+@pytest.fixture(scope="module")
+def eight_lane_library(tmp_path_factory):
+    """The kernels built with the 8-lane (AVX2) loops alone, as on a CPU without AVX-512."""
+    from gefen_fast import _build, native
+
+    if not native.capabilities() & native.CAP_AVX512:
+        pytest.skip("this build has no 16-lane loops: the default tests already run the 8-lane ones")
+    target = tmp_path_factory.mktemp("narrow") / "gefen_kernels-narrow.so"
+    _build.compile_library(target, extra_flags=("-DGEFEN_NO_AVX512=1",))
+    lib = ctypes.CDLL(str(target))
+    native._declare(lib)
+    assert lib.gefen_capabilities() & native.CAP_AVX2 and not lib.gefen_capabilities() & native.CAP_AVX512
+    return lib
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_eight_lane_loops_match_reference(eight_lane_library, monkeypatch, dtype, factored):
+    """Where the default build runs 16-lane loops, the 8-lane loops (other CPUs) are checked here."""
+    from gefen_fast import native
+
+    monkeypatch.setattr(native, "library", lambda: eight_lane_library)
+    kw = dict(factored_v_2d=factored, shapes={**SHAPES, "big": (2, 65536 + 512)}, periods={"big": 65536 + 512})
+    _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)
 
 
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])

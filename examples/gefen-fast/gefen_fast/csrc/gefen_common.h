@@ -21,6 +21,14 @@
 #define GEFEN_AVX2 0
 #endif
 
+/* 16-lane loops where the CPU has AVX-512 (F, BW, DQ, VL); the 8-lane loops then take the rest.
+   -DGEFEN_NO_AVX512 builds the 8-lane loops alone (the tests compare both builds). */
+#if GEFEN_AVX2 && !defined(GEFEN_NO_AVX512) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define GEFEN_AVX512 1
+#else
+#define GEFEN_AVX512 0
+#endif
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #define GEFEN_HALF 1
