@@ -23,6 +23,13 @@
  * r32(r32(mag * lr) * inv_bias1) (factored). The momentum (indices, magnitudes) depends on none of
  * them and equals the reference's bit for bit.
  *
+ * Vector loops: sixteen lanes where the CPU has AVX-512 (the old indices decoded by register
+ * permutes), then eight lanes (AVX2) for the rest of a range or on CPUs without AVX-512, then a
+ * scalar tail; the same operations in each, so the momentum is the same from every width (the
+ * tests build -DGEFEN_NO_AVX512 to check the 8-lane loops where both exist). The width changes
+ * only the association of the block sums. Each vector loop prefetches its streams GEFEN_PREFETCH
+ * elements ahead.
+ *
  * Storage types: fp32, bf16 and fp16 (uint16 bit patterns); the parameter and gradient share it.
  * All pointers of one item refer to distinct, non-overlapping buffers (Python checks).
  */
