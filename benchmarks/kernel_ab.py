@@ -2,7 +2,7 @@
 
     python benchmarks/kernel_ab.py [--against REV|worktree] [--define NAME=VALUE ...] [--old-define NAME=VALUE ...]
                                    [--sizes 4.2M,16.8M]
-                                   [--dtypes fp32,bf16] [--modes block,factored] [--rounds 30] [--threads 1]
+                                   [--dtypes fp32,bf16] [--modes block,factored] [--rounds 30] [--threads 1] [--evict]
 
 Builds the kernel library twice, from the sources of git revision REV (default ``main``) and from
 the working tree (with ``-DNAME=VALUE`` for each ``--define``, to try a compile-time setting), with
@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--modes", default="block,factored")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--evict", action="store_true",
+                    help="write 64 MiB before every call, so each call starts from memory, not the cache (as in a training loop)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -92,9 +94,11 @@ def main() -> None:
             return run(batch)
 
         kernels.run = capture
+        evict = torch.empty(16 << 20) if args.evict else None
         clock = time.thread_time if args.threads == 1 else time.process_time
         print(f"old: {args.against} {' '.join('-D' + d for d in args.old_define)}, new: working tree {' '.join('-D' + d for d in args.define)}; "
-              f"threads {args.threads}, rounds {args.rounds}; {step_time.load()}", flush=True)
+              f"threads {args.threads}, rounds {args.rounds}{', evicting 64 MiB before each call' if evict is not None else ''}; "
+              f"{step_time.load()}", flush=True)
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
         try:
             for size in args.sizes.split(","):
@@ -113,6 +117,8 @@ def main() -> None:
                         wall = {n: [] for n in names}
                         for k in range(args.rounds + 2):
                             for n in names[k % 2:] + names[:k % 2]:
+                                if evict is not None:
+                                    evict.fill_(float(k))
                                 t0, c0 = time.perf_counter(), clock()
                                 status = libs[n].gefen_step_batch(items, count, args.threads)
                                 c1, t1 = clock(), time.perf_counter()
