@@ -14,7 +14,7 @@ import torch
 
 import gefen_fast
 import gefen_reference as reference
-from gefen_fast import kernels
+from gefen_fast import _build, kernels, native
 
 STEPS = 6
 SHAPES = {
@@ -92,8 +92,6 @@ def test_matches_reference(dtype, factored):
 @pytest.fixture(scope="module")
 def eight_lane_library(tmp_path_factory):
     """The kernels built with the 8-lane (AVX2) loops alone, as on a CPU without AVX-512."""
-    from gefen_fast import _build, native
-
     if not native.capabilities() & native.CAP_AVX512:
         pytest.skip("this build has no 16-lane loops: the default tests already run the 8-lane ones")
     target = tmp_path_factory.mktemp("narrow") / "gefen_kernels-narrow.so"
@@ -108,8 +106,6 @@ def eight_lane_library(tmp_path_factory):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_eight_lane_loops_match_reference(eight_lane_library, monkeypatch, dtype, factored):
     """Where the default build runs 16-lane loops, the 8-lane loops (other CPUs) are checked here."""
-    from gefen_fast import native
-
     monkeypatch.setattr(native, "library", lambda: eight_lane_library)
     kw = dict(factored_v_2d=factored, shapes={**SHAPES, "big": (2, 65536 + 512)}, periods={"big": 65536 + 512})
     _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)

@@ -48,6 +48,9 @@
 #ifndef GEFEN_PREFETCH
 #define GEFEN_PREFETCH 1024
 #endif
+/* Prefetch the line of x[j + GEFEN_PREFETCH] (a macro: the vector loops' element types differ). */
+#define PREFETCH_AHEAD(x, j) \
+    do { if (GEFEN_PREFETCH) _mm_prefetch((const char *)((x) + (j) + GEFEN_PREFETCH), _MM_HINT_T0); } while (0)
 
 /* ---------------------------------------------------------------- scalar element operations */
 
@@ -508,10 +511,8 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
         __m512i wtop = _mm512_setzero_si512();                                                   \
         __m512 wsum = _mm512_setzero_ps();                                                       \
         for (; j + 16 <= j1; j += 16) {                                                          \
-            if (GEFEN_PREFETCH) {                                                                \
-                _mm_prefetch((const char *)(g + j + GEFEN_PREFETCH), _MM_HINT_T0);               \
-                _mm_prefetch((const char *)(idx + j + GEFEN_PREFETCH), _MM_HINT_T0);             \
-            }                                                                                    \
+            PREFETCH_AHEAD(g, j);                                                                \
+            PREFETCH_AHEAD(idx, j);                                                              \
             __m512 x = wload_##S(g + j);                                                         \
             if (SUM) wsum = _mm512_add_ps(wsum, wsquare_##S(x));                                 \
             __m512 cur = _mm512_mul_ps(wdecode(&table, wcodes_of(idx + j)), wold);               \
@@ -546,10 +547,8 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 __m512 upd;                                                                      \
                 if (KEPT) upd = _mm512_loadu_ps(kept + (j + i - j0));                            \
                 else {                                                                           \
-                    if (GEFEN_PREFETCH) {                                                        \
-                        _mm_prefetch((const char *)(g + j + i + GEFEN_PREFETCH), _MM_HINT_T0);   \
-                        _mm_prefetch((const char *)(idx + j + i + GEFEN_PREFETCH), _MM_HINT_T0); \
-                    }                                                                            \
+                    PREFETCH_AHEAD(g, j + i);                                                    \
+                    PREFETCH_AHEAD(idx, j + i);                                                  \
                     __m512 x = wload_##S(g + j + i);                                             \
                     __m512 cur = _mm512_mul_ps(wdecode(&table, wcodes_of(idx + j + i)), wold);   \
                     __m512 d = _mm512_sub_ps(x, cur);                                            \
@@ -573,7 +572,7 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 } else {                                                                         \
                     delta = _mm512_mul_ps(q, wblock);                                            \
                 }                                                                                \
-                if (GEFEN_PREFETCH) _mm_prefetch((const char *)(p + j + i + GEFEN_PREFETCH), _MM_HINT_T0); \
+                PREFETCH_AHEAD(p, j + i);                                                        \
                 __m512 pv = wload_##S(p + j + i);                                                \
                 if (DECAY) pv = wround_##S(_mm512_mul_ps(pv, wdecay));                           \
                 wstore_##S(p + j + i, _mm512_sub_ps(pv, delta));                                 \
@@ -595,10 +594,8 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
     __m256i vtop = _mm256_setzero_si256();                                                       \
     __m256 vsum = _mm256_setzero_ps();                                                           \
     for (; j + 8 <= j1; j += 8) {                                                                \
-        if (GEFEN_PREFETCH) {                                                                    \
-            _mm_prefetch((const char *)(g + j + GEFEN_PREFETCH), _MM_HINT_T0);                   \
-            _mm_prefetch((const char *)(idx + j + GEFEN_PREFETCH), _MM_HINT_T0);                 \
-        }                                                                                        \
+        PREFETCH_AHEAD(g, j);                                                                    \
+        PREFETCH_AHEAD(idx, j);                                                                  \
         __m256 x = vload_##S(g + j);                                                             \
         if (SUM) vsum = _mm256_add_ps(vsum, vsquare_##S(x));                                     \
         __m256 cur = _mm256_mul_ps(vdecode(decode, idx + j), vold);                              \
@@ -635,10 +632,8 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 __m256 upd;                                                                      \
                 if (KEPT) upd = _mm256_loadu_ps(kept + (j + i - j0));                            \
                 else {                                                                           \
-                    if (GEFEN_PREFETCH) {                                                        \
-                        _mm_prefetch((const char *)(g + j + i + GEFEN_PREFETCH), _MM_HINT_T0);   \
-                        _mm_prefetch((const char *)(idx + j + i + GEFEN_PREFETCH), _MM_HINT_T0); \
-                    }                                                                            \
+                    PREFETCH_AHEAD(g, j + i);                                                    \
+                    PREFETCH_AHEAD(idx, j + i);                                                  \
                     __m256 x = vload_##S(g + j + i);                                             \
                     __m256 cur = _mm256_mul_ps(vdecode(decode, idx + j + i), vold);              \
                     __m256 d = _mm256_sub_ps(x, cur);                                            \
@@ -659,7 +654,7 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 } else {                                                                         \
                     delta = _mm256_mul_ps(q, vblock);                                            \
                 }                                                                                \
-                if (GEFEN_PREFETCH) _mm_prefetch((const char *)(p + j + i + GEFEN_PREFETCH), _MM_HINT_T0); \
+                PREFETCH_AHEAD(p, j + i);                                                        \
                 __m256 pv = vload_##S(p + j + i);                                                \
                 if (DECAY) pv = vround_##S(_mm256_mul_ps(pv, vdecay));                           \
                 vstore_##S(p + j + i, _mm256_sub_ps(pv, delta));                                 \
