@@ -67,7 +67,8 @@ def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
     centers = np.ascontiguousarray(reference_codebook.bin_centers()[active].numpy().astype(np.float64))
     w = np.ascontiguousarray(weights[active].numpy().astype(np.float64))
     out = np.empty(k, dtype=np.float32)
-    status = native.library().gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, k, out.ctypes.data)
+    status = native.library().gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, k, out.ctypes.data,
+                                                torch.get_num_threads())
     if status != 0:
         return reference_codebook.codebook_from_counts(counts)
     return torch.from_numpy(out)

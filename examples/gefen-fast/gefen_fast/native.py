@@ -28,7 +28,7 @@ from . import _build
 
 BuildError = _build.BuildError
 #: The structure layout and signatures below; the library must report the same.
-ABI_VERSION = 3
+ABI_VERSION = 4
 CAP_AVX2, CAP_HALF, CAP_AVX512 = 1, 2, 4
 
 
@@ -116,7 +116,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = ctypes.c_int
     lib.gefen_nearest_codes.argtypes = [_VOID_P, _I64, _TABLE_P, _VOID_P, _VOID_P]
     lib.gefen_nearest_codes.restype = None
-    lib.gefen_codebook_dp.argtypes = [_VOID_P, _VOID_P, _I64, _I64, _VOID_P]
+    lib.gefen_codebook_dp.argtypes = [_VOID_P, _VOID_P, _I64, _I64, _VOID_P, _I32]
     lib.gefen_codebook_dp.restype = ctypes.c_int
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ import gefen_reference as reference
 import gefen_reference.codebook as rc
 from gefen_reference.codebook_solver import solve_codebook_plain
 
-from gefen_fast import codebook_learning
+from gefen_fast import _build, codebook_learning, native
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -74,6 +76,46 @@ def _histograms():
 def test_codebook_equals_the_reference():
     for counts in _histograms():
         assert torch.equal(codebook_learning.codebook_from_counts(counts), rc.codebook_from_counts(counts))
+
+
+def _dp(lib, counts: torch.Tensor, threads: int) -> np.ndarray:
+    """The C DP's codebook for ``counts`` (at least 256 active bins, inside the search's premise)."""
+    weights = counts.to(torch.float32)
+    active = weights > 0
+    centers = np.ascontiguousarray(rc.bin_centers()[active].numpy().astype(np.float64))
+    w = np.ascontiguousarray(weights[active].numpy().astype(np.float64))
+    out = np.empty(256, dtype=np.float32)
+    assert lib.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, int(active.sum()), 256, out.ctypes.data,
+                                 threads) == 0
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_codebook_from_any_number_of_threads(threads):
+    """The layers split between the caller and a helper thread: the same codebook, bit for bit."""
+    for counts in _histograms():
+        if int((counts > 0).sum()) < 256 or counts.max() > 1 << 24:
+            continue  # the padding case and counts the search's premise refuses do not reach the DP
+        assert np.array_equal(_dp(native.library(), counts, threads), rc.codebook_from_counts(counts).numpy())
+
+
+@pytest.fixture(scope="module")
+def late_helper_library(tmp_path_factory):
+    """The kernels with a helper thread that sleeps 400 us on every third layer it claims."""
+    target = tmp_path_factory.mktemp("late") / "gefen_kernels-late.so"
+    _build.compile_library(target, extra_flags=("-DGEFEN_DP_LATE_HELPER=400",))
+    lib = ctypes.CDLL(str(target))
+    native._declare(lib)
+    return lib
+
+
+def test_codebook_with_a_late_helper(late_helper_library):
+    """A helper descheduled mid-layer: the caller solves that half itself and waits before reusing
+    the row the helper still reads; the codebook is still the reference's."""
+    for counts in _histograms():
+        if int((counts > 0).sum()) < 256 or counts.max() > 1 << 24:
+            continue
+        assert np.array_equal(_dp(late_helper_library, counts, 2), rc.codebook_from_counts(counts).numpy())
 
 
 def test_codebook_equals_the_plain_recurrence():

@@ -11,8 +11,21 @@
  * never removes the leftmost minimiser, so the result is the full scan's. Where the proof's
  * premise (non-decreasing per-bin means with a margin) fails, or a count vanishes in the running
  * sum, this returns a status and Python runs the reference solver instead.
+ *
+ * Two threads: each interior layer is split where the search splits it first, at its middle
+ * end, whose scan gives the windows of the two halves. The calling thread solves the middle end
+ * and the left half; a helper thread, where one is given, solves the middle end too (the same
+ * operations, so the same window) and the right half into its own slot, which the caller copies.
+ * Each end's result is the full scan's whichever thread computes it.
+ * The caller never waits on the helper for long: a right half the helper has not claimed, or has
+ * not finished within twice the left half's time, the caller solves itself (the helper's late
+ * result is dropped). The rows of the last ROWS_KEPT layers are kept in a ring, and the caller
+ * waits only before overwriting the row a late helper still reads (a helper descheduled for
+ * ROWS_KEPT - 1 layers): on a busy machine that is a rare wait, not one per layer.
  */
 #include "gefen_common.h"
+#include <sched.h>
+#include <time.h>
 
 #define DP_OK 0
 #define DP_NO_MEMORY -1
@@ -158,23 +171,163 @@ static void solve_range(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_lo
     }
 }
 
+/* Rows of dp values kept in the ring with a helper (a power of two); without one, two rows (the
+   fewer rows, the more of them stay in the core's cache: 16 rows cost one thread 10% more). */
+#ifndef ROWS_KEPT
+#define ROWS_KEPT 4
+#endif
+
+/* The layers' shared state between the calling thread and the helper. */
+typedef struct {
+    const double *PW, *PX, *PXX;
+    double *rows;          /* a ring of m + 1 doubles per row: layer c's dp in row c & mask */
+    int64_t mask;          /* rows in the ring - 1 */
+    int16_t *start_of;     /* (k + 1) rows of m + 1 */
+    double *tols;          /* tol of layer c */
+    int64_t m, span;
+    int64_t *claim;        /* layer c's right half: 0 free, 1 the caller's, 2 the helper's (atomic) */
+    int64_t *done;         /* layer c's right half is in the helper's slot c & 1 (atomic) */
+    double *slot_dp[2];
+    int16_t *slot_start[2];
+    int64_t ready;         /* the newest layer whose previous row and tol are complete (atomic) */
+    int64_t finished;      /* the caller is done: the helper returns (atomic) */
+    int64_t working;       /* the layer whose right half the helper claims or solves, else 0 (atomic) */
+} Layers;
+
+static inline double *row_of(const Layers *S, int64_t c) { return S->rows + (c & S->mask) * (S->m + 1); }
+
+static Layer layer_of(const Layers *S, int64_t c, double *dp, int16_t *start_of) {
+    Layer L = {S->PW, S->PX, S->PXX, row_of(S, c - 1), dp, start_of, S->tols[c]};
+    return L;
+}
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline void relax(int spins) {
+    if (spins < 2048) {
+#if GEFEN_AVX2
+        _mm_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
+/* The helper: the right half of the newest ready layer it can claim, until the caller finishes. */
+static void helper_loop(Layers *S, double *cand) {
+    int64_t seen = 1;
+    for (int spins = 0; !__atomic_load_n(&S->finished, __ATOMIC_ACQUIRE); spins++) {
+        const int64_t c = __atomic_load_n(&S->ready, __ATOMIC_ACQUIRE);
+        if (c <= seen) { relax(spins); continue; }
+        seen = c;
+        spins = 0;
+        /* announced before the claim: a caller that sees the claim sees which row is read */
+        __atomic_store_n(&S->working, c, __ATOMIC_SEQ_CST);
+        int64_t expected = 0;
+        if (!__atomic_compare_exchange_n(S->claim + c, &expected, 2, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            __atomic_store_n(&S->working, 0, __ATOMIC_SEQ_CST);
+            continue;
+        }
+#ifdef GEFEN_DP_LATE_HELPER
+        /* tests: a helper descheduled on every third layer it claims, GEFEN_DP_LATE_HELPER us, so
+           the caller takes those layers over and waits before reusing the row the helper reads */
+        if (c % 3 == 0) {
+            struct timespec pause = {0, (long)GEFEN_DP_LATE_HELPER * 1000L};
+            nanosleep(&pause, NULL);
+        }
+#endif
+        const int64_t slot = c & 1, last_end = c + S->span;
+        Layer L = layer_of(S, c, S->slot_dp[slot], S->slot_start[slot]);
+        int64_t near_lo, near_hi;
+        const int64_t mid = solve_mid(&L, c, last_end, c, last_end, cand, &near_lo, &near_hi);
+        if (mid < last_end) solve_range(&L, mid + 1, last_end, near_lo, last_end, cand);
+        __atomic_store_n(S->done + c, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&S->working, 0, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* The caller: every interior layer, the right halves the helper does not deliver in time included. */
+static void caller_loop(Layers *S, int64_t k, double cost_scale, double *cand, int helped) {
+    const int64_t m = S->m, span = S->span;
+    for (int64_t c = 2; c < k; c++) {
+        const int64_t last_end = c + span;
+        const double *prev = row_of(S, c - 1);
+        double biggest = 0.0;
+        for (int64_t i = c - 1; i < last_end; i++)
+            if (fabs(prev[i]) > biggest) biggest = fabs(prev[i]);
+        S->tols[c] = 5.0 * (16.0 * U * (biggest + cost_scale));
+        double *row = row_of(S, c);
+        int16_t *starts = S->start_of + c * (m + 1);
+        /* row c's place held layer c - rows: a helper still on layer c - rows + 1 reads it */
+        for (int spins = 0;; spins++) {
+            const int64_t late = __atomic_load_n(&S->working, __ATOMIC_SEQ_CST);
+            if (late == 0 || late > c - S->mask) break;
+            relax(spins);
+        }
+        __atomic_store_n(&S->ready, c, __ATOMIC_RELEASE);
+        Layer L = layer_of(S, c, row, starts);
+        const double t0 = helped ? seconds_now() : 0.0;
+        /* solve_range's first step, split open: the middle end, the left half, then the right */
+        int64_t near_lo, near_hi;
+        const int64_t mid = solve_mid(&L, c, last_end, c, last_end, cand, &near_lo, &near_hi);
+        if (c < mid) solve_range(&L, c, mid - 1, c, near_hi, cand);
+        if (mid == last_end) continue;
+        const int64_t split = mid + 1;
+        int64_t expected = 0;
+        if (__atomic_compare_exchange_n(S->claim + c, &expected, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            solve_range(&L, split, last_end, near_lo, last_end, cand);
+            continue;
+        }
+        /* the helper has it: wait up to twice the left half's time, then solve it here */
+        const double t1 = seconds_now(), patience = 2.0 * (t1 - t0) + 10e-6;
+        int delivered = 0;
+        for (int spins = 0;; spins++) {
+            if (__atomic_load_n(S->done + c, __ATOMIC_ACQUIRE)) { delivered = 1; break; }
+            if ((spins & 63) == 0 && seconds_now() - t1 > patience) break;
+#if GEFEN_AVX2
+            _mm_pause();
+#endif
+        }
+        if (delivered) {
+            const int64_t slot = c & 1;
+            memcpy(row + split, S->slot_dp[slot] + split, (size_t)(last_end - split + 1) * sizeof(double));
+            memcpy(starts + split, S->slot_start[slot] + split, (size_t)(last_end - split + 1) * sizeof(int16_t));
+        } else {
+            solve_range(&L, split, last_end, near_lo, last_end, cand);
+        }
+    }
+    __atomic_store_n(&S->finished, 1, __ATOMIC_RELEASE);
+}
+
 /*
  * centers, weights: the m active bins (float64 of the fp32-rounded values, SPEC 1.6.6), m >= k.
- * Writes the k sorted fp32 codewords into out.
+ * Writes the k sorted fp32 codewords into out. threads: 2 or more lets a helper thread solve half
+ * of every interior layer (the same codebook, bit for bit, from any number of threads).
  */
-int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, int64_t k, float *out) {
+int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, int64_t k, float *out,
+                      int32_t threads) {
     if (k < 3 || m < k || m > 32000) return DP_BAD_INPUT;
     const int64_t span = m - k;
+    const size_t width = (size_t)(m + 1);
     /* +4: scan_ends loads four ends at a time */
     double *PW = (double *)calloc((size_t)(m + 5), sizeof(double));
     double *PX = (double *)calloc((size_t)(m + 5), sizeof(double));
     double *PXX = (double *)calloc((size_t)(m + 5), sizeof(double));
-    double *prev = (double *)malloc((size_t)(m + 1) * sizeof(double));
-    double *next = (double *)malloc((size_t)(m + 1) * sizeof(double));
-    double *scratch = (double *)malloc((size_t)(m + 1) * sizeof(double)); /* one scan's candidates */
-    int16_t *start_of = (int16_t *)malloc((size_t)(k + 1) * (size_t)(m + 1) * sizeof(int16_t));
+    double *rows = (double *)malloc((size_t)ROWS_KEPT * width * sizeof(double));
+    double *tols = (double *)calloc((size_t)(k + 1), sizeof(double));
+    int64_t *flags = (int64_t *)calloc(2 * (size_t)(k + 1), sizeof(int64_t));
+    double *scratch = (double *)malloc(4 * width * sizeof(double)); /* each thread's candidates, the helper's slots */
+    int16_t *slot_starts = (int16_t *)malloc(2 * width * sizeof(int16_t));
+    int16_t *start_of = (int16_t *)malloc((size_t)(k + 1) * width * sizeof(int16_t));
     int status = DP_OK;
-    if (!PW || !PX || !PXX || !prev || !next || !scratch || !start_of) { status = DP_NO_MEMORY; goto done; }
+    if (!PW || !PX || !PXX || !rows || !tols || !flags || !scratch || !slot_starts || !start_of) {
+        status = DP_NO_MEMORY;
+        goto done;
+    }
 
     /* sequential prefix sums with a leading 0 (SPEC 1.6.8): w, w*c, w*(c*c) */
     PW[0] = PX[0] = PXX[0] = 0.0;
@@ -203,27 +356,31 @@ int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, i
     const double inflated = biggest_mean * (1.0 + 8.0 * U);
     const double cost_scale = PXX[m] + (inflated * inflated) * PW[m];
 
-    for (int64_t i = 0; i <= m; i++) { prev[i] = INFINITY; next[i] = INFINITY; }
-    /* layer 1: pinned to -1, every end starts at 1 */
+    /* layer 1: pinned to -1, every end starts at 1 (each layer reads only its ends' range of the row before) */
+    const int helper = threads >= 2 && k > 3 && span >= 64;
+    Layers S = {PW, PX, PXX, rows, helper ? ROWS_KEPT - 1 : 1, start_of, tols, m, span, flags, flags + (k + 1),
+                {scratch + 2 * width, scratch + 3 * width}, {slot_starts, slot_starts + width}, 1, 0, 0};
+    double *first = row_of(&S, 1);
     for (int64_t e = 1; e <= 1 + span; e++) {
         const double sxx = PXX[e] - PXX[0], sx = PX[e] - PX[0], sw = PW[e] - PW[0];
-        prev[e] = 0.0 + ((sxx - (2.0 * -1.0) * sx) + ((-1.0) * (-1.0)) * sw);
-        start_of[1 * (m + 1) + e] = 1;
+        first[e] = 0.0 + ((sxx - (2.0 * -1.0) * sx) + ((-1.0) * (-1.0)) * sw);
+        start_of[1 * width + e] = 1;
     }
-    /* interior layers, one thread: each layer needs the whole previous one, and a barrier per
-       layer costs far more than it saves when the machine is busy (measured: 1.2 s instead of
-       0.11 s at load 16 on 2 cores) */
-    for (int64_t cluster = 2; cluster < k; cluster++) {
-        const int64_t last_end = cluster + span;
-        double biggest = 0.0;
-        for (int64_t i = cluster - 1; i < last_end; i++)
-            if (fabs(prev[i]) > biggest) biggest = fabs(prev[i]);
-        Layer L = {PW, PX, PXX, prev, next, start_of + cluster * (m + 1), 5.0 * (16.0 * U * (biggest + cost_scale))};
-        solve_range(&L, cluster, last_end, cluster, last_end, scratch);
-        double *swap = prev; prev = next; next = swap;
+    /* interior layers: the caller and, with threads >= 2 and enough work, a helper */
+    if (helper) {
+        _Pragma("omp parallel num_threads(2)")
+        {
+            int t = 0, nt = 1;
+            GEFEN_THREAD_IDS(t, nt);
+            if (t == 0) caller_loop(&S, k, cost_scale, scratch, nt > 1);
+            else helper_loop(&S, scratch + width);
+        }
+    } else {
+        caller_loop(&S, k, cost_scale, scratch, 0);
     }
     /* last layer: pinned to +1, only e = m, scanned in full */
     {
+        const double *prev = row_of(&S, k - 1);
         double best = INFINITY;
         int64_t leftmost = -1;
         for (int64_t before = k - 1; before < m; before++) {
@@ -232,13 +389,13 @@ int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, i
             if (c < best) { best = c; leftmost = before + 1; }
         }
         if (leftmost < 0) { status = DP_PREMISE; goto done; }
-        start_of[k * (m + 1) + m] = (int16_t)leftmost;
+        start_of[k * width + m] = (int16_t)leftmost;
     }
     /* backtrack, then sort */
     {
         int64_t end = m;
         for (int64_t cluster = k; cluster >= 1; cluster--) {
-            const int64_t start = start_of[cluster * (m + 1) + end];
+            const int64_t start = start_of[cluster * (int64_t)width + end];
             if (cluster == 1) out[0] = -1.0f;
             else if (cluster == k) out[k - 1] = 1.0f;
             else out[cluster - 1] = (float)((PX[end] - PX[start - 1]) / (PW[end] - PW[start - 1]));
@@ -253,6 +410,6 @@ int gefen_codebook_dp(const double *centers, const double *weights, int64_t m, i
         }
     }
 done:
-    free(PW); free(PX); free(PXX); free(prev); free(next); free(scratch); free(start_of);
+    free(PW); free(PX); free(PXX); free(rows); free(tols); free(flags); free(scratch); free(slot_starts); free(start_of);
     return status;
 }

@@ -56,7 +56,7 @@ static inline int gefen_threads_for(int64_t work, int threads) {
 }
 
 /* Bumped whenever a structure or a signature changes: Python refuses a library of another version. */
-#define GEFEN_ABI_VERSION 3
+#define GEFEN_ABI_VERSION 4
 
 /* The nearest-codeword table (gefen_fast/codeword_table.py). A normalised value u in [-1, 1] has
  * the cell int(r32(u + 1) * 4096) in [0, 8192]; NaN has cell 8193. Within a cell the rule of
