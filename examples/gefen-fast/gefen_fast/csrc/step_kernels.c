@@ -263,6 +263,27 @@ static inline __m512i wcell_offsets(__m512 u) {
     return _mm512_slli_epi32(cell, 4);
 }
 
+/* vlookup on sixteen lanes: the sixteen 16-byte cells loaded into four registers (register i holds
+   the cells of lanes i, i+4, i+8, i+12, one per 128-bit lane) and transposed within each 128-bit
+   lane, which leaves every field in lane order; *codes gets each code in its lane's low byte. */
+static inline __m512 wlookup(__m512 u, const char *cells, const uint32_t *off, __m512i *codes) {
+#define GEFEN_CELLS4(i) \
+    _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512( \
+        _mm_load_ps((const float *)(cells + off[i]))), _mm_load_ps((const float *)(cells + off[i + 4])), 1), \
+        _mm_load_ps((const float *)(cells + off[i + 8])), 2), _mm_load_ps((const float *)(cells + off[i + 12])), 3)
+    const __m512 r0 = GEFEN_CELLS4(0), r1 = GEFEN_CELLS4(1), r2 = GEFEN_CELLS4(2), r3 = GEFEN_CELLS4(3);
+#undef GEFEN_CELLS4
+    const __m512d t01 = _mm512_castps_pd(_mm512_unpacklo_ps(r0, r1)), t23 = _mm512_castps_pd(_mm512_unpacklo_ps(r2, r3));
+    const __m512d h01 = _mm512_castps_pd(_mm512_unpackhi_ps(r0, r1)), h23 = _mm512_castps_pd(_mm512_unpackhi_ps(r2, r3));
+    const __m512 t = _mm512_castpd_ps(_mm512_unpacklo_pd(t01, t23));
+    const __m512 lo_val = _mm512_castpd_ps(_mm512_unpackhi_pd(t01, t23));
+    const __m512 hi_val = _mm512_castpd_ps(_mm512_unpacklo_pd(h01, h23));
+    const __m512i code = _mm512_castpd_si512(_mm512_unpackhi_pd(h01, h23));
+    const __mmask16 above = _mm512_cmp_ps_mask(u, t, _CMP_GT_OQ);
+    *codes = _mm512_mask_add_epi32(code, above, code, _mm512_srli_epi32(code, 16));
+    return _mm512_mask_blend_ps(above, lo_val, hi_val);
+}
+
 /* vreciprocal on sixteen lanes: the 14-bit estimate and one Newton step (within 2 ulp) */
 static inline __m512 wreciprocal(__m512 x) {
     __m512 r = _mm512_rcp14_ps(x);
@@ -525,8 +546,8 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
         if (SUM) total = _mm512_reduce_add_ps(wsum);                                             \
     }
 
-/* Pass B on sixteen lanes: the division and the cells sixteen at a time, the cell lookups as two
-   8-lane lookups, the update sixteen at a time; the 8-lane loop below takes the rest. */
+/* Pass B on sixteen lanes: the division, the cells, their lookups (wlookup) and the update sixteen
+   at a time; the 8-lane loop below takes the rest. */
 #define GEFEN_PASS_B_WIDE(S)                                                                     \
     if (end - j >= 64) {                                                                         \
         const __m512 wmag = _mm512_set1_ps(mag), wold = _mm512_set1_ps(old);                     \
@@ -559,12 +580,9 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
                 _mm512_store_si512((__m512i *)(offsets + i), wcell_offsets(u));                  \
             }                                                                                    \
             for (int64_t i = 0; i < m; i += 16) {                                                \
-                __m256i k0, k1;                                                                  \
-                __m256 q0 = vlookup(_mm256_load_ps(normalised + i), cells, offsets + i, &k0);    \
-                __m256 q1 = vlookup(_mm256_load_ps(normalised + i + 8), cells, offsets + i + 8, &k1); \
-                _mm_storeu_si128((__m128i *)(idx + j + i),                                      \
-                                 _mm512_cvtepi32_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1))); \
-                __m512 q = _mm512_insertf32x8(_mm512_castps256_ps512(q0), q1, 1);                \
+                __m512i k;                                                                       \
+                __m512 q = wlookup(_mm512_load_ps(normalised + i), cells, offsets + i, &k);      \
+                _mm_storeu_si128((__m128i *)(idx + j + i), _mm512_cvtepi32_epi8(k));             \
                 __m512 delta;                                                                    \
                 if (FACTORED) {                                                                  \
                     __m512 den = _mm512_add_ps(_mm512_mul_ps(wrow, _mm512_loadu_ps(col_root + (j + i - seg0))), weps); \
