@@ -221,10 +221,19 @@ static inline __m512i wbf16_bits(__m512 x) {
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, quiet);
 }
-static inline void wstore_bf16(uint16_t *p, __m512 x) {
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(wbf16_bits(x)));
+/* f32_bf16 of sixteen lanes, packed. Where the CPU has AVX512_BF16, vcvtneps2bf16: the same
+   rounding to nearest even and the same quiet NaN, but it reads an fp32 subnormal as zero, so a
+   vector holding one (vfpclassps) takes the integer rounding instead. */
+static inline __m256i wbf16_pack(__m512 x) {
+#if defined(__AVX512BF16__)
+    if (__builtin_expect(_mm512_fpclass_ps_mask(x, 0x20) == 0, 1)) return (__m256i)_mm512_cvtneps_pbh(x);
+#endif
+    return _mm512_cvtepi32_epi16(wbf16_bits(x));
 }
-static inline __m512 wround_bf16(__m512 x) { return _mm512_castsi512_ps(_mm512_slli_epi32(wbf16_bits(x), 16)); }
+static inline void wstore_bf16(uint16_t *p, __m512 x) { _mm256_storeu_si256((__m256i *)p, wbf16_pack(x)); }
+static inline __m512 wround_bf16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(wbf16_pack(x)), 16));
+}
 static inline __m512 wsquare_bf16(__m512 x) { return wround_bf16(_mm512_mul_ps(x, x)); }
 
 static inline __m512 wload_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
