@@ -305,9 +305,9 @@ def test_results_do_not_depend_on_the_thread_count():
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
 def test_subnormal_bf16_values_round_as_the_reference(factored):
     """bf16 parameters and updates below fp32's normal range (2^-126), and squared gradients there
-    too, round as the reference rounds them (SPEC 1.13.2), not flushed to zero as a conversion
-    instruction with DAZ/FTZ semantics would: each parameter within 2 bf16 subnormal steps of the
-    reference's, and the second moments within 1% with no absolute slack."""
+    too, round as the reference rounds them (rbf16 and rP of SPEC 1.8.3 and 1.8.8), not flushed to
+    zero as a conversion instruction with DAZ/FTZ semantics would: each parameter within 2 bf16
+    subnormal steps of the reference's, and the second moments within 1% with no absolute slack."""
     step_2_133 = 2.0 ** -133  # bf16's subnormal spacing
 
     def run(cls):
