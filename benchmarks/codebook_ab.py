@@ -14,7 +14,6 @@ must equal the reference's (``gefen_reference.codebook.codebook_from_counts``), 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -68,16 +67,16 @@ def main() -> None:
         (tmp / "old").mkdir()
         old = kernel_ab.build(kernel_ab.export(args.against, tmp / "old"), tmp / "old.so")
         new = kernel_ab.build(kernel_ab.ROOT / kernel_ab.CSRC, tmp / "new.so")
-        if old.gefen_abi_version() < 4:
-            old.gefen_codebook_dp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                              ctypes.c_void_p]
+        # kernel ABI 3 and before: no thread argument
+        old_threads = () if old.gefen_abi_version() < 4 else (1,)
+        if not old_threads:
+            old.gefen_codebook_dp.argtypes = old.gefen_codebook_dp.argtypes[:5]
         for size in args.sizes.split(","):
             centers, w, m, counts = dp_input(size)
             expected = rc.codebook_from_counts(counts).numpy()
             calls = {
-                "old": (lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data))
-                if old.gefen_abi_version() < 4 else
-                (lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data, 1)),
+                "old": lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data,
+                                                         *old_threads),
                 "new, 1 thread": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
                                                                    out.ctypes.data, 1),
                 "new, 2 threads": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,

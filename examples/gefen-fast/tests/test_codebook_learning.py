@@ -90,12 +90,16 @@ def _dp(lib, counts: torch.Tensor, threads: int) -> np.ndarray:
     return out
 
 
+def _dp_histograms():
+    """The histograms of ``_histograms`` that reach the DP: not the padding case (fewer than 256
+    active bins), not counts above 2**24 (outside the search's premise)."""
+    return [c for c in _histograms() if int((c > 0).sum()) >= 256 and c.max() <= 1 << 24]
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_codebook_from_any_number_of_threads(threads):
     """The layers split between the caller and a helper thread: the same codebook, bit for bit."""
-    for counts in _histograms():
-        if int((counts > 0).sum()) < 256 or counts.max() > 1 << 24:
-            continue  # the padding case and counts the search's premise refuses do not reach the DP
+    for counts in _dp_histograms():
         assert np.array_equal(_dp(native.library(), counts, threads), rc.codebook_from_counts(counts).numpy())
 
 
@@ -112,9 +116,7 @@ def late_helper_library(tmp_path_factory):
 def test_codebook_with_a_late_helper(late_helper_library):
     """A helper descheduled mid-layer: the caller solves that half itself and waits before reusing
     the row the helper still reads; the codebook is still the reference's."""
-    for counts in _histograms():
-        if int((counts > 0).sum()) < 256 or counts.max() > 1 << 24:
-            continue
+    for counts in _dp_histograms():
         assert np.array_equal(_dp(late_helper_library, counts, 2), rc.codebook_from_counts(counts).numpy())
 
 

@@ -24,7 +24,6 @@
  * ROWS_KEPT - 1 layers): on a busy machine that is a rare wait, not one per layer.
  */
 #include "gefen_common.h"
-#include <sched.h>
 #include <time.h>
 
 #define DP_OK 0
@@ -207,22 +206,12 @@ static double seconds_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static inline void relax(int spins) {
-    if (spins < 2048) {
-#if GEFEN_AVX2
-        _mm_pause();
-#endif
-    } else {
-        sched_yield();
-    }
-}
-
 /* The helper: the right half of the newest ready layer it can claim, until the caller finishes. */
 static void helper_loop(Layers *S, double *cand) {
     int64_t seen = 1;
     for (int spins = 0; !__atomic_load_n(&S->finished, __ATOMIC_ACQUIRE); spins++) {
         const int64_t c = __atomic_load_n(&S->ready, __ATOMIC_ACQUIRE);
-        if (c <= seen) { relax(spins); continue; }
+        if (c <= seen) { gefen_relax(spins, 2048); continue; }
         seen = c;
         spins = 0;
         /* announced before the claim: a caller that sees the claim sees which row is read */
@@ -266,7 +255,7 @@ static void caller_loop(Layers *S, int64_t k, double cost_scale, double *cand, i
         for (int spins = 0;; spins++) {
             const int64_t late = __atomic_load_n(&S->working, __ATOMIC_SEQ_CST);
             if (late == 0 || late > c - S->mask) break;
-            relax(spins);
+            gefen_relax(spins, 2048);
         }
         __atomic_store_n(&S->ready, c, __ATOMIC_RELEASE);
         Layer L = layer_of(S, c, row, starts);

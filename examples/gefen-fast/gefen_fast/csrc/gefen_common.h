@@ -10,6 +10,7 @@
 #define GEFEN_COMMON_H
 
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,18 @@
 #else
 #define GEFEN_THREAD_IDS(t, nt) do { t = 0; nt = 1; } while (0)
 #endif
+
+/* One turn of a wait on another thread: a pause while `spins` is below `pauses`, then the core is
+   yielded, as a descheduled partner on a busy machine needs it back. */
+static inline void gefen_relax(int spins, int pauses) {
+    if (spins < pauses) {
+#if GEFEN_AVX2
+        _mm_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
 
 /* Threads worth forking for `work` elements: at least GEFEN_MIN_PER_THREAD each (below that a
    fork and join costs more than it saves, and far more when the machine is oversubscribed). */

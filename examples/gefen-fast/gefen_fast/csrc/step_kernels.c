@@ -34,7 +34,6 @@
  * All pointers of one item refer to distinct, non-overlapping buffers (Python checks).
  */
 #include "gefen_common.h"
-#include <sched.h>
 
 /* Blocks up to this size keep their lerped momentum in a per-thread scratch between the passes. */
 #define KEEP_MAX 65536
@@ -731,18 +730,9 @@ DEFINE_KERNELS(f16, uint16_t, 0)
 
 #define MAX_THREADS 256
 
-/* Wait until *done >= target (another thread's pass B of the kept pieces): spin briefly, then
-   yield the core, as a descheduled partner on a busy machine needs it back. */
+/* Wait until *done >= target (another thread's pass B of the kept pieces). */
 static void kept_wait(const int64_t *done, int64_t target) {
-    for (int spins = 0; __atomic_load_n(done, __ATOMIC_ACQUIRE) < target; spins++) {
-        if (spins < 4096) {
-#if GEFEN_AVX2
-            _mm_pause();
-#endif
-        } else {
-            sched_yield();
-        }
-    }
+    for (int spins = 0; __atomic_load_n(done, __ATOMIC_ACQUIRE) < target; spins++) gefen_relax(spins, 4096);
 }
 
 static double profile_clock[STAGE_COUNT];
