@@ -190,3 +190,14 @@ def build(codebook: torch.Tensor) -> CodewordTable:
 def dequantization_table(codebook: torch.Tensor, grad_dtype: torch.dtype) -> np.ndarray:
     """fp32[256] codewords rounded to the gradient dtype (SPEC 1.8.8 steps 1 and 6, SPEC 1.13.5)."""
     return codebook.detach().to("cpu", torch.float32).to(grad_dtype).to(torch.float32).numpy().copy()
+
+
+def byte_planes(decode: np.ndarray) -> np.ndarray:
+    """uint8[4, 256]: byte ``b`` of the little-endian bit pattern of ``decode[k]`` at ``[b, k]``.
+
+    The AVX-512 loops decode 64 old indices at once with byte permutes over these planes (four
+    registers per plane), then interleave the four bytes back into floats."""
+    words = np.ascontiguousarray(decode, dtype="<f4")
+    if words.shape != (256,):
+        raise ValueError(f"decode must hold 256 codewords, got shape {words.shape}")
+    return np.ascontiguousarray(words.view(np.uint8).reshape(256, 4).T)

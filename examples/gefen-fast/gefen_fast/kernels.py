@@ -98,10 +98,11 @@ class CodewordTables:
             decode = codeword_table.dequantization_table(codebook, grad_dtype)
             cells = self._table.cells(decode)
             search = self._table.codebook
+            planes = codeword_table.byte_planes(decode)
             struct = native.Table(cells.ctypes.data, decode.ctypes.data, search.ctypes.data,
-                                  int(self._table.use_cells))
+                                  planes.ctypes.data, int(self._table.use_cells))
             # arrays live with the struct
-            entry = self._structs[grad_dtype] = (struct, cells, decode, search, ctypes.addressof(struct))
+            entry = self._structs[grad_dtype] = (struct, cells, decode, search, ctypes.addressof(struct), planes)
         return entry
 
 

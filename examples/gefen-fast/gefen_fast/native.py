@@ -28,14 +28,15 @@ from . import _build
 
 BuildError = _build.BuildError
 #: The structure layout and signatures below; the library must report the same.
-ABI_VERSION = 4
-CAP_AVX2, CAP_HALF, CAP_AVX512 = 1, 2, 4
+ABI_VERSION = 5
+#: CAP_BYTE_DECODE: the 16-lane loops decode old indices by byte permutes (AVX512_VBMI).
+CAP_AVX2, CAP_HALF, CAP_AVX512, CAP_BYTE_DECODE = 1, 2, 4, 8
 
 
 class Table(ctypes.Structure):
     _fields_ = [
         ("cells", ctypes.c_void_p), ("decode", ctypes.c_void_p), ("codebook", ctypes.c_void_p),
-        ("use_cells", ctypes.c_int32),
+        ("planes", ctypes.c_void_p), ("use_cells", ctypes.c_int32),
     ]
 
 

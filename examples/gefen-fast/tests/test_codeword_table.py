@@ -111,3 +111,15 @@ def test_c_lookup_sends_nan_to_the_last_index():
         expected = nearest_codeword_indices(codebook, torch.from_numpy(values)).numpy()
         assert codes[1] == codes[5] == codes[8] == 255
         assert np.array_equal(codes, expected)
+
+
+def test_byte_planes_reassemble_the_decoded_codewords():
+    """Plane b holds byte b of every decoded codeword (the 16-lane loops' byte-permute decode)."""
+    decode = np.linspace(-1, 1, 256, dtype=np.float32) ** 3
+    decode[7] = np.float32(-0.0)
+    planes = codeword_table.byte_planes(decode)
+    assert planes.shape == (4, 256) and planes.dtype == np.uint8 and planes.flags.c_contiguous
+    words = sum(planes[b].astype(np.uint32) << (8 * b) for b in range(4))
+    assert np.array_equal(words, decode.view(np.uint32))
+    with pytest.raises(ValueError, match="256 codewords"):
+        codeword_table.byte_planes(decode[:255])

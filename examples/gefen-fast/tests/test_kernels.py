@@ -89,24 +89,34 @@ def test_matches_reference(dtype, factored):
     _compare(ref, fast, dtype)
 
 
-@pytest.fixture(scope="module")
-def eight_lane_library(tmp_path_factory):
-    """The kernels built with the 8-lane (AVX2) loops alone, as on a CPU without AVX-512."""
-    if not native.capabilities() & native.CAP_AVX512:
-        pytest.skip("this build has no 16-lane loops: the default tests already run the 8-lane ones")
-    target = tmp_path_factory.mktemp("narrow") / "gefen_kernels-narrow.so"
-    _build.compile_library(target, extra_flags=("-DGEFEN_NO_AVX512=1",))
+#: Builds for CPUs with less than this one, and the capability each must lack.
+NARROWER_BUILDS = {
+    "8-lane": (("-DGEFEN_NO_AVX512=1",), native.CAP_AVX512),
+    "16-lane-without-vbmi": (("-mno-avx512vbmi",), native.CAP_BYTE_DECODE),
+}
+
+
+@pytest.fixture(scope="module", params=list(NARROWER_BUILDS))
+def narrower_library(request, tmp_path_factory):
+    """The kernels as built on a CPU with less than this one: the 8-lane (AVX2) loops alone, as
+    without AVX-512; the 16-lane loops decoding the old indices by float permutes, as without
+    AVX512_VBMI. Skipped where the default build is already that one."""
+    flags, lacks = NARROWER_BUILDS[request.param]
+    if not native.capabilities() & lacks:
+        pytest.skip(f"the default build is already {request.param}: the default tests run it")
+    target = tmp_path_factory.mktemp("narrow") / f"gefen_kernels-{request.param}.so"
+    _build.compile_library(target, extra_flags=flags)
     lib = ctypes.CDLL(str(target))
     native._declare(lib)
-    assert lib.gefen_capabilities() & native.CAP_AVX2 and not lib.gefen_capabilities() & native.CAP_AVX512
+    assert not lib.gefen_capabilities() & lacks
     return lib
 
 
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_eight_lane_loops_match_reference(eight_lane_library, monkeypatch, dtype, factored):
-    """Where the default build runs 16-lane loops, the 8-lane loops (other CPUs) are checked here."""
-    monkeypatch.setattr(native, "library", lambda: eight_lane_library)
+def test_narrower_builds_match_reference(narrower_library, monkeypatch, dtype, factored):
+    """Where the default build runs wider loops, the narrower ones (other CPUs) are checked here."""
+    monkeypatch.setattr(native, "library", lambda: narrower_library)
     kw = dict(factored_v_2d=factored, shapes={**SHAPES, "big": (2, 65536 + 512)}, periods={"big": 65536 + 512})
     _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)
 
@@ -120,10 +130,39 @@ def test_small_beta1_takes_the_other_lerp_branch(factored):
 
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
 def test_blocks_larger_than_the_kept_scratch(factored):
-    """Blocks above the kernels' scratch size recompute the lerp instead of keeping it."""
+    """Blocks above the per-thread scratch (KEEP_MAX elements) take the large-block path: cut into
+    pieces over the threads, a maximum and a sum across the pieces between the passes."""
     shapes = {"big": (2, 65536 + 512), "other": (64,)}
     kw = dict(shapes=shapes, periods={"big": 65536 + 512, "other": 64}, steps=2, factored_v_2d=factored)
     _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+
+
+@pytest.fixture(scope="module", params=["default", *NARROWER_BUILDS])
+def recomputing_library(request, tmp_path_factory):
+    """The kernels built to keep at most 4096 lerps of a large block, so pass B recomputes the lerp
+    of the rest from the gradient and the old indices, as it does at the default (LARGE_KEEP, 1Mi
+    elements) only for blocks of millions of elements; for this CPU and the narrower builds."""
+    flags = ("-DLARGE_KEEP=4096",)
+    if request.param != "default":
+        narrower, lacks = NARROWER_BUILDS[request.param]
+        if not native.capabilities() & lacks:
+            pytest.skip(f"the default build is already {request.param}")
+        flags += narrower
+    target = tmp_path_factory.mktemp("recompute") / f"gefen_kernels-recompute-{request.param}.so"
+    _build.compile_library(target, extra_flags=flags)
+    lib = ctypes.CDLL(str(target))
+    native._declare(lib)
+    return lib
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_large_blocks_recompute_the_lerp(recomputing_library, monkeypatch, dtype, factored):
+    """Pass B's recomputed lerps (the old indices decoded again) give the reference's momentum."""
+    monkeypatch.setattr(native, "library", lambda: recomputing_library)
+    shapes = {"big": (2, 65536 + 560), "other": (64,)}
+    kw = dict(shapes=shapes, periods={"big": 65536 + 560, "other": 64}, steps=3, factored_v_2d=factored)
+    _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)
 
 
 def test_crowded_codebook_uses_the_search():

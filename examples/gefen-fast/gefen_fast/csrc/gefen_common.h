@@ -69,7 +69,7 @@ static inline int gefen_threads_for(int64_t work, int threads) {
 }
 
 /* Bumped whenever a structure or a signature changes: Python refuses a library of another version. */
-#define GEFEN_ABI_VERSION 4
+#define GEFEN_ABI_VERSION 5
 
 /* The nearest-codeword table (gefen_fast/codeword_table.py). A normalised value u in [-1, 1] has
  * the cell int(r32(u + 1) * 4096) in [0, 8192]; NaN has cell 8193. Within a cell the rule of
@@ -89,6 +89,7 @@ typedef struct {
     const Cell *cells;      /* [GEFEN_CELLS + 2], 16-byte aligned */
     const float *decode;    /* [256]: codewords rounded to the gradient dtype (SPEC 1.8.8 steps 1, 6) */
     const float *codebook;  /* [256]: the fp32 search codebook (SPEC 1.7) */
+    const uint8_t *planes;  /* [4][256]: byte b (little-endian) of decode[k] at planes[256 b + k] */
     int32_t use_cells;      /* 0: the cells cannot represent this codebook, search instead */
 } Table;
 

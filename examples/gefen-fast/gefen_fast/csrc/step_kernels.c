@@ -23,8 +23,8 @@
  * r32(r32(mag * lr) * inv_bias1) (factored). The momentum (indices, magnitudes) depends on none of
  * them and equals the reference's bit for bit.
  *
- * Vector loops: sixteen lanes where the CPU has AVX-512 (the old indices decoded by register
- * permutes), then eight lanes (AVX2) for the rest of a range or on CPUs without AVX-512, then a
+ * Vector loops: sixteen lanes where the CPU has AVX-512 (the old indices decoded 64 at a time by
+ * register permutes, wdecode64), then eight lanes (AVX2) for the rest of a range or on CPUs without AVX-512, then a
  * scalar tail; the same operations in each, so the momentum is the same from every width (the
  * tests build -DGEFEN_NO_AVX512 to check the 8-lane loops where both exist). The width changes
  * only the association of the block sums. Each vector loop prefetches its streams GEFEN_PREFETCH
@@ -242,15 +242,42 @@ static inline void wstore_f16(uint16_t *p, __m512 x) {
 static inline __m512 wround_f16(__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
 static inline __m512 wsquare_f16(__m512 x) { return _mm512_mul_ps(x, x); }
 
-/* The 256 decoded codewords in 16 registers, and decode[k] of sixteen codes (k < 256 per lane)
-   by register permutes: each two-register permute serves one run of 32 codes, and bits 5-7 of k
-   choose among the eight. On the AMD EPYC measured, 18 permutes and blends per 16 codes cost about
-   a tenth of the 16 scalar loads they replace, and a hardware gather is slower than both. */
-typedef struct { __m512 r[16]; } DecodeRegs;
-static inline void wdecode_load(const float *decode, DecodeRegs *t) {
-    for (int s = 0; s < 16; s++) t->r[s] = _mm512_loadu_ps(decode + 16 * s);
+/* decode[k] of 64 codes at once, out[v] = decode[k[16v .. 16v + 15]].
+   With AVX512_VBMI, from the byte planes (Table.planes): register 4b + c holds byte b of
+   decode[64c .. 64c + 63], so each plane is two two-register byte permutes (vpermt2b, codes below
+   and above 128) and a blend on bit 7; the four planes are then interleaved back into floats.
+   The unpacks interleave within 128-bit lanes, so the codes' 4-byte groups are first transposed
+   (one vpermd) for the four results to come out in order. 23 operations per 64 codes.
+   Without it (AVX-512 CPUs before Ice Lake), the 256 codewords in 16 registers and two-register
+   float permutes, one per run of 32 codes, bits 5-7 of k choosing among the eight: 19
+   operations per 16 codes. Both were measured against scalar loads and hardware gathers on the
+   AMD EPYC of benchmarks/, and both are faster than those. */
+#if defined(__AVX512VBMI__)
+typedef struct { __m512i r[16]; } DecodeTable;
+static inline void wdecode_load(const Table *tab, DecodeTable *t) {
+    for (int s = 0; s < 16; s++) t->r[s] = _mm512_loadu_si512((const void *)(tab->planes + 64 * s));
 }
-static inline __m512 wdecode(const DecodeRegs *t, __m512i k) {
+static inline void wdecode64(const DecodeTable *t, __m512i codes, __m512 out[4]) {
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512i k = _mm512_permutexvar_epi32(order, codes);
+    const __mmask64 high = _mm512_movepi8_mask(k);
+    __m512i b[4];
+    for (int p = 0; p < 4; p++)
+        b[p] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t->r[4 * p], k, t->r[4 * p + 1]),
+                                      _mm512_permutex2var_epi8(t->r[4 * p + 2], k, t->r[4 * p + 3]));
+    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+    out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23));
+    out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23));
+    out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23));
+    out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23));
+}
+#else
+typedef struct { __m512 r[16]; } DecodeTable;
+static inline void wdecode_load(const Table *tab, DecodeTable *t) {
+    for (int s = 0; s < 16; s++) t->r[s] = _mm512_loadu_ps(tab->decode + 16 * s);
+}
+static inline __m512 wdecode16(const DecodeTable *t, __m512i k) {
     const __mmask16 b5 = _mm512_test_epi32_mask(k, _mm512_set1_epi32(32));
     const __mmask16 b6 = _mm512_test_epi32_mask(k, _mm512_set1_epi32(64));
     const __mmask16 b7 = _mm512_test_epi32_mask(k, _mm512_set1_epi32(128));
@@ -260,8 +287,17 @@ static inline __m512 wdecode(const DecodeRegs *t, __m512i k) {
     __m512 x3 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t->r[12], k, t->r[13]), _mm512_permutex2var_ps(t->r[14], k, t->r[15]));
     return _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, x0, x1), _mm512_mask_blend_ps(b6, x2, x3));
 }
-static inline __m512i wcodes_of(const uint8_t *idx) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)idx));
+static inline void wdecode64(const DecodeTable *t, __m512i codes, __m512 out[4]) {
+    out[0] = wdecode16(t, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, 0)));
+    out[1] = wdecode16(t, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, 1)));
+    out[2] = wdecode16(t, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, 2)));
+    out[3] = wdecode16(t, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, 3)));
+}
+#endif
+/* The codes of [j, j + n), n a multiple of 16 up to 64, as 64 bytes (the rest zero). */
+static inline __m512i wcodes64(const uint8_t *idx, int64_t n) {
+    const __mmask64 m = n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+    return _mm512_maskz_loadu_epi8(m, (const void *)idx);
 }
 
 /* vcell_offsets on sixteen values */
@@ -348,9 +384,10 @@ static inline double gefen_now(void) { struct timespec t; clock_gettime(CLOCK_MO
    KEEP: store the lerps into keep (indexed from j0). The flags are compile-time constants at  \
    every call, so each variant is its own loop. */                                              \
 static inline __attribute__((always_inline))                                                     \
-uint32_t pass_a_body_##S(const T *restrict g, const uint8_t *restrict idx, const float *restrict decode, \
+uint32_t pass_a_body_##S(const T *restrict g, const uint8_t *restrict idx, const Table *tab,    \
                          int64_t j0, int64_t j1, float old, float w, float *restrict keep, float *sum, \
                          const int SUM, const int KEEP, const int SMALL) {                       \
+    const float *restrict decode = tab->decode;                                                  \
     uint32_t top = 0;                                                                            \
     float total = 0.0f;                                                                          \
     int64_t j = j0;                                                                              \
@@ -369,19 +406,19 @@ uint32_t pass_a_body_##S(const T *restrict g, const uint8_t *restrict idx, const
     return top;                                                                                  \
 }                                                                                                \
                                                                                                  \
-static uint32_t pass_a_##S(const T *restrict g, const uint8_t *restrict idx, const float *restrict decode, \
+static uint32_t pass_a_##S(const T *restrict g, const uint8_t *restrict idx, const Table *tab,  \
                            int64_t j0, int64_t j1, float old, float w, int small,                \
                            float *restrict keep, float *sum) {                                   \
     if (sum) {                                                                                   \
-        if (keep) return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 1, 1) \
-                               : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 1, 0); \
-        return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 0, 1)       \
-                     : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 1, 0, 0);      \
+        if (keep) return small ? pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 1, 1, 1) \
+                               : pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 1, 1, 0); \
+        return small ? pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 1, 0, 1)          \
+                     : pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 1, 0, 0);         \
     }                                                                                            \
-    if (keep) return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 1, 1)  \
-                           : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 1, 0); \
-    return small ? pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 0, 1)           \
-                 : pass_a_body_##S(g, idx, decode, j0, j1, old, w, keep, sum, 0, 0, 0);          \
+    if (keep) return small ? pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 0, 1, 1)    \
+                           : pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 0, 1, 0);   \
+    return small ? pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 0, 0, 1)              \
+                 : pass_a_body_##S(g, idx, tab, j0, j1, old, w, keep, sum, 0, 0, 0);             \
 }                                                                                                \
                                                                                                  \
 /* Pass B over [j0, j1) of a block whose first element is element `base` of the parameter.  \
@@ -476,7 +513,7 @@ static void small_block_##S(const Work *w, int64_t b, float *keep, const Stepsiz
     const float old = w->magnitude[b];                                                           \
     float sum = 0.0f;                                                                            \
     GEFEN_TICK(t0);                                                                              \
-    uint32_t top = pass_a_##S(g, idx, w->tab->decode, 0, period, old, h->w, fabsf(h->w) < 0.5f,  \
+    uint32_t top = pass_a_##S(g, idx, w->tab, 0, period, old, h->w, fabsf(h->w) < 0.5f,  \
                               keep, w->vmean ? &sum : NULL);                                     \
     const float mag = bits_f32(top);                                                             \
     w->magnitude[b] = mag;                                                                       \
@@ -496,7 +533,7 @@ static void small_block_##S(const Work *w, int64_t b, float *keep, const Stepsiz
 static uint32_t large_pass_a_##S(const Work *w, int64_t b, int64_t j0, int64_t j1, float *sum,  \
                                  float *keep) {                                                  \
     const int64_t base = b * w->period;                                                          \
-    return pass_a_##S((const T *)w->g + base, w->idx + base, w->tab->decode, j0, j1, w->magnitude[b], \
+    return pass_a_##S((const T *)w->g + base, w->idx + base, w->tab, j0, j1, w->magnitude[b], \
                       w->h.w, fabsf(w->h.w) < 0.5f, keep, w->vmean ? sum : NULL);                \
 }                                                                                                \
                                                                                                  \
@@ -528,27 +565,43 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
 
 /* ------------------------------------------------------------------- vector loop bodies */
 #if GEFEN_AVX512
-/* Pass A on sixteen lanes (the same operations as the 8-lane loop below, which takes the rest);
-   the decode table is loaded into registers once per range, so only ranges of 64 or more take it. */
+/* Pass A on sixteen lanes (the same operations as the 8-lane loop below, which takes the rest),
+   the old indices decoded 64 at a time (wdecode64); the byte planes are loaded into registers once
+   per range, so only ranges of 64 or more take this loop. The sums are added sixteen lanes at a
+   time in element order, as before the 64-wide decode. */
+#define GEFEN_PASS_A_GROUP(S, jj, curv)                                                          \
+    do {                                                                                         \
+        PREFETCH_AHEAD(g, jj);                                                                   \
+        __m512 x = wload_##S(g + (jj));                                                          \
+        if (SUM) wsum = _mm512_add_ps(wsum, wsquare_##S(x));                                     \
+        __m512 cur = _mm512_mul_ps(curv, wold);                                                  \
+        __m512 d = _mm512_sub_ps(x, cur);                                                        \
+        __m512 upd = SMALL ? _mm512_fmadd_ps(ww, d, cur) : _mm512_fmadd_ps(wnw, d, x);           \
+        if (KEEP) _mm512_storeu_ps(keep + ((jj) - j0), upd);                                     \
+        wtop = _mm512_max_epu32(wtop, _mm512_and_si512(_mm512_castps_si512(upd), wabs));         \
+    } while (0)
 #define GEFEN_PASS_A_WIDE(S)                                                                     \
     if (j1 - j >= 64) {                                                                          \
-        DecodeRegs table;                                                                        \
-        wdecode_load(decode, &table);                                                            \
+        DecodeTable table;                                                                       \
+        wdecode_load(tab, &table);                                                               \
         const __m512 wold = _mm512_set1_ps(old), ww = _mm512_set1_ps(w);                         \
         const __m512 wnw = _mm512_set1_ps(-(1.0f - w));                                          \
         const __m512i wabs = _mm512_set1_epi32(0x7FFFFFFF);                                      \
         __m512i wtop = _mm512_setzero_si512();                                                   \
         __m512 wsum = _mm512_setzero_ps();                                                       \
-        for (; j + 16 <= j1; j += 16) {                                                          \
-            PREFETCH_AHEAD(g, j);                                                                \
+        const int64_t wide_end = j + ((j1 - j) & ~(int64_t)15);                                  \
+        __m512 dec[4];                                                                           \
+        for (; j + 64 <= wide_end; j += 64) {                                                    \
             PREFETCH_AHEAD(idx, j);                                                              \
-            __m512 x = wload_##S(g + j);                                                         \
-            if (SUM) wsum = _mm512_add_ps(wsum, wsquare_##S(x));                                 \
-            __m512 cur = _mm512_mul_ps(wdecode(&table, wcodes_of(idx + j)), wold);               \
-            __m512 d = _mm512_sub_ps(x, cur);                                                    \
-            __m512 upd = SMALL ? _mm512_fmadd_ps(ww, d, cur) : _mm512_fmadd_ps(wnw, d, x);       \
-            if (KEEP) _mm512_storeu_ps(keep + (j - j0), upd);                                    \
-            wtop = _mm512_max_epu32(wtop, _mm512_and_si512(_mm512_castps_si512(upd), wabs));     \
+            wdecode64(&table, _mm512_loadu_si512((const void *)(idx + j)), dec);                 \
+            GEFEN_PASS_A_GROUP(S, j, dec[0]);                                                    \
+            GEFEN_PASS_A_GROUP(S, j + 16, dec[1]);                                               \
+            GEFEN_PASS_A_GROUP(S, j + 32, dec[2]);                                               \
+            GEFEN_PASS_A_GROUP(S, j + 48, dec[3]);                                               \
+        }                                                                                        \
+        if (j < wide_end) {                                                                      \
+            wdecode64(&table, wcodes64(idx + j, wide_end - j), dec);                             \
+            for (int q = 0; j < wide_end; j += 16, q++) GEFEN_PASS_A_GROUP(S, j, dec[q]);        \
         }                                                                                        \
         top = _mm512_reduce_max_epu32(wtop);                                                     \
         if (SUM) total = _mm512_reduce_add_ps(wsum);                                             \
@@ -565,27 +618,34 @@ static void moment_rows_##S(const Work *w, int64_t r0, int64_t r1, float *restri
         const __m512 wfscale = _mm512_set1_ps(st->factored_scale);                               \
         const __m512 wrow = _mm512_set1_ps(row_root), weps = _mm512_set1_ps(st->eps);            \
         const char *restrict cells = (const char *)tab->cells;                                   \
-        DecodeRegs table;                                                                        \
-        if (!KEPT) wdecode_load(decode, &table);                                                 \
+        DecodeTable table;                                                                       \
+        if (!KEPT) wdecode_load(tab, &table);                                                    \
         uint32_t offsets[B_STAGE] __attribute__((aligned(64)));                                  \
         float normalised[B_STAGE] __attribute__((aligned(64)));                                  \
         const int64_t wide_end = j + ((end - j) & ~(int64_t)15);                                 \
         while (j < wide_end) {                                                                   \
             const int64_t m = wide_end - j < B_STAGE ? wide_end - j : B_STAGE;                   \
-            for (int64_t i = 0; i < m; i += 16) {                                                \
-                __m512 upd;                                                                      \
-                if (KEPT) upd = _mm512_loadu_ps(kept + (j + i - j0));                            \
-                else {                                                                           \
-                    PREFETCH_AHEAD(g, j + i);                                                    \
+            for (int64_t i = 0; i < m; i += 64) {                                                \
+                __m512 cur[4];                                                                   \
+                if (!KEPT) {                                                                     \
                     PREFETCH_AHEAD(idx, j + i);                                                  \
-                    __m512 x = wload_##S(g + j + i);                                             \
-                    __m512 cur = _mm512_mul_ps(wdecode(&table, wcodes_of(idx + j + i)), wold);   \
-                    __m512 d = _mm512_sub_ps(x, cur);                                            \
-                    upd = SMALL ? _mm512_fmadd_ps(ww, d, cur) : _mm512_fmadd_ps(wnw, d, x);      \
+                    wdecode64(&table, wcodes64(idx + j + i, m - i), cur);                        \
                 }                                                                                \
-                __m512 u = _mm512_div_ps(upd, wmag);                                             \
-                _mm512_store_ps(normalised + i, u);                                              \
-                _mm512_store_si512((__m512i *)(offsets + i), wcell_offsets(u));                  \
+                for (int64_t q = 0; q < 4 && i + 16 * q < m; q++) {                              \
+                    const int64_t e = i + 16 * q;                                                \
+                    __m512 upd;                                                                  \
+                    if (KEPT) upd = _mm512_loadu_ps(kept + (j + e - j0));                        \
+                    else {                                                                       \
+                        PREFETCH_AHEAD(g, j + e);                                                \
+                        __m512 x = wload_##S(g + j + e);                                         \
+                        __m512 c = _mm512_mul_ps(cur[q], wold);                                  \
+                        __m512 d = _mm512_sub_ps(x, c);                                          \
+                        upd = SMALL ? _mm512_fmadd_ps(ww, d, c) : _mm512_fmadd_ps(wnw, d, x);    \
+                    }                                                                            \
+                    __m512 u = _mm512_div_ps(upd, wmag);                                         \
+                    _mm512_store_ps(normalised + e, u);                                          \
+                    _mm512_store_si512((__m512i *)(offsets + e), wcell_offsets(u));              \
+                }                                                                                \
             }                                                                                    \
             for (int64_t i = 0; i < m; i += 16) {                                                \
                 __m512i k;                                                                       \
@@ -1028,5 +1088,12 @@ void gefen_nearest_codes(const float *u, int64_t n, const Table *tab, uint8_t *c
 }
 
 /* What this build offers: bit 0 AVX2 loops, bit 1 fp16 kernels, bit 2 AVX-512 loops. */
-int gefen_capabilities(void) { return (GEFEN_AVX2 ? 1 : 0) | (GEFEN_HALF ? 2 : 0) | (GEFEN_AVX512 ? 4 : 0); }
+#if GEFEN_AVX512 && defined(__AVX512VBMI__)
+#define GEFEN_BYTE_DECODE 1
+#else
+#define GEFEN_BYTE_DECODE 0
+#endif
+int gefen_capabilities(void) {
+    return (GEFEN_AVX2 ? 1 : 0) | (GEFEN_HALF ? 2 : 0) | (GEFEN_AVX512 ? 4 : 0) | (GEFEN_BYTE_DECODE ? 8 : 0);
+}
 int gefen_abi_version(void) { return GEFEN_ABI_VERSION; }
