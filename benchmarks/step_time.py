@@ -2,6 +2,7 @@
 
     python benchmarks/step_time.py [--sizes 4.2M,16.8M] [--dtypes fp32,bf16] [--steps 20] [--slow-steps 3]
                                    [--scaling 4.2M,16.8M,67M] [--threads 1,2] [--only NAME,...]
+                                   [--cache dirty|as-left]
 
 Models: 4.2M parameters (4 x 1024x1024 + 4 x 4096), 16.8M (4 x 2048x2048 + 4 x 8192) and, for the
 first-step scaling, 67M (4 x 4096x4096 + 4 x 16384); named parameters, two fixed gradient sets used
@@ -17,7 +18,15 @@ Per model and dtype: the first step of a fresh optimizer (period search, codeboo
 fast's kernels were built at install time), then the steady step: median and minimum of the timed
 steps after two warm-up steps, taken in rounds (one step of every optimizer per round, the
 reference and gefen-x only in the first ``--slow-steps`` rounds) so a change of machine load hits
-all alike. The roofline: bytes a step must move / copy bandwidth, the bandwidth measured in the
+all alike. What the cache holds when a timed step starts is the same for every optimizer
+(``--cache dirty``, the default): 64 MiB are written just before each timed step (not timed), as
+a training loop's backward pass leaves the cache full of its own dirty lines, and the order of the
+optimizers rotates every round, so no optimizer's step always follows the same other one.
+``--cache as-left`` is the method of the runs before 2026-12-02 14:00 UTC: a fixed order, each
+step starting with whatever the step before it left (its dirty lines, written back during the
+next step, and at 4.2M part of its data). Side by side (results file, 13:54-13:56), the two
+methods' ratios differed by no more than two runs of one method did: the machine's own swings
+dominate either way. The roofline: bytes a step must move / copy bandwidth, the bandwidth measured in the
 same run (``copy_`` of 64 MiB, read + write); a Gefen step moves 3 bytes-per-parameter-dtype + 2
 per parameter (parameter read and written, gradient read, uint8 index read and written: 14 for
 fp32, 8 for bf16), AdamW 7 (parameter, gradient, both moments in the parameter's dtype: 28, 14).
@@ -179,6 +188,24 @@ def fast_scratch_bytes() -> int:
         return 0
 
 
+#: Written before every timed step (``--cache dirty``), or None (``--cache as-left``).
+EVICT = None
+
+
+def dirty_the_cache(k: int) -> None:
+    """Fill the cache with 64 MiB of freshly written lines, the same before every timed step."""
+    if EVICT is not None:
+        EVICT.fill_(float(k))
+
+
+def rotated(items: list, k: int) -> list:
+    """``items`` starting at position ``k`` (round ``k``'s order), unless the cache is as left."""
+    if EVICT is None or not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 class Subject:
     """One optimizer on its own copy of the model, with the two gradient sets."""
 
@@ -193,6 +220,7 @@ class Subject:
     def step(self, k: int) -> float:
         for name, p in self.params.items():
             p.grad = self.sets[k % len(self.sets)][name]
+        dirty_the_cache(k)
         t = time.perf_counter()
         self.optimizer.step()
         return time.perf_counter() - t
@@ -229,7 +257,7 @@ def measure_all(makers, size, dtype, steps, slow_steps):
                 subject.step(k)
             subjects[name] = subject
         for k in range(steps):
-            for name, subject in subjects.items():
+            for name, subject in rotated(list(subjects.items()), k):
                 if is_slow(name) and k >= slow_steps:
                     continue
                 subject.times.append(subject.step(k))
@@ -324,6 +352,7 @@ def first_step_scaling(args, summary):
                         p.grad = sets[0][n]
                     clocks.clear()
                     forget_solved()
+                    dirty_the_cache(0)
                     t = time.perf_counter()
                     opt.step()
                     total = time.perf_counter() - t
@@ -333,6 +362,7 @@ def first_step_scaling(args, summary):
                 for k in range(1, 8):
                     for n, p in fresh.items():
                         p.grad = sets[k % 2][n]
+                    dirty_the_cache(k)
                     t = time.perf_counter()
                     opt.step()
                     steady.append(time.perf_counter() - t)
@@ -367,7 +397,7 @@ def thread_scaling(args, makers, summary):
             for k in range(args.steps):
                 for c in counts:
                     torch.set_num_threads(c)
-                    for n, s in subjects.items():
+                    for n, s in rotated(list(subjects.items()), k):
                         times[(n, c)].append(s.step(k))
             torch.set_num_threads(previous)
             for n in names:
@@ -419,9 +449,15 @@ def main(argv=None) -> int:
     parser.add_argument("--first-repeats", type=int, default=3, help="first-step scaling: best of this many")
     parser.add_argument("--threads", default="1,2", help="thread counts compared ('' to skip)")
     parser.add_argument("--only", default="", help="comma-separated substrings of optimizer names")
+    parser.add_argument("--cache", choices=("dirty", "as-left"), default="dirty",
+                        help="before each timed step: write 64 MiB and rotate the order (dirty), or nothing (as-left)")
     args = parser.parse_args(argv)
+    global EVICT
+    EVICT = torch.empty(16 << 20) if args.cache == "dirty" else None
     print(machine())
     print("at start:", load())
+    print("cache before each timed step: " + ("64 MiB just written, optimizer order rotating every round"
+                                              if EVICT is not None else "as the previous step left it, fixed order"))
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, torch copy_ of 64 MiB, best of 20)")
     try:
