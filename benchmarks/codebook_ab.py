@@ -6,8 +6,9 @@ Builds the kernel library from the sources of git revision REV (default ``main``
 working tree (``kernel_ab.build``), takes the histogram of each ``step_time.py`` model's first
 gradient set (the periods ``gefen_fast`` chooses for it), and calls each library's
 ``gefen_codebook_dp`` on it in interleaved rounds, the order rotating every round: the old library
-(kernel ABI 3 and before: one thread, no thread argument) and the new one with 1 and 2 threads.
-Reported: wall minimum and median per call, and new / old of the medians. Every call's codebook
+(kernel ABI 3 and before: one thread, no thread argument; from ABI 4 with 1 and 2 threads) and the
+new one with 1 and 2 threads. Reported: wall minimum and median per call, and new / old of the
+medians (against the old library with as many threads where it takes a thread count). Every call's codebook
 must equal the reference's (``gefen_reference.codebook.codebook_from_counts``), or the script stops.
 """
 
@@ -79,9 +80,13 @@ def main() -> None:
                                                          *old_threads),
                 "new, 1 thread": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
                                                                    out.ctypes.data, 1),
+                "old, 2 threads": lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
+                                                                    out.ctypes.data, 2),
                 "new, 2 threads": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
                                                                     out.ctypes.data, 2),
             }
+            if not old_threads:
+                del calls["old, 2 threads"]
             names = list(calls)
             times = {name: [] for name in names}
             for r in range(args.rounds):
@@ -92,10 +97,11 @@ def main() -> None:
                     times[name].append(time.perf_counter() - t)
                     if status != 0 or not np.array_equal(out, expected):
                         sys.exit(f"{name}: status {status}, or a codebook other than the reference's")
-            base = statistics.median(times["old"])
             print(f"\n{size} ({m} active bins)")
             for name in names:
                 med = statistics.median(times[name])
+                paired = "old, 2 threads" if name.endswith("2 threads") and "old, 2 threads" in times else "old"
+                base = statistics.median(times[paired])
                 print(f"  {name:15s} min {min(times[name]) * 1e3:6.2f} ms  median {med * 1e3:6.2f} ms  "
                       f"new/old {med / base:5.2f}x")
     print(f"\nat end: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

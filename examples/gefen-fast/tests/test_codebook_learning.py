@@ -120,6 +120,26 @@ def test_codebook_with_a_late_helper(late_helper_library):
         assert np.array_equal(_dp(late_helper_library, counts, 2), rc.codebook_from_counts(counts).numpy())
 
 
+@pytest.fixture(scope="module")
+def four_lane_library(tmp_path_factory):
+    """The kernels without the AVX-512 loops, as on CPUs without them: the DP scans its last ends
+    four to a register instead of eight."""
+    if not native.capabilities() & native.CAP_AVX512:
+        pytest.skip("the default build has no AVX-512 loops: the default tests run the four-lane scan")
+    target = tmp_path_factory.mktemp("narrow") / "gefen_kernels-narrow.so"
+    _build.compile_library(target, extra_flags=("-DGEFEN_NO_AVX512=1",))
+    lib = ctypes.CDLL(str(target))
+    native._declare(lib)
+    return lib
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_codebook_from_the_four_lane_scan(four_lane_library, threads):
+    """Where the default build scans eight ends at once, the four-lane scan (other CPUs) is checked here."""
+    for counts in _dp_histograms():
+        assert np.array_equal(_dp(four_lane_library, counts, threads), rc.codebook_from_counts(counts).numpy())
+
+
 def test_codebook_equals_the_plain_recurrence():
     """Against the literal O(K m^2) recurrence on a small histogram (SPEC 1.6.8 ties included)."""
     g = torch.Generator().manual_seed(2)

@@ -77,7 +77,9 @@ static double minimum(const double *cand, int64_t count) {
 /* Below this many ends (and a window this narrow) the ends are scanned directly: the window
    [s_lo, s_hi] of a range holds every end's leftmost minimiser (the cuts that made it are the
    proven ones), so the first minimum over it is the full scan's answer, without the per-midpoint
-   work of the recursion. Four ends are scanned at once, one per lane, start by start. */
+   work of the recursion. Four ends are scanned at once, one per lane, start by start (eight with
+   AVX-512, scan_ends8: the divider takes eight lanes in the time of four, measured on the AMD
+   EPYC of benchmarks/: the DP 0.71-0.81x on one thread, 0.80-0.81x on two). */
 #define DIRECT_ENDS 8
 #define DIRECT_WINDOW 256
 
@@ -131,6 +133,39 @@ static void scan_ends(const Layer *L, int64_t e0, int64_t e1, int64_t s_lo, int6
     }
 }
 
+#if GEFEN_AVX512
+/* scan_ends on eight lanes (ends e0..e1, at most 8): the same float64 operations per candidate,
+   the first strict minimum kept; the divider takes eight lanes in the time of four. */
+static void scan_ends8(const Layer *L, int64_t e0, int64_t e1, int64_t s_lo, int64_t s_hi) {
+    const __mmask8 lanes = (__mmask8)((1u << (e1 - e0 + 1)) - 1u);
+    const __m512d pw = _mm512_maskz_loadu_pd(lanes, L->PW + e0), px = _mm512_maskz_loadu_pd(lanes, L->PX + e0);
+    const __m512d pxx = _mm512_maskz_loadu_pd(lanes, L->PXX + e0);
+    const __m512d ends = _mm512_add_pd(_mm512_set1_pd((double)e0), _mm512_setr_pd(0, 1, 2, 3, 4, 5, 6, 7));
+    __m512d best = _mm512_set1_pd(INFINITY), arg = _mm512_set1_pd(-1.0);
+    const int64_t top = s_hi < e1 ? s_hi : e1;
+    for (int64_t s = s_lo; s <= top; s++) {
+        const int64_t b = s - 1;
+        const __m512d sw = _mm512_sub_pd(pw, _mm512_set1_pd(L->PW[b]));
+        const __m512d sx = _mm512_sub_pd(px, _mm512_set1_pd(L->PX[b]));
+        const __m512d sxx = _mm512_sub_pd(pxx, _mm512_set1_pd(L->PXX[b]));
+        const __m512d c = _mm512_add_pd(_mm512_set1_pd(L->prev[b]),
+                                        _mm512_sub_pd(sxx, _mm512_div_pd(_mm512_mul_pd(sx, sx), sw)));
+        const __m512d vs = _mm512_set1_pd((double)s);
+        const __mmask8 valid = _mm512_mask_cmp_pd_mask(lanes, vs, ends, _CMP_LE_OQ);
+        const __mmask8 lower = _mm512_mask_cmp_pd_mask(valid, c, best, _CMP_LT_OQ);
+        best = _mm512_mask_blend_pd(lower, best, c);
+        arg = _mm512_mask_blend_pd(lower, arg, vs);
+    }
+    double b8[8], a8[8];
+    _mm512_storeu_pd(b8, best);
+    _mm512_storeu_pd(a8, arg);
+    for (int i = 0; i <= e1 - e0; i++) {
+        L->dp[e0 + i] = b8[i];
+        L->start_of[e0 + i] = (int16_t)a8[i];
+    }
+}
+#endif
+
 /* The middle end of [e_lo, e_hi]: its minimum over starts [s_lo, min(s_hi, mid)], and the window
    cuts for the ends on either side (starts within tol of the minimum). Returns mid. */
 static int64_t solve_mid(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_lo, int64_t s_hi, double *cand,
@@ -157,8 +192,12 @@ static int64_t solve_mid(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_l
 static void solve_range(const Layer *L, int64_t e_lo, int64_t e_hi, int64_t s_lo, int64_t s_hi, double *cand) {
     while (e_lo <= e_hi) {
         if (e_hi - e_lo < DIRECT_ENDS && s_hi - s_lo < DIRECT_WINDOW) {
+#if GEFEN_AVX512
+            scan_ends8(L, e_lo, e_hi, s_lo, s_hi);
+#else
             for (int64_t e = e_lo; e <= e_hi; e += 4)
                 scan_ends(L, e, e + 3 <= e_hi ? e + 3 : e_hi, s_lo, s_hi);
+#endif
             return;
         }
         int64_t near_lo, near_hi;
