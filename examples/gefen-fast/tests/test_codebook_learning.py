@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import gefen_reference as reference
 import gefen_reference.codebook as rc
 from gefen_reference.codebook_solver import solve_codebook_plain
 
-from gefen_fast import _build, codebook_learning, native
+from gefen_fast import codebook_learning, native
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -104,13 +103,9 @@ def test_codebook_from_any_number_of_threads(threads):
 
 
 @pytest.fixture(scope="module")
-def late_helper_library(tmp_path_factory):
+def late_helper_library(kernel_variant):
     """The kernels with a helper thread that sleeps 400 us on every third layer it claims."""
-    target = tmp_path_factory.mktemp("late") / "gefen_kernels-late.so"
-    _build.compile_library(target, extra_flags=("-DGEFEN_DP_LATE_HELPER=400",))
-    lib = ctypes.CDLL(str(target))
-    native._declare(lib)
-    return lib
+    return kernel_variant("-DGEFEN_DP_LATE_HELPER=400")
 
 
 def test_codebook_with_a_late_helper(late_helper_library):
@@ -121,16 +116,12 @@ def test_codebook_with_a_late_helper(late_helper_library):
 
 
 @pytest.fixture(scope="module")
-def four_lane_library(tmp_path_factory):
+def four_lane_library(kernel_variant):
     """The kernels without the AVX-512 loops, as on CPUs without them: the DP scans its last ends
     four to a register instead of eight."""
     if not native.capabilities() & native.CAP_AVX512:
         pytest.skip("the default build has no AVX-512 loops: the default tests run the four-lane scan")
-    target = tmp_path_factory.mktemp("narrow") / "gefen_kernels-narrow.so"
-    _build.compile_library(target, extra_flags=("-DGEFEN_NO_AVX512=1",))
-    lib = ctypes.CDLL(str(target))
-    native._declare(lib)
-    return lib
+    return kernel_variant("-DGEFEN_NO_AVX512=1")
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -7,14 +7,13 @@ the order of fp32 sums and the IEEE square root only, a few ulp.
 
 from __future__ import annotations
 
-import ctypes
 
 import pytest
 import torch
 
 import gefen_fast
 import gefen_reference as reference
-from gefen_fast import _build, kernels, native
+from gefen_fast import kernels, native
 
 STEPS = 6
 SHAPES = {
@@ -97,17 +96,14 @@ NARROWER_BUILDS = {
 
 
 @pytest.fixture(scope="module", params=list(NARROWER_BUILDS))
-def narrower_library(request, tmp_path_factory):
+def narrower_library(request, kernel_variant):
     """The kernels as built on a CPU with less than this one: the 8-lane (AVX2) loops alone, as
     without AVX-512; the 16-lane loops decoding the old indices by float permutes, as without
     AVX512_VBMI. Skipped where the default build is already that one."""
     flags, lacks = NARROWER_BUILDS[request.param]
     if not native.capabilities() & lacks:
         pytest.skip(f"the default build is already {request.param}: the default tests run it")
-    target = tmp_path_factory.mktemp("narrow") / f"gefen_kernels-{request.param}.so"
-    _build.compile_library(target, extra_flags=flags)
-    lib = ctypes.CDLL(str(target))
-    native._declare(lib)
+    lib = kernel_variant(*flags)
     assert not lib.gefen_capabilities() & lacks
     return lib
 
@@ -138,7 +134,7 @@ def test_blocks_larger_than_the_kept_scratch(factored):
 
 
 @pytest.fixture(scope="module", params=["default", *NARROWER_BUILDS])
-def recomputing_library(request, tmp_path_factory):
+def recomputing_library(request, kernel_variant):
     """The kernels built to keep at most 4096 lerps of a large block, so pass B recomputes the lerp
     of the rest from the gradient and the old indices, as it does at the default (LARGE_KEEP, 1Mi
     elements) only for blocks of millions of elements; for this CPU and the narrower builds."""
@@ -148,11 +144,7 @@ def recomputing_library(request, tmp_path_factory):
         if not native.capabilities() & lacks:
             pytest.skip(f"the default build is already {request.param}")
         flags += narrower
-    target = tmp_path_factory.mktemp("recompute") / f"gefen_kernels-recompute-{request.param}.so"
-    _build.compile_library(target, extra_flags=flags)
-    lib = ctypes.CDLL(str(target))
-    native._declare(lib)
-    return lib
+    return kernel_variant(*flags)
 
 
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])

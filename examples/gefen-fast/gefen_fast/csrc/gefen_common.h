@@ -29,6 +29,12 @@
 #else
 #define GEFEN_AVX512 0
 #endif
+/* The 16-lane loops decode old indices by byte permutes (vpermt2b) where the CPU has AVX512_VBMI. */
+#if GEFEN_AVX512 && defined(__AVX512VBMI__)
+#define GEFEN_BYTE_DECODE 1
+#else
+#define GEFEN_BYTE_DECODE 0
+#endif
 
 #if defined(__F16C__)
 #include <immintrin.h>

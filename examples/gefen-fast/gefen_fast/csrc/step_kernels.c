@@ -252,7 +252,7 @@ static inline __m512 wsquare_f16(__m512 x) { return _mm512_mul_ps(x, x); }
    float permutes, one per run of 32 codes, bits 5-7 of k choosing among the eight: 19
    operations per 16 codes. Both were measured against scalar loads and hardware gathers on the
    AMD EPYC of benchmarks/, and both are faster than those. */
-#if defined(__AVX512VBMI__)
+#if GEFEN_BYTE_DECODE
 typedef struct { __m512i r[16]; } DecodeTable;
 static inline void wdecode_load(const Table *tab, DecodeTable *t) {
     for (int s = 0; s < 16; s++) t->r[s] = _mm512_loadu_si512((const void *)(tab->planes + 64 * s));
@@ -1087,12 +1087,8 @@ void gefen_nearest_codes(const float *u, int64_t n, const Table *tab, uint8_t *c
     for (; j < n; j++) codes[j] = nearest_code(u[j], tab, decoded + j);
 }
 
-/* What this build offers: bit 0 AVX2 loops, bit 1 fp16 kernels, bit 2 AVX-512 loops. */
-#if GEFEN_AVX512 && defined(__AVX512VBMI__)
-#define GEFEN_BYTE_DECODE 1
-#else
-#define GEFEN_BYTE_DECODE 0
-#endif
+/* What this build offers: bit 0 AVX2 loops, bit 1 fp16 kernels, bit 2 AVX-512 loops, bit 3 their
+   byte-permute decode. */
 int gefen_capabilities(void) {
     return (GEFEN_AVX2 ? 1 : 0) | (GEFEN_HALF ? 2 : 0) | (GEFEN_AVX512 ? 4 : 0) | (GEFEN_BYTE_DECODE ? 8 : 0);
 }
