@@ -1,6 +1,7 @@
 """Where the time of fast's step goes: a per-stage profile with a roofline per kernel stage.
 
     python benchmarks/step_profile.py [--sizes 4.2M,16.8M] [--dtypes fp32,bf16] [--steps 20]
+                                      [--cache dirty|as-left]
 
 Builds the kernel library once more with ``-DGEFEN_PROFILE`` (stage clocks inside
 ``gefen_step_batch``; the installed library has none) into a temporary directory and runs the
@@ -22,6 +23,11 @@ Each stage's bytes are the memory it must touch; ``x roofline`` is its (median) 
 copy bandwidth (measured in the same run, as in step_time.py); ``min`` is the least of the steps,
 the figure least disturbed by other processes on a shared machine. Then the first step, split into
 its parts (best of 3).
+
+``--cache`` as in step_time.py: ``dirty`` (the default since 2026-12-02 17:30 UTC) writes 64 MiB
+before every timed step, so the step starts with caches full of other data, the Python side's
+code and objects included, as after a backward pass; ``as-left`` (the runs before) starts each
+step from the cache the previous step left, so the Python side runs warm.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ def steady_profile(lib, size, dtype_name, factored, steps, bandwidth):
     for k in range(steps):
         for n, p in params.items():
             p.grad = sets[k % 2][n]
+        step_time.dirty_the_cache(k)
         t = time.perf_counter()
         opt.step()
         walls.append(time.perf_counter() - t)
@@ -171,11 +178,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4.2M,16.8M")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cache", choices=("dirty", "as-left"), default="dirty",
+                        help="before each timed step: write 64 MiB (dirty), or nothing (as-left)")
     args = parser.parse_args(argv)
+    step_time.EVICT = torch.empty(16 << 20) if args.cache == "dirty" else None
     from gefen_fast import native
 
     print(step_time.machine())
     print("at start:", step_time.load())
+    print("cache before each timed step:", "64 MiB just written" if step_time.EVICT is not None else "as the step before left it")
     bandwidth = step_time.copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, torch copy_ of 64 MiB, best of 20)")
     with tempfile.TemporaryDirectory() as tmp:
