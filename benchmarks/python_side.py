@@ -12,7 +12,8 @@ changes once the compute is stubbed out.
 Steps are taken in rounds, one of each optimizer per round, the order alternating; ``cold``: 64 MiB
 written just before each timed step (as ``step_time.py --cache dirty``, so the interpreter's and
 torch's code and the optimizer's objects start out of the caches, as after a backward pass);
-``warm``: the same step repeated with nothing in between. Models of ``step_time.py``.
+``warm``: nothing written, only the other optimizer's stubbed step in between. The first five
+steps of each are left out. Models of ``step_time.py``.
 """
 
 from __future__ import annotations
@@ -60,23 +61,24 @@ def measure(size: str, dtype_name: str, steps: int) -> None:
     lib = installed()
     native.library = lambda: _StubbedKernels(lib)
     torch._fused_adamw_ = lambda *args, **kwargs: None
-    times = {(name, cache): [] for name in subjects for cache in ("cold", "warm")}
+    names = list(subjects)
+    times = {(name, cache): [] for name in names for cache in ("cold", "warm")}
     try:
         for cache in ("cold", "warm"):
             step_time.EVICT = torch.empty(16 << 20) if cache == "cold" else None
             for k in range(steps):
-                for name in step_time.rotated(list(subjects), k):
+                for name in names[k % 2:] + names[:k % 2]:
                     times[name, cache].append(subjects[name].step(k))
     finally:
         native.library, torch._fused_adamw_ = installed, fused
         step_time.EVICT = None
+    medians = {key: statistics.median(values[5:]) for key, values in times.items()}
     print(f"\n{size} {dtype_name}: Python side of a steady step, compute stubbed out ({steps} steps each; {step_time.load()})")
     print(f"  {'optimizer':20s} {'cache':6s} {'median':>9s} {'min':>9s}")
     for (name, cache), values in times.items():
-        values = values[5:]
-        print(f"  {name:20s} {cache:6s} {statistics.median(values) * 1e6:7.0f}us {min(values) * 1e6:7.0f}us")
+        print(f"  {name:20s} {cache:6s} {medians[name, cache] * 1e6:7.0f}us {min(values[5:]) * 1e6:7.0f}us")
     for cache in ("cold", "warm"):
-        ratio = statistics.median(times["fast/block", cache][5:]) / statistics.median(times["AdamW fused=True", cache][5:])
+        ratio = medians["fast/block", cache] / medians["AdamW fused=True", cache]
         print(f"  fast / AdamW fused, {cache}: {ratio:.2f}x (medians)")
 
 

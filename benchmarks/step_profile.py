@@ -25,7 +25,7 @@ the figure least disturbed by other processes on a shared machine. Then the firs
 its parts (best of 3).
 
 ``--cache`` as in step_time.py: ``dirty`` (the default since 2026-12-02 17:03 UTC) writes 64 MiB
-before every timed step, so the step starts with caches full of other data, the Python side's
+before every timed steady step (the first-step profile is unchanged), so the step starts with caches full of other data, the Python side's
 code and objects included, as after a backward pass; ``as-left`` (the runs before) starts each
 step from the cache the previous step left, so the Python side runs warm.
 """
