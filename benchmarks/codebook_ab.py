@@ -61,8 +61,10 @@ def main() -> None:
     import gefen_reference.codebook as rc
 
     print(step_time.machine())
-    print(f"old: {args.against}; new: the working tree; {args.rounds} interleaved rounds; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"old: {args.against}; new: the working tree; {args.rounds} interleaved rounds; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "old").mkdir()
@@ -76,21 +78,25 @@ def main() -> None:
             centers, w, m, counts = dp_input(size)
             expected = rc.codebook_from_counts(counts).numpy()
             calls = {
-                "old": lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data,
-                                                         *old_threads),
-                "new, 1 thread": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
-                                                                   out.ctypes.data, 1),
-                "old, 2 threads": lambda out: old.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
-                                                                    out.ctypes.data, 2),
-                "new, 2 threads": lambda out: new.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, 256,
-                                                                    out.ctypes.data, 2),
+                "old": lambda out: old.gefen_codebook_dp(
+                    centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data, *old_threads
+                ),
+                "new, 1 thread": lambda out: new.gefen_codebook_dp(
+                    centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data, 1
+                ),
+                "old, 2 threads": lambda out: old.gefen_codebook_dp(
+                    centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data, 2
+                ),
+                "new, 2 threads": lambda out: new.gefen_codebook_dp(
+                    centers.ctypes.data, w.ctypes.data, m, 256, out.ctypes.data, 2
+                ),
             }
             if not old_threads:
                 del calls["old, 2 threads"]
             names = list(calls)
             times = {name: [] for name in names}
             for r in range(args.rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     out = np.empty(256, dtype=np.float32)
                     t = time.perf_counter()
                     status = calls[name](out)
@@ -100,10 +106,14 @@ def main() -> None:
             print(f"\n{size} ({m} active bins)")
             for name in names:
                 med = statistics.median(times[name])
-                paired = "old, 2 threads" if name.endswith("2 threads") and "old, 2 threads" in times else "old"
+                paired = (
+                    "old, 2 threads" if name.endswith("2 threads") and "old, 2 threads" in times else "old"
+                )
                 base = statistics.median(times[paired])
-                print(f"  {name:15s} min {min(times[name]) * 1e3:6.2f} ms  median {med * 1e3:6.2f} ms  "
-                      f"new/old {med / base:5.2f}x")
+                print(
+                    f"  {name:15s} min {min(times[name]) * 1e3:6.2f} ms  median {med * 1e3:6.2f} ms  "
+                    f"new/old {med / base:5.2f}x"
+                )
     print(f"\nat end: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -88,8 +88,11 @@ def main() -> None:
         }
         return quantization.exact_dp(stats, 256).numpy()
 
-    print(f"python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}"
-          + (f", numba {numba.__version__}" if quantization else "") + f", cpus {os.cpu_count()}")
+    print(
+        f"python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}"
+        + (f", numba {numba.__version__}" if quantization else "")
+        + f", cpus {os.cpu_count()}"
+    )
     cases = [gradient_histogram(*h) for h in HISTOGRAMS]
 
     if quantization is not None:
@@ -97,8 +100,10 @@ def main() -> None:
         print(f"gefen-x warm-up call ({cases[0][0].size} bins, JIT compile included): {jit:.2f} s")
 
     print()
-    print("| active bins | solve_codebook (s) | solve_codebook_plain (s) | gefen-x numba (s) "
-          "| plain == fast | gefen-x == fast |")
+    print(
+        "| active bins | solve_codebook (s) | solve_codebook_plain (s) | gefen-x numba (s) "
+        "| plain == fast | gefen-x == fast |"
+    )
     print("|---:|---:|---:|---:|:---:|:---:|")
     for c, w in cases:
         t_fast, fast = best_of(args.repeat, solve_codebook, c, w)
@@ -108,8 +113,11 @@ def main() -> None:
         if quantization is not None:
             t_gx, gx = best_of(args.repeat, gefenx, c, w)
         fmt = lambda t: "-" if t is None else f"{t:.3f}"  # noqa: E731
-        print(f"| {c.size} | {fmt(t_fast)} | {fmt(t_plain)} | {fmt(t_gx)} "
-              f"| {same_bits(plain, fast)} | {same_bits(gx, fast)} |", flush=True)
+        print(
+            f"| {c.size} | {fmt(t_fast)} | {fmt(t_plain)} | {fmt(t_gx)} "
+            f"| {same_bits(plain, fast)} | {same_bits(gx, fast)} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

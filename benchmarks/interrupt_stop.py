@@ -24,7 +24,10 @@ from tests.interrupt_probe import interrupt_run  # noqa: E402
 def main(argv=None) -> int:
     points = list(argv if argv is not None else sys.argv[1:]) or ["5", "25%", "60%"]
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    print("at    at_s  exit  stopped_after_s  lines  certificate                                  verdict     executed  left")
+    print(
+        "at    at_s  exit  stopped_after_s  lines  certificate                                  "
+        "verdict     executed  left"
+    )
     worst = 0
     for at in points:
         with tempfile.TemporaryDirectory(prefix="gefen-interrupt-") as tmp:
@@ -34,8 +37,11 @@ def main(argv=None) -> int:
                 r = interrupt_run(Path(tmp), float(at))
         executed = r["run"]["executed_tests"] if r["run"] else "-"
         cert = ",".join(r["certificates"]) or "(none: no test had finished)"
-        print(f"{at:>4}  {r['signalled_at_s']:4.1f}  {r['exit']!s:4}  {r['stopped_after_s']:15.1f}  {r['lines']:5d}  {cert:43}  "
-              f"{r['verdict']!s:10}  {executed!s:8}  {len(r['left'])}")
+        print(
+            f"{at:>4}  {r['signalled_at_s']:4.1f}  {r['exit']!s:4}  {r['stopped_after_s']:15.1f}  "
+            f"{r['lines']:5d}  {cert:43}  "
+            f"{r['verdict']!s:10}  {executed!s:8}  {len(r['left'])}"
+        )
         for pid, cmd in r["left"]:
             print(f"      left: {pid} {cmd[:120]}")
         if r["exit"] in (0, None) or r["left"] or r["verdict"] not in (None, "incomplete"):

@@ -1,8 +1,10 @@
 """Old against new step kernels of the ``fast`` backend, in one process (issue 23 item 1).
 
-    python benchmarks/kernel_ab.py [--against REV|worktree] [--define NAME=VALUE ...] [--old-define NAME=VALUE ...]
+    python benchmarks/kernel_ab.py [--against REV|worktree] [--define NAME=VALUE ...] [--old-define NAME=VALUE
+    ...]
                                    [--sizes 4.2M,16.8M]
-                                   [--dtypes fp32,bf16] [--modes block,factored] [--rounds 30] [--threads 1] [--evict]
+                                   [--dtypes fp32,bf16] [--modes block,factored] [--rounds 30] [--threads 1]
+                                   [--evict]
 
 Builds the kernel library twice, from the sources of git revision REV (default ``main``) and from
 the working tree (with ``-DNAME=VALUE`` for each ``--define``, to try a compile-time setting), with
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
 import subprocess
 import sys
@@ -54,8 +55,9 @@ def export(rev: str, directory: Path) -> Path:
     from gefen_fast import _build
 
     for name in _build.SOURCES + _build.HEADERS:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{CSRC}/{name}"], check=True,
-                              capture_output=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:{CSRC}/{name}"], check=True, capture_output=True
+        ).stdout
         (directory / name).write_bytes(text)
     return directory
 
@@ -64,15 +66,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="main", help="git revision of the old kernels (default main)")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the new build (repeatable)")
-    ap.add_argument("--old-define", action="append", default=[],
-                    help="NAME=VALUE for the old build (repeatable); with --against worktree, two settings of the working tree")
+    ap.add_argument(
+        "--old-define",
+        action="append",
+        default=[],
+        help="NAME=VALUE for the old build (repeatable); with --against worktree, two settings of the "
+        "working tree",
+    )
     ap.add_argument("--sizes", default="4.2M,16.8M")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--modes", default="block,factored")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--evict", action="store_true",
-                    help="write 64 MiB before every call, so each call starts from memory, not the cache (as in a training loop)")
+    ap.add_argument(
+        "--evict",
+        action="store_true",
+        help="write 64 MiB before every call, so each call starts from memory, not the cache (as in a "
+        "training loop)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -83,8 +94,10 @@ def main() -> None:
         tmp = Path(tmp)
         (tmp / "old").mkdir()
         old_src = ROOT / CSRC if args.against == "worktree" else export(args.against, tmp / "old")
-        libs = {"old": build(old_src, tmp / "old.so", args.old_define),
-                "new": build(ROOT / CSRC, tmp / "new.so", args.define)}
+        libs = {
+            "old": build(old_src, tmp / "old.so", args.old_define),
+            "new": build(ROOT / CSRC, tmp / "new.so", args.define),
+        }
         captured = []
         run = kernels.run
 
@@ -96,9 +109,14 @@ def main() -> None:
         kernels.run = capture
         evict = torch.empty(16 << 20) if args.evict else None
         clock = time.thread_time if args.threads == 1 else time.process_time
-        print(f"old: {args.against} {' '.join('-D' + d for d in args.old_define)}, new: working tree {' '.join('-D' + d for d in args.define)}; "
-              f"threads {args.threads}, rounds {args.rounds}{', evicting 64 MiB before each call' if evict is not None else ''}; "
-              f"{step_time.load()}", flush=True)
+        print(
+            f"old: {args.against} {' '.join('-D' + d for d in args.old_define)}, new: working tree "
+            f"{' '.join('-D' + d for d in args.define)}; "
+            f"threads {args.threads}, rounds "
+            f"{args.rounds}{', evicting 64 MiB before each call' if evict is not None else ''}; "
+            f"{step_time.load()}",
+            flush=True,
+        )
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
         try:
             for size in args.sizes.split(","):
@@ -116,7 +134,7 @@ def main() -> None:
                         cpu = {n: [] for n in names}
                         wall = {n: [] for n in names}
                         for k in range(args.rounds + 2):
-                            for n in names[k % 2:] + names[:k % 2]:
+                            for n in names[k % 2 :] + names[: k % 2]:
                                 if evict is not None:
                                     evict.fill_(float(k))
                                 t0, c0 = time.perf_counter(), clock()
@@ -130,11 +148,15 @@ def main() -> None:
                         quartile = {n: sorted(cpu[n])[len(cpu[n]) // 4] for n in names}
                         line = f"{size:>5} {dtype_name} {mode:8}"
                         for n in names:
-                            line += (f" | {n} cpu min {min(cpu[n]):7.2f} q1 {quartile[n]:7.2f} med "
-                                     f"{statistics.median(cpu[n]):7.2f} wall med {statistics.median(wall[n]):7.2f}")
-                        line += (f" | new/old cpu min {min(cpu['new']) / min(cpu['old']):.3f} q1 "
-                                 f"{quartile['new'] / quartile['old']:.3f} med "
-                                 f"{statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}")
+                            line += (
+                                f" | {n} cpu min {min(cpu[n]):7.2f} q1 {quartile[n]:7.2f} med "
+                                f"{statistics.median(cpu[n]):7.2f} wall med {statistics.median(wall[n]):7.2f}"
+                            )
+                        line += (
+                            f" | new/old cpu min {min(cpu['new']) / min(cpu['old']):.3f} q1 "
+                            f"{quartile['new'] / quartile['old']:.3f} med "
+                            f"{statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}"
+                        )
                         print(line, flush=True)
                         captured.clear()
         finally:

@@ -59,17 +59,24 @@ class Oversubscribed:
         self.processes: list[subprocess.Popen] = []
 
     def describe(self) -> str:
-        return (f"{self.count} busy processes ({self.per_core:g} per core on {self.cpus} CPUs), "
-                f"each bounded to {self.seconds:g} s")
+        return (
+            f"{self.count} busy processes ({self.per_core:g} per core on {self.cpus} CPUs), "
+            f"each bounded to {self.seconds:g} s"
+        )
 
-    def __enter__(self) -> "Oversubscribed":
+    def __enter__(self) -> Oversubscribed:
         deadline = time.time() + self.seconds
         try:
             for _ in range(self.count):
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, "-c", _SPIN, repr(deadline), str(os.getpid())],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True))
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", _SPIN, repr(deadline), str(os.getpid())],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         except BaseException:
             self.stop()
             raise
@@ -108,10 +115,12 @@ def main(argv=None) -> int:
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+        argv, command = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-core", type=float, required=True, help="busy processes per usable CPU")
-    parser.add_argument("--seconds", type=float, default=900.0, help="bound on every busy process (default 900)")
+    parser.add_argument(
+        "--seconds", type=float, default=900.0, help="bound on every busy process (default 900)"
+    )
     args = parser.parse_args(argv)
 
     def stop_on(signum, frame):
@@ -134,8 +143,11 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 pass
             status = 0
-        print(f"load: {load.alive()} of {load.count} busy processes still running after "
-              f"{time.monotonic() - started:.1f} s; load average: {_loadavg()}", flush=True)
+        print(
+            f"load: {load.alive()} of {load.count} busy processes still running after "
+            f"{time.monotonic() - started:.1f} s; load average: {_loadavg()}",
+            flush=True,
+        )
     return status
 
 

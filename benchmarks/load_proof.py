@@ -43,7 +43,9 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {usable_cpus()} usable CPUs ({os.cpu_count()} online), Python {platform.python_version()}"
+    return (
+        f"{model}, {usable_cpus()} usable CPUs ({os.cpu_count()} online), Python {platform.python_version()}"
+    )
 
 
 def loadavg() -> str:
@@ -66,14 +68,35 @@ def certify(impl: str, out: Path, tag: str) -> dict:
     before = loadavg()
     started = time.monotonic()
     with open(log, "w") as handle:
-        code = subprocess.call([sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", impl,
-                                "--out", str(cert_path), "--", "-q"], cwd=out, stdout=handle,
-                               stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "gefen_conformance.cli",
+                "certify",
+                "--impl",
+                impl,
+                "--out",
+                str(cert_path),
+                "--",
+                "-q",
+            ],
+            cwd=out,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     wall = time.monotonic() - started
     found = cert_path if cert_path.exists() else cert_path.with_name(cert_path.stem + ".partial.json")
     cert = json.loads(found.read_text()) if found.exists() else None
-    return {"impl": impl, "tag": tag, "exit": code, "wall_s": wall, "load_before": before, "load_after": loadavg(),
-            "cert": cert}
+    return {
+        "impl": impl,
+        "tag": tag,
+        "exit": code,
+        "wall_s": wall,
+        "load_before": before,
+        "load_after": loadavg(),
+        "cert": cert,
+    }
 
 
 def run_tests(out: Path, tag: str) -> dict:
@@ -81,20 +104,45 @@ def run_tests(out: Path, tag: str) -> dict:
     before = loadavg()
     started = time.monotonic()
     with open(log, "w") as handle:
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                                *TESTS], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "slow or not slow",
+                *TESTS,
+            ],
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     wall = time.monotonic() - started
     tail = log.read_text().strip().splitlines()[-1] if log.read_text().strip() else ""
-    return {"tag": tag, "exit": code, "wall_s": wall, "load_before": before, "load_after": loadavg(), "summary": tail}
+    return {
+        "tag": tag,
+        "exit": code,
+        "wall_s": wall,
+        "load_before": before,
+        "load_after": loadavg(),
+        "summary": tail,
+    }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-core", type=float, nargs="+", default=[0, 4, 8])
     parser.add_argument("--impl", nargs="*", default=["reference", "fast"], help="none: only --tests")
-    parser.add_argument("--tests", action="store_true", help="also run the harness's own proofs under each load")
+    parser.add_argument(
+        "--tests", action="store_true", help="also run the harness's own proofs under each load"
+    )
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--bound-s", type=float, default=4 * 3600, help="bound on the busy processes (default 4 h)")
+    parser.add_argument(
+        "--bound-s", type=float, default=4 * 3600, help="bound on the busy processes (default 4 h)"
+    )
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="gefen-load-proof-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -110,27 +158,40 @@ def main(argv=None) -> int:
                 r = certify(impl, out, tag)
                 cert = r["cert"]
                 if cert is None:
-                    print(f"{impl:10} {tag:4} exit {r['exit']}: no certificate (see {impl}-{tag}.log)", flush=True)
+                    print(
+                        f"{impl:10} {tag:4} exit {r['exit']}: no certificate (see {impl}-{tag}.log)",
+                        flush=True,
+                    )
                     worst = 1
                     continue
                 found = margins(cert)
                 base = quiet.setdefault(impl, found)
                 moved = sum(1 for k, v in found.items() if base.get(k) != v) + len(set(base) - set(found))
                 s = cert["summary"]
-                print(f"{impl:10} {tag:4} load {r['load_before']} -> {r['load_after']}  wall {r['wall_s']:7.1f} s  "
-                      f"warm-up {cert['execution'].get('warm_up_s')} s  verdict {cert['verdict']} (exit {r['exit']})  "
-                      f"{s['passed']} passed {s['failed']} failed {s['error']} errors {s['skipped']} skipped "
-                      f"{s['xfailed']} xfailed  margins {len(found)}, {moved} differ from the first load's",
-                      flush=True)
+                print(
+                    f"{impl:10} {tag:4} load {r['load_before']} -> {r['load_after']}  wall "
+                    f"{r['wall_s']:7.1f} s  "
+                    f"warm-up {cert['execution'].get('warm_up_s')} s  verdict {cert['verdict']} (exit "
+                    f"{r['exit']})  "
+                    f"{s['passed']} passed {s['failed']} failed {s['error']} errors {s['skipped']} skipped "
+                    f"{s['xfailed']} xfailed  margins {len(found)}, {moved} differ from the first load's",
+                    flush=True,
+                )
                 if s["failed"] or s["error"] or moved:
                     worst = 1
             if args.tests:
                 t = run_tests(out, tag)
-                print(f"{'tests':10} {tag:4} load {t['load_before']} -> {t['load_after']}  wall {t['wall_s']:7.1f} s  "
-                      f"exit {t['exit']}: {t['summary']}", flush=True)
+                print(
+                    f"{'tests':10} {tag:4} load {t['load_before']} -> {t['load_after']}  wall "
+                    f"{t['wall_s']:7.1f} s  "
+                    f"exit {t['exit']}: {t['summary']}",
+                    flush=True,
+                )
                 worst = worst or int(t["exit"] != 0)
             if load.count and load.alive() != load.count:
-                print(f"   (only {load.alive()} of {load.count} busy processes were still running at the end)")
+                print(
+                    f"   (only {load.alive()} of {load.count} busy processes were still running at the end)"
+                )
     return worst
 
 

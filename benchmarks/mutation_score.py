@@ -62,16 +62,25 @@ def main() -> int:
             hit = caught_by(cert, clause)
             caught[profile] += hit
             clauses = ",".join(sorted(failed_clauses(cert))) or "-"
-            print(f"{name:24} {profile:11} {clause:7} {'yes' if hit else 'NO':6} {seconds:7.1f}  {clauses} / {entry.bug}")
+            print(
+                f"{name:24} {profile:11} {clause:7} {'yes' if hit else 'NO':6} {seconds:7.1f}  "
+                f"{clauses} / {entry.bug}"
+            )
     accepted = 0
-    print(f"\n{'benign variant':28} {'accepted':8} {'passed':>6} {'skipped':>7} {'seconds':>7}  rejected by / stage")
+    print(
+        f"\n{'benign variant':28} {'accepted':8} {'passed':>6} {'skipped':>7} {'seconds':>7}  rejected "
+        "by / stage"
+    )
     for name, variant in benign.CATALOGUE.items():
         cert, seconds = results[("benign", name, "tolerance")]
         ok = failures(cert) == 0
         accepted += ok
         s = cert["summary"]
         rejected = ",".join(t["id"] for t in failed_tests(cert)) or "-"
-        print(f"{name:28} {'yes' if ok else 'NO':8} {s['passed']:6} {s['skipped']:7} {seconds:7.1f}  {rejected} / {variant.stage}")
+        print(
+            f"{name:28} {'yes' if ok else 'NO':8} {s['passed']:6} {s['skipped']:7} {seconds:7.1f}  "
+            f"{rejected} / {variant.stage}"
+        )
     n = len(CATALOGUE)
     for profile in PROFILES:
         print(f"mutation score ({profile}): {caught[profile]}/{n} = {100.0 * caught[profile] / n:.0f}%")

@@ -1,4 +1,5 @@
-"""The Python side of a steady step, fast against AdamW fused, with the caches cold and warm (issue 23 item 4).
+"""The Python side of a steady step, fast against AdamW fused, with the caches cold and warm (issue 23 item
+4).
 
     python benchmarks/python_side.py [--sizes 4.2M] [--dtypes bf16,fp32] [--steps 200]
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -51,8 +51,12 @@ def measure(size: str, dtype_name: str, steps: int) -> None:
 
     dtype = step_time.DTYPES[dtype_name]
     subjects = {
-        "fast/block": step_time.Subject(lambda p: gefen_fast.Gefen(list(p.items()), factored_v_2d=False), size, dtype),
-        "AdamW fused=True": step_time.Subject(lambda p: torch.optim.AdamW(list(p.values()), fused=True), size, dtype),
+        "fast/block": step_time.Subject(
+            lambda p: gefen_fast.Gefen(list(p.items()), factored_v_2d=False), size, dtype
+        ),
+        "AdamW fused=True": step_time.Subject(
+            lambda p: torch.optim.AdamW(list(p.values()), fused=True), size, dtype
+        ),
     }
     for subject in subjects.values():  # state created and the codebook learned with the real compute
         for k in range(3):
@@ -67,13 +71,16 @@ def measure(size: str, dtype_name: str, steps: int) -> None:
         for cache in ("cold", "warm"):
             step_time.EVICT = torch.empty(16 << 20) if cache == "cold" else None
             for k in range(steps):
-                for name in names[k % 2:] + names[:k % 2]:
+                for name in names[k % 2 :] + names[: k % 2]:
                     times[name, cache].append(subjects[name].step(k))
     finally:
         native.library, torch._fused_adamw_ = installed, fused
         step_time.EVICT = None
     medians = {key: statistics.median(values[5:]) for key, values in times.items()}
-    print(f"\n{size} {dtype_name}: Python side of a steady step, compute stubbed out ({steps} steps each; {step_time.load()})")
+    print(
+        f"\n{size} {dtype_name}: Python side of a steady step, compute stubbed out ({steps} steps "
+        f"each; {step_time.load()})"
+    )
     print(f"  {'optimizer':20s} {'cache':6s} {'median':>9s} {'min':>9s}")
     for (name, cache), values in times.items():
         print(f"  {name:20s} {cache:6s} {medians[name, cache] * 1e6:7.0f}us {min(values[5:]) * 1e6:7.0f}us")

@@ -63,8 +63,11 @@ def measure(opt, root: str, planned: bool, threads: int, one_file: bool) -> tupl
     rss_before = _status_kib("VmRSS")
     start = time.perf_counter()
     with tracker:
-        dcp.save({"optimizer": GefenDCPState(opt)}, storage_writer=writer,
-                 planner=GefenSavePlanner() if planned else None)
+        dcp.save(
+            {"optimizer": GefenDCPState(opt)},
+            storage_writer=writer,
+            planner=GefenSavePlanner() if planned else None,
+        )
     seconds = time.perf_counter() - start
     rss_peak = (_status_kib("VmHWM") - rss_before) * 1024
     shutil.rmtree(path)
@@ -80,9 +83,14 @@ def main() -> int:
     one = WorldOfOne()  # a gloo group of one, bound as the current World
     mesh = one.mesh
     models = [(8, 1 << 16), (1, 1 << 19)] if args.small else [(32, 1 << 21), (1, 1 << 26)]
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores; bytes per parameter of peak extra memory during dcp.save")
-    print(f"{'model':>16} {'planner':>8} {'threads':>7} {'writer':>16} {'RSS B/param':>11} {'RSS MiB':>8} "
-          f"{'tracker B/param':>15} {'seconds':>7}")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} cores; bytes per parameter of peak extra memory "
+        "during dcp.save"
+    )
+    print(
+        f"{'model':>16} {'planner':>8} {'threads':>7} {'writer':>16} {'RSS B/param':>11} {'RSS MiB':>8} "
+        f"{'tracker B/param':>15} {'seconds':>7}"
+    )
     for slots, size in models:
         opt = build(slots, size, mesh)
         total = slots * size
@@ -92,9 +100,11 @@ def main() -> int:
                     peak, rss, seconds = measure(opt, tmp, planned, threads, one_file)
                     writer = "one file/rank" if one_file else "file per item"
                     label = f"{slots} x {size >> 20}M" if size >> 20 else f"{slots} x {size >> 10}K"
-                    print(f"{label:>16} "
-                          f"{'Gefen' if planned else 'default':>8} {threads:>7} {writer:>16} "
-                          f"{rss / total:11.2f} {rss / 2**20:8.1f} {peak / total:15.2f} {seconds:7.2f}")
+                    print(
+                        f"{label:>16} "
+                        f"{'Gefen' if planned else 'default':>8} {threads:>7} {writer:>16} "
+                        f"{rss / total:11.2f} {rss / 2**20:8.1f} {peak / total:15.2f} {seconds:7.2f}"
+                    )
         del opt
     one.close()
     shutil.rmtree(tmp, ignore_errors=True)

@@ -39,7 +39,7 @@ from tests.mutant_tools import clone  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KINDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "update bias")
-GRID = [m * 10.0 ** k for k in range(-7, 1) for m in (1, 2, 5)] + [1.0]
+GRID = [m * 10.0**k for k in range(-7, 1) for m in (1, 2, 5)] + [1.0]
 PINNED_CONFIGS = [
     (0, dict(tensor_lr=False, weight_decay=0.0, factored_v_2d=False)),
     (3, dict(tensor_lr=False, weight_decay=0.0, factored_v_2d=False)),
@@ -47,14 +47,18 @@ PINNED_CONFIGS = [
     (3, dict(tensor_lr=True, weight_decay=0.05, factored_v_2d=False)),
     (3, dict(tensor_lr=False, weight_decay=0.05, factored_v_2d=True)),
 ]
-TRAJECTORY_CONFIGS = [dict(tensor_lr=False, weight_decay=0.0, factored_v_2d=False),
-                      dict(tensor_lr=True, weight_decay=0.05, factored_v_2d=False)]
+TRAJECTORY_CONFIGS = [
+    dict(tensor_lr=False, weight_decay=0.0, factored_v_2d=False),
+    dict(tensor_lr=True, weight_decay=0.05, factored_v_2d=False),
+]
 
 
 def perturbed(kind: str, error: float):
     """A reference optimizer class whose steps use the perturbed value (None if out of range)."""
     if kind == "update bias":
-        biased = clone(steps, _subtract_flat=lambda param, update: steps._subtract_flat(param, update * (1 + error)))
+        biased = clone(
+            steps, _subtract_flat=lambda param, update: steps._subtract_flat(param, update * (1 + error))
+        )
         return clone(optimizer_module, block_vmean_step=biased.block_vmean_step).Gefen
 
     def hyper(**values):
@@ -75,16 +79,21 @@ class Pinned:
     def __init__(self, dtype):
         self.dtype = dtype
         self.states = [workload.pinned_state(dtype, pin, **kw) for pin, kw in PINNED_CONFIGS]
-        self.references = [workload.pinned_step(workload.REFERENCE, dtype, pin, sd, **kw)
-                           for (pin, kw), sd in zip(PINNED_CONFIGS, self.states)]
+        self.references = [
+            workload.pinned_step(workload.REFERENCE, dtype, pin, sd, **kw)
+            for (pin, kw), sd in zip(PINNED_CONFIGS, self.states)
+        ]
 
     def detects(self, make) -> bool:
         for (pin, kw), sd, reference_result in zip(PINNED_CONFIGS, self.states, self.references):
             result = workload.pinned_step(make, self.dtype, pin, sd, **kw)
-            if native_compare.exact_problems(reference_result.state_dict, result.state_dict, codebook_exact=True):
+            if native_compare.exact_problems(
+                reference_result.state_dict, result.state_dict, codebook_exact=True
+            ):
                 return True
-            checks = pinned_step.check_step(workload.param_steps(sd, result, factored=kw["factored_v_2d"]),
-                                            sd["gefen_codebook"])
+            checks = pinned_step.check_step(
+                workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
+            )
             if not checks.ok:
                 return True
         return False
@@ -93,17 +102,23 @@ class Pinned:
 class FreeRunning:
     def __init__(self, dtype):
         self.dtype = dtype
-        self.references = [workload.trajectory(workload.REFERENCE, dtype, 6, **kw) for kw in TRAJECTORY_CONFIGS]
+        self.references = [
+            workload.trajectory(workload.REFERENCE, dtype, 6, **kw) for kw in TRAJECTORY_CONFIGS
+        ]
 
     def detects(self, make) -> bool:
         for kw, ours in zip(TRAJECTORY_CONFIGS, self.references):
             theirs = workload.trajectory(lambda g, **o: make(g, **o), self.dtype, 6, **kw)
             gap = codebook_quality.largest_gap(ours.optimizer.codebook)
-            betas = {n: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for n in g["param_names"]}
+            betas = {
+                n: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for n in g["param_names"]
+            }
             out, moved, systematic = Comparisons(), [], 0.0
             for n in workload.OPTIMIZER.shapes:
                 factor = free_running.momentum_factor(6, betas[n][0], gap, self.dtype)
-                c, d = free_running.trajectory(n, self.dtype, ours.history[n], theirs.params[n].detach(), factor)
+                c, d = free_running.trajectory(
+                    n, self.dtype, ours.history[n], theirs.params[n].detach(), factor
+                )
                 out.add(c)
                 moved.append(d)
                 bound = kernel_bounds.second_moment(ours.params[n].numel(), self.dtype, betas[n][1])
@@ -122,7 +137,9 @@ def threshold(check, kind: str, grid) -> str:
     found = None
     usable = [e for e in grid if valid(kind, e)]
     for error in reversed(usable):
-        both = all(check.detects(lambda g, cls=perturbed(kind, sign * error), **o: cls(g, **o)) for sign in (1, -1))
+        both = all(
+            check.detects(lambda g, cls=perturbed(kind, sign * error), **o: cls(g, **o)) for sign in (1, -1)
+        )
         if not both:
             break
         found = error
@@ -142,12 +159,17 @@ def main() -> int:
         pinned, free = Pinned(dtype), FreeRunning(dtype)
         for kind in KINDS:
             rows[(label, kind)] = (threshold(pinned, kind, grid), threshold(free, kind, grid))
-            print(f"{label} {kind}: pinned {rows[(label, kind)][0]}, free-running {rows[(label, kind)][1]}", flush=True)
+            print(
+                f"{label} {kind}: pinned {rows[(label, kind)][0]}, free-running {rows[(label, kind)][1]}",
+                flush=True,
+            )
     print()
     print("| error in | " + " | ".join(f"{d} pinned | {d} free-running" for d in DTYPES) + " |")
     print("|---|" + "---:|" * (2 * len(DTYPES)))
     for kind in KINDS:
-        print(f"| {kind} | " + " | ".join(f"{rows[(d, kind)][0]} | {rows[(d, kind)][1]}" for d in DTYPES) + " |")
+        print(
+            f"| {kind} | " + " | ".join(f"{rows[(d, kind)][0]} | {rows[(d, kind)][1]}" for d in DTYPES) + " |"
+        )
     print(f"\n{time.perf_counter() - start:.0f} s")
     return 0
 

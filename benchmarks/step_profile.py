@@ -25,7 +25,8 @@ the figure least disturbed by other processes on a shared machine. Then the firs
 its parts (best of 3).
 
 ``--cache`` as in step_time.py: ``dirty`` (the default since 2026-12-02 17:03 UTC) writes 64 MiB
-before every timed steady step (the first-step profile is unchanged), so the step starts with caches full of other data, the Python side's
+before every timed steady step (the first-step profile is unchanged), so the step starts with caches full of
+other data, the Python side's
 code and objects included, as after a backward pass; ``as-left`` (the runs before) starts each
 step from the cache the previous step left, so the Python side runs warm.
 """
@@ -101,9 +102,14 @@ def steady_profile(lib, size, dtype_name, factored, steps, bandwidth):
     wall = statistics.median(walls)
     call = statistics.median(stages["call"])
     mode = "factored" if factored else "block"
-    print(f"\n{size} {dtype_name} fast/{mode}: step {wall * 1e3:.2f} ms (median of {steps}), "
-          f"{threads} threads, {large / numel:.0%} of the elements in blocks > 65536")
-    print(f"  {'stage':12s} {'ms/step':>8s} {'min':>8s} {'share':>6s} {'ns/elem':>8s} {'MB/step':>8s} {'GB/s':>6s} {'x roofline':>10s}")
+    print(
+        f"\n{size} {dtype_name} fast/{mode}: step {wall * 1e3:.2f} ms (median of {steps}), "
+        f"{threads} threads, {large / numel:.0%} of the elements in blocks > 65536"
+    )
+    print(
+        f"  {'stage':12s} {'ms/step':>8s} {'min':>8s} {'share':>6s} {'ns/elem':>8s} {'MB/step':>8s} "
+        f"{'GB/s':>6s} {'x roofline':>10s}"
+    )
     element = torch.tensor([], dtype=dtype).element_size()
     python = [w - c for w, c in zip(walls, stages["call"])]
     rows = [("python", statistics.median(python), min(python), 0.0)]
@@ -119,15 +125,21 @@ def steady_profile(lib, size, dtype_name, factored, steps, bandwidth):
         gbs = f"{moved / t / 1e9:6.1f}" if moved and t > 0 else f"{'':>6s}"
         roof = f"{t / (moved / bandwidth):9.2f}x" if moved else f"{'':>10s}"
         low = f"{least * 1e3:8.3f}" if least is not None else f"{'':>8s}"
-        print(f"  {name:12s} {t * 1e3:8.3f} {low} {t / wall:6.1%} {t / numel * 1e9:8.3f} {moved / 1e6:8.1f} {gbs} {roof}")
+        print(
+            f"  {name:12s} {t * 1e3:8.3f} {low} {t / wall:6.1%} {t / numel * 1e9:8.3f} "
+            f"{moved / 1e6:8.1f} {gbs} {roof}"
+        )
     total_bytes = (3 * element + 2) * numel
-    print(f"  whole step: {total_bytes / 1e6:.1f} MB minimum, {wall / (total_bytes / bandwidth):.2f}x the copy roofline")
+    print(
+        f"  whole step: {total_bytes / 1e6:.1f} MB minimum, {wall / (total_bytes / bandwidth):.2f}x "
+        "the copy roofline"
+    )
 
 
 def first_step_profile(size, factored):
     """The first step's parts: period search, histogram, codebook DP, cell table, the update."""
     import gefen_fast
-    from gefen_fast import codebook_learning, codeword_table, kernels, optimizer, period_search
+    from gefen_fast import codebook_learning, kernels, optimizer
 
     params = step_time.model(size)
     sets = step_time.gradient_sets(params)
@@ -142,14 +154,17 @@ def first_step_profile(size, factored):
                 return original(*a, **kw)
             finally:
                 clocks[key] = clocks.get(key, 0.0) + time.perf_counter() - t
+
         setattr(owner, attr, wrapper)
         return owner, attr, original
 
-    patches = [timed(optimizer.period_search, "choose_period", "period search"),
-               timed(codebook_learning, "histogram_counts", "histogram"),
-               timed(codebook_learning, "codebook_from_counts", "codebook DP"),
-               timed(kernels.codeword_table, "build", "cell table"),
-               timed(optimizer.kernels, "run", "update kernels")]
+    patches = [
+        timed(optimizer.period_search, "choose_period", "period search"),
+        timed(codebook_learning, "histogram_counts", "histogram"),
+        timed(codebook_learning, "codebook_from_counts", "codebook DP"),
+        timed(kernels.codeword_table, "build", "cell table"),
+        timed(optimizer.kernels, "run", "update kernels"),
+    ]
     try:
         best = None
         for _ in range(3):
@@ -170,7 +185,10 @@ def first_step_profile(size, factored):
     mode = "factored" if factored else "block"
     rest = total - sum(parts.values())
     cells = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in parts.items())
-    print(f"  {size} fast/{mode}: first step {total * 1e3:.1f} ms (best of 3) = {cells}, other {rest * 1e3:.1f} ms")
+    print(
+        f"  {size} fast/{mode}: first step {total * 1e3:.1f} ms (best of 3) = {cells}, other "
+        f"{rest * 1e3:.1f} ms"
+    )
 
 
 def main(argv=None) -> int:
@@ -178,15 +196,22 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="4.2M,16.8M")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--cache", choices=("dirty", "as-left"), default="dirty",
-                        help="before each timed step: write 64 MiB (dirty), or nothing (as-left)")
+    parser.add_argument(
+        "--cache",
+        choices=("dirty", "as-left"),
+        default="dirty",
+        help="before each timed step: write 64 MiB (dirty), or nothing (as-left)",
+    )
     args = parser.parse_args(argv)
     step_time.EVICT = torch.empty(16 << 20) if args.cache == "dirty" else None
     from gefen_fast import native
 
     print(step_time.machine())
     print("at start:", step_time.load())
-    print("cache before each timed step:", "64 MiB just written" if step_time.EVICT is not None else "as the step before left it")
+    print(
+        "cache before each timed step:",
+        "64 MiB just written" if step_time.EVICT is not None else "as the step before left it",
+    )
     bandwidth = step_time.copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, torch copy_ of 64 MiB, best of 20)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -50,7 +50,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -60,8 +59,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gefen_reference as reference  # noqa: E402
-from gefen_reference.codebook import forget_solved  # noqa: E402
 from gefen_oracles.memory import StorageTracker  # noqa: E402
+from gefen_reference.codebook import forget_solved  # noqa: E402
 
 SIZES = {
     "4.2M": ((1024, 1024), 4, (4096,), 4),
@@ -81,17 +80,23 @@ def machine() -> str:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
         model = fields.get("Model name", model).strip()
-        cores = f"{fields.get('CPU(s)', cores).strip()} CPUs ({fields.get('Core(s) per socket', '?').strip()} cores/socket, " \
-                f"{fields.get('Thread(s) per core', '?').strip()} thread/core), L3 {fields.get('L3 cache', '?').strip()}"
+        cores = (
+            f"{fields.get('CPU(s)', cores).strip()} CPUs "
+            f"({fields.get('Core(s) per socket', '?').strip()} cores/socket, "
+            f"{fields.get('Thread(s) per core', '?').strip()} thread/core), L3 "
+            f"{fields.get('L3 cache', '?').strip()}"
+        )
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
-    return (f"{model}, {cores}; torch {torch.__version__} ({torch.get_num_threads()} threads), "
-            f"python {platform.python_version()}")
+    return (
+        f"{model}, {cores}; torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"python {platform.python_version()}"
+    )
 
 
 def load() -> str:
     try:
-        return "load average %.2f %.2f %.2f" % os.getloadavg()
+        return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         return "load average unknown"
 
@@ -273,9 +278,11 @@ def steady_tables(args, makers, bandwidth, summary):
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
             print(f"\n{size} parameters, {dtype_name}   ({load()})")
-            header = (f"{'optimizer':30s} {'first step':>10s} {'steady med':>11s} {'steady min':>10s} "
-                      f"{'roofline':>9s} {'x roofline':>10s} {'/AdamW fused':>12s} {'state B/p':>9s} "
-                      f"{'extra B/p':>9s}  periods")
+            header = (
+                f"{'optimizer':30s} {'first step':>10s} {'steady med':>11s} {'steady min':>10s} "
+                f"{'roofline':>9s} {'x roofline':>10s} {'/AdamW fused':>12s} {'state B/p':>9s} "
+                f"{'extra B/p':>9s}  periods"
+            )
             print(header)
             print("-" * len(header))
             subjects = measure_all(makers, size, dtype, args.steps, args.slow_steps)
@@ -286,12 +293,26 @@ def steady_tables(args, makers, bandwidth, summary):
                 median, best = statistics.median(s.times), min(s.times)
                 roof = bytes_per_param(name, dtype) * numel / bandwidth
                 vs = f"{median / fused_median:11.2f}x" if fused_median else f"{'':>12s}"
-                periods = sorted({int(e["automatic_period"]) for e in s.optimizer.state.values()
-                                  if isinstance(e, dict) and "automatic_period" in e})
-                print(f"{name:30s} {s.first * 1e3:8.1f}ms {median * 1e3:9.2f}ms {best * 1e3:8.2f}ms "
-                      f"{roof * 1e3:7.2f}ms {median / roof:9.2f}x {vs} {state_bytes(s.optimizer) / numel:9.3f} "
-                      f"{s.extra / numel:9.3f}  {periods or ''}", flush=True)
-                summary.setdefault((size, dtype_name), {})[name] = (s.first, median, roof, s.extra / numel, best)
+                periods = sorted(
+                    {
+                        int(e["automatic_period"])
+                        for e in s.optimizer.state.values()
+                        if isinstance(e, dict) and "automatic_period" in e
+                    }
+                )
+                print(
+                    f"{name:30s} {s.first * 1e3:8.1f}ms {median * 1e3:9.2f}ms {best * 1e3:8.2f}ms "
+                    f"{roof * 1e3:7.2f}ms {median / roof:9.2f}x {vs} {state_bytes(s.optimizer) / numel:9.3f} "
+                    f"{s.extra / numel:9.3f}  {periods or ''}",
+                    flush=True,
+                )
+                summary.setdefault((size, dtype_name), {})[name] = (
+                    s.first,
+                    median,
+                    roof,
+                    s.extra / numel,
+                    best,
+                )
             foreach = subjects.get("AdamW foreach=True")
             for mode in ("block", "factored"):
                 fast = subjects.get(f"fast/{mode}")
@@ -305,7 +326,10 @@ def steady_tables(args, makers, bandwidth, summary):
                     parts.append(f"/AdamW foreach {m / statistics.median(foreach.times):.2f}")
                 for other in (f"gefen-x fused=False/{mode}", f"reference/{mode}"):
                     if other in subjects:
-                        parts.append(f"{other.split('/')[0].split(' ')[0]}/fast {statistics.median(subjects[other].times) / m:.1f}x")
+                        parts.append(
+                            f"{other.split('/')[0].split(' ')[0]}/fast "
+                            f"{statistics.median(subjects[other].times) / m:.1f}x"
+                        )
                 parts.append(f"first/steady {fast.first / m:.1f}x")
                 print(f"  fast/{mode}: " + ", ".join(parts))
             del subjects
@@ -316,12 +340,15 @@ def first_step_scaling(args, summary):
     """fast's first step at each size: total and its parts (period search, codebook, the rest)."""
     try:
         import gefen_fast
-        from gefen_fast import codebook_learning, optimizer as fast_optimizer, period_search
+        from gefen_fast import codebook_learning, period_search
+        from gefen_fast import optimizer as fast_optimizer
     except ImportError:
         return
     print(f"\nFirst step of fast with model size (fp32, best of {args.first_repeats}; {load()})")
-    header = (f"{'size':>6s} {'mode':9s} {'first step':>10s} {'periods':>9s} {'codebook':>9s} {'rest':>8s} "
-              f"{'steady med':>10s} {'first/steady':>12s} {'per 1M params':>13s}")
+    header = (
+        f"{'size':>6s} {'mode':9s} {'first step':>10s} {'periods':>9s} {'codebook':>9s} {'rest':>8s} "
+        f"{'steady med':>10s} {'first/steady':>12s} {'per 1M params':>13s}"
+    )
     print(header)
     print("-" * len(header))
     clocks = {}
@@ -333,6 +360,7 @@ def first_step_scaling(args, summary):
                 return fn(*a, **kw)
             finally:
                 clocks[key] = clocks.get(key, 0.0) + time.perf_counter() - t
+
         return wrapper
 
     original = (period_search.choose_period, codebook_learning.learn_codebook)
@@ -369,9 +397,13 @@ def first_step_scaling(args, summary):
                 med = statistics.median(steady[2:])
                 total, periods, codebook = best
                 mode = "factored" if factored else "block"
-                print(f"{size:>6s} {mode:9s} {total * 1e3:8.1f}ms {periods * 1e3:7.1f}ms {codebook * 1e3:7.1f}ms "
-                      f"{(total - periods - codebook) * 1e3:6.1f}ms {med * 1e3:8.2f}ms {total / med:11.1f}x "
-                      f"{total / numel * 1e9:10.1f} ms", flush=True)
+                print(
+                    f"{size:>6s} {mode:9s} {total * 1e3:8.1f}ms {periods * 1e3:7.1f}ms "
+                    f"{codebook * 1e3:7.1f}ms "
+                    f"{(total - periods - codebook) * 1e3:6.1f}ms {med * 1e3:8.2f}ms {total / med:11.1f}x "
+                    f"{total / numel * 1e9:10.1f} ms",
+                    flush=True,
+                )
                 summary.setdefault(("scaling", size), {})[mode] = (total, med)
                 del opt, fresh
                 gc.collect()
@@ -388,7 +420,9 @@ def thread_scaling(args, makers, summary):
     for size in args.sizes.split(","):
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
-            print(f"\nThreads, {size} {dtype_name} (steady median; rounds alternate the thread count; {load()})")
+            print(
+                f"\nThreads, {size} {dtype_name} (steady median; rounds alternate the thread count; {load()})"
+            )
             subjects = {n: Subject(makers[n], size, dtype) for n in names}
             times = {(n, c): [] for n in names for c in counts}
             for k in range(3):
@@ -402,7 +436,9 @@ def thread_scaling(args, makers, summary):
             torch.set_num_threads(previous)
             for n in names:
                 medians = [statistics.median(times[(n, c)]) for c in counts]
-                cells = "  ".join(f"{c} thread{'s' if c > 1 else ''} {m * 1e3:7.2f}ms" for c, m in zip(counts, medians))
+                cells = "  ".join(
+                    f"{c} thread{'s' if c > 1 else ''} {m * 1e3:7.2f}ms" for c, m in zip(counts, medians)
+                )
                 speedup = medians[0] / medians[-1]
                 print(f"  {n:22s} {cells}   speedup {counts[0]}->{counts[-1]}: {speedup:.2f}x")
                 summary.setdefault(("threads", size, dtype_name), {})[n] = speedup
@@ -411,8 +447,10 @@ def thread_scaling(args, makers, summary):
 
 
 def print_targets(summary):
-    print("\nIssue 23 targets in this run (steady medians; in brackets by steady minima, the steps least "
-          "disturbed by other processes):")
+    print(
+        "\nIssue 23 targets in this run (steady medians; in brackets by steady minima, the steps least "
+        "disturbed by other processes):"
+    )
     for key, rows in summary.items():
         if key[0] in ("scaling", "threads") or "fast/block" not in rows:
             continue
@@ -426,15 +464,24 @@ def print_targets(summary):
             verdicts = []
             if fused:
                 r = median / fused[1]
-                verdicts.append(f"{r:.2f}x AdamW fused [{best / fused[4]:.2f}x] "
-                                f"({'met' if r <= TARGET_VS_FUSED else 'MISSED'} <= {TARGET_VS_FUSED})")
+                verdicts.append(
+                    f"{r:.2f}x AdamW fused [{best / fused[4]:.2f}x] "
+                    f"({'met' if r <= TARGET_VS_FUSED else 'MISSED'} <= {TARGET_VS_FUSED})"
+                )
             r = median / roof
-            verdicts.append(f"{r:.2f}x roofline [{best / roof:.2f}x] ({'met' if r <= TARGET_ROOFLINE else 'MISSED'} <= {TARGET_ROOFLINE})")
+            verdicts.append(
+                f"{r:.2f}x roofline [{best / roof:.2f}x] "
+                f"({'met' if r <= TARGET_ROOFLINE else 'MISSED'} <= {TARGET_ROOFLINE})"
+            )
             if size == "16.8M":
-                verdicts.append(f"first step {first:.2f} s ({'met' if first <= TARGET_FIRST_S else 'MISSED'} <= 1 s)")
+                verdicts.append(
+                    f"first step {first:.2f} s ({'met' if first <= TARGET_FIRST_S else 'MISSED'} <= 1 s)"
+                )
             if size == "4.2M":
                 x = first / median
-                verdicts.append(f"first step {x:.1f}x steady ({'met' if x <= TARGET_FIRST_X else 'MISSED'} <= 10x)")
+                verdicts.append(
+                    f"first step {x:.1f}x steady ({'met' if x <= TARGET_FIRST_X else 'MISSED'} <= 10x)"
+                )
             verdicts.append(f"extra {extra:.3f} B/param")
             print(f"  {size:>5s} {dtype_name} fast/{mode:8s}: " + "; ".join(verdicts))
 
@@ -445,19 +492,31 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=20, help="timed steps for fast and AdamW")
     parser.add_argument("--slow-steps", type=int, default=3, help="timed steps for the reference and gefen-x")
-    parser.add_argument("--scaling", default="4.2M,16.8M,67M", help="sizes for fast's first-step scaling ('' to skip)")
+    parser.add_argument(
+        "--scaling", default="4.2M,16.8M,67M", help="sizes for fast's first-step scaling ('' to skip)"
+    )
     parser.add_argument("--first-repeats", type=int, default=3, help="first-step scaling: best of this many")
     parser.add_argument("--threads", default="1,2", help="thread counts compared ('' to skip)")
     parser.add_argument("--only", default="", help="comma-separated substrings of optimizer names")
-    parser.add_argument("--cache", choices=("dirty", "as-left"), default="dirty",
-                        help="before each timed step: write 64 MiB and rotate the order (dirty), or nothing (as-left)")
+    parser.add_argument(
+        "--cache",
+        choices=("dirty", "as-left"),
+        default="dirty",
+        help="before each timed step: write 64 MiB and rotate the order (dirty), or nothing (as-left)",
+    )
     args = parser.parse_args(argv)
     global EVICT
     EVICT = torch.empty(16 << 20) if args.cache == "dirty" else None
     print(machine())
     print("at start:", load())
-    print("cache before each timed step: " + ("64 MiB just written, optimizer order rotating every round"
-                                              if EVICT is not None else "as the previous step left it, fixed order"))
+    print(
+        "cache before each timed step: "
+        + (
+            "64 MiB just written, optimizer order rotating every round"
+            if EVICT is not None
+            else "as the previous step left it, fixed order"
+        )
+    )
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, torch copy_ of 64 MiB, best of 20)")
     try:

@@ -54,15 +54,30 @@ def certify(python: str, impl: str) -> dict:
         cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(
-            [python, "-m", "pytest", "--pyargs", "gefen_conformance", f"--impl={impl}", "-q",
-             "-p", "no:cacheprovider", f"--certificate={cert_path}"],
-            cwd=tmp, capture_output=True, text=True,
+            [
+                python,
+                "-m",
+                "pytest",
+                "--pyargs",
+                "gefen_conformance",
+                f"--impl={impl}",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--certificate={cert_path}",
+            ],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
         )
         wall = time.perf_counter() - start
         cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
         if not cert_path.exists():
-            raise SystemExit(f"{python}: no certificate (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            raise SystemExit(
+                f"{python}: no certificate (exit "
+                f"{proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            )
         cert = json.loads(cert_path.read_text())
     return {"wall": wall, "cpu": cpu, "load": load, "exit": proc.returncode, "cert": cert}
 
@@ -78,8 +93,11 @@ def _module_sums(cert: dict) -> dict:
 
 def _describe(run: dict) -> str:
     s = run["cert"]["summary"]
-    return (f"{run['wall']:6.1f} s wall, {run['cpu']:6.1f} s CPU, load {run['load']:4.1f} at start, exit {run['exit']}, "
-            f"{run['cert']['verdict']}, {s['passed']} passed, {s['failed']} failed")
+    return (
+        f"{run['wall']:6.1f} s wall, {run['cpu']:6.1f} s CPU, load {run['load']:4.1f} at start, exit "
+        f"{run['exit']}, "
+        f"{run['cert']['verdict']}, {s['passed']} passed, {s['failed']} failed"
+    )
 
 
 def single(impl: str, sums=(), overhead: bool = True) -> int:
@@ -90,12 +108,20 @@ def single(impl: str, sums=(), overhead: bool = True) -> int:
     print(f"certification of {impl}: {run['wall']:.1f} s wall, exit {run['exit']}, verdict {cert['verdict']}")
     suite = cert.get("suite", {})
     commit = (suite.get("git") or {}).get("commit") or "no git"
-    print(f"  suite {suite.get('content_sha256', '?')[:12]} ({str(commit)[:12]}); CPU {run['cpu']:.1f} s "
-          f"(test process and rank workers); load average {run['load']:.1f} at start")
+    print(
+        f"  suite {suite.get('content_sha256', '?')[:12]} ({str(commit)[:12]}); CPU {run['cpu']:.1f} s "
+        f"(test process and rank workers); load average {run['load']:.1f} at start"
+    )
     if sums:
         chosen = [t for t in cert["tests"] if any(text in t["id"] for text in sums)]
-        print(f"  {len(chosen)} tests matching {list(sums)}: {sum(t['duration_s'] for t in chosen):.1f} s summed")
-    print(f"  {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped, {s['xfailed']} expected failures")
+        print(
+            f"  {len(chosen)} tests matching {list(sums)}: {sum(t['duration_s'] for t in chosen):.1f} "
+            "s summed"
+        )
+    print(
+        f"  {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped, {s['xfailed']} "
+        "expected failures"
+    )
     print(f"  warm-up {cert.get('execution', {}).get('warm_up_s')} s; summed test durations per module:")
     for module, seconds in sorted(_module_sums(cert).items(), key=lambda kv: -kv[1]):
         print(f"    {seconds:7.2f} s  {module}")
@@ -120,15 +146,22 @@ def compare(impl: str, baseline: str, rounds: int) -> int:
             run = certify(python, impl)
             runs[name].append(run)
             print(f"  round {r + 1} {name:8s} {_describe(run)}")
-    medians = {name: {k: statistics.median(run[k] for run in rs) for k in ("wall", "cpu")} for name, rs in runs.items()}
+    medians = {
+        name: {k: statistics.median(run[k] for run in rs) for k in ("wall", "cpu")}
+        for name, rs in runs.items()
+    }
     for k in ("wall", "cpu"):
         b, t = medians["baseline"][k], medians["this"][k]
         print(f"median {k}: baseline {b:.1f} s, this {t:.1f} s: {t - b:+.1f} s, ratio {t / b:.3f}")
     modules = {name: [_module_sums(run["cert"]) for run in rs] for name, rs in runs.items()}
     print("summed test durations per suite module, median over the rounds (baseline -> this):")
-    for module in sorted(set().union(*(m for ms in modules.values() for m in ms)),
-                         key=lambda m: -statistics.median(ms.get(m, 0.0) for ms in modules["baseline"])):
-        b, t = (statistics.median(ms.get(module, 0.0) for ms in modules[name]) for name in ("baseline", "this"))
+    for module in sorted(
+        set().union(*(m for ms in modules.values() for m in ms)),
+        key=lambda m: -statistics.median(ms.get(m, 0.0) for ms in modules["baseline"]),
+    ):
+        b, t = (
+            statistics.median(ms.get(module, 0.0) for ms in modules[name]) for name in ("baseline", "this")
+        )
         print(f"  {module:32s} {b:7.1f} s -> {t:7.1f} s")
     for name, rs in runs.items():
         warm = [run["cert"].get("execution", {}).get("warm_up_s") for run in rs]
@@ -141,8 +174,10 @@ def compare(impl: str, baseline: str, rounds: int) -> int:
             print(f"{name} (durations in each round):")
             for i in ids:
                 side = "this" if name.startswith("only in this") else "baseline"
-                durations = ", ".join(f"{next(t['duration_s'] for t in run['cert']['tests'] if t['id'] == i):.2f}"
-                                      for run in runs[side])
+                durations = ", ".join(
+                    f"{next(t['duration_s'] for t in run['cert']['tests'] if t['id'] == i):.2f}"
+                    for run in runs[side]
+                )
                 print(f"  {i}: {durations} s")
     return 0
 
@@ -150,10 +185,16 @@ def compare(impl: str, baseline: str, rounds: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--impl", default="reference")
-    parser.add_argument("--baseline", metavar="PYTHON", help="compare with the certification by this interpreter")
+    parser.add_argument(
+        "--baseline", metavar="PYTHON", help="compare with the certification by this interpreter"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs per side with --baseline")
-    parser.add_argument("--sum", nargs="*", default=[], help="sum the durations of tests whose id contains one of these")
-    parser.add_argument("--no-overhead", action="store_true", help="skip the run_on_ranks overhead measurement")
+    parser.add_argument(
+        "--sum", nargs="*", default=[], help="sum the durations of tests whose id contains one of these"
+    )
+    parser.add_argument(
+        "--no-overhead", action="store_true", help="skip the run_on_ranks overhead measurement"
+    )
     args = parser.parse_args()
     if args.baseline:
         return compare(args.impl, args.baseline, args.rounds)

@@ -42,12 +42,24 @@ def _run(command, log: Path, cwd=None, env=None, timeout=3600) -> tuple[int, flo
         out.flush()
         try:
             # Ctrl-C as in a terminal, even when this script runs as a background job (SIGINT ignored)
-            proc = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout,
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            proc = subprocess.run(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
             text, code = proc.stdout, proc.returncode
         except subprocess.TimeoutExpired as error:
-            text, code = (error.stdout or b"").decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or ""), -1
+            text, code = (
+                (error.stdout or b"").decode(errors="replace")
+                if isinstance(error.stdout, bytes)
+                else (error.stdout or ""),
+                -1,
+            )
         out.write(text)
     return code, time.monotonic() - started, text
 
@@ -59,9 +71,12 @@ def _tail_counts(text: str) -> str:
 
 def export(ref: str, into: Path) -> str:
     """``git archive REF`` unpacked into ``into``; returns the commit."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return commit
 
@@ -93,29 +108,57 @@ def one_version(version: str, venvs: Path, keep: bool, skip_tests: bool, source:
     row["torch_build"] = text.strip().splitlines()[-1] if code == 0 else "import failed"
 
     with tempfile.TemporaryDirectory(prefix="gefen-range-") as empty:
-        code, seconds, text = _run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "--impl=reference",
-                                    "--certificate=cert.json"], log, cwd=empty, env=env, timeout=3600)
+        code, seconds, text = _run(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "--impl=reference",
+                "--certificate=cert.json",
+            ],
+            log,
+            cwd=empty,
+            env=env,
+            timeout=3600,
+        )
         cert_path = Path(empty) / "cert.json"
         cert = json.loads(cert_path.read_text()) if cert_path.exists() else None
     row["certification"] = {
-        "exit": code, "seconds": round(seconds), "verdict": cert["verdict"] if cert else None,
+        "exit": code,
+        "seconds": round(seconds),
+        "verdict": cert["verdict"] if cert else None,
         "summary": cert["summary"] if cert else None,
-        "failed": [t["id"] for t in cert["tests"] if t["outcome"] in ("failed", "error")][:30] if cert else [],
+        "failed": [t["id"] for t in cert["tests"] if t["outcome"] in ("failed", "error")][:30]
+        if cert
+        else [],
         "notes": cert["notes"] if cert else [],
     }
     if not skip_tests:
-        code, seconds, text = _run([str(python), "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"], log,
-                                   cwd=source, env=env, timeout=7200)
+        code, seconds, text = _run(
+            [str(python), "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"],
+            log,
+            cwd=source,
+            env=env,
+            timeout=7200,
+        )
         failed = sorted({m for m in re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)})
-        row["project_tests"] = {"exit": code, "seconds": round(seconds), "result": _tail_counts(text),
-                                "failed": failed[:30]}
+        row["project_tests"] = {
+            "exit": code,
+            "seconds": round(seconds),
+            "result": _tail_counts(text),
+            "failed": failed[:30],
+        }
     if not keep:
         shutil.rmtree(venv, ignore_errors=True)
     return row
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("versions", nargs="+")
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"))
     parser.add_argument("--keep", action="store_true", help="keep the venvs")

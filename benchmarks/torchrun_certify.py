@@ -58,10 +58,18 @@ def _alive(pid: int) -> bool:
 
 
 def _run(command: list[str], interrupt_at: float | None) -> tuple[int, float, set[int]]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     started = time.monotonic()
-    child = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     seen: set[int] = set()
     interrupted = False
     while child.poll() is None:
@@ -84,12 +92,16 @@ def _row(launcher: str, code: int, seconds: float, seen: set[int], cert_path: Pa
         s = cert["summary"]
         counts = f"{s['passed']} / {s['xfailed']} / {s['failed']}"
         execution = cert["execution"]
-        where = f"{execution.get('launcher')}, world size {execution.get('world_size')}, {execution.get('backend')}"
+        where = (
+            f"{execution.get('launcher')}, world size {execution.get('world_size')}, "
+            f"{execution.get('backend')}"
+        )
         verdict = cert["verdict"]
     else:
         counts, where, verdict = "-", "-", "no certificate"
-    return (f"| {launcher} | {code} | {seconds:.0f} s | {verdict} | {counts} | {where} | "
-            f"{len(seen)} | {left} |")
+    return (
+        f"| {launcher} | {code} | {seconds:.0f} s | {verdict} | {counts} | {where} | {len(seen)} | {left} |"
+    )
 
 
 def main() -> None:
@@ -101,12 +113,17 @@ def main() -> None:
     base = [sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", options.impl]
     torchrun = ["--launcher", "torchrun", "--nproc-per-node", str(options.nproc_per_node)]
     print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs")
-    print("| run | exit | wall | verdict | passed / expected failures / failed | execution "
-          "| processes started | left 10 s later |")
+    print(
+        "| run | exit | wall | verdict | passed / expected failures / failed | execution "
+        "| processes started | left 10 s later |"
+    )
     print("|---|---:|---:|---|---|---|---:|---:|")
     with tempfile.TemporaryDirectory() as scratch:
-        runs = [("pool", [], None), ("torchrun", torchrun, None),
-                (f"torchrun, SIGINT at {options.interrupt_at:g} s", torchrun, options.interrupt_at)]
+        runs = [
+            ("pool", [], None),
+            ("torchrun", torchrun, None),
+            (f"torchrun, SIGINT at {options.interrupt_at:g} s", torchrun, options.interrupt_at),
+        ]
         for index, (name, extra, interrupt_at) in enumerate(runs):
             cert = Path(scratch) / f"c{index}.json"
             code, seconds, seen = _run(base + extra + ["--out", str(cert), "--", "-q"], interrupt_at)

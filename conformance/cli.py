@@ -22,8 +22,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from gefen_conformance.cli_usage import (GOLDEN_STATUSES, PROG, Parser, add_version, statuses_text,
-                                         suite_statuses_text)
+from gefen_conformance.cli_usage import (
+    GOLDEN_STATUSES,
+    PROG,
+    Parser,
+    add_version,
+    statuses_text,
+    suite_statuses_text,
+)
 
 CERTIFY_DESCRIPTION = """\
 Run the conformance suite against an implementation and write its JSON certificate (SPEC 4.4):
@@ -32,7 +38,7 @@ Run the conformance suite against an implementation and write its JSON certifica
 CERTIFY_EPILOG = """\
 Test ids are those the suite prints (terminal, certificate, reports), accepted from any directory;
 with them, or with pytest arguments that narrow the run, the verdict is `partial`:
-  gefen-conformance certify --impl fast 'test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[2->4]'
+  gefen-conformance certify --impl fast 'test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[2->4]'
 pytest's own options go after `--`:
   gefen-conformance certify --impl fast -- -n 4                 # 4 xdist workers
   gefen-conformance certify --impl fast -- -k reshard           # a partial run
@@ -60,34 +66,80 @@ def _raw(**kwargs) -> dict:
 
 
 def _add_certify(sub) -> None:
-    cert = sub.add_parser("certify", help="run the conformance suite against an implementation, write its certificate",
-                          description=CERTIFY_DESCRIPTION, epilog=CERTIFY_EPILOG + suite_statuses_text(), **_raw())
-    cert.add_argument("tests", nargs="*", metavar="TEST_ID",
-                      help="only these suite tests, as the suite prints them (test_module.py::test_name[params]), "
-                           "from any directory (SPEC 4.5.5); default: the whole suite")
-    cert.add_argument("--impl", default="reference", metavar="NAME",
-                      help="registered name or package.module:attribute (default: reference; "
-                           "`pytest --impl-list` lists them)")
-    cert.add_argument("--certificate", "--out", dest="certificate", type=Path, default=None, metavar="PATH",
-                      help="certificate path (default ./gefen-certificate-<impl>.json)")
-    cert.add_argument("--device", default=None, metavar="NAME",
-                      help="where the implementation's tensors live: cpu (default), cuda, cuda:N, ... (SPEC 4.6)")
-    cert.add_argument("--deadline-scale", default=None, metavar="F",
-                      help="multiply every deadline by F > 0 (default 1; they already stretch with the machine's "
-                           "measured load, SPEC 4.2.10): for a much slower CPU, an emulator, a sanitizer build")
-    cert.add_argument("-q", "--quiet", action="store_true",
-                      help="pytest's -q: no progress lines, a shorter report (SPEC 4.4.11)")
-    cert.add_argument("--launcher", choices=("pool", "torchrun"), default="pool",
-                      help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)")
+    cert = sub.add_parser(
+        "certify",
+        help="run the conformance suite against an implementation, write its certificate",
+        description=CERTIFY_DESCRIPTION,
+        epilog=CERTIFY_EPILOG + suite_statuses_text(),
+        **_raw(),
+    )
+    cert.add_argument(
+        "tests",
+        nargs="*",
+        metavar="TEST_ID",
+        help="only these suite tests, as the suite prints them (test_module.py::test_name[params]), "
+        "from any directory (SPEC 4.5.5); default: the whole suite",
+    )
+    cert.add_argument(
+        "--impl",
+        default="reference",
+        metavar="NAME",
+        help="registered name or package.module:attribute (default: reference; "
+        "`pytest --impl-list` lists them)",
+    )
+    cert.add_argument(
+        "--certificate",
+        "--out",
+        dest="certificate",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="certificate path (default ./gefen-certificate-<impl>.json)",
+    )
+    cert.add_argument(
+        "--device",
+        default=None,
+        metavar="NAME",
+        help="where the implementation's tensors live: cpu (default), cuda, cuda:N, ... (SPEC 4.6)",
+    )
+    cert.add_argument(
+        "--deadline-scale",
+        default=None,
+        metavar="F",
+        help="multiply every deadline by F > 0 (default 1; they already stretch with the machine's "
+        "measured load, SPEC 4.2.10): for a much slower CPU, an emulator, a sanitizer build",
+    )
+    cert.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="pytest's -q: no progress lines, a shorter report (SPEC 4.4.11)",
+    )
+    cert.add_argument(
+        "--launcher",
+        choices=("pool", "torchrun"),
+        default="pool",
+        help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)",
+    )
     run = cert.add_argument_group("torchrun (with --launcher torchrun)")
-    run.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="ranks per node (default 4)")
+    run.add_argument(
+        "--nproc-per-node", type=int, default=None, metavar="N", help="ranks per node (default 4)"
+    )
     run.add_argument("--nnodes", type=int, default=None, metavar="M", help="nodes (default 1: --standalone)")
-    run.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                     help="the c10d rendezvous of a multi-node job (needed with --nnodes > 1)")
+    run.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="the c10d rendezvous of a multi-node job (needed with --nnodes > 1)",
+    )
     run.add_argument("--node-rank", type=int, default=None, metavar="K", help="this node's rank (optional)")
-    run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                     help="where scenarios write checkpoints: a filesystem every node shares (needed with "
-                          "--nnodes > 1; default a temporary directory)")
+    run.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="DIR",
+        help="where scenarios write checkpoints: a filesystem every node shares (needed with "
+        "--nnodes > 1; default a temporary directory)",
+    )
     # the usage line shows what argparse cannot: pytest's arguments after `--`
     usage = cert.format_usage().removeprefix("usage: ").rstrip("\n")
     cert.usage = usage + "\n" + " " * (len("usage: ") + len(cert.prog) + 1) + "[-- PYTEST_ARGS ...]"
@@ -95,29 +147,51 @@ def _add_certify(sub) -> None:
 
 
 def _add_golden(sub) -> None:
-    golden = sub.add_parser("golden", help="golden checkpoints: generate, check, compare (SPEC 5.5)",
-                            epilog=statuses_text(GOLDEN_STATUSES), **_raw())
+    golden = sub.add_parser(
+        "golden",
+        help="golden checkpoints: generate, check, compare (SPEC 5.5)",
+        epilog=statuses_text(GOLDEN_STATUSES),
+        **_raw(),
+    )
     g = golden.add_subparsers(dest="action", required=True, metavar="ACTION")
-    impl_help = "the implementation that saves the cases: registered name or package.module:attribute (default: reference)"
+    impl_help = (
+        "the implementation that saves the cases: registered name or package.module:attribute "
+        "(default: reference)"
+    )
     epilog = statuses_text(GOLDEN_STATUSES)
-    gen = g.add_parser("generate", help="write the golden cases and their manifest into DIR", epilog=epilog, **_raw())
+    gen = g.add_parser(
+        "generate", help="write the golden cases and their manifest into DIR", epilog=epilog, **_raw()
+    )
     gen.add_argument("dir", type=Path, metavar="DIR", help="directory to write (made if missing)")
     gen.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
     chk = g.add_parser("check", help="verify DIR against its MANIFEST.json", epilog=epilog, **_raw())
     chk.add_argument("dir", type=Path, metavar="DIR", help="a directory `golden generate` wrote")
-    cmp_ = g.add_parser("compare", help="save the cases with an implementation and compare with the goldens",
-                        epilog=epilog, **_raw())
-    cmp_.add_argument("dir", type=Path, nargs="?", default=None, metavar="DIR",
-                      help="goldens to compare with (default: the committed ones)")
+    cmp_ = g.add_parser(
+        "compare",
+        help="save the cases with an implementation and compare with the goldens",
+        epilog=epilog,
+        **_raw(),
+    )
+    cmp_.add_argument(
+        "dir",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="goldens to compare with (default: the committed ones)",
+    )
     cmp_.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
     golden.set_defaults(handler=_golden)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description="The Gefen conformance suite: certify an implementation, render and "
-                                           "compare certificates, golden checkpoints.",
-                    epilog=f"`{PROG} COMMAND --help` describes each command, its arguments and its exit statuses.",
-                    **_raw())
+    parser = Parser(
+        prog=PROG,
+        description="The Gefen conformance suite: certify an implementation, render and "
+        "compare certificates, golden checkpoints.",
+        epilog=f"`{PROG} COMMAND --help` describes each command, its arguments and its exit statuses.",
+        **_raw(),
+    )
     add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_certify(sub)
@@ -131,8 +205,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def certify(impl: str, certificate, pytest_args: list[str], device: str | None = None,
-            deadline_scale: float | None = None) -> int:
+def certify(
+    impl: str,
+    certificate,
+    pytest_args: list[str],
+    device: str | None = None,
+    deadline_scale: float | None = None,
+) -> int:
     """``python -m pytest --impl=IMPL ...`` in a child process: the current directory is importable
     there (as with ``python -m pytest``), and nothing this process imported shadows the suite."""
     command = [sys.executable, "-m", "pytest", f"--impl={impl}", "-p", "no:cacheprovider"]
@@ -166,12 +245,22 @@ def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str
     if nnodes < 1:
         raise UsageError(f"--nnodes must be at least 1, got {nnodes}")
     if nnodes > 1 and not args.rdzv_endpoint:
-        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the rendezvous every node joins)")
+        raise UsageError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the rendezvous every node joins)"
+        )
     if nnodes > 1 and not args.checkpoint_dir:
         raise UsageError(f"--nnodes {nnodes} needs --checkpoint-dir DIR on a filesystem every node shares")
     if args.rdzv_endpoint and ":" not in args.rdzv_endpoint:
         raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: give HOST:PORT")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "0",
+    ]
     if nnodes == 1 and not args.rdzv_endpoint:
         command.append("--standalone")
     else:
@@ -201,8 +290,10 @@ def certify_torchrun(args, pytest_args: list[str]) -> int:
     if status == 0:
         print("gefen-conformance: rank 0 ran on another node; its node has the certificate", file=sys.stderr)
         return 0
-    print(f"gefen-conformance: the torchrun job ended (exit status {status}) before rank 0 reported a result",
-          file=sys.stderr)
+    print(
+        f"gefen-conformance: the torchrun job ended (exit status {status}) before rank 0 reported a result",
+        file=sys.stderr,
+    )
     return status
 
 
@@ -210,8 +301,8 @@ def _checked_outputs(args) -> float | None:
     """What certify checks before anything runs (SPEC 4.4.10): the deadline scale, and that the
     certificate can be written where it goes; returns the scale (exported to every process the
     run starts, torchrun's ranks included)."""
-    from gefen_conformance.harness import deadlines
     from gefen_conformance.certificate import outputs
+    from gefen_conformance.harness import deadlines
 
     scale = None
     if args.deadline_scale is not None:
@@ -227,8 +318,10 @@ def _checked_outputs(args) -> float | None:
     else:
         why = outputs.problem(Path.cwd() / "gefen-certificate.json")
         if why:
-            raise UsageError(f"the certificate goes to the current directory ({Path.cwd()}) by default, and it "
-                             f"{why.replace('cannot write there', 'cannot be written there')} (give --out PATH)")
+            raise UsageError(
+                f"the certificate goes to the current directory ({Path.cwd()}) by default, and it "
+                f"{why.replace('cannot write there', 'cannot be written there')} (give --out PATH)"
+            )
     return scale
 
 
@@ -241,8 +334,10 @@ def _test_ids(args) -> list[str]:
         target = test_id.partition("::")[0]
         if selection.suite_path_for(test_id, Path.cwd()) is None and not Path(target).exists():
             modules = sorted(p.name for p in selection.SUITE_DIR.glob("test_*.py"))
-            raise UsageError(f"TEST_ID {test_id}: the suite has no module {target} and there is no such path here "
-                             f"(a suite test id is test_module.py::test_name[params]; modules: {', '.join(modules)})")
+            raise UsageError(
+                f"TEST_ID {test_id}: the suite has no module {target} and there is no such path here "
+                f"(a suite test id is test_module.py::test_name[params]; modules: {', '.join(modules)})"
+            )
     return list(args.tests)
 
 
@@ -251,8 +346,10 @@ def _certify(args) -> int:
     if args.launcher == "pool":
         given = [f"--{name.replace('_', '-')}" for name in TORCHRUN_ONLY if getattr(args, name) is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} "
-                             "with --launcher torchrun")
+            raise UsageError(
+                f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} "
+                "with --launcher torchrun"
+            )
         scale = _checked_outputs(args)
         return certify(args.impl, args.certificate, pytest_args, args.device, scale)
     _checked_outputs(args)
@@ -290,15 +387,16 @@ def _check_golden(args) -> None:
     if not Path(directory).is_dir():
         raise UsageError(f"{directory}: no such directory")
     if not (Path(directory) / "MANIFEST.json").is_file():
-        raise UsageError(f"{directory}: no MANIFEST.json (not a golden directory; `golden generate` writes one)")
+        raise UsageError(
+            f"{directory}: no MANIFEST.json (not a golden directory; `golden generate` writes one)"
+        )
 
 
 def _golden(args) -> int:
     _check_golden(args)
-    from gefen_oracles import golden_manifest
-
     from gefen_conformance import golden
     from gefen_conformance.plugin import observations
+    from gefen_oracles import golden_manifest
 
     if args.action == "generate":
         path = golden.generate_into(args.dir, args.impl)
@@ -323,8 +421,10 @@ def _unknown_options(parser, args, unknown: list[str]) -> None:
     options = [word for word in unknown if word.startswith("-")]
     if getattr(args, "options_for_pytest", False):
         if options:
-            raise UsageError(f"unrecognized option {options[0]}: pytest's options go after `--` "
-                             f"({PROG} {args.command} [OPTIONS] [TEST_ID ...] -- {options[0]} ...)")
+            raise UsageError(
+                f"unrecognized option {options[0]}: pytest's options go after `--` "
+                f"({PROG} {args.command} [OPTIONS] [TEST_ID ...] -- {options[0]} ...)"
+            )
         args.tests = list(args.tests) + unknown
         return
     if unknown:
@@ -336,7 +436,7 @@ def main(argv=None) -> int:
     passthrough: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, passthrough = argv[:cut], argv[cut + 1:]
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     name = " ".join(filter(None, (PROG, args.command, getattr(args, "action", None))))

@@ -17,22 +17,39 @@ from gefen_conformance.certificate.build import USAGE_ERROR, exit_status_rows
 PROG = "gefen-conformance"
 
 #: ``report``'s exit statuses (SPEC 4.5.1)
-REPORT_STATUSES = ((0, "the report was written"),
-                   (2, "the certificate cannot be read: not JSON, schema 1 or an unknown schema (one line, nothing "
-                       "written)"),
-                   (USAGE_ERROR, "usage error: an unknown option, an --out that cannot be written or whose extension "
-                                 "is not .md/.markdown/.html/.htm (refused before the certificate is read)"))
+REPORT_STATUSES = (
+    (0, "the report was written"),
+    (
+        2,
+        "the certificate cannot be read: not JSON, schema 1 or an unknown schema (one line, nothing written)",
+    ),
+    (
+        USAGE_ERROR,
+        "usage error: an unknown option, an --out that cannot be written or whose extension "
+        "is not .md/.markdown/.html/.htm (refused before the certificate is read)",
+    ),
+)
 #: ``diff``'s exit statuses (SPEC 4.5.4)
-DIFF_STATUSES = ((0, "NEW did not regress"),
-                 (1, "NEW regressed: a new failure, a worse verdict, a margin grown past the factor or that reached "
-                     "the threshold"),
-                 (2, "a certificate cannot be read: not JSON, schema 1 or an unknown schema"),
-                 (USAGE_ERROR, "usage error: an unknown option or a bad value"))
+DIFF_STATUSES = (
+    (0, "NEW did not regress"),
+    (
+        1,
+        "NEW regressed: a new failure, a worse verdict, a margin grown past the factor or that reached "
+        "the threshold",
+    ),
+    (2, "a certificate cannot be read: not JSON, schema 1 or an unknown schema"),
+    (USAGE_ERROR, "usage error: an unknown option or a bad value"),
+)
 #: ``golden``'s exit statuses (SPEC 4.4.9, 4.4.10)
-GOLDEN_STATUSES = ((0, "verified (check, compare) or written (generate)"),
-                   (1, "problems found"),
-                   (USAGE_ERROR, "usage error: an implementation that cannot be loaded, a DIR that is not there or "
-                                 "cannot be written, an unknown option"))
+GOLDEN_STATUSES = (
+    (0, "verified (check, compare) or written (generate)"),
+    (1, "problems found"),
+    (
+        USAGE_ERROR,
+        "usage error: an implementation that cannot be loaded, a DIR that is not there or "
+        "cannot be written, an unknown option",
+    ),
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,7 +63,8 @@ class Parser(argparse.ArgumentParser):
 
 def version() -> str:
     """``gefen-conformance 0.1.0 (PATH)``: the installed distribution and where it is loaded from."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     try:
         number = dist_version("gefen-conformance")
@@ -63,8 +81,16 @@ def table(rows, width: int = 100) -> str:
     """``(status, meaning)`` rows as indented plain text for an epilog, wrapped at ``width``."""
     import textwrap
 
-    return "\n".join(textwrap.fill(meaning, width, initial_indent=f"  {status:>2}  ", subsequent_indent=" " * 6,
-                                    break_on_hyphens=False) for status, meaning in rows)
+    return "\n".join(
+        textwrap.fill(
+            meaning,
+            width,
+            initial_indent=f"  {status:>2}  ",
+            subsequent_indent=" " * 6,
+            break_on_hyphens=False,
+        )
+        for status, meaning in rows
+    )
 
 
 def _verdicts(verdicts, code: bool) -> str:
@@ -84,7 +110,9 @@ def suite_statuses(code: bool = False) -> list:
 
 
 def suite_statuses_text() -> str:
-    return "exit status (SPEC 4.4.9; the certificate records it as run.exit_status):\n" + table(suite_statuses())
+    return "exit status (SPEC 4.4.9; the certificate records it as run.exit_status):\n" + table(
+        suite_statuses()
+    )
 
 
 def suite_statuses_markdown() -> str:

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import torch
 
+from gefen_conformance import workload
+from gefen_conformance.harness import launch
+from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.plugin import observations
 from gefen_oracles import golden_manifest
 from gefen_oracles.numeric import Comparison, Comparisons
-
-from gefen_conformance.harness import launch
-from gefen_conformance.plugin import observations
-from gefen_conformance.implementations import registry
-from gefen_conformance import workload
-from gefen_conformance.harness.sharding import world_mesh
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
@@ -69,19 +68,26 @@ class Case:
 
 CASES = {
     "w1_fp32": Case(
-        1, torch.float32,
-        (Param("enc.weight", (24, 16), 0, structured=True), Param("enc.bias", (16,), 0),
-         Param("head.weight", (2053,), 1), Param("frozen.weight", (8, 4), 1, frozen=True)),
+        1,
+        torch.float32,
+        (
+            Param("enc.weight", (24, 16), 0, structured=True),
+            Param("enc.bias", (16,), 0),
+            Param("head.weight", (2053,), 1),
+            Param("frozen.weight", (8, 4), 1, frozen=True),
+        ),
         covers="searched, fallback and period-1 blocks; an uninitialized slot; a tensor lr; two groups",
         tensor_lr=True,
     ),
     "w2_bf16": Case(
-        2, torch.bfloat16,
+        2,
+        torch.bfloat16,
         (Param("enc.weight", (5, 24), 0, structured=True), Param("dec.weight", (12, 8), 1)),
         covers="bf16 parameters; an uneven dim-0 split; two groups",
     ),
     "w4_fp32_empty_shard": Case(
-        4, torch.float32,
+        4,
+        torch.float32,
         (Param("enc.weight", (16, 12), 0, structured=True), Param("tiny.weight", (2, 8), 1)),
         covers="world size 4; a parameter with empty shards on two ranks",
     ),
@@ -131,7 +137,9 @@ def generate(root: Path, impl="reference", cases=None, timeout: float = 120.0, r
         if target.exists():
             shutil.rmtree(target)
         run(write_case, case.world_size, (impl, name, str(target)), timeout=timeout)
-    descriptions = {n: {"world_size": c.world_size, "dtype": str(c.dtype), "covers": c.covers} for n, c in chosen.items()}
+    descriptions = {
+        n: {"world_size": c.world_size, "dtype": str(c.dtype), "covers": c.covers} for n, c in chosen.items()
+    }
     return golden_manifest.build_manifest(root, descriptions)
 
 
@@ -140,7 +148,9 @@ def generate_into(root: Path, impl="reference") -> Path:
     return golden_manifest.write_manifest(root, generate(root, impl))
 
 
-def compare_goldens(impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None, run=None) -> Comparisons:
+def compare_goldens(
+    impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None, run=None
+) -> Comparisons:
     """The saves of the catalogue by ``impl`` (an implementation or its spec; through ``run``, as
     :func:`generate`) against the goldens, by the rules of its profile.
 
@@ -154,10 +164,9 @@ def compare_goldens(impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None =
     that rounds differently writes other bytes for a correct state. What was not compared for
     want of the goldens' torch is noted (SPEC 4.4.8).
     """
+    from gefen_conformance.certificate import numeric_profile
     from gefen_oracles import checkpoint_compare
     from gefen_oracles.checkpoint_reader import read_nested
-
-    from gefen_conformance.certificate import numeric_profile
 
     impl = _implementation(impl)
     if bitwise is None:
@@ -171,23 +180,54 @@ def compare_goldens(impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None =
             mine = ours["cases"][name]
             if same_torch:
                 same_metadata = mine["metadata_digest"] == info["metadata_digest"]
-                out.add(Comparison("golden metadata digest", "bitwise", differing=int(not same_metadata), total=1,
-                                   problems=[] if same_metadata else [f"{name}: metadata digest differs from the golden"]))
+                out.add(
+                    Comparison(
+                        "golden metadata digest",
+                        "bitwise",
+                        differing=int(not same_metadata),
+                        total=1,
+                        problems=[]
+                        if same_metadata
+                        else [f"{name}: metadata digest differs from the golden"],
+                    )
+                )
             expected = read_nested(Path(golden_root) / name).get("optimizer", {})
             actual = read_nested(Path(tmp) / name).get("optimizer", {})
-            gap = 2.0 if bitwise else max(launch.run(reference_codebook_gap, CASES[name].world_size, args=(name,),
-                                                     timeout=120.0))
-            out.merge(checkpoint_compare.compare(expected, actual, bitwise=bitwise, param_dtype=CASES[name].dtype,
-                                                 where=name, largest_gap=gap))
+            gap = (
+                2.0
+                if bitwise
+                else max(
+                    launch.run(reference_codebook_gap, CASES[name].world_size, args=(name,), timeout=120.0)
+                )
+            )
+            out.merge(
+                checkpoint_compare.compare(
+                    expected,
+                    actual,
+                    bitwise=bitwise,
+                    param_dtype=CASES[name].dtype,
+                    where=name,
+                    largest_gap=gap,
+                )
+            )
             if bitwise:
                 keys = sorted(set(info["content"]) | set(mine["content"]))
                 changed = [k for k in keys if info["content"].get(k) != mine["content"].get(k)]
-                out.add(Comparison("golden content digests", "bitwise", differing=len(changed), total=len(keys),
-                                   problems=[f"{name}/{k}: content differs from the golden" for k in changed]))
+                out.add(
+                    Comparison(
+                        "golden content digests",
+                        "bitwise",
+                        differing=len(changed),
+                        total=len(keys),
+                        problems=[f"{name}/{k}: content differs from the golden" for k in changed],
+                    )
+                )
     if not same_torch:
         skipped = "md5s and metadata digests" if bitwise else "metadata digests"
-        observations.note(f"golden {skipped} not compared: this torch {torch.__version__} is not "
-                          f"the goldens' {manifest['environment']['torch']}")
+        observations.note(
+            f"golden {skipped} not compared: this torch {torch.__version__} is not "
+            f"the goldens' {manifest['environment']['torch']}"
+        )
     if bitwise and same_torch:
         # .metadata carries a random save id and the path: it is covered by the metadata digest
         payloads = {rel: info for rel, info in manifest["files"].items() if rel.endswith(".distcp")}
@@ -198,12 +238,21 @@ def compare_goldens(impl, golden_root: Path = GOLDEN_DIR, bitwise: bool | None =
                 changed.append(f"{rel}: not written")
             elif mine["md5"] != file_info["md5"]:
                 changed.append(f"{rel}: md5 differs from the golden")
-        out.add(Comparison("golden payload files (md5)", "bitwise", differing=len(changed), total=len(payloads),
-                           problems=changed))
+        out.add(
+            Comparison(
+                "golden payload files (md5)",
+                "bitwise",
+                differing=len(changed),
+                total=len(payloads),
+                problems=changed,
+            )
+        )
     return out
 
 
-def compare_with_goldens(impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None) -> list[str]:
+def compare_with_goldens(
+    impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None
+) -> list[str]:
     """Differences between ``impl_spec``'s saves and the goldens (empty when they agree); see
     :func:`compare_goldens`."""
     return list(compare_goldens(impl_spec, golden_root, bitwise).problems)

@@ -30,18 +30,30 @@ STILL_FAILS, PASSES, UNREADABLE, USAGE_ERROR = 1, 0, 2, 4
 def add_subcommand(subparsers) -> None:
     """Register ``repro`` on ``gefen-conformance``'s subparsers (sets ``args.handler``)."""
     rep = subparsers.add_parser(
-        "repro", help="replay a failed pinned-step or trajectory comparison from its reproducer (SPEC 4.5.6)",
+        "repro",
+        help="replay a failed pinned-step or trajectory comparison from its reproducer (SPEC 4.5.6)",
         description="Replay, in this process, the comparison a failed test made, from the reproducer written "
-                    "beside the certificate, and print its worst elements. Exit status: 1 still fails, 0 passes "
-                    "now, 2 a file that cannot be read, 4 usage error.")
+        "beside the certificate, and print its worst elements. Exit status: 1 still fails, 0 passes "
+        "now, 2 a file that cannot be read, 4 usage error.",
+    )
     rep.add_argument("certificate", type=Path, metavar="CERT", help="the certificate the failing run wrote")
     rep.add_argument("test_id", metavar="TEST_ID", help="a failed test's id as the certificate lists it")
-    rep.add_argument("--impl", default=None, metavar="SPEC",
-                     help="replay against this implementation instead of the certificate's (a registered name or "
-                          "package.module:attribute)")
-    rep.add_argument("--device", default=None, metavar="NAME",
-                     help="where the implementation's tensors live (default: the failing run's device)")
-    rep.add_argument("--top", type=int, default=10, metavar="N", help="worst elements listed per comparison (default 10)")
+    rep.add_argument(
+        "--impl",
+        default=None,
+        metavar="SPEC",
+        help="replay against this implementation instead of the certificate's (a registered name or "
+        "package.module:attribute)",
+    )
+    rep.add_argument(
+        "--device",
+        default=None,
+        metavar="NAME",
+        help="where the implementation's tensors live (default: the failing run's device)",
+    )
+    rep.add_argument(
+        "--top", type=int, default=10, metavar="N", help="worst elements listed per comparison (default 10)"
+    )
     rep.set_defaults(handler=run)
 
 
@@ -82,8 +94,11 @@ def _run(args, started: float) -> int:
         raise _Refused(UNREADABLE, str(error)) from None
     test = _find_test(cert, args.test_id)
     if not test.get("repro"):
-        why = (f"it {test['outcome']}" if test["outcome"] != "failed"
-               else "only failed pinned-step and free-running trajectory comparisons write one")
+        why = (
+            f"it {test['outcome']}"
+            if test["outcome"] != "failed"
+            else "only failed pinned-step and free-running trajectory comparisons write one"
+        )
         raise _Refused(USAGE_ERROR, f"{test['id']} has no reproducer in {args.certificate} ({why})")
     path = Path(args.certificate).parent / test["repro"]
     try:
@@ -96,9 +111,14 @@ def _run(args, started: float) -> int:
     from gefen_conformance.certificate import numeric_profile
     from gefen_conformance.suite import optimizer_cases
 
-    print(f"reproducer {path} of {test['id']} (SPEC {', '.join(payload.get('clauses') or test.get('clauses') or [])})")
-    print(f"implementation {impl.name} {impl.version} ({spec}) on {device}; written under torch "
-          f"{payload.get('torch')}, replayed under torch {_torch_version()}")
+    print(
+        f"reproducer {path} of {test['id']} (SPEC "
+        f"{', '.join(payload.get('clauses') or test.get('clauses') or [])})"
+    )
+    print(
+        f"implementation {impl.name} {impl.version} ({spec}) on {device}; written under torch "
+        f"{payload.get('torch')}, replayed under torch {_torch_version()}"
+    )
     certified = {m.get("what"): m for m in test.get("margins") or []}
     failing, same = 0, True
     for k, entry in enumerate(payload["cases"], 1):
@@ -106,7 +126,11 @@ def _run(args, started: float) -> int:
             case = optimizer_cases.from_payload(entry["case"])
         except (KeyError, TypeError, ValueError) as error:
             raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
-        bitwise = entry["bitwise"] if args.impl is None and args.device is None else numeric_profile.bitwise(impl, device)
+        bitwise = (
+            entry["bitwise"]
+            if args.impl is None and args.device is None
+            else numeric_profile.bitwise(impl, device)
+        )
         profile = "torch-exact (bitwise)" if bitwise else "tolerance"
         print(f"case {k} of {len(payload['cases'])}: {case.describe()}; profile {profile}")
         began = time.monotonic()
@@ -119,19 +143,27 @@ def _run(args, started: float) -> int:
         print(f"verdict: passes now: no comparison of {test['id']} fails ({elapsed:.2f} s)")
         return PASSES
     if same:
-        print(f"verdict: reproduced bit for bit: {failing} failing comparison{'s' if failing != 1 else ''} of "
-              f"{test['id']}, every margin and problem equal to the certificate's ({elapsed:.2f} s)")
+        print(
+            f"verdict: reproduced bit for bit: {failing} failing comparison{'s' if failing != 1 else ''} of "
+            f"{test['id']}, every margin and problem equal to the certificate's ({elapsed:.2f} s)"
+        )
     else:
-        print(f"verdict: fails differently from the certificate: {failing} failing comparison"
-              f"{'s' if failing != 1 else ''} of {test['id']} ({elapsed:.2f} s)")
+        print(
+            f"verdict: fails differently from the certificate: {failing} failing comparison"
+            f"{'s' if failing != 1 else ''} of {test['id']} ({elapsed:.2f} s)"
+        )
     return STILL_FAILS
 
 
 def _implementation(args, cert: dict, payload: dict):
     from gefen_conformance.implementations import registry
 
-    spec = args.impl or (payload.get("implementation") or {}).get("spec") or cert["implementation"].get("spec") \
+    spec = (
+        args.impl
+        or (payload.get("implementation") or {}).get("spec")
+        or cert["implementation"].get("spec")
         or cert["implementation"]["name"]
+    )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as under `python -m pytest`, where the run resolved it
     try:
@@ -198,8 +230,9 @@ def _same_margin(c, m: dict) -> bool:
 
 def _same_as_recorded(comparisons, certified: dict, entry: dict) -> bool:
     """Every margin equal to the certificate's and the problems equal to those the run recorded."""
-    return (all(c.what in certified and _same_margin(c, certified[c.what]) for c in comparisons)
-            and list(comparisons.problems) == list(entry.get("problems") or []))
+    return all(c.what in certified and _same_margin(c, certified[c.what]) for c in comparisons) and list(
+        comparisons.problems
+    ) == list(entry.get("problems") or [])
 
 
 def _print_comparisons(comparisons, certified: dict, top: int) -> int:
@@ -226,14 +259,25 @@ def _print_comparisons(comparisons, certified: dict, top: int) -> int:
 
 
 def _print_offenders(offenders, *, bitwise: bool) -> None:
-    head = "worst elements (bit patterns must be equal)" if bitwise else \
-        "worst elements (|observed - expected| / allowed, worst first)"
+    head = (
+        "worst elements (bit patterns must be equal)"
+        if bitwise
+        else "worst elements (|observed - expected| / allowed, worst first)"
+    )
     print(f"  {head}:")
     rows = [("tensor", "index", "expected", "observed", "allowed", "share")]
     for o in offenders:
         share = "inf" if math.isinf(o.share) else f"{o.share:.4g}"
-        rows.append((o.label, str(list(o.index)), repr(o.expected), repr(o.observed),
-                     "0 (bitwise)" if bitwise else f"{o.allowed:.6g}", "differs" if bitwise else share))
+        rows.append(
+            (
+                o.label,
+                str(list(o.index)),
+                repr(o.expected),
+                repr(o.observed),
+                "0 (bitwise)" if bitwise else f"{o.allowed:.6g}",
+                "differs" if bitwise else share,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("    " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())

@@ -39,10 +39,15 @@ def main() -> int:
         print("gefen-x not installed: parity check skipped")
         return 0
     warnings.simplefilter("ignore")
-    other, other_opt, other_losses = train(lambda named: gefen.Gefen(named, lr=1e-2, fused=False, factored_v_2d=False))
+    other, other_opt, other_losses = train(
+        lambda named: gefen.Gefen(named, lr=1e-2, fused=False, factored_v_2d=False)
+    )
     same = all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
     same_cb = torch.equal(opt.codebook, other_opt._gefen_codebook)
-    print(f"bitwise equal to gefen-x {gefen.__version__ if hasattr(gefen, '__version__') else ''}: parameters={same} codebook={same_cb}")
+    print(
+        f"bitwise equal to gefen-x {gefen.__version__ if hasattr(gefen, '__version__') else ''}: "
+        f"parameters={same} codebook={same_cb}"
+    )
     return 0 if (same and same_cb and losses == other_losses) else 1
 
 

@@ -40,8 +40,10 @@ def _alike_tensors(expected: dict, actual: dict, out: Comparisons, where: str):
     ``(key, label, expected, actual)`` for the tensors left to compare."""
     prefix = f"{where}: " if where else ""
     if set(expected) != set(actual):
-        out.problem(f"{prefix}keys differ: missing {sorted(set(expected) - set(actual))}, extra "
-                    f"{sorted(set(actual) - set(expected))}")
+        out.problem(
+            f"{prefix}keys differ: missing {sorted(set(expected) - set(actual))}, extra "
+            f"{sorted(set(actual) - set(expected))}"
+        )
     for key in sorted(set(expected) & set(actual)):
         e, a = expected[key], actual[key]
         label = f"{prefix}{key}"
@@ -56,8 +58,15 @@ def _alike_tensors(expected: dict, actual: dict, out: Comparisons, where: str):
         yield key, label, e, a
 
 
-def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.dtype, where: str = "",
-            largest_gap: float = 2.0) -> Comparisons:
+def compare(
+    expected: dict,
+    actual: dict,
+    *,
+    bitwise: bool,
+    param_dtype: torch.dtype,
+    where: str = "",
+    largest_gap: float = 2.0,
+) -> Comparisons:
     """Every rule of SPEC 5.6.11 for two nested optimizer dicts; ``where`` prefixes messages.
     ``largest_gap``: the largest gap between adjacent codewords of the codebook(s) the reference
     trained with (2.0, the whole range, when unknown)."""
@@ -85,12 +94,25 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, param_dtype: torch.d
         if dense.group(2) == "momentum":
             factor = free_running.momentum_factor(steps, beta1, largest_gap, param_dtype)
             top = e.detach().double().abs().max()
-            out.add(free_running.dense_momentum(f"saved state: momentum ({dtype_name})", label, e, a,
-                                                top.reshape(1), factor))
+            out.add(
+                free_running.dense_momentum(
+                    f"saved state: momentum ({dtype_name})", label, e, a, top.reshape(1), factor
+                )
+            )
         else:
             vsteps = int(_plain(expected.get(f"slot_{dense.group(1)}.vmean_step", steps)))
-            out.add(free_running.second_moment(f"saved state: second moment ({dtype_name})", label, e, a,
-                                               e.numel(), param_dtype, beta2, vsteps))
+            out.add(
+                free_running.second_moment(
+                    f"saved state: second moment ({dtype_name})",
+                    label,
+                    e,
+                    a,
+                    e.numel(),
+                    param_dtype,
+                    beta2,
+                    vsteps,
+                )
+            )
     return out
 
 
@@ -117,14 +139,24 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
             continue
         ed, ad = e.detach().double().reshape(-1), a.detach().double().reshape(-1)
         if dense.group(2) == "second_moment":
-            out.add(relative_comparison("restored state: second moment", ed, ad, (e.numel() + 4) * kb.U, label=label))
+            out.add(
+                relative_comparison(
+                    "restored state: second moment", ed, ad, (e.numel() + 4) * kb.U, label=label
+                )
+            )
             continue
         top = float(ed.abs().max())
         err = (ad - ed).abs()
         beyond = err > kb.RESTORE_ROUNDING * ed.abs()
         share = int(beyond.sum()) / beyond.numel()
-        out.add(_share("restored state: momentum elements beyond rounding", label, share,
-                       kb.restore_flips_allowed(e.numel())))
+        out.add(
+            _share(
+                "restored state: momentum elements beyond rounding",
+                label,
+                share,
+                kb.restore_flips_allowed(e.numel()),
+            )
+        )
         worst = float(err.max()) / top
         c = Comparison("restored state: momentum (of the slot's largest magnitude)", "tolerance", worst, 2.0)
         if not worst <= 2.0:
@@ -136,6 +168,8 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
 def _share(what: str, label: str, share: float, bound: float) -> Comparison:
     c = Comparison(what, "tolerance", share, bound)
     if not share <= bound:
-        c.problems.append(f"{label}: {share:.2%} of the elements deviate beyond rounding (at most {bound:.2%} may, "
-                          "where a nearest-codeword choice sat within rounding of a boundary)")
+        c.problems.append(
+            f"{label}: {share:.2%} of the elements deviate beyond rounding (at most {bound:.2%} may, "
+            "where a nearest-codeword choice sat within rounding of a boundary)"
+        )
     return c

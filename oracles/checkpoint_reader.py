@@ -50,7 +50,9 @@ def read_metadata(path: os.PathLike) -> Any:
     """The unpickled ``.metadata`` object. A missing file means the save never committed."""
     meta = Path(path) / METADATA_FILE
     if not meta.is_file():
-        raise CheckpointError(f"{path}: no {METADATA_FILE}; the save did not commit (torn or aborted checkpoint)")
+        raise CheckpointError(
+            f"{path}: no {METADATA_FILE}; the save did not commit (torn or aborted checkpoint)"
+        )
     try:
         with open(meta, "rb") as handle:
             return pickle.load(handle)
@@ -73,7 +75,8 @@ def list_entries(path: os.PathLike) -> dict[str, Entry]:
     for key, item in metadata.state_dict_metadata.items():
         if hasattr(item, "chunks"):
             chunks = tuple(
-                Chunk(tuple(c.offsets), tuple(c.sizes), *_location(storage, key, c.offsets)) for c in item.chunks
+                Chunk(tuple(c.offsets), tuple(c.sizes), *_location(storage, key, c.offsets))
+                for c in item.chunks
             )
             entries[key] = Entry(key, "tensor", item.properties.dtype, tuple(item.size), chunks)
         else:
@@ -89,7 +92,9 @@ def _blob(path: Path, chunk: Chunk, key: str) -> bytes:
         handle.seek(chunk.offset)
         data = handle.read(chunk.length)
     if len(data) != chunk.length:
-        raise CheckpointError(f"{key}: payload file {chunk.file} is truncated ({len(data)} of {chunk.length} bytes)")
+        raise CheckpointError(
+            f"{key}: payload file {chunk.file} is truncated ({len(data)} of {chunk.length} bytes)"
+        )
     return data
 
 
@@ -97,7 +102,9 @@ def _load(data: bytes, key: str) -> Any:
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CheckpointError(f"{key}: payload bytes do not deserialize ({type(error).__name__}: {error})") from error
+        raise CheckpointError(
+            f"{key}: payload bytes do not deserialize ({type(error).__name__}: {error})"
+        ) from error
 
 
 def read_value(path: os.PathLike, entry: Entry) -> Any:
@@ -115,13 +122,18 @@ def read_value(path: os.PathLike, entry: Entry) -> Any:
         piece = _load(_blob(path, chunk, entry.key), entry.key)
         if not torch.is_tensor(piece) or piece.dtype != entry.dtype or tuple(piece.shape) != chunk.sizes:
             got = f"{piece.dtype} {tuple(piece.shape)}" if torch.is_tensor(piece) else type(piece).__name__
-            raise CheckpointError(f"{entry.key}: chunk at {chunk.offsets} holds {got}, metadata says {entry.dtype} {chunk.sizes}")
+            raise CheckpointError(
+                f"{entry.key}: chunk at {chunk.offsets} holds {got}, metadata says {entry.dtype} "
+                f"{chunk.sizes}"
+            )
         region = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))
         whole[region] = piece
         covered[region] += 1
     if entry.shape and not bool((covered == 1).all()):
         gaps, overlaps = int((covered == 0).sum()), int((covered > 1).sum())
-        raise CheckpointError(f"{entry.key}: chunks leave {gaps} elements uncovered and cover {overlaps} twice")
+        raise CheckpointError(
+            f"{entry.key}: chunks leave {gaps} elements uncovered and cover {overlaps} twice"
+        )
     return whole
 
 

@@ -13,7 +13,7 @@ the fp32 gradient divided by its largest magnitude, binned into 4096 bins over [
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 
@@ -76,7 +76,7 @@ def structure_problems(codebook) -> list[str]:
     return problems
 
 
-def compare(what: str, expected: torch.Tensor, actual, counts: Optional[torch.Tensor]) -> Comparison:
+def compare(what: str, expected: torch.Tensor, actual, counts: torch.Tensor | None) -> Comparison:
     """The implementation's codebook against the reference's: bitwise equal, or structurally exact
     and within the cost allowance on ``counts`` (the reference's step-1 histogram)."""
     problems = structure_problems(actual)
@@ -86,15 +86,22 @@ def compare(what: str, expected: torch.Tensor, actual, counts: Optional[torch.Te
     if same.ok:
         return Comparison(what, "tolerance", 0.0, 0.0)
     if counts is None:
-        return Comparison(what, "tolerance", float("inf"), 0.0,
-                          problems=[f"{what}: differs from the reference's and no histogram is known to judge it"])
+        return Comparison(
+            what,
+            "tolerance",
+            float("inf"),
+            0.0,
+            problems=[f"{what}: differs from the reference's and no histogram is known to judge it"],
+        )
     reference_cost, actual_cost = cost(expected, counts), cost(actual, counts)
     elements = int(counts.sum())
     allowance = kb.codebook_cost_allowance(elements, largest_gap(expected))
     excess = actual_cost - reference_cost
     out = Comparison(what, "tolerance", max(excess, 0.0) / elements, allowance / elements)
     if excess > allowance:
-        out.problems.append(f"{what}: quantization cost {actual_cost:.6e} on the reference's histogram of {elements} "
-                            f"elements exceeds the reference codebook's {reference_cost:.6e} by {excess:.3e}, more than "
-                            f"the {allowance:.3e} that rounding across bin edges can explain")
+        out.problems.append(
+            f"{what}: quantization cost {actual_cost:.6e} on the reference's histogram of {elements} "
+            f"elements exceeds the reference codebook's {reference_cost:.6e} by {excess:.3e}, more than "
+            f"the {allowance:.3e} that rounding across bin edges can explain"
+        )
     return out

@@ -31,7 +31,7 @@ from .pinned_step import DTYPE_NAMES, update_bias
 def momentum_factor(steps: int, beta1: float, largest_gap: float, grad_dtype: torch.dtype) -> float:
     """SPEC 5.6.10: the largest relative momentum deviation ``T`` free-running steps can build up."""
     per_step = largest_gap + 4.0 * (kb.codeword_rounding(grad_dtype) + 1e-5)
-    return per_step * (1.0 - beta1 ** steps) / (1.0 - beta1) if beta1 < 1.0 else math.inf
+    return per_step * (1.0 - beta1**steps) / (1.0 - beta1) if beta1 < 1.0 else math.inf
 
 
 def label(kind: str, dtype) -> str:
@@ -39,14 +39,19 @@ def label(kind: str, dtype) -> str:
     return f"free-running: {kind} ({DTYPE_NAMES.get(dtype, str(dtype))})"
 
 
-def dense_momentum(what: str, label: str, expected: torch.Tensor, actual: torch.Tensor, scale: torch.Tensor,
-                   factor: float) -> Comparison:
+def dense_momentum(
+    what: str, label: str, expected: torch.Tensor, actual: torch.Tensor, scale: torch.Tensor, factor: float
+) -> Comparison:
     """``|actual - expected| <= factor * scale`` per element (``scale``: the block magnitude, or a
     slot's largest magnitude when blocks are unknown)."""
     if not torch.is_tensor(actual) or actual.shape != expected.shape:
         return Comparison(what, "tolerance", math.inf, factor, problems=[f"{label}: shape differs"])
     e, a = expected.detach().double().reshape(-1), actual.detach().double().reshape(-1)
-    s = scale.detach().double().reshape(-1).expand_as(e) if scale.numel() == 1 else scale.detach().double().reshape(-1)
+    s = (
+        scale.detach().double().reshape(-1).expand_as(e)
+        if scale.numel() == 1
+        else scale.detach().double().reshape(-1)
+    )
     s = s.clamp_min(torch.finfo(torch.float64).tiny)
     rel = (a - e).abs() / s
     if rel.numel() == 0:
@@ -55,20 +60,35 @@ def dense_momentum(what: str, label: str, expected: torch.Tensor, actual: torch.
     out = Comparison(what, "tolerance", worst, factor)
     if not worst <= factor:
         i = int(rel.argmax())
-        out.problems.append(f"{label}: {int((rel > factor).sum())} of {rel.numel()} elements deviate by more than "
-                            f"{factor:.3e} of their scale; worst {worst:.3e} at flat index {i} ({a[i].item()!r} vs "
-                            f"{e[i].item()!r})")
+        out.problems.append(
+            f"{label}: {int((rel > factor).sum())} of {rel.numel()} elements deviate by more than "
+            f"{factor:.3e} of their scale; worst {worst:.3e} at flat index {i} ({a[i].item()!r} vs "
+            f"{e[i].item()!r})"
+        )
         out.offenders = worst_elements(label, e, a, factor * s, shape=expected.shape)
     return out
 
 
-def second_moment(what: str, label: str, expected: torch.Tensor, actual: torch.Tensor, count: int,
-                  grad_dtype: torch.dtype, beta2: float, steps: int) -> Comparison:
+def second_moment(
+    what: str,
+    label: str,
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    count: int,
+    grad_dtype: torch.dtype,
+    beta2: float,
+    steps: int,
+) -> Comparison:
     """SPEC 5.6.10: relative, at the pinned bound for means of ``count`` squares plus 3U per step."""
     rtol = kb.second_moment(count, grad_dtype, beta2) + 3 * kb.U * steps
     if torch.is_tensor(actual) and actual.dtype != expected.dtype:
-        return Comparison(what, "tolerance", math.inf, rtol,
-                          problems=[f"{label}: dtype {actual.dtype}, expected {expected.dtype}"])
+        return Comparison(
+            what,
+            "tolerance",
+            math.inf,
+            rtol,
+            problems=[f"{label}: dtype {actual.dtype}, expected {expected.dtype}"],
+        )
     return relative_comparison(what, expected, actual, rtol, label=label)
 
 
@@ -96,9 +116,11 @@ def trajectory(name: str, dtype: torch.dtype, expected: list, actual: torch.Tens
     c = Comparison(what, "tolerance", float(err[i]) / scale, float(allowed[i]) / scale)
     bad = ~(err <= allowed)
     if bool(bad.any()):
-        c.problems.append(f"parameter {name}: {int(bad.sum())} of {got.numel()} elements deviate from the reference "
-                          f"by more than {factor:.3e} x the accumulated update {accumulated:.3e} plus {steps + 1} ulp; "
-                          f"worst at flat index {i}: {got[i].item()!r} vs {ref[-1][i].item()!r}")
+        c.problems.append(
+            f"parameter {name}: {int(bad.sum())} of {got.numel()} elements deviate from the reference "
+            f"by more than {factor:.3e} x the accumulated update {accumulated:.3e} plus {steps + 1} ulp; "
+            f"worst at flat index {i}: {got[i].item()!r} vs {ref[-1][i].item()!r}"
+        )
         c.offenders = worst_elements(f"parameter {name}", ref[-1], got, allowed, shape=actual.shape)
     moved = ref[-1] - ref[0]
     visible = moved.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
@@ -111,5 +133,6 @@ def displacement_bias(dtype: torch.dtype, displacements: list, systematic: float
     if not displacements:
         return None
     observed, expected, start = (torch.cat([d[i] for d in displacements]) for i in range(3))
-    return update_bias(label("displacement bias", dtype), "parameter displacements", observed, expected,
-                       systematic, start)
+    return update_bias(
+        label("displacement bias", dtype), "parameter displacements", observed, expected, systematic, start
+    )

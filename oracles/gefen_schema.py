@@ -12,8 +12,15 @@ from typing import Any
 import torch
 
 FORMAT_VERSION = 2
-HEADER_KEYS = ("format_version", "global_step", "deterministic", "slot_count", "group_count",
-               "param_identities", "param_group_hypers")
+HEADER_KEYS = (
+    "format_version",
+    "global_step",
+    "deterministic",
+    "slot_count",
+    "group_count",
+    "param_identities",
+    "param_group_hypers",
+)
 HYPER_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 SLOT_FIELDS = ("initialized", "step", "vmean_step", "momentum", "second_moment")
 
@@ -111,7 +118,9 @@ def _slot_problems(state: dict, i: int, shape: list) -> list[str]:
         out.append(f"{slot_key(i, 'initialized')}: must be 0 or 1, got {initialized}")
     if initialized == 1 and (step < 1 or vmean_step < 1):
         out.append(f"{slot_key(i, 'step')}: initialized slot with step {step}, vmean_step {vmean_step}")
-    if initialized == 0 and (step or vmean_step or bool(dense["momentum"].any()) or bool(dense["second_moment"].any())):
+    if initialized == 0 and (
+        step or vmean_step or bool(dense["momentum"].any()) or bool(dense["second_moment"].any())
+    ):
         out.append(f"{slot_key(i, 'initialized')}: fresh slot carries counters or dense history")
     if bool((dense["second_moment"] < 0).any()):
         out.append(f"{slot_key(i, 'second_moment')}: negative entries")

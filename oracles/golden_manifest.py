@@ -45,7 +45,9 @@ def build_manifest(root: os.PathLike, cases: dict[str, dict]) -> dict:
         "environment": environment(),
         "files": files,
         "cases": {
-            name: dict(info, metadata_digest=metadata_digest(root / name), content=content_digests(root / name))
+            name: dict(
+                info, metadata_digest=metadata_digest(root / name), content=content_digests(root / name)
+            )
             for name, info in sorted(cases.items())
         },
     }

@@ -18,9 +18,14 @@ import math
 import torch
 
 #: fp32 unit roundoff (half an ulp of 1).
-U = 2.0 ** -24
+U = 2.0**-24
 #: Unit roundoff of each dtype (half its ulp at 1).
-UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float64: 2.0 ** -53}
+UNIT_ROUNDOFF = {
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+    torch.float64: 2.0**-53,
+}
 SIGNIFICAND_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}
 
 #: SPEC 3.7.3 / 5.3.3: one step after a reshard, max-abs against a native run (both profiles).
@@ -34,9 +39,9 @@ VISIBLE_UPDATE_FACTOR = 8.0
 #: SPEC 5.6.7: the learned codebook's cost on the reference's histogram may exceed the reference
 #: codebook's by what moving this share of the elements (at least CODEBOOK_MIN_MOVED) by one bin
 #: can cost.
-CODEBOOK_MOVED_SHARE = 2.0 ** -9
+CODEBOOK_MOVED_SHARE = 2.0**-9
 CODEBOOK_MIN_MOVED = 8
-HISTOGRAM_BIN_WIDTH = 2.0 ** -11
+HISTOGRAM_BIN_WIDTH = 2.0**-11
 #: SPEC 5.6.11: a restore re-saved by two implementations: each momentum element within this
 #: relative rounding (a maximum is exact, the normalization one division, the dense form one
 #: multiply), except at most RESTORE_FLIP_SHARE of a slot's elements whose nearest codeword sat
@@ -152,65 +157,81 @@ def describe() -> dict:
     examples = {}
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         v = second_moment(64, dtype, 0.999)
-        examples[name] = {"second_moment": v, "stepsize": stepsize(v), "update": update(dtype, stepsize(v)),
-                          "momentum_coefficient": momentum(dtype, 0.9)}
+        examples[name] = {
+            "second_moment": v,
+            "stepsize": stepsize(v),
+            "update": update(dtype, stepsize(v)),
+            "momentum_coefficient": momentum(dtype, 0.9),
+        }
     return {
-        "rule": "at each stage a kernel may round each operation to the precision at which the reference rounds "
-                "there, or finer, in any order, and may form 1-beta from fp32(beta) (SPEC 5.6.1)",
-        "exact": "counters, flags, periods, names, provenance, identities, hyperparameters, key sets, dtypes, shapes, "
-                 "checkpoint metadata and non-float values, restored model parameters, the tie rule on exact "
-                 "values, a loaded codebook (SPEC 5.6.6, 5.6.7, 5.6.11)",
+        "rule": "at each stage a kernel may round each operation to the precision at which the "
+        "reference rounds "
+        "there, or finer, in any order, and may form 1-beta from fp32(beta) (SPEC 5.6.1)",
+        "exact": "counters, flags, periods, names, provenance, identities, hyperparameters, key sets, "
+        "dtypes, shapes, "
+        "checkpoint metadata and non-float values, restored model parameters, the tie rule on exact "
+        "values, a loaded codebook (SPEC 5.6.6, 5.6.7, 5.6.11)",
         "pinned_step": {
-            "how": "native-state-dict: the reference's state loaded into the implementation, one step from the same "
-                   "parameters and gradient, compared with float64 arithmetic of SPEC 1.8/1.9 (SPEC 5.6.1)",
+            "how": "native-state-dict: the reference's state loaded into the implementation, one step "
+            "from the same "
+            "parameters and gradient, compared with float64 arithmetic of SPEC 1.8/1.9 (SPEC 5.6.1)",
             "mean_of_squares_rtol": "(n+1)U + 2^-7 for bf16 blocks (SPEC 5.6.2)",
             "second_moment_rtol": "mean_of_squares_rtol + U*beta2/(1-beta2) + 4U (SPEC 5.6.3)",
-            "momentum_abs": "(rho_G + U*beta1/(1-beta1) + 6U)(|cur| + (1-beta1)|g|); magnitude: the block's worst "
-                            "plus 2U*mag (SPEC 5.6.4)",
+            "momentum_abs": "(rho_G + U*beta1/(1-beta1) + 6U)(|cur| + (1-beta1)|g|); magnitude: the "
+            "block's worst "
+            "plus 2U*mag (SPEC 5.6.4)",
             "stepsize_rtol": "second_moment_rtol/2 + 12U (SPEC 5.6.5)",
             "codeword_choice": "|c - u| <= min_k |cb_k - u| + 2 delta_u + 4U for every element (SPEC 5.6.6)",
-            "update": "(rho_G + stepsize_rtol + 4U)|update| + half an ulp of the parameter dtype + U|p1| (+ half an ulp "
-                      "and 2U|p0| with weight decay) (SPEC 5.6.8)",
+            "update": "(rho_G + stepsize_rtol + 4U)|update| + half an ulp of the parameter dtype + "
+            "U|p1| (+ half an ulp "
+            "and 2U|p0| with weight decay) (SPEC 5.6.8)",
             "update_bias": f"mean signed relative error within the update rtol (+ the mean decay a decayed "
-                           f"parameter's rounding can lose, with weight decay) + {BIAS_STANDARD_ERRORS:g} standard "
-                           f"errors, elements with update >= {VISIBLE_UPDATE_FACTOR:g}x their rounding, identical "
-                           "inputs once (SPEC 5.6.9)",
+            f"parameter's rounding can lose, with weight decay) + {BIAS_STANDARD_ERRORS:g} standard "
+            f"errors, elements with update >= {VISIBLE_UPDATE_FACTOR:g}x their rounding, identical "
+            "inputs once (SPEC 5.6.9)",
             "U": U,
-            "rho_G": {"float32": 0.0, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11},
+            "rho_G": {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11},
             "examples_period_64_beta2_0.999": examples,
         },
         "codebook": {
             "structure": "fp32, 256 finite entries, sorted, -1 and +1 at the ends: exact (SPEC 5.6.7)",
-            "quality": "bitwise the reference's, or its quantization cost on the reference's step-1 histogram at most "
-                       f"2k w (G + w) above the reference codebook's, w = 2^-11, k = max({CODEBOOK_MIN_MOVED}, "
-                       f"{CODEBOOK_MOVED_SHARE:g} x elements), G the reference's largest gap (SPEC 5.6.7)",
+            "quality": "bitwise the reference's, or its quantization cost on the reference's step-1 "
+            "histogram at most "
+            f"2k w (G + w) above the reference codebook's, w = 2^-11, k = max({CODEBOOK_MIN_MOVED}, "
+            f"{CODEBOOK_MOVED_SHARE:g} x elements), G the reference's largest gap (SPEC 5.6.7)",
         },
         "free_running": {
-            "momentum": "within tau = (G + 4(rho_G + 1e-5))(1 - beta1^T)/(1 - beta1) of the larger block magnitude "
-                        "(SPEC 5.6.10)",
-            "parameters": "within tau x the accumulated largest update plus one parameter ulp per step; displacement "
-                          "bias as update_bias (SPEC 5.6.10)",
+            "momentum": "within tau = (G + 4(rho_G + 1e-5))(1 - beta1^T)/(1 - beta1) of the larger "
+            "block magnitude "
+            "(SPEC 5.6.10)",
+            "parameters": "within tau x the accumulated largest update plus one parameter ulp per "
+            "step; displacement "
+            "bias as update_bias (SPEC 5.6.10)",
             "second_moment_rtol": "the pinned bound + 3U per step (SPEC 5.6.10)",
         },
         "checkpoints": {
             "same_implementation": "saves of one state by one implementation: byte for byte (SPEC 5.6.11)",
             "against_the_reference": "metadata and non-float values exact; dense momentum within tau (G: the "
-                                     "reference codebook's largest gap, measured) of the slot's largest magnitude; "
-                                     "dense second moment at the free-running bound (SPEC 5.6.11)",
-            "restore_and_resave": f"second moment within (n+4)U; momentum within {RESTORE_ROUNDING / U:g}U relative "
-                                  f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements, and never fewer than "
-                                  f"{RESTORE_MIN_FLIPS} (SPEC 5.6.11)",
+            "reference codebook's largest gap, measured) of the slot's largest magnitude; "
+            "dense second moment at the free-running bound (SPEC 5.6.11)",
+            "restore_and_resave": "second moment within (n+4)U; momentum within "
+            f"{RESTORE_ROUNDING / U:g}U relative "
+            f"except at most {RESTORE_FLIP_SHARE:g} of a slot's elements, and never fewer than "
+            f"{RESTORE_MIN_FLIPS} (SPEC 5.6.11)",
         },
         "continuation_after_reshard": {"max_abs": CONTINUATION_MAX_ABS, "clause": "5.3.3"},
         "shadowing": {
-            "long_runs_and_loads": "every step of a long run and every step after a load is a pinned step from the "
-                                   "implementation's own state before it: the pinned_step bounds per step, the "
-                                   "update bias over all steps; counters, periods, inactive moments and the "
-                                   "codebook exact at every step (SPEC 5.6.20)",
-            "without_native_state": "long runs at the free-running bounds of their length and the displacement bias "
-                                    "(SPEC 5.6.21)",
-            "after_dcp_restores": "each step from the dense re-saves before and after it, the rank's codewords in use "
-                                  "standing in for its codebook; non-float re-saved entries exact against the "
-                                  "reference's restore-then-step (SPEC 5.6.22)",
+            "long_runs_and_loads": "every step of a long run and every step after a load is a pinned "
+            "step from the "
+            "implementation's own state before it: the pinned_step bounds per step, the "
+            "update bias over all steps; counters, periods, inactive moments and the "
+            "codebook exact at every step (SPEC 5.6.20)",
+            "without_native_state": "long runs at the free-running bounds of their length and the "
+            "displacement bias "
+            "(SPEC 5.6.21)",
+            "after_dcp_restores": "each step from the dense re-saves before and after it, the rank's "
+            "codewords in use "
+            "standing in for its codebook; non-float re-saved entries exact against the "
+            "reference's restore-then-step (SPEC 5.6.22)",
         },
     }

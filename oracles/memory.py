@@ -16,8 +16,9 @@ an optimizer step that reallocates its state instead of updating it shows a shar
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

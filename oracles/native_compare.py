@@ -11,8 +11,6 @@ its block magnitude (SPEC 5.6.10).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from . import codebook_quality, free_running
@@ -27,7 +25,13 @@ GROUP_METADATA = "_gefen_checkpoint_metadata"
 
 def _same_value(a, b) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     return type(a) is type(b) and a == b
 
 
@@ -44,7 +48,9 @@ def exact_problems(expected: dict, actual: dict, *, codebook_exact: bool) -> lis
         if not _same_value(expected.get(key), actual.get(key)):
             problems.append(f"{key}: {actual.get(key)!r}, expected {expected.get(key)!r}")
     if codebook_exact and not _same_value(expected.get("gefen_codebook"), actual.get("gefen_codebook")):
-        problems.append("gefen_codebook differs from the pinned one (a loaded codebook is frozen, SPEC 1.6.1)")
+        problems.append(
+            "gefen_codebook differs from the pinned one (a loaded codebook is frozen, SPEC 1.6.1)"
+        )
     eg, ag = expected.get("param_groups", []), actual.get("param_groups", [])
     if len(eg) != len(ag):
         problems.append(f"{len(ag)} param groups, expected {len(eg)}")
@@ -53,7 +59,9 @@ def exact_problems(expected: dict, actual: dict, *, codebook_exact: bool) -> lis
             if not _same_value(e.get(key), a.get(key)):
                 problems.append(f"param_groups[{i}].{key}: {a.get(key)!r}, expected {e.get(key)!r}")
         if len(e["params"]) != len(a.get("params", [])):
-            problems.append(f"param_groups[{i}] holds {len(a.get('params', []))} params, expected {len(e['params'])}")
+            problems.append(
+                f"param_groups[{i}] holds {len(a.get('params', []))} params, expected {len(e['params'])}"
+            )
     es, as_ = expected.get("state", {}), actual.get("state", {})
     if set(es) != set(as_):
         problems.append(f"state ids {sorted(as_)}, expected {sorted(es)}")
@@ -67,15 +75,27 @@ def exact_problems(expected: dict, actual: dict, *, codebook_exact: bool) -> lis
             if torch.is_tensor(value):
                 other = a[key]
                 if not torch.is_tensor(other) or other.dtype != value.dtype or other.shape != value.shape:
-                    form = f"{other.dtype} {tuple(other.shape)}" if torch.is_tensor(other) else type(other).__name__
-                    problems.append(f"state[{name}].{key}: {form}, expected {value.dtype} {tuple(value.shape)}")
+                    form = (
+                        f"{other.dtype} {tuple(other.shape)}"
+                        if torch.is_tensor(other)
+                        else type(other).__name__
+                    )
+                    problems.append(
+                        f"state[{name}].{key}: {form}, expected {value.dtype} {tuple(value.shape)}"
+                    )
             elif not _same_value(value, a[key]):
                 problems.append(f"state[{name}].{key}: {a[key]!r}, expected {value!r}")
     return problems
 
 
-def compare(expected: dict, actual: dict, *, bitwise: bool, grad_dtype: torch.dtype,
-            histogram: Optional[torch.Tensor] = None) -> Comparisons:
+def compare(
+    expected: dict,
+    actual: dict,
+    *,
+    bitwise: bool,
+    grad_dtype: torch.dtype,
+    histogram: torch.Tensor | None = None,
+) -> Comparisons:
     """Exact rules, then the float state (bitwise, or SPEC 5.6.7 / 5.6.10). ``histogram``: the
     reference's step-1 histogram (:func:`oracles.codebook_quality.histogram`), needed only when
     the codebooks differ."""
@@ -93,8 +113,14 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, grad_dtype: torch.dt
             for key, value in entry.items():
                 if torch.is_tensor(value):
                     kind = "momentum" if key.startswith("m_") else "second moment"
-                    out.add(bitwise_comparison(f"free-running: {kind} ({dtype_name})", value, actual["state"][pid][key],
-                                               label=f"state[{entry.get('name', pid)}].{key}"))
+                    out.add(
+                        bitwise_comparison(
+                            f"free-running: {kind} ({dtype_name})",
+                            value,
+                            actual["state"][pid][key],
+                            label=f"state[{entry.get('name', pid)}].{key}",
+                        )
+                    )
         return out
     if ecb is None:
         return out
@@ -112,18 +138,46 @@ def compare(expected: dict, actual: dict, *, bitwise: bool, grad_dtype: torch.dt
             period = entry["automatic_period"]
             m_e = ecb.double()[entry["m_codebook"].long()] * entry["m_magnitude"].double()
             m_a = acb.double()[other["m_codebook"].long()] * other["m_magnitude"].double()
-            scale = torch.maximum(entry["m_magnitude"].double(), other["m_magnitude"].double()).expand(-1, period)
+            scale = torch.maximum(entry["m_magnitude"].double(), other["m_magnitude"].double()).expand(
+                -1, period
+            )
             factor = free_running.momentum_factor(entry["step"], beta1, gap, grad_dtype)
-            out.add(free_running.dense_momentum(free_running.label("momentum", grad_dtype), f"state[{name}] momentum",
-                                                m_e, m_a, scale, factor))
+            out.add(
+                free_running.dense_momentum(
+                    free_running.label("momentum", grad_dtype),
+                    f"state[{name}] momentum",
+                    m_e,
+                    m_a,
+                    scale,
+                    factor,
+                )
+            )
         if "vmean" in entry:
-            out.add(free_running.second_moment(free_running.label("second moment", grad_dtype), f"state[{name}].vmean",
-                                               entry["vmean"], other["vmean"], entry["automatic_period"], grad_dtype,
-                                               beta2, entry.get("vmean_step", entry.get("step", 1))))
+            out.add(
+                free_running.second_moment(
+                    free_running.label("second moment", grad_dtype),
+                    f"state[{name}].vmean",
+                    entry["vmean"],
+                    other["vmean"],
+                    entry["automatic_period"],
+                    grad_dtype,
+                    beta2,
+                    entry.get("vmean_step", entry.get("step", 1)),
+                )
+            )
         for key in ("v_row", "v_col"):
             if key in entry:
                 count = entry["v_col" if key == "v_row" else "v_row"].numel()
-                out.add(free_running.second_moment(free_running.label("second moment", grad_dtype),
-                                                   f"state[{name}].{key}", entry[key], other[key], count,
-                                                   torch.float32, beta2, entry.get("factored_step", 1)))
+                out.add(
+                    free_running.second_moment(
+                        free_running.label("second moment", grad_dtype),
+                        f"state[{name}].{key}",
+                        entry[key],
+                        other[key],
+                        count,
+                        torch.float32,
+                        beta2,
+                        entry.get("factored_step", 1),
+                    )
+                )
     return out

@@ -11,15 +11,16 @@ Checkers return :class:`Comparison` objects (what was compared, worst error, the
 place, how many elements differed, the problems found, and for a failing one its worst elements,
 :class:`Offender`) and never record anything themselves: the suite records them as margins
 (``conformance.observations``) and ``gefen-conformance repro`` prints the offenders (SPEC 4.5.6).
-:func:`profile_description` is what the certificate embeds: every rule and bound applied, in words and numbers.
+:func:`profile_description` is what the certificate embeds: every rule and bound applied, in words and
+numbers.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 import torch
 
@@ -30,7 +31,7 @@ class Profile(str, enum.Enum):
     """The two numeric profiles (SPEC 0.4.3); the values are the names certificates record."""
 
     TORCH_EXACT = "torch-exact"  # bitwise against the reference (SPEC 5.3.1)
-    TOLERANCE = "tolerance"      # the stage-by-stage rounding bounds of SPEC 5.6 (SPEC 5.3.2)
+    TOLERANCE = "tolerance"  # the stage-by-stage rounding bounds of SPEC 5.6 (SPEC 5.3.2)
 
     def __str__(self) -> str:
         return self.value
@@ -72,8 +73,16 @@ class Offender:
         return _used(self.difference, self.allowed)
 
 
-def worst_elements(label: str, expected: torch.Tensor, observed: torch.Tensor, allowed, *, shape=None,
-                   bitwise: bool = False, count: int = OFFENDERS) -> list:
+def worst_elements(
+    label: str,
+    expected: torch.Tensor,
+    observed: torch.Tensor,
+    allowed,
+    *,
+    shape=None,
+    bitwise: bool = False,
+    count: int = OFFENDERS,
+) -> list:
     """The ``count`` elements of ``observed`` farthest outside their allowance ``allowed`` (a number
     or a tensor of absolute differences, broadcast to ``expected``), worst first: by
     ``|observed - expected| / allowed``, then by the difference. Elements equal to their expected
@@ -91,8 +100,11 @@ def worst_elements(label: str, expected: torch.Tensor, observed: torch.Tensor, a
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
     if not bitwise:
         differs = diff > 0
-    room = torch.as_tensor(allowed, dtype=torch.float64).reshape(-1).expand_as(e) if torch.is_tensor(allowed) \
+    room = (
+        torch.as_tensor(allowed, dtype=torch.float64).reshape(-1).expand_as(e)
+        if torch.is_tensor(allowed)
         else torch.full_like(e, float(allowed))
+    )
     share = torch.where(room > 0, diff / room, torch.full_like(diff, math.inf))
     share = torch.where(differs, torch.nan_to_num(share, nan=math.inf), torch.zeros_like(share))
     order = torch.argsort(diff, descending=True, stable=True)
@@ -138,7 +150,7 @@ class Comparison:
     def ok(self) -> bool:
         return not self.problems
 
-    def worse_than(self, other: "Comparison") -> bool:
+    def worse_than(self, other: Comparison) -> bool:
         if self.kind == "bitwise":
             return self.differing > other.differing
         mine = _used(self.error, self.bound)
@@ -163,7 +175,7 @@ class Comparisons:
         self.problems.extend(comparison.problems)
         return comparison
 
-    def merge(self, other: "Comparisons") -> None:
+    def merge(self, other: Comparisons) -> None:
         """Take over every comparison and every problem of ``other``."""
         for comparison in other:
             self._keep(comparison)
@@ -175,11 +187,23 @@ class Comparisons:
             self._by_what[comparison.what] = comparison
         else:
             if comparison.worse_than(old):
-                merged = Comparison(comparison.what, comparison.kind, comparison.error, comparison.bound,
-                                    comparison.differing, comparison.total + (old.total if old.kind == "bitwise" else 0))
+                merged = Comparison(
+                    comparison.what,
+                    comparison.kind,
+                    comparison.error,
+                    comparison.bound,
+                    comparison.differing,
+                    comparison.total + (old.total if old.kind == "bitwise" else 0),
+                )
             else:
-                merged = Comparison(old.what, old.kind, old.error, old.bound, old.differing,
-                                    old.total + (comparison.total if old.kind == "bitwise" else 0))
+                merged = Comparison(
+                    old.what,
+                    old.kind,
+                    old.error,
+                    old.bound,
+                    old.differing,
+                    old.total + (comparison.total if old.kind == "bitwise" else 0),
+                )
             merged.problems = old.problems + comparison.problems
             merged.offenders = _worst_of(old.offenders + comparison.offenders)
             self._by_what[comparison.what] = merged
@@ -210,7 +234,7 @@ def differing_bits(expected: torch.Tensor, actual: torch.Tensor) -> torch.Tensor
     return _bits(expected.cpu()) != _bits(actual.cpu())
 
 
-def bitwise_mismatch(what: str, expected: torch.Tensor, actual: torch.Tensor) -> Optional[Mismatch]:
+def bitwise_mismatch(what: str, expected: torch.Tensor, actual: torch.Tensor) -> Mismatch | None:
     """None when ``actual`` has the dtype, shape and exact bits of ``expected`` (SPEC 5.3.1)."""
     if not torch.is_tensor(actual):
         return Mismatch(what, f"expected a tensor, got {type(actual).__name__}")
@@ -223,11 +247,14 @@ def bitwise_mismatch(what: str, expected: torch.Tensor, actual: torch.Tensor) ->
         n = int(differs.sum())
         i = int(differs.reshape(-1).nonzero()[0])
         e, a = expected.reshape(-1)[i].item(), actual.reshape(-1)[i].item()
-        return Mismatch(what, f"{n} of {expected.numel()} elements differ; first at flat index {i}: {a!r} vs expected {e!r}")
+        return Mismatch(
+            what,
+            f"{n} of {expected.numel()} elements differ; first at flat index {i}: {a!r} vs expected {e!r}",
+        )
     return None
 
 
-def bitwise_comparison(what: str, expected: torch.Tensor, actual, *, label: Optional[str] = None) -> Comparison:
+def bitwise_comparison(what: str, expected: torch.Tensor, actual, *, label: str | None = None) -> Comparison:
     """A bitwise :class:`Comparison` of two tensors (dtype and shape first)."""
     total = int(expected.numel())
     mismatch = bitwise_mismatch(label or what, expected, actual)
@@ -236,12 +263,25 @@ def bitwise_comparison(what: str, expected: torch.Tensor, actual, *, label: Opti
     same_form = torch.is_tensor(actual) and actual.dtype == expected.dtype and actual.shape == expected.shape
     differing = int(differing_bits(expected, actual).sum()) if same_form else total
     offenders = worst_elements(label or what, expected, actual, 0.0, bitwise=True) if same_form else []
-    return Comparison(what, "bitwise", differing=max(differing, 1), total=total, problems=[str(mismatch)],
-                      offenders=offenders)
+    return Comparison(
+        what,
+        "bitwise",
+        differing=max(differing, 1),
+        total=total,
+        problems=[str(mismatch)],
+        offenders=offenders,
+    )
 
 
-def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor, rtol: torch.Tensor | float,
-                        *, label: Optional[str] = None, atol: float = 0.0) -> Comparison:
+def relative_comparison(
+    what: str,
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    rtol: torch.Tensor | float,
+    *,
+    label: str | None = None,
+    atol: float = 0.0,
+) -> Comparison:
     """``|actual - expected| <= rtol * |expected| + atol`` elementwise (``rtol`` may vary per element).
 
     The recorded error is the worst ``|actual - expected| / |expected|`` (relative to the
@@ -250,7 +290,13 @@ def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor,
     label = label or what
     if not torch.is_tensor(actual) or tuple(actual.shape) != tuple(expected.shape):
         shape = tuple(actual.shape) if torch.is_tensor(actual) else type(actual).__name__
-        return Comparison(what, "tolerance", math.inf, 0.0, problems=[f"{label}: shape {shape}, expected {tuple(expected.shape)}"])
+        return Comparison(
+            what,
+            "tolerance",
+            math.inf,
+            0.0,
+            problems=[f"{label}: shape {shape}, expected {tuple(expected.shape)}"],
+        )
     e, a = expected.detach().double().cpu(), actual.detach().double().cpu()
     if e.numel() == 0:
         return Comparison(what, "tolerance", 0.0, 0.0)
@@ -259,15 +305,21 @@ def relative_comparison(what: str, expected: torch.Tensor, actual: torch.Tensor,
     allowed = rtol_t * e.abs() + atol
     bad = ~(err <= allowed)
     scale = e.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    ratio = torch.where(allowed > 0, err / allowed, torch.where(err > 0, torch.full_like(err, math.inf), torch.zeros_like(err)))
+    ratio = torch.where(
+        allowed > 0,
+        err / allowed,
+        torch.where(err > 0, torch.full_like(err, math.inf), torch.zeros_like(err)),
+    )
     i = int(ratio.reshape(-1).argmax())
     error = float((err / scale).reshape(-1)[i]) if float(err.reshape(-1)[i]) > 0 else 0.0
     bound = float((allowed / scale).reshape(-1)[i])
     problems, offenders = [], []
     if bool(bad.any()):
-        problems.append(f"{label}: {int(bad.sum())} of {e.numel()} elements outside the bound; worst at flat index {i}: "
-                        f"{a.reshape(-1)[i].item()!r} vs {e.reshape(-1)[i].item()!r} (relative error {error:.3e}, "
-                        f"bound {bound:.3e})")
+        problems.append(
+            f"{label}: {int(bad.sum())} of {e.numel()} elements outside the bound; worst at flat index {i}: "
+            f"{a.reshape(-1)[i].item()!r} vs {e.reshape(-1)[i].item()!r} (relative error {error:.3e}, "
+            f"bound {bound:.3e})"
+        )
         offenders = worst_elements(label, e, a, allowed, shape=expected.shape)
     return Comparison(what, "tolerance", error, bound, problems=problems, offenders=offenders)
 
@@ -282,8 +334,9 @@ def profile_description(profile: Profile | str) -> dict:
     if profile is Profile.TORCH_EXACT:
         return {
             "name": profile.value,
-            "comparison": "bitwise: dtype, shape and every element's bits, for every result the suite compares "
-                          "with the reference, and md5 identity of checkpoint payloads (SPEC 5.3.1, 5.2)",
+            "comparison": "bitwise: dtype, shape and every element's bits, for every result the suite "
+            "compares "
+            "with the reference, and md5 identity of checkpoint payloads (SPEC 5.3.1, 5.2)",
             "continuation_after_reshard": {"max_abs": kernel_bounds.CONTINUATION_MAX_ABS, "clause": "5.3.3"},
         }
     return dict(name=profile.value, **kernel_bounds.describe())

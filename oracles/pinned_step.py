@@ -91,7 +91,9 @@ def check_step(steps: list[ParamStep], codebook: torch.Tensor) -> Comparisons:
 
 
 def _structure_problems(s: ParamStep) -> list[str]:
-    need = ["automatic_period", "step", "m_codebook", "m_magnitude"] + (["v_row", "v_col"] if s.factored else ["vmean"])
+    need = ["automatic_period", "step", "m_codebook", "m_magnitude"] + (
+        ["v_row", "v_col"] if s.factored else ["vmean"]
+    )
     missing = [k for k in need if k not in s.after]
     if missing:
         return [f"{s.name}: state after the step lacks {missing}"]
@@ -101,11 +103,16 @@ def _structure_problems(s: ParamStep) -> list[str]:
         return [f"{s.name}: period {period!r} does not divide {n}"]
     idx, mag = s.after["m_codebook"], s.after["m_magnitude"]
     if idx.dtype != torch.uint8 or tuple(idx.shape) != (n // period, period):
-        return [f"{s.name}: m_codebook {idx.dtype} {tuple(idx.shape)}, expected uint8 {(n // period, period)}"]
+        return [
+            f"{s.name}: m_codebook {idx.dtype} {tuple(idx.shape)}, expected uint8 {(n // period, period)}"
+        ]
     if mag.dtype != torch.float32 or tuple(mag.shape) != (n // period, 1):
         return [f"{s.name}: m_magnitude {mag.dtype} {tuple(mag.shape)}, expected float32 {(n // period, 1)}"]
     if s.p1.dtype != s.p0.dtype or s.p1.shape != s.p0.shape:
-        return [f"{s.name}: parameter {s.p1.dtype} {tuple(s.p1.shape)} after the step, {s.p0.dtype} {tuple(s.p0.shape)} before"]
+        return [
+            f"{s.name}: parameter {s.p1.dtype} {tuple(s.p1.shape)} after the step, {s.p0.dtype} "
+            f"{tuple(s.p0.shape)} before"
+        ]
     return []
 
 
@@ -130,7 +137,7 @@ def moment_counter(before: dict, key: str) -> int:
 def _bias_corrections(s: ParamStep, moment_counter_key: str) -> tuple[float, float]:
     step = s.before.get("step", 0) + 1
     counter = moment_counter(s.before, moment_counter_key) + 1
-    return 1.0 - s.beta1 ** step, 1.0 - s.beta2 ** counter
+    return 1.0 - s.beta1**step, 1.0 - s.beta2**counter
 
 
 def _block_moment(s: ParamStep, out: Comparisons):
@@ -177,7 +184,9 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     blocks = g.shape[0]
     beta1, w = s.beta1, 1.0 - s.beta1
     if "m_codebook" in s.before:
-        current = cb[s.before["m_codebook"].long().reshape(blocks, period)] * _d(s.before["m_magnitude"]).reshape(blocks, 1)
+        current = cb[s.before["m_codebook"].long().reshape(blocks, period)] * _d(
+            s.before["m_magnitude"]
+        ).reshape(blocks, 1)
     else:
         current = torch.zeros_like(g)
     exact = beta1 * current + w * g
@@ -186,9 +195,16 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     magnitude_error = upd_error.amax(dim=1, keepdim=True) + 2 * kb.U * magnitude
     got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
     scale = magnitude.clamp_min(torch.finfo(torch.float64).tiny)
-    out.add(_worst(_label("momentum magnitude", s.grad.dtype), f"{s.name}.m_magnitude",
-                   (got_magnitude - magnitude).abs() / scale, magnitude_error / scale,
-                   values=(magnitude, got_magnitude, magnitude_error), shape=s.after["m_magnitude"].shape))
+    out.add(
+        _worst(
+            _label("momentum magnitude", s.grad.dtype),
+            f"{s.name}.m_magnitude",
+            (got_magnitude - magnitude).abs() / scale,
+            magnitude_error / scale,
+            values=(magnitude, got_magnitude, magnitude_error),
+            shape=s.after["m_magnitude"].shape,
+        )
+    )
 
     idx = s.after["m_codebook"].long().reshape(blocks, period)
     chosen = cb[idx]
@@ -196,8 +212,11 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     safe = room > 0
     normalized = torch.where(magnitude > 0, exact / scale, torch.zeros_like(exact))
     normalized_error = torch.where(
-        safe, (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny) + 4 * kb.U,
-        torch.full_like(exact, math.inf))
+        safe,
+        (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny)
+        + 4 * kb.U,
+        torch.full_like(exact, math.inf),
+    )
     nearest = _nearest_distance(cb, normalized)
     excess = (chosen - normalized).abs() - nearest
     allowed = 2 * normalized_error + 4 * kb.U
@@ -206,9 +225,16 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     # as elements: the chosen codeword against the exact normalized momentum, which it may miss by
     # the nearest codeword's distance plus the allowance (unjudged blocks allow anything)
     reach = torch.where(judged, nearest + allowed, torch.full_like(allowed, math.inf))
-    out.add(_worst(_label("codeword choice", s.grad.dtype), f"{s.name}.m_codebook",
-                   excess, torch.where(judged, allowed, torch.ones_like(allowed)),
-                   unit="beyond the nearest codeword's distance", values=(normalized, chosen, reach)))
+    out.add(
+        _worst(
+            _label("codeword choice", s.grad.dtype),
+            f"{s.name}.m_codebook",
+            excess,
+            torch.where(judged, allowed, torch.ones_like(allowed)),
+            unit="beyond the nearest codeword's distance",
+            values=(normalized, chosen, reach),
+        )
+    )
     return (chosen * got_magnitude).reshape(-1)
 
 
@@ -219,7 +245,9 @@ def _nearest_distance(cb: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.minimum((flat - cb[lower]).abs(), (flat - cb[upper]).abs()).reshape(values.shape)
 
 
-def _update(s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: torch.Tensor, out: Comparisons):
+def _update(
+    s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: torch.Tensor, out: Comparisons
+):
     p0, p1 = _d(s.p0).reshape(-1), _d(s.p1).reshape(-1)
     decayed = s.weight_decay > 0.0
     decay = 1.0 - s.lr * s.weight_decay if decayed else 1.0
@@ -236,17 +264,32 @@ def _update(s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: 
     # kernel's own allowance is used (SPEC 5.6.8), not 100% for every 16-bit parameter.
     final = 0.5 * kb.ulp(expected, s.p0.dtype)
     beyond = ((p1 - expected).abs() - final).clamp_min(0.0)
-    out.add(_worst(_label("parameter update", s.grad.dtype), s.name, beyond / update_scale,
-                   (allowed - final) / update_scale,
-                   unit="of the block's update scale lr*stepsize*magnitude, beyond the final half ulp",
-                   values=(expected, p1, allowed), shape=s.p0.shape))
+    out.add(
+        _worst(
+            _label("parameter update", s.grad.dtype),
+            s.name,
+            beyond / update_scale,
+            (allowed - final) / update_scale,
+            unit="of the block's update scale lr*stepsize*magnitude, beyond the final half ulp",
+            values=(expected, p1, allowed),
+            shape=s.p0.shape,
+        )
+    )
     observed = p0 * decay - p1
     visible = delta.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
     # A decay smaller than the decayed parameter's rounding is lost to it, always in the same
     # direction (the reference rounds a 16-bit p0*(1 - lr*wd) back to p0): one-signed, so its mean
     # belongs to the systematic bound of the bias statistic (SPEC 5.6.9).
-    lost_decay = torch.minimum((p0 - p0 * decay).abs(), kb.decay_rounding(p0, s.p0.dtype)) if decayed else None
-    return observed[visible], delta[visible], rel, p0[visible], None if lost_decay is None else lost_decay[visible]
+    lost_decay = (
+        torch.minimum((p0 - p0 * decay).abs(), kb.decay_rounding(p0, s.p0.dtype)) if decayed else None
+    )
+    return (
+        observed[visible],
+        delta[visible],
+        rel,
+        p0[visible],
+        None if lost_decay is None else lost_decay[visible],
+    )
 
 
 def _bias(dtype, parts, out: Comparisons) -> None:
@@ -260,8 +303,15 @@ def _bias(dtype, parts, out: Comparisons) -> None:
         out.add(comparison)
 
 
-def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.Tensor, systematic: float,
-                start: torch.Tensor, one_sided: torch.Tensor | None = None):
+def update_bias(
+    what: str,
+    label: str,
+    observed: torch.Tensor,
+    expected: torch.Tensor,
+    systematic: float,
+    start: torch.Tensor,
+    one_sided: torch.Tensor | None = None,
+):
     """SPEC 5.6.9: the mean signed relative error ``mean((obs - exp) sign(exp)) / mean|exp|`` must be
     within ``systematic`` (plus the mean of ``one_sided``, per-element errors that rounding may make
     in one direction only, relative to the same ``mean|exp|``) plus BIAS_STANDARD_ERRORS standard
@@ -272,8 +322,9 @@ def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.T
     expected change round identically, so each such input counts once. None when fewer than 16
     distinct inputs are available."""
     if expected.numel():
-        first = torch.from_numpy(_first_of_each_pair(start.double().reshape(-1).numpy(),
-                                                     expected.double().reshape(-1).numpy()))
+        first = torch.from_numpy(
+            _first_of_each_pair(start.double().reshape(-1).numpy(), expected.double().reshape(-1).numpy())
+        )
         observed, expected = observed.reshape(-1)[first], expected.reshape(-1)[first]
     if observed.numel() < 16:
         return None
@@ -288,9 +339,11 @@ def update_bias(what: str, label: str, observed: torch.Tensor, expected: torch.T
     bound = systematic + kb.BIAS_STANDARD_ERRORS * standard_error
     problems = []
     if not abs(mean) <= bound:
-        problems.append(f"{label}: mean signed relative error {mean:+.3e} over {signed.numel()} elements exceeds "
-                        f"{bound:.3e} (systematic {systematic:.3e} + {kb.BIAS_STANDARD_ERRORS:g} standard errors "
-                        f"{standard_error:.3e})")
+        problems.append(
+            f"{label}: mean signed relative error {mean:+.3e} over {signed.numel()} elements exceeds "
+            f"{bound:.3e} (systematic {systematic:.3e} + {kb.BIAS_STANDARD_ERRORS:g} standard errors "
+            f"{standard_error:.3e})"
+        )
     return Comparison(what, "tolerance", abs(mean), bound, problems=problems)
 
 
@@ -304,8 +357,15 @@ def _first_of_each_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return order[new]
 
 
-def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, unit: str = "relative",
-           values=None, shape=None) -> Comparison:
+def _worst(
+    what: str,
+    label: str,
+    error: torch.Tensor,
+    allowed: torch.Tensor,
+    unit: str = "relative",
+    values=None,
+    shape=None,
+) -> Comparison:
     """The comparison ``error <= allowed`` per element (both in one unit). ``values``: the same
     check as ``(expected, observed, allowed |observed - expected|)`` in the result's own units, for
     the worst elements of a failing comparison; ``shape``: the compared tensor's (default
@@ -315,13 +375,19 @@ def _worst(what: str, label: str, error: torch.Tensor, allowed: torch.Tensor, un
     if error.numel() == 0:
         return Comparison(what, "tolerance", 0.0, 0.0)
     bad = ~(error <= allowed)
-    ratio = torch.where(allowed > 0, error / allowed, torch.where(error > 0, torch.full_like(error, math.inf), torch.zeros_like(error)))
+    ratio = torch.where(
+        allowed > 0,
+        error / allowed,
+        torch.where(error > 0, torch.full_like(error, math.inf), torch.zeros_like(error)),
+    )
     i = int(ratio.argmax())
     e, b = float(error[i]), float(allowed[i])
     problems, offenders = [], []
     if bool(bad.any()):
-        problems.append(f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
-                        f"index {i}: error {e:.3e} {unit}, bound {b:.3e}")
+        problems.append(
+            f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
+            f"index {i}: error {e:.3e} {unit}, bound {b:.3e}"
+        )
         if values is not None:
             offenders = worst_elements(label, *values, shape=shape)
     return Comparison(what, "tolerance", e, b, problems=problems, offenders=offenders)

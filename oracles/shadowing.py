@@ -25,7 +25,6 @@ advance by one, the active second moment's counter by one, the inactive moment i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -68,8 +67,13 @@ class ParamRun:
 
 
 def _same_tensor(a, b) -> bool:
-    return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and bool(
-        torch.equal(a.detach().cpu(), b.detach().cpu()))
+    return (
+        torch.is_tensor(a)
+        and torch.is_tensor(b)
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+    )
 
 
 def exact_problems(run: ParamRun) -> tuple[list[str], int]:
@@ -84,12 +88,16 @@ def exact_problems(run: ParamRun) -> tuple[list[str], int]:
         checked += 4
         got = after.get("step")
         if got != before.get("step", 0) + 1:
-            problems.append(f"{where}: step {got!r} after the step, {before.get('step', 0)!r} before (SPEC 1.8.4)")
+            problems.append(
+                f"{where}: step {got!r} after the step, {before.get('step', 0)!r} before (SPEC 1.8.4)"
+            )
         key = MOMENTS[active][1]
         expected = ps.moment_counter(before, key) + 1
         if after.get(key) != expected:
-            problems.append(f"{where}: {key} {after.get(key)!r} after the step, expected {expected} (SPEC 1.8.2, "
-                            "1.9.2, 1.10.8: a moment created by the step starts at 0)")
+            problems.append(
+                f"{where}: {key} {after.get(key)!r} after the step, expected {expected} (SPEC 1.8.2, "
+                "1.9.2, 1.10.8: a moment created by the step starts at 0)"
+            )
         p = after.get("automatic_period")
         if period is None:
             period = before.get("automatic_period", p)
@@ -101,7 +109,11 @@ def exact_problems(run: ParamRun) -> tuple[list[str], int]:
         for k in tensors + (counter,):
             if k in before or k in after:
                 checked += 1
-                same = _same_tensor(before.get(k), after.get(k)) if k in tensors else before.get(k) == after.get(k)
+                same = (
+                    _same_tensor(before.get(k), after.get(k))
+                    if k in tensors
+                    else before.get(k) == after.get(k)
+                )
                 if not same:
                     problems.append(f"{where}: the inactive {k} changed (SPEC 1.10.8 keeps it untouched)")
     return problems, checked
@@ -125,7 +137,9 @@ def _stack(run: ParamRun) -> tuple[ps.ParamStep, torch.Tensor, torch.Tensor]:
         before, after = run.before[t], run.after[t]
         for key in keys:
             value = before.get(key)
-            before_parts[key].append((torch.zeros_like(after[key]) if value is None else value).detach().cpu())
+            before_parts[key].append(
+                (torch.zeros_like(after[key]) if value is None else value).detach().cpu()
+            )
             after_parts[key].append(after[key].detach().cpu())
         steps.append(before.get("step", 0))
         counters.append(ps.moment_counter(before, counter_key))
@@ -136,11 +150,19 @@ def _stack(run: ParamRun) -> tuple[ps.ParamStep, torch.Tensor, torch.Tensor]:
         return dict(joined, automatic_period=period, step=1)
 
     stacked = ps.ParamStep(
-        name=run.name, p0=torch.stack([p.detach().cpu() for p in run.p0]),
+        name=run.name,
+        p0=torch.stack([p.detach().cpu() for p in run.p0]),
         p1=torch.stack([p.detach().cpu() for p in run.p1]),
-        grad=torch.stack([g.detach().cpu() for g in run.grads]), before=join(before_parts), after=join(after_parts),
-        lr=run.lr, beta1=run.beta1, beta2=run.beta2, eps=run.eps, weight_decay=run.weight_decay,
-        factored=run.factored)
+        grad=torch.stack([g.detach().cpu() for g in run.grads]),
+        before=join(before_parts),
+        after=join(after_parts),
+        lr=run.lr,
+        beta1=run.beta1,
+        beta2=run.beta2,
+        eps=run.eps,
+        weight_decay=run.weight_decay,
+        factored=run.factored,
+    )
     return stacked, torch.tensor(steps, dtype=torch.float64), torch.tensor(counters, dtype=torch.float64)
 
 
@@ -153,9 +175,13 @@ def _block_moment(s: ps.ParamStep, steps, counters, out: Comparisons):
     period = s.after["automatic_period"]
     g = ps._d(s.grad).reshape(-1, period)
     rows = g.shape[0]
-    v = s.beta2 * ps._d(s.before["vmean"]).reshape(rows, 1) + (1.0 - s.beta2) * (g * g).mean(dim=1, keepdim=True)
+    v = s.beta2 * ps._d(s.before["vmean"]).reshape(rows, 1) + (1.0 - s.beta2) * (g * g).mean(
+        dim=1, keepdim=True
+    )
     error = kb.second_moment(period, s.grad.dtype, s.beta2)
-    out.add(ps._relative(ps._label("second moment", s.grad.dtype), f"{s.name}.vmean", v, s.after["vmean"], error))
+    out.add(
+        ps._relative(ps._label("second moment", s.grad.dtype), f"{s.name}.vmean", v, s.after["vmean"], error)
+    )
     per_step = rows // steps.numel()
     bc1, bc2 = (b.repeat_interleave(per_step).reshape(rows, 1) for b in _bias_corrections(s, steps, counters))
     stepsize = (1.0 / bc1) / ((v / bc2).sqrt() + s.eps)
@@ -214,8 +240,11 @@ def check_runs(runs: list[ParamRun], codebook: torch.Tensor) -> Comparisons:
             bias.setdefault(stacked.grad.dtype, []).append(rows)
     for dtype, parts in bias.items():
         ps._bias(dtype, parts, out)
-    out.add(Comparison("shadowed steps: counters, periods, inactive moments", "bitwise",
-                       differing=differing, total=total))
+    out.add(
+        Comparison(
+            "shadowed steps: counters, periods, inactive moments", "bitwise", differing=differing, total=total
+        )
+    )
     return out
 
 
@@ -245,36 +274,50 @@ def codewords_in_use(momenta: list, periods: list) -> tuple[torch.Tensor, list[s
             continue
         merged.append(v)
     if len(merged) > 256:
-        problems.append(f"the dense momenta use {len(merged)} distinct normalized values; one codebook has 256 "
-                        "(SPEC 2.1.6: momentum is codeword x block magnitude)")
+        problems.append(
+            f"the dense momenta use {len(merged)} distinct normalized values; one codebook has 256 "
+            "(SPEC 2.1.6: momentum is codeword x block magnitude)"
+        )
     return torch.tensor(merged, dtype=torch.float64), problems
 
 
-def compact_from_dense(momentum: torch.Tensor, second: torch.Tensor, period: int, codewords: torch.Tensor,
-                       where: str) -> tuple[dict, list[str]]:
+def compact_from_dense(
+    momentum: torch.Tensor, second: torch.Tensor, period: int, codewords: torch.Tensor, where: str
+) -> tuple[dict, list[str]]:
     """Native-form state (``m_codebook`` into ``codewords``, ``m_magnitude``, ``vmean``) of one
     dense shard at ``period``; problems when the second moment is not constant over a block (the
     shard is not blocked at ``period``) or a value is no codeword."""
     problems = []
     blocks = momentum.detach().double().reshape(-1, period)
     magnitude = blocks.abs().amax(dim=1, keepdim=True)
-    normalized = torch.where(magnitude > 0, blocks / magnitude.clamp_min(torch.finfo(torch.float64).tiny),
-                             torch.zeros_like(blocks))
+    normalized = torch.where(
+        magnitude > 0, blocks / magnitude.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(blocks)
+    )
     index = torch.searchsorted(codewords, normalized.reshape(-1)).clamp(0, codewords.numel() - 1)
     lower = (index - 1).clamp(0, codewords.numel() - 1)
-    closer = (normalized.reshape(-1) - codewords[lower]).abs() < (normalized.reshape(-1) - codewords[index]).abs()
+    closer = (normalized.reshape(-1) - codewords[lower]).abs() < (
+        normalized.reshape(-1) - codewords[index]
+    ).abs()
     index = torch.where(closer, lower, index)
     off = (codewords[index] - normalized.reshape(-1)).abs() > 8 * kb.U * normalized.reshape(-1).abs() + 1e-300
     zero = (magnitude.reshape(-1, 1).expand_as(blocks) == 0).reshape(-1)
     if bool((off & ~zero).any()):
-        problems.append(f"{where}: {int((off & ~zero).sum())} momentum elements are not a codeword times the block's "
-                        "largest magnitude (SPEC 2.1.6)")
+        problems.append(
+            f"{where}: {int((off & ~zero).sum())} momentum elements are not a codeword times the block's "
+            "largest magnitude (SPEC 2.1.6)"
+        )
     v = second.detach().float().reshape(-1, period)
     if not bool((v == v[:, :1]).all()):
-        problems.append(f"{where}: the dense second moment is not constant over blocks of the period {period} "
-                        "(SPEC 2.1.6, 3.6.2: the period is an exact obligation)")
-    state = {"automatic_period": period, "m_codebook": index.clamp(0, 255).to(torch.uint8).reshape(-1, period),
-             "m_magnitude": magnitude.float(), "vmean": v[:, :1].contiguous()}
+        problems.append(
+            f"{where}: the dense second moment is not constant over blocks of the period {period} "
+            "(SPEC 2.1.6, 3.6.2: the period is an exact obligation)"
+        )
+    state = {
+        "automatic_period": period,
+        "m_codebook": index.clamp(0, 255).to(torch.uint8).reshape(-1, period),
+        "m_magnitude": magnitude.float(),
+        "vmean": v[:, :1].contiguous(),
+    }
     return state, problems
 
 
@@ -292,19 +335,43 @@ def dense_steps(slots: list[dict], codewords: torch.Tensor) -> Comparisons:
     steps = []
     for slot in slots:
         where = f"{slot['name']}"
-        before, p_before = compact_from_dense(slot["m0"], slot["v0"], slot["period"], codewords, where + " before the step")
-        after, p_after = compact_from_dense(slot["m1"], slot["v1"], slot["period"], codewords, where + " after the step")
+        before, p_before = compact_from_dense(
+            slot["m0"], slot["v0"], slot["period"], codewords, where + " before the step"
+        )
+        after, p_after = compact_from_dense(
+            slot["m1"], slot["v1"], slot["period"], codewords, where + " after the step"
+        )
         for p in p_before + p_after:
             out.problem(p)
         if p_before or p_after:
             continue
         before.update(step=slot["step"], vmean_step=slot["vmean_step"], name=slot["name"])
         after.update(step=slot["step"] + 1, vmean_step=slot["vmean_step"] + 1, name=slot["name"])
-        steps.append(ps.ParamStep(name=slot["name"], p0=slot["p0"], p1=slot["p1"], grad=slot["grad"], before=before,
-                                  after=after, lr=slot["lr"], beta1=slot["beta1"], beta2=slot["beta2"],
-                                  eps=slot["eps"], weight_decay=slot["weight_decay"], factored=False))
+        steps.append(
+            ps.ParamStep(
+                name=slot["name"],
+                p0=slot["p0"],
+                p1=slot["p1"],
+                grad=slot["grad"],
+                before=before,
+                after=after,
+                lr=slot["lr"],
+                beta1=slot["beta1"],
+                beta2=slot["beta2"],
+                eps=slot["eps"],
+                weight_decay=slot["weight_decay"],
+                factored=False,
+            )
+        )
     out.merge(ps.check_step(steps, codewords))
     return out
 
 
-__all__ = ["ParamRun", "check_runs", "codewords_in_use", "compact_from_dense", "dense_steps", "exact_problems"]
+__all__ = [
+    "ParamRun",
+    "check_runs",
+    "codewords_in_use",
+    "compact_from_dense",
+    "dense_steps",
+    "exact_problems",
+]

@@ -1,4 +1,5 @@
-"""Reference implementation of the Gefen optimizer and its DCP adapter: what every implementation is compared with.
+"""Reference implementation of the Gefen optimizer and its DCP adapter: what every implementation is compared
+with.
 
 Readable and strict rather than fast. Imports neither ``conformance`` nor ``oracles``
 and never imports the published ``gefen`` package.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ BIN_WIDTH = 2.0 / HISTOGRAM_BINS  # 2**-11, exact
 #: implementation and the reference side of a conformance comparison, repeated experiments) then
 #: solve once. 8 entries of 32 KiB of key each.
 SOLVED_KEPT = 8
-_solved: "OrderedDict[bytes, torch.Tensor]" = OrderedDict()
+_solved: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 _solved_lock = threading.Lock()
 
 
@@ -45,7 +45,7 @@ def block_normalised(flat: torch.Tensor, period: int) -> torch.Tensor:
     return torch.where(absmax > 0, blocks / absmax, torch.zeros_like(blocks))
 
 
-def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> Optional[torch.Tensor]:
+def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> torch.Tensor | None:
     """int64 counts over the 4096 bins for ``(flat local gradient, period)`` pieces (SPEC 1.6.3-1.6.5).
 
     The bin of a normalised value ``u`` is ``floor(fp32(u + 1) / 2**-11)`` clamped to
@@ -98,7 +98,7 @@ def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
 
 def learn_codebook(
     pieces: Iterable[tuple[torch.Tensor, int]], device: torch.device | str = "cpu"
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor | None:
     """The fp32[256] codebook for the given gradient pieces, or None when they are all empty (SPEC 1.6.2)."""
     counts = histogram_counts(pieces)
     if counts is None:

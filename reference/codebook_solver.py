@@ -67,9 +67,7 @@ def _validated(centers, counts, k) -> tuple[np.ndarray, np.ndarray, int]:
     if c.ndim != 1 or w.ndim != 1:
         raise ValueError("centers and counts must be 1-D arrays")
     if c.shape != w.shape:
-        raise ValueError(
-            f"centers and counts differ in length ({c.shape[0]} != {w.shape[0]})"
-        )
+        raise ValueError(f"centers and counts differ in length ({c.shape[0]} != {w.shape[0]})")
     if c.shape[0] == 0:
         raise ValueError("empty histogram: no active bins")
     c = c.astype(np.float32).astype(np.float64)
@@ -325,16 +323,12 @@ def solve_codebook(centers, counts, k: int = NUM_CODEWORDS) -> np.ndarray:
     # Layer 1: D[s-1][0] is finite only for s = 1, so every end starts at 1.
     ends = np.arange(1, 2 + span)
     prev = np.full(m + 1, np.inf)
-    prev[ends] = 0.0 + _fixed_center_cost(
-        -1.0, PXX[ends] - PXX[0], PX[ends] - PX[0], PW[ends] - PW[0]
-    )
+    prev[ends] = 0.0 + _fixed_center_cost(-1.0, PXX[ends] - PXX[0], PX[ends] - PX[0], PW[ends] - PW[0])
     start_of[1, ends] = 1
 
     scale = _cost_scale(PW, PX, PXX) if k > 2 else 0.0
     for cluster in range(2, k):
-        prev, start_of[cluster] = _interior_layer(
-            prev, PW, PX, PXX, scale, cluster, cluster + span
-        )
+        prev, start_of[cluster] = _interior_layer(prev, PW, PX, PXX, scale, cluster, cluster + span)
 
     if k > 1:
         before = np.arange(k - 1, m)

@@ -29,7 +29,13 @@ def validate_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, weight_d
     """
     if torch.is_tensor(lr) and lr.numel() != 1:
         raise ValueError(f"lr as a Tensor must be 1-element, got numel={lr.numel()}")
-    for key, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps), ("weight_decay", weight_decay)):
+    for key, value in (
+        ("lr", lr),
+        ("beta1", beta1),
+        ("beta2", beta2),
+        ("eps", eps),
+        ("weight_decay", weight_decay),
+    ):
         if isinstance(value, (bool, str)) or not (torch.is_tensor(value) or isinstance(value, (int, float))):
             raise ValueError(f"Invalid {key}: expected a real number, got {value!r}")
         if torch.is_tensor(value) and (value.is_complex() or value.numel() != 1):

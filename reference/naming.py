@@ -9,7 +9,6 @@ The flag travels with checkpoints: the DCP adapter only trusts names a caller ga
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 SYNTHESIZED_NAME_PATTERN = re.compile(r"^(group_\d+_param_\d+|param_\d+)$")
 
@@ -26,9 +25,9 @@ def unique_name(base: str, taken: set[str]) -> str:
 
 
 def name_group_params(
-    given: list[Optional[object]],
+    given: list[object | None],
     *,
-    group_name: Optional[object],
+    group_name: object | None,
     implicit_group: bool,
     group_index: int,
     registered_count: int,
@@ -63,7 +62,7 @@ def reconcile_flags(
     new_names: list[str],
     live_names: list[str],
     live_flags: list[bool],
-    checkpoint_flags: Optional[list],
+    checkpoint_flags: list | None,
 ) -> list[bool]:
     """Provenance after a native load (SPEC 1.3.6).
 

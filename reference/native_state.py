@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -30,8 +30,16 @@ SCRATCH_KEYS = ("stepsize", "_h_buf")
 DROPPED_KEYS = SCRATCH_KEYS + ("m_codebook_shape",)
 #: Every per-parameter key a native state may carry (SPEC 1.11.3).
 STATE_KEYS = (
-    "name", "automatic_period", "step", "m_codebook", "m_magnitude",
-    "vmean", "vmean_step", "v_row", "v_col", "factored_step",
+    "name",
+    "automatic_period",
+    "step",
+    "m_codebook",
+    "m_magnitude",
+    "vmean",
+    "vmean_step",
+    "v_row",
+    "v_col",
+    "factored_step",
 )
 CODEBOOK_SIZE = 256
 
@@ -96,12 +104,13 @@ class StagedLoad:
 
     param_groups: list
     state: defaultdict = field(default_factory=lambda: defaultdict(dict))
-    codebook: Optional[torch.Tensor] = None
+    codebook: torch.Tensor | None = None
     global_step: int = 0
 
 
 def counter_value(key: str, value: Any) -> int:
-    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.4 item 1)."""
+    """A counter must be a non-negative integral int or 1-element tensor; floats are refused (SPEC 1.12.4 item
+    1)."""
     if torch.is_tensor(value):
         if value.numel() != 1 or value.dtype == torch.bool or not bool(torch.isfinite(value).all()):
             raise ValueError(f"counter {key} must be a finite scalar, got {value!r}")
@@ -121,7 +130,12 @@ def validate_codebook(codebook: Any, *, required: bool) -> None:
         if required:
             raise ValueError("checkpoint has quantized momentum but no codebook")
         return
-    if not torch.is_tensor(codebook) or codebook.dtype != torch.float32 or codebook.dim() != 1 or codebook.numel() != CODEBOOK_SIZE:
+    if (
+        not torch.is_tensor(codebook)
+        or codebook.dtype != torch.float32
+        or codebook.dim() != 1
+        or codebook.numel() != CODEBOOK_SIZE
+    ):
         raise ValueError("codebook must be a 1-D fp32 tensor of 256 codewords")
     cb = codebook.detach().cpu()
     if not bool(torch.isfinite(cb).all()):
@@ -150,7 +164,9 @@ def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
         if period is not None and (type(period) is not int or period <= 0 or numel == 0 or numel % period):
             raise ValueError(f"automatic_period {period!r} must be a positive int dividing {numel}")
         has_momentum = "m_codebook" in entry or "m_magnitude" in entry
-        initialized = any(k in entry for k in ("step", "vmean", "vmean_step", "v_row", "v_col", "factored_step"))
+        initialized = any(
+            k in entry for k in ("step", "vmean", "vmean_step", "v_row", "v_col", "factored_step")
+        )
         if initialized and not has_momentum:
             raise ValueError("initialized state is missing its quantized momentum")
         if period is not None and not has_momentum:
@@ -161,7 +177,9 @@ def validate_param_state(name: str, shape: tuple, entry: dict) -> bool:
             if counters.get("step", 0) < 1:
                 raise ValueError("quantized momentum needs step >= 1")
             blocks = numel // period
-            _check_tensor("m_codebook", entry["m_codebook"], torch.uint8, (blocks, period), non_negative=False)
+            _check_tensor(
+                "m_codebook", entry["m_codebook"], torch.uint8, (blocks, period), non_negative=False
+            )
             _check_tensor("m_magnitude", entry["m_magnitude"], torch.float32, (blocks, 1), non_negative=True)
             if "vmean" in entry:
                 _check_tensor("vmean", entry["vmean"], torch.float32, (blocks, 1), non_negative=True)
@@ -213,8 +231,11 @@ def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tupl
         for m in metadata:
             if "deterministic" in m and type(m["deterministic"]) is not bool:
                 raise ValueError(f"group metadata deterministic must be a bool, got {m['deterministic']!r}")
-            if not (_same(m.get("global_step"), first.get("global_step")) and _same(m.get("codebook"), first.get("codebook"))
-                    and m.get("deterministic") == first.get("deterministic")):
+            if not (
+                _same(m.get("global_step"), first.get("global_step"))
+                and _same(m.get("codebook"), first.get("codebook"))
+                and m.get("deterministic") == first.get("deterministic")
+            ):
                 raise ValueError("parameter groups carry inconsistent optimizer metadata")
         if step is None:
             step = first.get("global_step", 0)
@@ -230,7 +251,8 @@ def _read_run_metadata(sd: dict, groups: list, live_deterministic: bool) -> tupl
             raise ValueError("top-level and group metadata deterministic policies disagree")
     if deterministic is not None and deterministic != live_deterministic:
         raise ValueError(
-            f"checkpoint deterministic={deterministic!r} but this optimizer has deterministic={live_deterministic!r}; "
+            f"checkpoint deterministic={deterministic!r} but this optimizer has "
+            f"deterministic={live_deterministic!r}; "
             "changing the replica-determinism policy needs an intentional state migration"
         )
     return (0 if step is None else step), codebook
@@ -254,7 +276,8 @@ def _pack_legacy_groups(saved_groups: list, live_groups: list) -> list:
             other = {k: v for k, v in legacy.items() if k not in ignored}
             if set(other) != set(shared) or not all(_same(other[k], shared[k]) for k in shared):
                 raise ValueError(
-                    "cannot load a legacy checkpoint with per-parameter hyperparameters into a multi-parameter group"
+                    "cannot load a legacy checkpoint with per-parameter hyperparameters into a "
+                    "multi-parameter group"
                 )
         names = [str(g.get("name", f"param_{cursor + i}")).lower() for i, g in enumerate(chunk)]
         group = dict(shared)
@@ -301,15 +324,20 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
         raise ValueError("'state' must be a dict keyed by parameter position")
     if any(isinstance(e, dict) and "m_codebook" in e for e in saved_state.values()) and codebook is None:
         raise ValueError(
-            "checkpoint has quantized momentum indices but no codebook; loading it would reinterpret the indices"
+            "checkpoint has quantized momentum indices but no codebook; loading it would reinterpret "
+            "the indices"
         )
     if any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
         _refuse_tensor_state_for_dtensors(saved_state, codebook)
     saved_groups = _pack_legacy_groups(saved_groups, optimizer.param_groups)
     if len(saved_groups) != len(optimizer.param_groups):
         raise ValueError("loaded state dict has a different number of parameter groups")
-    if any(len(s.get("params", ())) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)):
-        raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
+    if any(
+        len(s.get("params", ())) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)
+    ):
+        raise ValueError(
+            "loaded state dict contains a parameter group that doesn't match the size of optimizer's group"
+        )
 
     position = {}
     staged = StagedLoad(param_groups=[])
@@ -325,7 +353,10 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
         names = [str(n).lower() for n in names]
         group["param_names"] = names
         group["param_names_synthesized"] = reconcile_flags(
-            names, live_names, list(live.get("param_names_synthesized", ())), saved.get("param_names_synthesized")
+            names,
+            live_names,
+            list(live.get("param_names_synthesized", ())),
+            saved.get("param_names_synthesized"),
         )
         missing = [k for k in HYPERPARAMETER_KEYS if k not in group]
         if missing:

@@ -20,8 +20,9 @@ reference's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -43,8 +44,17 @@ from .steps import (
 _IMPLICIT_GROUP = "_gefen_implicit_group"
 #: Group keys the optimizer interprets; anything else a caller puts in a group is kept.
 _CONSUMED_GROUP_KEYS = (
-    "params", "name", "lr", "betas", "beta1", "beta2", "eps", "weight_decay",
-    "param_names", "param_names_synthesized", _IMPLICIT_GROUP,
+    "params",
+    "name",
+    "lr",
+    "betas",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "param_names",
+    "param_names_synthesized",
+    _IMPLICIT_GROUP,
 )
 
 
@@ -126,7 +136,7 @@ class Gefen(torch.optim.Optimizer):
         self.period_rules = PeriodRules(
             bool(force_1d_period_one), bool(force_2d_period_one), tuple(s.lower() for s in substrings)
         )
-        self.codebook: Optional[torch.Tensor] = None
+        self.codebook: torch.Tensor | None = None
         self.global_step = 0
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         super().__init__(self._as_groups(params), defaults)
@@ -167,7 +177,9 @@ class Gefen(torch.optim.Optimizer):
         for item in raw:
             name, p = item if isinstance(item, tuple) else (None, item)
             if not isinstance(p, torch.Tensor):
-                raise TypeError(f"Gefen can only optimize Tensors, but one of the params is {type(p).__name__}")
+                raise TypeError(
+                    f"Gefen can only optimize Tensors, but one of the params is {type(p).__name__}"
+                )
             if torch.is_complex(p):
                 raise ValueError(f"Gefen does not support complex parameters (dtype {p.dtype})")
             if not (p.is_leaf or p.retains_grad):
@@ -192,8 +204,14 @@ class Gefen(torch.optim.Optimizer):
         elif len(names) == 1:
             group["name"] = names[0]
         group.update(
-            params=params, param_names=names, param_names_synthesized=flags,
-            lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+            params=params,
+            param_names=names,
+            param_names_synthesized=flags,
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
         )
         self.param_groups.append(group)
         for p, name in zip(params, names):
@@ -207,7 +225,7 @@ class Gefen(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------ step
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimizer step (SPEC 1.10). The closure runs first, before any optimizer work."""
         loss = None
         if closure is not None:
@@ -230,8 +248,11 @@ class Gefen(torch.optim.Optimizer):
                 factored = self.factored_v_2d and p.ndim == 2 and not is_dtensor(p)
                 self._prepare_state(name, p, grad, state, factored)
                 hyper = StepHyper(
-                    lr=scalar_lr(group["lr"]), beta1=group["beta1"], beta2=group["beta2"],
-                    eps=group["eps"], weight_decay=group["weight_decay"],
+                    lr=scalar_lr(group["lr"]),
+                    beta1=group["beta1"],
+                    beta2=group["beta2"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
                 )
                 updates.append(ParameterUpdate(name, p, grad, state, hyper, factored))
         finally:
@@ -250,8 +271,9 @@ class Gefen(torch.optim.Optimizer):
         for u in updates:
             self.update_parameter(u.param, u.grad, u.state, u.hyper, u.factored)
 
-    def update_parameter(self, p: torch.Tensor, grad: torch.Tensor, state: dict, hyper: StepHyper,
-                         factored: bool) -> None:
+    def update_parameter(
+        self, p: torch.Tensor, grad: torch.Tensor, state: dict, hyper: StepHyper, factored: bool
+    ) -> None:
         """One parameter's update from its prepared state (SPEC 1.8.3-1.8.8, 1.9, 4.1.8 item 1): the
         block step, or the factored step when ``factored``. A backend that updates one parameter
         at a time overrides this one."""
@@ -268,7 +290,9 @@ class Gefen(torch.optim.Optimizer):
         # the module's choose_period (tests/benign.py clones this module and may replace it)
         return choose_period(self.period_rules, name, tuple(global_shape), squared_gradient(local_grad))
 
-    def learn_codebook(self, pieces: Sequence[tuple[torch.Tensor, int]], device: torch.device) -> Optional[torch.Tensor]:
+    def learn_codebook(
+        self, pieces: Sequence[tuple[torch.Tensor, int]], device: torch.device
+    ) -> torch.Tensor | None:
         """The codebook learned from ``pieces``, ``(flat local gradient, period)`` of every parameter
         with a gradient at the first step (SPEC 1.6, 4.1.8), on ``device``; None when nothing can
         be learned (every gradient zero). Exact in every profile, as :meth:`choose_period`."""
@@ -282,11 +306,16 @@ class Gefen(torch.optim.Optimizer):
             if g is None:
                 continue
             if getattr(g, "is_sparse", False) or g.layout != torch.strided:
-                raise RuntimeError(f"Gefen does not support sparse gradients (parameter {name!r}, layout {g.layout})")
+                raise RuntimeError(
+                    f"Gefen does not support sparse gradients (parameter {name!r}, layout {g.layout})"
+                )
             if torch.is_complex(g):
                 raise RuntimeError(f"Gefen does not support complex gradients (parameter {name!r})")
             if tuple(g.shape) != tuple(p.shape):
-                raise RuntimeError(f"gradient shape {tuple(g.shape)} of {name!r} does not match parameter shape {tuple(p.shape)}")
+                raise RuntimeError(
+                    f"gradient shape {tuple(g.shape)} of {name!r} does not match parameter shape "
+                    f"{tuple(p.shape)}"
+                )
             if not is_dtensor(p) and not is_dtensor(g) and g.device != p.device:
                 raise RuntimeError(f"parameter {name!r} and its gradient must live on the same device")
 
@@ -335,7 +364,9 @@ class Gefen(torch.optim.Optimizer):
             self.state[p]["automatic_period"] = period
         self.codebook = codebook
 
-    def _prepare_state(self, name: str, p: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool) -> None:
+    def _prepare_state(
+        self, name: str, p: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool
+    ) -> None:
         """Create state on a param's first step (SPEC 1.8.1, 1.9.2); add a missing second moment
         after a mode switch (SPEC 1.10.8) or a legacy ``vmean_step`` (SPEC 1.8.2)."""
         if "step" not in state:

@@ -13,8 +13,8 @@ population variance, so near-ties resolve exactly as in the published package.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -118,9 +118,7 @@ class PeriodRules:
         return any(sub in lowered for sub in self.period_one_substrings)
 
 
-def choose_period(
-    rules: PeriodRules, name: str, global_shape: Sequence[int], squared: np.ndarray
-) -> int:
+def choose_period(rules: PeriodRules, name: str, global_shape: Sequence[int], squared: np.ndarray) -> int:
     """Route one parameter to its period (SPEC 1.5.2).
 
     ``global_shape`` is the parameter's (global) shape; ``squared`` the local shard's

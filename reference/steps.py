@@ -53,7 +53,9 @@ def new_factored_second_moment(state: dict, shape: tuple[int, int], device: torc
     state["factored_step"] = 0
 
 
-def requantized_momentum(state: dict, codebook: torch.Tensor, grad_blocks: torch.Tensor, beta1: float) -> torch.Tensor:
+def requantized_momentum(
+    state: dict, codebook: torch.Tensor, grad_blocks: torch.Tensor, beta1: float
+) -> torch.Tensor:
     """Advance the quantized momentum by one step and return it dequantized (SPEC 1.8.8 steps 1-6).
 
     ``m = lerp(dequant(old), g, 1 - beta1)``; the new block magnitude is ``max|m|``;

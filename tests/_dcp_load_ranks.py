@@ -17,13 +17,20 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
 from gefen_reference.dcp import layout
 from tests.support import (
-    COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, DCP_TARGET_OPTIONS, TINY, dcp_optimizer, dcp_trained,
+    COMPACT_KEYS,
+    DCP_MODEL,
+    DCP_SAVE_STEPS,
+    DCP_SAVED_HYPERS,
+    DCP_TARGET_OPTIONS,
+    TINY,
+    dcp_optimizer,
+    dcp_trained,
 )
 
 CONTINUE_TOL = 5e-3  # the published bound on one continuation step (SPEC 3.7.3)
@@ -54,7 +61,11 @@ def compact_report(optimizer, params) -> dict:
         slots[name] = {
             "keys": sorted(k for k in state if not k.startswith("_")),
             "local_numel": layout.local_part(p).numel(),
-            **{k: (state[k].clone() if torch.is_tensor(state[k]) else state[k]) for k in COMPACT_KEYS if k in state},
+            **{
+                k: (state[k].clone() if torch.is_tensor(state[k]) else state[k])
+                for k in COMPACT_KEYS
+                if k in state
+            },
         }
     codebook = codebook_of(optimizer)
     return {
@@ -77,8 +88,13 @@ def save_checkpoints(root: str, jobs) -> dict:
     saved = {}
     for directory, impl, tiny in jobs:
         optimizer, params = dcp_trained(impl, model(tiny))
-        workload.save(registry.resolve(impl), optimizer, os.path.join(root, directory), params=params,
-                      planner=impl == "reference")
+        workload.save(
+            registry.resolve(impl),
+            optimizer,
+            os.path.join(root, directory),
+            params=params,
+            planner=impl == "reference",
+        )
         saved[directory] = workload.full_params(params)
     return saved
 
@@ -125,7 +141,9 @@ def restore_and_continue(root: str, directories, compact_jobs=(), refused=()) ->
                 layout.local_part(p).copy_(before[name])
         workload.train(DCP_MODEL, optimizer, params, next_step)
         entry["continuation_error"] = {
-            name: float((layout.local_part(p).detach() - after[name]).abs().max()) if before[name].numel() else 0.0
+            name: float((layout.local_part(p).detach() - after[name]).abs().max())
+            if before[name].numel()
+            else 0.0
             for name, p in params.items()
         }
         report["restored"][directory] = entry
@@ -148,15 +166,15 @@ def live_signature(optimizer) -> dict:
     """Everything a load may change, captured by value and by identity."""
     state = {}
     for p, entries in optimizer.state.items():
-        state[id(p)] = {
-            k: (v, v.clone()) if torch.is_tensor(v) else (v, v) for k, v in entries.items()
-        }
+        state[id(p)] = {k: (v, v.clone()) if torch.is_tensor(v) else (v, v) for k, v in entries.items()}
     groups = []
     for g in optimizer.param_groups:
-        groups.append({
-            k: (v, v.clone() if torch.is_tensor(v) else (list(v) if isinstance(v, list) else v))
-            for k, v in g.items()
-        })
+        groups.append(
+            {
+                k: (v, v.clone() if torch.is_tensor(v) else (list(v) if isinstance(v, list) else v))
+                for k, v in g.items()
+            }
+        )
     codebook = codebook_of(optimizer)
     return {
         "state_object": optimizer.state,
@@ -180,7 +198,10 @@ def _same(a, b) -> bool:
 def unchanged_since(optimizer, signature) -> list:
     """The ways the optimizer differs from ``signature`` (empty when it is unchanged)."""
     problems = []
-    if optimizer.state is not signature["state_object"] or optimizer.param_groups is not signature["groups_object"]:
+    if (
+        optimizer.state is not signature["state_object"]
+        or optimizer.param_groups is not signature["groups_object"]
+    ):
         problems.append("state or param_groups object replaced")
     now = {id(p): entries for p, entries in optimizer.state.items()}
     if set(now) != set(signature["state"]):
@@ -192,7 +213,7 @@ def unchanged_since(optimizer, signature) -> list:
             continue
         for key, (obj, copy) in entries.items():
             if live[key] is not obj or not _same(live[key], copy):
-                problems.append("state %s changed" % key)
+                problems.append(f"state {key} changed")
     if len(optimizer.param_groups) != len(signature["groups"]):
         problems.append("group count changed")
     for g, saved in zip(optimizer.param_groups, signature["groups"]):
@@ -204,7 +225,7 @@ def unchanged_since(optimizer, signature) -> list:
                 if g[key] is not obj or any(x is not y for x, y in zip(g[key], copy)):
                     problems.append("group params changed")
             elif g[key] is not obj or not _same(g[key], copy):
-                problems.append("group %s changed" % key)
+                problems.append(f"group {key} changed")
     codebook, copy = signature["codebook"]
     live_codebook = codebook_of(optimizer)
     if live_codebook is not codebook or (copy is not None and not torch.equal(live_codebook, copy)):
@@ -235,12 +256,14 @@ class Corrupting:
 def _set_entry(key, value):
     def corrupt(sd):
         sd[key] = value(sd[key]) if callable(value) else value
+
     return corrupt
 
 
 def _drop_entry(key):
     def corrupt(sd):
         del sd[key]
+
     return corrupt
 
 
@@ -283,13 +306,61 @@ def _failing_reblock(*args, **kwargs):
 # (scenario, SPEC clause, corrupt the loaded dict, corrupt the live target, patch reblock, type, message part)
 FAILURE_SCENARIOS = (
     ("missing_key", "3.3.1", _drop_entry("group_count"), None, False, "ValueError", "incomplete"),
-    ("format_version", "3.3.2", _set_entry("format_version", torch.tensor(3)), None, False, "ValueError", "format version 3"),
-    ("identities", "3.3.5", _set_entry("param_identities", lambda ids: [dict(ids[0], name="other")] + ids[1:]), None, False, "ValueError", "parameter identities"),
-    ("hyper_not_finite", "3.5.1", _set_entry("param_group_hypers", lambda h: [dict(h[0], lr=float("nan")), h[1]]), None, False, "ValueError", "not finite"),
-    ("beta_out_of_range", "3.5.1", _set_entry("param_group_hypers", lambda h: [h[0], dict(h[1], beta1=1.0)]), None, False, "ValueError", "invalid beta1"),
+    (
+        "format_version",
+        "3.3.2",
+        _set_entry("format_version", torch.tensor(3)),
+        None,
+        False,
+        "ValueError",
+        "format version 3",
+    ),
+    (
+        "identities",
+        "3.3.5",
+        _set_entry("param_identities", lambda ids: [dict(ids[0], name="other")] + ids[1:]),
+        None,
+        False,
+        "ValueError",
+        "parameter identities",
+    ),
+    (
+        "hyper_not_finite",
+        "3.5.1",
+        _set_entry("param_group_hypers", lambda h: [dict(h[0], lr=float("nan")), h[1]]),
+        None,
+        False,
+        "ValueError",
+        "not finite",
+    ),
+    (
+        "beta_out_of_range",
+        "3.5.1",
+        _set_entry("param_group_hypers", lambda h: [h[0], dict(h[1], beta1=1.0)]),
+        None,
+        False,
+        "ValueError",
+        "invalid beta1",
+    ),
     ("deterministic", "3.3.7", None, _not_deterministic, False, "ValueError", "deterministic"),
-    ("initialized_zero_step", "3.4.4", _set_entry("slot_00000000.step", torch.tensor(0)), None, False, "ValueError", "initialized but carries step=0"),
-    ("fresh_with_counters", "3.4.4", _set_entry("slot_00000003.vmean_step", torch.tensor(2)), None, False, "ValueError", "uninitialized but carries nonzero counters"),
+    (
+        "initialized_zero_step",
+        "3.4.4",
+        _set_entry("slot_00000000.step", torch.tensor(0)),
+        None,
+        False,
+        "ValueError",
+        "initialized but carries step=0",
+    ),
+    (
+        "fresh_with_counters",
+        "3.4.4",
+        _set_entry("slot_00000003.vmean_step", torch.tensor(2)),
+        None,
+        False,
+        "ValueError",
+        "uninitialized but carries nonzero counters",
+    ),
     ("negative_second_moment", "3.4.3", _negative_second_moment, None, False, "ValueError", "nonnegative"),
     ("non_finite_momentum", "3.4.3", _nan_momentum, None, False, "ValueError", "non-finite"),
     ("integral_lr_destination", "3.5.2", None, _int_lr, False, "ValueError", "would truncate"),
@@ -328,7 +399,8 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
         try:
             dcp.load(
                 {"optimizer": Corrupting(rdcp.GefenDCPState(optimizer), corrupt_dict if here else None)},
-                checkpoint_id=os.path.join(root, directory), process_group=workload.group(),
+                checkpoint_id=os.path.join(root, directory),
+                process_group=workload.group(),
             )
         except Exception as exc:  # the outcome is the result
             error = (type(exc).__name__, str(exc), tuple(c.__name__ for c in type(exc).__mro__))

@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
 from tests.support import COMPACT_KEYS, DCP_MODEL, FRESH, dcp_optimizer, dcp_trained
 
 REFERENCE = registry.resolve("reference")
@@ -77,8 +77,12 @@ def save_all_variants(root: str) -> int:
     optimizers = dict(zip(("gefenx", "reference"), trained_twins(world_mesh())))
     for directory, impl, planned, threads in SAVE_VARIANTS:
         path = os.path.join(root, directory)
-        workload.save(registry.resolve(impl), optimizers[impl], planner=planned,
-                      writer=dcp.FileSystemWriter(path, thread_count=threads))
+        workload.save(
+            registry.resolve(impl),
+            optimizers[impl],
+            planner=planned,
+            writer=dcp.FileSystemWriter(path, thread_count=threads),
+        )
     return world.current().rank
 
 
@@ -169,23 +173,77 @@ def _nonfinite(key, value):
 # (scenario id, SPEC clause, corruption applied on the failing rank, expected type, message part)
 PREFLIGHT_SCENARIOS = (
     ("no_codebook", "2.4.3", _set_attr("codebook", None), RuntimeError, "initialized codebook"),
-    ("short_codebook", "2.4.3", _set_attr("codebook", lambda cb: cb[:255].clone()), ValueError, "codebook geometry"),
-    ("codebook_2d", "2.4.3", _set_attr("codebook", lambda cb: cb.reshape(128, 2).clone()), ValueError, "codebook geometry"),
+    (
+        "short_codebook",
+        "2.4.3",
+        _set_attr("codebook", lambda cb: cb[:255].clone()),
+        ValueError,
+        "codebook geometry",
+    ),
+    (
+        "codebook_2d",
+        "2.4.3",
+        _set_attr("codebook", lambda cb: cb.reshape(128, 2).clone()),
+        ValueError,
+        "codebook geometry",
+    ),
     ("index_dtype", "2.4.3", _set_state("m_codebook", lambda t: t.long()), ValueError, "index dtype"),
-    ("device_mismatch", "2.4.3", _set_state("m_magnitude", lambda t: torch.empty(t.shape, device="meta")), ValueError, "device is inconsistent"),
+    (
+        "device_mismatch",
+        "2.4.3",
+        _set_state("m_magnitude", lambda t: torch.empty(t.shape, device="meta")),
+        ValueError,
+        "device is inconsistent",
+    ),
     ("untiled_blocks", "2.4.3", _shorten_one_block, ValueError, "momentum block geometry"),
-    ("vmean_geometry", "2.4.3", _set_state("vmean", lambda t: torch.cat([t, t[:1]])), ValueError, "second-moment block geometry"),
+    (
+        "vmean_geometry",
+        "2.4.3",
+        _set_state("vmean", lambda t: torch.cat([t, t[:1]])),
+        ValueError,
+        "second-moment block geometry",
+    ),
     ("nan_vmean", "2.4.3", _nonfinite("vmean", float("nan")), ValueError, "non-finite"),
     ("inf_magnitude", "2.4.3", _nonfinite("m_magnitude", float("inf")), ValueError, "non-finite"),
-    ("nan_codebook", "2.4.3", _set_attr("codebook", lambda cb: torch.where(torch.arange(256) == 3, float("nan"), cb)), ValueError, "non-finite"),
+    (
+        "nan_codebook",
+        "2.4.3",
+        _set_attr("codebook", lambda cb: torch.where(torch.arange(256) == 3, float("nan"), cb)),
+        ValueError,
+        "non-finite",
+    ),
     ("partial_state", "2.4.2", _drop_state("vmean"), ValueError, "partial optimizer state"),
-    ("orphaned_counter", "2.4.2", _set_state("vmean_step", lambda _: 5, name=FRESH), ValueError, "partial optimizer state"),
+    (
+        "orphaned_counter",
+        "2.4.2",
+        _set_state("vmean_step", lambda _: 5, name=FRESH),
+        ValueError,
+        "partial optimizer state",
+    ),
     ("negative_step", "2.4.2", _set_state("step", lambda _: -1), ValueError, "nonnegative integer"),
     ("bool_step", "2.4.2", _set_state("step", lambda _: True), ValueError, "nonnegative integer"),
     ("bad_global_step", "2.4.2", _set_attr("global_step", 2.5), ValueError, "nonnegative integer"),
-    ("missing_names", "2.4.1", _set_group(1, "param_names", lambda _: []), RuntimeError, "stable param_names"),
-    ("synthesized_name", "2.4.1", _set_group(0, "param_names_synthesized", lambda f: [True] + list(f[1:])), RuntimeError, "synthesized"),
-    ("duplicate_name", "2.4.1", _set_group(1, "param_names", lambda n: ["enc.weight"] + list(n[1:])), RuntimeError, "unique across every group"),
+    (
+        "missing_names",
+        "2.4.1",
+        _set_group(1, "param_names", lambda _: []),
+        RuntimeError,
+        "stable param_names",
+    ),
+    (
+        "synthesized_name",
+        "2.4.1",
+        _set_group(0, "param_names_synthesized", lambda f: [True] + list(f[1:])),
+        RuntimeError,
+        "synthesized",
+    ),
+    (
+        "duplicate_name",
+        "2.4.1",
+        _set_group(1, "param_names", lambda n: ["enc.weight"] + list(n[1:])),
+        RuntimeError,
+        "unique across every group",
+    ),
     ("plain_tensor", "2.4.1", _plain_tensor_param, RuntimeError, "DTensor"),
     ("factored_v_2d", "2.4.1", _set_attr("factored_v_2d", True), RuntimeError, "factored_v_2d"),
 )

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -37,8 +37,8 @@ import gefen_reference.dcp.restore as restore_module
 import gefen_reference.dcp.state as state_module
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.steps as steps
-from gefen_conformance.implementations.contract import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
 from gefen_conformance.implementations import reference as reference_impl
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
 from gefen_reference.codewords import dequantize, nearest_codeword_indices
 
 from .mutant_tools import clone, proxy
@@ -77,7 +77,8 @@ def _stepsize(denom, bc1):
 
 
 def _decay_and_update(param, subtract, hyper):
-    """Decoupled weight decay of ``param`` in its dtype, then ``subtract(param)`` (SPEC 1.8.6, 1.9.3 steps 9-10)."""
+    """Decoupled weight decay of ``param`` in its dtype, then ``subtract(param)`` (SPEC 1.8.6, 1.9.3 steps
+    9-10)."""
     if hyper.weight_decay > 0.0:
         param.mul_(1 - hyper.lr * hyper.weight_decay)
     subtract(param)
@@ -133,8 +134,10 @@ def _factored_step(stages: Stages, param, grad, state, codebook, hyper):
 
 def _staged(stages: Stages) -> dict:
     """Step overrides of a steps clone that run both steps over ``stages``."""
-    return dict(block_vmean_step=functools.partial(_block_step, stages),
-                factored_step=functools.partial(_factored_step, stages))
+    return dict(
+        block_vmean_step=functools.partial(_block_step, stages),
+        factored_step=functools.partial(_factored_step, stages),
+    )
 
 
 # ------------------------------------------------------------------ 1. fp32-rounded betas
@@ -145,7 +148,9 @@ def _ema_fp32_betas(moment, beta, fresh):
 
 
 def _momentum_fp32_betas(state, codebook, grad_blocks, beta1):
-    return steps.requantized_momentum(state, codebook, grad_blocks, _f32(beta1))  # kernel: 1.0f - float(beta1)
+    return steps.requantized_momentum(
+        state, codebook, grad_blocks, _f32(beta1)
+    )  # kernel: 1.0f - float(beta1)
 
 
 FP32_BETAS = Stages(ema=_ema_fp32_betas, momentum=_momentum_fp32_betas)
@@ -221,8 +226,11 @@ def _factored_denominator_by_reciprocal(v_row, v_col, bc2, eps):
     return v_hat.mul_(_f32(1.0 / _f32(bc2))).sqrt_().add_(eps)  # kernel
 
 
-BY_RECIPROCAL = Stages(momentum=_momentum_by_reciprocal, block_denominator=_block_denominator_by_reciprocal,
-                       factored_denominator=_factored_denominator_by_reciprocal)
+BY_RECIPROCAL = Stages(
+    momentum=_momentum_by_reciprocal,
+    block_denominator=_block_denominator_by_reciprocal,
+    factored_denominator=_factored_denominator_by_reciprocal,
+)
 
 
 def _block_normalised_by_reciprocal(flat, period):
@@ -235,7 +243,9 @@ def _reblock_by_reciprocal(codebook, momentum, second, period):
     table = codebook.to(device=momentum.device, dtype=torch.float32)
     blocks = momentum.detach().float().reshape(-1).view(-1, period)
     magnitude = blocks.abs().amax(dim=1, keepdim=True)
-    scaled = torch.where(magnitude > 0, blocks * torch.reciprocal(magnitude), torch.zeros_like(blocks))  # kernel
+    scaled = torch.where(
+        magnitude > 0, blocks * torch.reciprocal(magnitude), torch.zeros_like(blocks)
+    )  # kernel
     indices = nearest_codeword_indices(table, scaled)
     vmean = second.detach().float().reshape(-1).view(-1, period).mean(dim=1, keepdim=True)
     return indices, magnitude, vmean
@@ -274,8 +284,11 @@ def _decay_and_update_in_fp32(param, subtract, hyper):
     param.copy_(work)
 
 
-FP32_MASTER = Stages(block_mean_square=_block_mean_square_fp32, momentum=_momentum_fp32,
-                     decay_and_update=_decay_and_update_in_fp32)
+FP32_MASTER = Stages(
+    block_mean_square=_block_mean_square_fp32,
+    momentum=_momentum_fp32,
+    decay_and_update=_decay_and_update_in_fp32,
+)
 
 
 # ------------------------------------------------------------ 6. another reduction order
@@ -323,15 +336,22 @@ def _kernel(name, *, step_overrides=None, codebook_overrides=None, reblock_overr
     that accepts its optimizer class."""
     mutated_steps = clone(steps, **(step_overrides or {}))
     mutated_codebook = clone(codebook_module, **codebook_overrides) if codebook_overrides else codebook_module
-    optimizer_class = clone(optimizer_module, block_vmean_step=mutated_steps.block_vmean_step,
-                            factored_step=mutated_steps.factored_step,
-                            learn_codebook=mutated_codebook.learn_codebook).Gefen
-    reblock = clone(reblock_module, learn_codebook=mutated_codebook.learn_codebook, **(reblock_overrides or {}))
+    optimizer_class = clone(
+        optimizer_module,
+        block_vmean_step=mutated_steps.block_vmean_step,
+        factored_step=mutated_steps.factored_step,
+        learn_codebook=mutated_codebook.learn_codebook,
+    ).Gefen
+    reblock = clone(
+        reblock_module, learn_codebook=mutated_codebook.learn_codebook, **(reblock_overrides or {})
+    )
     view = proxy(optimizer_view, is_supported=lambda optimizer: type(optimizer) is optimizer_class)
-    adapter = clone(state_module, optimizer_view=view,
-                    restore=clone(restore_module, reblock=reblock, optimizer_view=view))
+    adapter = clone(
+        state_module, optimizer_view=view, restore=clone(restore_module, reblock=reblock, optimizer_view=view)
+    )
     return Implementation(
-        name=name, version="benign",
+        name=name,
+        version="benign",
         make_optimizer=lambda params, **hp: optimizer_class(params, **hp),
         dcp_state=lambda optimizer: adapter.GefenDCPState(optimizer),
         save_planner=reference_impl.IMPLEMENTATION.save_planner,
@@ -346,42 +366,60 @@ CATALOGUE = {
         "EMA weights",
         "gefen-x's CUDA kernels form 1 - beta as 1.0f - float(beta); the groups keep and checkpoint the "
         "user's betas exactly. Was the mutant 'beta-rounding' (issue 10): under the tolerance profile it "
-        "changes the second moment by 1.3e-5 relative at beta2 = 0.999, which is rounding, not a bug."),
+        "changes the second moment by 1.3e-5 relative at beta2 = 0.999, which is rounding, not a bug.",
+    ),
     "separate-multiply-add": Variant(
         _kernel("separate-multiply-add", step_overrides=_staged(WITHOUT_FMA)),
         "EMA (momentum and second moment)",
         "beta*m + (1-beta)*g with two roundings where torch's lerp and add_(alpha=) fuse one; nvcc may "
-        "contract either way."),
+        "contract either way.",
+    ),
     "float64-block-sums": Variant(
-        _kernel("float64-block-sums", step_overrides=dict(
-            block_mean_square=_block_mean_square_float64,
-            row_and_column_mean_squares=_row_and_column_mean_squares_float64)),
+        _kernel(
+            "float64-block-sums",
+            step_overrides=dict(
+                block_mean_square=_block_mean_square_float64,
+                row_and_column_mean_squares=_row_and_column_mean_squares_float64,
+            ),
+        ),
         "block mean of squares",
         "block, row and column sums of squares accumulated in float64 and rounded once; more accurate "
-        "than torch's fp32 cascade."),
+        "than torch's fp32 cascade.",
+    ),
     "reciprocal-multiply": Variant(
-        _kernel("reciprocal-multiply", step_overrides=_staged(BY_RECIPROCAL),
+        _kernel(
+            "reciprocal-multiply",
+            step_overrides=_staged(BY_RECIPROCAL),
             codebook_overrides=dict(block_normalised=_block_normalised_by_reciprocal),
-            reblock_overrides=dict(reblock=_reblock_by_reciprocal)),
+            reblock_overrides=dict(reblock=_reblock_by_reciprocal),
+        ),
         "normalization by the block magnitude; bias correction",
         "x * (1/m) instead of x / m for the momentum normalization (step, histogram and restore) and "
-        "the bias corrections, as torch's CUDA kernels and gefen-x's __frcp_rn do (up to 2 ulp)."),
+        "the bias corrections, as torch's CUDA kernels and gefen-x's __frcp_rn do (up to 2 ulp).",
+    ),
     "fp32-master-math": Variant(
         _kernel("fp32-master-math", step_overrides=_staged(FP32_MASTER)),
         "16-bit parameters: codewords, squares, decay and update",
         "for bf16/fp16 parameters everything in fp32 with the fp32 codebook, rounded once to the "
-        "parameter dtype, as gefen-x's fused kernels do; fp32 parameters are unchanged."),
+        "parameter dtype, as gefen-x's fused kernels do; fp32 parameters are unchanged.",
+    ),
     "sequential-reduction-order": Variant(
-        _kernel("sequential-reduction-order", step_overrides=dict(
-            block_mean_square=_block_mean_square_sequential,
-            row_and_column_mean_squares=_row_and_column_mean_squares_sequential)),
+        _kernel(
+            "sequential-reduction-order",
+            step_overrides=dict(
+                block_mean_square=_block_mean_square_sequential,
+                row_and_column_mean_squares=_row_and_column_mean_squares_sequential,
+            ),
+        ),
         "block mean of squares (order)",
         "fp32 sums of squares in plain left-to-right order instead of torch's cascade, as a "
-        "one-thread-per-block kernel sums."),
+        "one-thread-per-block kernel sums.",
+    ),
     "stepsize-one-division": Variant(
         _kernel("stepsize-one-division", step_overrides=_staged(ONE_DIVISION)),
         "stepsize",
-        "(1/bc1) / h in one division instead of a reciprocal then a multiply."),
+        "(1/bc1) / h in one division instead of a reciprocal then a multiply.",
+    ),
 }
 
 # Spec strings for --impl: tests.benign:<attribute>
@@ -392,10 +430,12 @@ for _name, _variant in CATALOGUE.items():
 def spec(name: str) -> str:
     return "tests.benign:benign_" + name.replace("-", "_")
 
+
 #: The reference itself declared as a kernel backend (the tolerance profile): the baseline every
 #: benign variant and every tolerance-profile mutant run is measured against.
 reference_as_kernel = Implementation(
-    name="reference-as-kernel", version="benign",
+    name="reference-as-kernel",
+    version="benign",
     make_optimizer=reference_impl.IMPLEMENTATION.make_optimizer,
     dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
     save_planner=reference_impl.IMPLEMENTATION.save_planner,

@@ -46,12 +46,33 @@ def narrow_certification(tmp_path_factory):
         with FileLock(str(root / f"{key}.lock")):
             if not done.exists():
                 where.mkdir(exist_ok=True)
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+                env = dict(
+                    os.environ,
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                )
                 env.pop("PYTEST_XDIST_WORKER", None)
                 env.pop("PYTEST_ADDOPTS", None)
-                run = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "gefen_conformance", f"--impl={impl}",
-                                      f"--certificate={where / 'certificate.json'}", "-p", "no:cacheprovider", "-q",
-                                      "-k", select], cwd=where, env=env, capture_output=True, text=True, timeout=900)
+                run = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pytest",
+                        "--pyargs",
+                        "gefen_conformance",
+                        f"--impl={impl}",
+                        f"--certificate={where / 'certificate.json'}",
+                        "-p",
+                        "no:cacheprovider",
+                        "-q",
+                        "-k",
+                        select,
+                    ],
+                    cwd=where,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 (where / "output.txt").write_text(run.stdout + run.stderr)
                 done.write_text(str(run.returncode))
         return int(done.read_text()), where / "certificate.json"

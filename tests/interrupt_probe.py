@@ -1,6 +1,7 @@
 """Interrupt a certification the way a user does, and report what was left behind.
 
-Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run (``python -m pytest``) is started in
+Used by tests/test_plugin_interrupt.py and benchmarks/interrupt_stop.py. The run (``python -m pytest``) is
+started in
 a session of its own (so every process it starts can be found by session id), with SIGINT and
 SIGTERM at their defaults (a background shell starts children with SIGINT ignored), and the signal
 goes to its whole process group, as Ctrl-C in a terminal does.
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 
 def default_signals() -> None:
     """In the child before it execs: Ctrl-C and SIGTERM as a terminal's program gets them (a shell
@@ -44,21 +46,29 @@ def session_processes(sid: int) -> list[tuple[int, str]]:
     return found
 
 
-# the plugin's line after each module: "gefen: test_x.py done, 4 tests in 0.6 s; 10 of 141 tests in 3.6 s, ..."
+# the plugin's line after each module: "gefen: test_x.py done, 4 tests in 0.6 s; 10 of 141 tests in 3.6 s,
+# ..."
 PROGRESS = re.compile(r"^gefen: .* done, .*; (\d+) of (\d+) tests in ", re.MULTILINE)
 
 
 def tests_done(text: str) -> float:
     """The fraction of the run's tests its progress lines say have finished (0.0 before the first)."""
     last = None
-    for last in PROGRESS.finditer(text):
+    for last in PROGRESS.finditer(text):  # noqa: B007 - the last match is wanted
         pass
     return int(last[1]) / int(last[2]) if last else 0.0
 
 
-def interrupt_run(workdir: Path, at_s: float | None, args=("--impl=reference",), signum=signal.SIGINT,
-                  to_group: bool = True, stop_within_s: float = 120.0, env=None,
-                  after_tests: float | None = None) -> dict:
+def interrupt_run(
+    workdir: Path,
+    at_s: float | None,
+    args=("--impl=reference",),
+    signum=signal.SIGINT,
+    to_group: bool = True,
+    stop_within_s: float = 120.0,
+    env=None,
+    after_tests: float | None = None,
+) -> dict:
     """Start ``pytest ARGS`` in ``workdir``, send ``signum`` ``at_s`` seconds later (or, with
     ``after_tests``, once the run's progress lines say that fraction of its tests has finished: a
     point inside the run however fast the machine is), and report: exit status, seconds from the
@@ -73,9 +83,16 @@ def interrupt_run(workdir: Path, at_s: float | None, args=("--impl=reference",),
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=workdir,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, preexec_fn=default_signals)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            preexec_fn=default_signals,
+        )
         sid = proc.pid
         try:
             while proc.poll() is None:
@@ -112,9 +129,17 @@ def interrupt_run(workdir: Path, at_s: float | None, args=("--impl=reference",),
     cert = json.loads(certificates[-1].read_text()) if certificates else None
     text = log.read_text(errors="replace")
     return {
-        "at_s": at_s, "after_tests": after_tests, "signalled_at_s": round(signalled - started, 1),
-        "exit": code, "finished_before_signal": finished_first, "stopped_after_s": round(stopped_after, 1),
+        "at_s": at_s,
+        "after_tests": after_tests,
+        "signalled_at_s": round(signalled - started, 1),
+        "exit": code,
+        "finished_before_signal": finished_first,
+        "stopped_after_s": round(stopped_after, 1),
         "gone_after_s": None if gone_after is None else round(gone_after, 1),
-        "lines": len(text.splitlines()), "left": left, "certificates": [c.name for c in certificates],
-        "verdict": cert["verdict"] if cert else None, "run": cert["run"] if cert else None, "output": text,
+        "lines": len(text.splitlines()),
+        "left": left,
+        "certificates": [c.name for c in certificates],
+        "verdict": cert["verdict"] if cert else None,
+        "run": cert["run"] if cert else None,
+        "output": text,
     }

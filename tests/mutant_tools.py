@@ -43,15 +43,36 @@ def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.
 
     root = Path(__file__).resolve().parents[1]
     cert = Path(workdir) / "certificate.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gefen_conformance", f"--impl={impl_spec}",
-         *(["-k", select] if select is not None else []),
-         f"--certificate={cert}", "-p", "no:cacheprovider", "-q", "-p", "no:xdist"],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "gefen_conformance",
+            f"--impl={impl_spec}",
+            *(["-k", select] if select is not None else []),
+            f"--certificate={cert}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-p",
+            "no:xdist",
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if not cert.exists():
-        raise RuntimeError(f"the suite wrote no certificate (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            "the suite wrote no certificate (exit "
+            f"{proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     data = json.loads(cert.read_text())
     data["_exit_code"] = proc.returncode
     return data

@@ -36,15 +36,16 @@ import gefen_reference.dcp.state as state
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.periods as periods
 import gefen_reference.steps as steps
-from gefen_conformance.implementations.contract import (
-    CPU_BIT_EXACT, FACTORED_V, KNOWN_CAPABILITIES, NATIVE_STATE_DICT, Implementation,
-)
 from gefen_conformance.implementations import reference as reference_impl
-
+from gefen_conformance.implementations.contract import (
+    CPU_BIT_EXACT,
+    KNOWN_CAPABILITIES,
+    Implementation,
+)
 from gefen_reference.native_state import local_tensor
 
 from .mutant_tools import clone, proxy
-from .optimizer_mutants import OPTIMIZER_CAPS, as_kernel, mutant_lr_half_percent_high
+from .optimizer_mutants import as_kernel, mutant_lr_half_percent_high
 from .optimizer_mutants import optimizer_mutant as _optimizer_mutant
 from .optimizer_mutants import stepping_with as _stepping_with
 
@@ -54,7 +55,8 @@ ALL_CAPS = KNOWN_CAPABILITIES
 def _dcp_mutant(name, adapter_module, *, make_optimizer=None):
     """A mutant whose optimizer is the reference's and whose DCP adapter comes from a cloned module."""
     return Implementation(
-        name=name, version="mutant",
+        name=name,
+        version="mutant",
         make_optimizer=make_optimizer or reference_impl.IMPLEMENTATION.make_optimizer,
         dcp_state=lambda opt: adapter_module.GefenDCPState(opt),
         save_planner=reference_impl.IMPLEMENTATION.save_planner,
@@ -66,8 +68,11 @@ def _dcp_mutant(name, adapter_module, *, make_optimizer=None):
 def _optimizer_with(**step_overrides):
     """reference.Gefen rebuilt on a steps module with some functions swapped."""
     mutated_steps = clone(steps, **step_overrides)
-    return clone(optimizer_module, block_vmean_step=mutated_steps.block_vmean_step,
-                 factored_step=mutated_steps.factored_step).Gefen
+    return clone(
+        optimizer_module,
+        block_vmean_step=mutated_steps.block_vmean_step,
+        factored_step=mutated_steps.factored_step,
+    ).Gefen
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -77,9 +82,9 @@ def _betas_stored_rounded(params, **hp):
     """The user's betas rounded to fp32 when the optimizer is built: the groups store (and
     checkpoint) ``fp32(beta)`` instead of the user's value, and the step uses it."""
     b1, b2 = hp.pop("betas", (0.9, 0.999))
-    return reference.Gefen(params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp)
-
-
+    return reference.Gefen(
+        params, betas=(float(torch.tensor(b1).item()), float(torch.tensor(b2).item())), **hp
+    )
 
 
 def _codewords_in_bf16(codebook, indices, dtype):
@@ -194,7 +199,11 @@ def _local_verdict_only(local_error, abort_message):
 
 def _stage_truncating_ints(destination, saved_value, *, key):
     """Integral destinations accept fractional values (the fill truncates them)."""
-    if torch.is_tensor(destination) and not destination.dtype.is_floating_point and destination.dtype != torch.bool:
+    if (
+        torch.is_tensor(destination)
+        and not destination.dtype.is_floating_point
+        and destination.dtype != torch.bool
+    ):
         value = hyper_staging.read_saved_value(saved_value, key=key)
         return hyper_staging.StagedValue(key, value, destination, float(int(value)))
     return hyper_staging.stage_hyperparameter(destination, saved_value, key=key)
@@ -202,7 +211,11 @@ def _stage_truncating_ints(destination, saved_value, *, key):
 
 def _stage_any_beta(destination, saved_value, *, key):
     """A beta that rounds to 1 (or beyond) in the destination dtype is accepted."""
-    if torch.is_tensor(destination) and destination.dtype.is_floating_point and key in hyper_staging.BETA_KEYS:
+    if (
+        torch.is_tensor(destination)
+        and destination.dtype.is_floating_point
+        and key in hyper_staging.BETA_KEYS
+    ):
         value = hyper_staging.read_saved_value(saved_value, key=key)
         stored = float(torch.empty((), dtype=destination.dtype).fill_(value).item())
         return hyper_staging.StagedValue(key, value, destination, stored)
@@ -267,70 +280,160 @@ TORCH_EXACT, TOLERANCE = "torch-exact", "tolerance"
 PROFILES = (TORCH_EXACT, TOLERANCE)
 
 CATALOGUE = {
-    "betas-stored-rounded": Entry(_optimizer_mutant("betas-stored-rounded", _betas_stored_rounded), "1.8", "block_step",
-                                  "the user's betas rounded to fp32 and stored (the step uses them too)",
-                                  tolerance_clause="1.2.4", tolerance_select="state_matches"),
-    "lr-half-percent-high": Entry(mutant_lr_half_percent_high, "1.8",
-                                  "block_step", "every step applies 1.005 x lr",
-                                  tolerance_select="pinned_block_step and float32"),
+    "betas-stored-rounded": Entry(
+        _optimizer_mutant("betas-stored-rounded", _betas_stored_rounded),
+        "1.8",
+        "block_step",
+        "the user's betas rounded to fp32 and stored (the step uses them too)",
+        tolerance_clause="1.2.4",
+        tolerance_select="state_matches",
+    ),
+    "lr-half-percent-high": Entry(
+        mutant_lr_half_percent_high,
+        "1.8",
+        "block_step",
+        "every step applies 1.005 x lr",
+        tolerance_select="pinned_block_step and float32",
+    ),
     "bf16-codewords": Entry(
-        _optimizer_mutant("bf16-codewords", _optimizer_with(dequantize=_codewords_in_bf16)), "1.8", "block_step",
+        _optimizer_mutant("bf16-codewords", _optimizer_with(dequantize=_codewords_in_bf16)),
+        "1.8",
+        "block_step",
         "codewords rounded to bf16 for every grad dtype (fp32: 2^-8 relative where 2^-24 is allowed)",
-        tolerance_select="pinned_block_step and float32"),
+        tolerance_select="pinned_block_step and float32",
+    ),
     "eps-inside-sqrt": Entry(
-        _optimizer_mutant("eps-inside-sqrt", _optimizer_with(block_vmean_step=_block_step_eps_inside_sqrt)), "1.8",
-        "block_step", "eps added under the square root of the stepsize denominator",
-        tolerance_select="pinned_block_step"),
-    "global-step": Entry(_optimizer_mutant("global-step", lambda p, **hp: _StepCountsOnlyGradientSteps(p, **hp)),
-                         "1.10.6", "global_step", "global step skips steps without gradients"),
-    "zero-eps": Entry(_optimizer_mutant("zero-eps", _accepts_zero_eps), "1.1.3", "invalid",
-                      "invalid eps replaced instead of rejected"),
-    "nearest-ties-up": Entry(_optimizer_mutant("nearest-ties-up", _optimizer_with(nearest_codeword_indices=_nearest_ties_up)),
-                             "1.7", "ties", "nearest-codeword ties go to the upper index"),
+        _optimizer_mutant("eps-inside-sqrt", _optimizer_with(block_vmean_step=_block_step_eps_inside_sqrt)),
+        "1.8",
+        "block_step",
+        "eps added under the square root of the stepsize denominator",
+        tolerance_select="pinned_block_step",
+    ),
+    "global-step": Entry(
+        _optimizer_mutant("global-step", lambda p, **hp: _StepCountsOnlyGradientSteps(p, **hp)),
+        "1.10.6",
+        "global_step",
+        "global step skips steps without gradients",
+    ),
+    "zero-eps": Entry(
+        _optimizer_mutant("zero-eps", _accepts_zero_eps),
+        "1.1.3",
+        "invalid",
+        "invalid eps replaced instead of rejected",
+    ),
+    "nearest-ties-up": Entry(
+        _optimizer_mutant("nearest-ties-up", _optimizer_with(nearest_codeword_indices=_nearest_ties_up)),
+        "1.7",
+        "ties",
+        "nearest-codeword ties go to the upper index",
+    ),
     "no-period-fallback": Entry(
-        _optimizer_mutant("no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen),
-        "1.5", "state_matches", "period search ignores the memory-safe fallback"),
-    "no-weight-decay": Entry(_optimizer_mutant("no-weight-decay", _without_weight_decay), "1.8", "block_step",
-                             "decoupled weight decay dropped", tolerance_select="pinned_block_step"),
+        _optimizer_mutant(
+            "no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen
+        ),
+        "1.5",
+        "state_matches",
+        "period search ignores the memory-safe fallback",
+    ),
+    "no-weight-decay": Entry(
+        _optimizer_mutant("no-weight-decay", _without_weight_decay),
+        "1.8",
+        "block_step",
+        "decoupled weight decay dropped",
+        tolerance_select="pinned_block_step",
+    ),
     "reallocating-step": Entry(
-        Implementation(name="reallocating-step", version="mutant",
-                       make_optimizer=lambda p, **hp: _ReallocatingStep(p, **hp), capabilities=ALL_CAPS,
-                       dcp_state=reference_impl.IMPLEMENTATION.dcp_state),
-        "5.4.3", "in_place", "state rebuilt every step instead of updated in place"),
+        Implementation(
+            name="reallocating-step",
+            version="mutant",
+            make_optimizer=lambda p, **hp: _ReallocatingStep(p, **hp),
+            capabilities=ALL_CAPS,
+            dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
+        ),
+        "5.4.3",
+        "in_place",
+        "state rebuilt every step instead of updated in place",
+    ),
     "dense-momentum-rounding": Entry(
-        _dcp_mutant("dense-momentum-rounding", _state_with(dense=proxy(dense, momentum=_momentum_codewords_in_bf16))),
-        "2.2.5", "payload or golden", "dense momentum from bf16-rounded codewords",
-        tolerance_clause="2.1.6", tolerance_select="restore_and_resave"),
+        _dcp_mutant(
+            "dense-momentum-rounding", _state_with(dense=proxy(dense, momentum=_momentum_codewords_in_bf16))
+        ),
+        "2.2.5",
+        "payload or golden",
+        "dense momentum from bf16-rounded codewords",
+        tolerance_clause="2.1.6",
+        tolerance_select="restore_and_resave",
+    ),
     "second-moment-alias": Entry(
-        _dcp_mutant("second-moment-alias", _state_with(dense=proxy(dense, second_moment=_second_moment_aliasing))),
-        "3.10.1", "hostile", "dense second moment aliases live vmean at period 1"),
+        _dcp_mutant(
+            "second-moment-alias", _state_with(dense=proxy(dense, second_moment=_second_moment_aliasing))
+        ),
+        "3.10.1",
+        "hostile",
+        "dense second moment aliases live vmean at period 1",
+    ),
     "fresh-buffer-per-load": Entry(
-        _dcp_mutant("fresh-buffer-per-load", _state_with(placeholder=clone(placeholder, _DeferredDenseShard=_FreshBufferPerCall))),
-        "3.7.3", "reshard", "load copies into a temporary buffer: restore is a silent no-op"),
+        _dcp_mutant(
+            "fresh-buffer-per-load",
+            _state_with(placeholder=clone(placeholder, _DeferredDenseShard=_FreshBufferPerCall)),
+        ),
+        "3.7.3",
+        "reshard",
+        "load copies into a temporary buffer: restore is a silent no-op",
+    ),
     "unsynchronized-check": Entry(
-        _dcp_mutant("unsynchronized-check", _state_with(agreement=proxy(agreement, settle=_local_verdict_only))),
-        "2.3.4", "dcp_failures", "rank-local failures not agreed across ranks"),
+        _dcp_mutant(
+            "unsynchronized-check", _state_with(agreement=proxy(agreement, settle=_local_verdict_only))
+        ),
+        "2.3.4",
+        "dcp_failures",
+        "rank-local failures not agreed across ranks",
+    ),
     "no-layout-digest": Entry(
-        _dcp_mutant("no-layout-digest", _state_with(agreement=proxy(agreement, require_identical_layouts=lambda *a, **k: None))),
-        "2.3.5", "layout_differing", "no cross-rank layout digest"),
+        _dcp_mutant(
+            "no-layout-digest",
+            _state_with(agreement=proxy(agreement, require_identical_layouts=lambda *a, **k: None)),
+        ),
+        "2.3.5",
+        "layout_differing",
+        "no cross-rank layout digest",
+    ),
     "eager-expansion": Entry(
         _dcp_mutant("eager-expansion", _state_with(placeholder=proxy(placeholder, deferred=_eager))),
-        "5.4.2", "memory or bounded", "every slot expanded and held during the save"),
+        "5.4.2",
+        "memory or bounded",
+        "every slot expanded and held during the save",
+    ),
     "commit-before-agreement": Entry(
         _dcp_mutant("commit-before-agreement", SimpleNamespace(GefenDCPState=_CommitBeforeAgreement)),
-        "3.2.5", "dcp_failures", "a rank commits before every rank staged successfully"),
+        "3.2.5",
+        "dcp_failures",
+        "a rank commits before every rank staged successfully",
+    ),
     "lr-truncated-into-int": Entry(
         _dcp_mutant("lr-truncated-into-int", _restore_with_staging(_stage_truncating_ints)),
-        "3.5", "staging_regression", "a fractional lr restored into an integer tensor truncates to 0"),
+        "3.5",
+        "staging_regression",
+        "a fractional lr restored into an integer tensor truncates to 0",
+    ),
     "beta-rounds-to-one": Entry(
         _dcp_mutant("beta-rounds-to-one", _restore_with_staging(_stage_any_beta)),
-        "3.5", "staging_regression", "a beta that rounds to 1 in the destination dtype is accepted"),
+        "3.5",
+        "staging_regression",
+        "a beta that rounds to 1 in the destination dtype is accepted",
+    ),
     "flags-as-int64": Entry(
         _dcp_mutant("flags-as-int64", _state_with(schema=proxy(schema, uint8_flag=_flag_as_int64))),
-        "4.3.5", "schema", "uint8 flags written as int64"),
+        "4.3.5",
+        "schema",
+        "uint8 flags written as int64",
+    ),
     "names-by-spelling": Entry(
         _dcp_mutant("names-by-spelling", _layout_by_spelling()),
-        "2.4", "caller_name", "a caller's name that looks positional is refused"),
+        "2.4",
+        "caller_name",
+        "a caller's name that looks positional is refused",
+    ),
 }
 
 # ================================================================ input space (issue 19)
@@ -338,7 +441,8 @@ CATALOGUE = {
 # Kernel backends written the way examples/gefen-fast is: a ``gefen_reference.Gefen`` subclass that
 # keeps the reference's constructor, step order, state format and DCP adapter (it declares the
 # reference's state layout, SPEC 2.3.6, so every capability is claimed) and replaces the
-# per-parameter update (``update_parameter``, SPEC 4.1.8), or, for a fused multi-tensor backend, ``step`` itself. Each
+# per-parameter update (``update_parameter``, SPEC 4.1.8), or, for a fused multi-tensor backend, ``step``
+# itself. Each
 # has one bug that real kernels have had and that fires only on an input the suite did not use
 # before issue 19 (SPEC 4.3.10): the suite of main 3005fb6 certifies every one of them; the input
 # space and protocol tests catch each in both profiles.
@@ -354,9 +458,13 @@ def _backend(name, cls):
     (the catalogue judges both profiles)."""
     cls.gefen_state_layout = reference_dcp.STATE_LAYOUT
     return Implementation(
-        name=name, version="mutant", make_optimizer=lambda params, **hp: cls(params, **hp),
-        dcp_state=reference_impl.IMPLEMENTATION.dcp_state, save_planner=reference_impl.IMPLEMENTATION.save_planner,
-        async_writer=reference_impl.IMPLEMENTATION.async_writer, capabilities=ALL_CAPS,
+        name=name,
+        version="mutant",
+        make_optimizer=lambda params, **hp: cls(params, **hp),
+        dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
+        save_planner=reference_impl.IMPLEMENTATION.save_planner,
+        async_writer=reference_impl.IMPLEMENTATION.async_writer,
+        capabilities=ALL_CAPS,
     )
 
 
@@ -414,7 +522,9 @@ class _ContiguityAssumed(_Backend):
     are read and written in memory order instead of logical order, SPEC 1.13.8)."""
 
     def update_parameter(self, p, grad, state, hyper, factored):
-        super().update_parameter(_memory_as_contiguous(local_tensor(p)), _memory_as_contiguous(grad), state, hyper, factored)
+        super().update_parameter(
+            _memory_as_contiguous(local_tensor(p)), _memory_as_contiguous(grad), state, hyper, factored
+        )
 
 
 class _StorageOffsetIgnored(_Backend):
@@ -471,7 +581,9 @@ class _LrCapturedAtFirstStep(_Backend):
 
     def update_parameter(self, p, grad, state, hyper, factored):
         captured = self.__dict__.setdefault("_captured_lr", {})
-        super().update_parameter(p, grad, state, replace(hyper, lr=captured.setdefault(p, hyper.lr)), factored)
+        super().update_parameter(
+            p, grad, state, replace(hyper, lr=captured.setdefault(p, hyper.lr)), factored
+        )
 
 
 def _bias_corrections_uint8(hyper, step: int, moment_step: int):
@@ -617,7 +729,11 @@ class _FoundInfAdvancesCounters(_Backend):
             state = self.state[p]
             if p.grad is not None and "step" in state:
                 state["step"] += 1
-                moment = "factored_step" if self.factored_v_2d and p.ndim == 2 and "factored_step" in state else "vmean_step"
+                moment = (
+                    "factored_step"
+                    if self.factored_v_2d and p.ndim == 2 and "factored_step" in state
+                    else "vmean_step"
+                )
                 if moment in state:
                     state[moment] += 1
         self.global_step += 1
@@ -665,38 +781,97 @@ _INPUTS, _PROTOCOLS = "inputs_match_reference", "protocols_match_reference"
 
 #: name -> (class, clause, selection, bug)
 INPUT_SPACE_MUTANTS = {
-    "tile-tail-skipped": (_TileTailSkipped, "4.3.10", _INPUTS,
-                          "the last partial 65536-element tile of a parameter is never written"),
-    "dimension-of-one-not-factored": (_DimensionOfOneNotFactored, "4.3.10", _INPUTS,
-                                      "2-D parameters with a dimension of 1 take the block second moment"),
-    "contiguity-assumed": (_ContiguityAssumed, "4.3.10", _INPUTS,
-                           "parameters and gradients read and written in memory order, not logical order"),
-    "storage-offset-ignored": (_StorageOffsetIgnored, "4.3.10", _INPUTS,
-                               "views into a flat buffer read and written at the buffer's start"),
-    "decode-table-first-dtype": (_DecodeTableOfFirstDtype, "4.3.10", _INPUTS,
-                                 "codewords rounded to the first parameter's dtype for every dtype"),
-    "decay-flag-first-group": (_DecayFlagOfFirstGroup, "4.3.10", _INPUTS,
-                               "weight decay applied only when the first group has some"),
-    "lr-captured-at-first-step": (_LrCapturedAtFirstStep, "4.3.10", _INPUTS,
-                                  "a scheduler's lr change (new value or in-place mul_) never takes effect"),
-    "uint8-step-counters": (_Uint8StepCounters, "4.3.10", _INPUTS,
-                            "bias corrections from step counters that wrap at 256"),
-    "zero-gradient-blocks-not-applied": (_ZeroGradientBlocksNotApplied, "4.3.10", _INPUTS,
-                                         "blocks whose gradient is zero do not apply their momentum"),
-    "factored-mean-unclamped": (_FactoredMeanUnclamped, "4.3.10", _INPUTS,
-                                "an all-zero 2-D gradient divides 0 by 0 in the factored estimate"),
-    "gradients-gathered-before-closure": (_GradientsGatheredBeforeClosure, "1.10.1", _PROTOCOLS,
-                                          "steps with the gradients present before the closure ran"),
-    "found-inf-advances-counters": (_FoundInfAdvancesCounters, "1.10.3", _PROTOCOLS,
-                                    "a found_inf step advances the step counters and the global step"),
-    "grad-scale-ignored": (_GradScaleIgnored, "1.10.4", _PROTOCOLS, "grad_scale never unscales the gradients"),
-    "group-skipped-when-first-frozen": (_GroupSkippedWhenFirstFrozen, "1.10.1", _PROTOCOLS,
-                                        "a group whose first parameter has no gradient does not step"),
+    "tile-tail-skipped": (
+        _TileTailSkipped,
+        "4.3.10",
+        _INPUTS,
+        "the last partial 65536-element tile of a parameter is never written",
+    ),
+    "dimension-of-one-not-factored": (
+        _DimensionOfOneNotFactored,
+        "4.3.10",
+        _INPUTS,
+        "2-D parameters with a dimension of 1 take the block second moment",
+    ),
+    "contiguity-assumed": (
+        _ContiguityAssumed,
+        "4.3.10",
+        _INPUTS,
+        "parameters and gradients read and written in memory order, not logical order",
+    ),
+    "storage-offset-ignored": (
+        _StorageOffsetIgnored,
+        "4.3.10",
+        _INPUTS,
+        "views into a flat buffer read and written at the buffer's start",
+    ),
+    "decode-table-first-dtype": (
+        _DecodeTableOfFirstDtype,
+        "4.3.10",
+        _INPUTS,
+        "codewords rounded to the first parameter's dtype for every dtype",
+    ),
+    "decay-flag-first-group": (
+        _DecayFlagOfFirstGroup,
+        "4.3.10",
+        _INPUTS,
+        "weight decay applied only when the first group has some",
+    ),
+    "lr-captured-at-first-step": (
+        _LrCapturedAtFirstStep,
+        "4.3.10",
+        _INPUTS,
+        "a scheduler's lr change (new value or in-place mul_) never takes effect",
+    ),
+    "uint8-step-counters": (
+        _Uint8StepCounters,
+        "4.3.10",
+        _INPUTS,
+        "bias corrections from step counters that wrap at 256",
+    ),
+    "zero-gradient-blocks-not-applied": (
+        _ZeroGradientBlocksNotApplied,
+        "4.3.10",
+        _INPUTS,
+        "blocks whose gradient is zero do not apply their momentum",
+    ),
+    "factored-mean-unclamped": (
+        _FactoredMeanUnclamped,
+        "4.3.10",
+        _INPUTS,
+        "an all-zero 2-D gradient divides 0 by 0 in the factored estimate",
+    ),
+    "gradients-gathered-before-closure": (
+        _GradientsGatheredBeforeClosure,
+        "1.10.1",
+        _PROTOCOLS,
+        "steps with the gradients present before the closure ran",
+    ),
+    "found-inf-advances-counters": (
+        _FoundInfAdvancesCounters,
+        "1.10.3",
+        _PROTOCOLS,
+        "a found_inf step advances the step counters and the global step",
+    ),
+    "grad-scale-ignored": (
+        _GradScaleIgnored,
+        "1.10.4",
+        _PROTOCOLS,
+        "grad_scale never unscales the gradients",
+    ),
+    "group-skipped-when-first-frozen": (
+        _GroupSkippedWhenFirstFrozen,
+        "1.10.1",
+        _PROTOCOLS,
+        "a group whose first parameter has no gradient does not step",
+    ),
 }
-CATALOGUE.update({
-    name: Entry(_backend(name, cls), clause, select, bug)
-    for name, (cls, clause, select, bug) in INPUT_SPACE_MUTANTS.items()
-})
+CATALOGUE.update(
+    {
+        name: Entry(_backend(name, cls), clause, select, bug)
+        for name, (cls, clause, select, bug) in INPUT_SPACE_MUTANTS.items()
+    }
+)
 
 
 # Spec strings for --impl: tests.mutants:<attribute>
@@ -718,7 +893,8 @@ partial = Implementation(
     make_optimizer=lambda params, **hp: reference.Gefen(params, **hp),
     capabilities={CPU_BIT_EXACT},
     expected_failures={
-        "test_optimizer.py::test_global_step_counts_every_step_call": "pretend known bug (it passes: strict xfail fails)",
+        "test_optimizer.py::test_global_step_counts_every_step_call": "pretend known bug (it passes: strict "
+        "xfail fails)",
         "test_optimizer.py::test_no_such_test": "stale entry",
     },
 )
@@ -811,16 +987,25 @@ def _declared_kernel(name, optimizer_class):
     """A mutant optimizer class that declares the reference's state layout, served by the reference
     DCP adapter (SPEC 2.3.6), with every capability: native loads and DCP restores both reach it."""
     ref = reference_impl.IMPLEMENTATION
-    return Implementation(name=name, version="mutant", make_optimizer=lambda p, **hp: optimizer_class(p, **hp),
-                          dcp_state=ref.dcp_state, save_planner=ref.save_planner, async_writer=ref.async_writer,
-                          capabilities=ALL_CAPS)
+    return Implementation(
+        name=name,
+        version="mutant",
+        make_optimizer=lambda p, **hp: optimizer_class(p, **hp),
+        dcp_state=ref.dcp_state,
+        save_planner=ref.save_planner,
+        async_writer=ref.async_writer,
+        capabilities=ALL_CAPS,
+    )
 
 
 def _restored_in_parameter_dtype(optimizer, readings):
     """The restore hands each slot's dense momentum to the re-blocking in the parameter's dtype
     (the kernel's quantizer takes parameter-dtype tensors): exact for fp32 models, rounded to 8
     bits for bf16 ones (SPEC 3.6.4 re-blocks the fp32 values)."""
-    cast = [replace(r, momentum=r.momentum.to(layout.local_part(r.slot.parameter).dtype).float()) for r in readings]
+    cast = [
+        replace(r, momentum=r.momentum.to(layout.local_part(r.slot.parameter).dtype).float())
+        for r in readings
+    ]
     return restore._compact_state(optimizer, cast)
 
 
@@ -839,37 +1024,74 @@ def _reblock_in_chunks(codebook, momentum, second, period):
     rows = max(1, _REBLOCK_CHUNK // period)
     for chunk in range(max(1, blocks.shape[0] // rows)):
         part = slice(chunk * rows, (chunk + 1) * rows)
-        scaled = torch.where(magnitude[part] > 0, blocks[part] / magnitude[part], torch.zeros_like(blocks[part]))
+        scaled = torch.where(
+            magnitude[part] > 0, blocks[part] / magnitude[part], torch.zeros_like(blocks[part])
+        )
         indices[part] = steps.nearest_codeword_indices(table, scaled)
     vmean = second.detach().float().reshape(-1).view(-1, period).mean(dim=1, keepdim=True)
     return indices, magnitude, vmean
 
 
-CATALOGUE.update({
-    "bf16-step-counter": Entry(
-        _optimizer_mutant("bf16-step-counter", lambda p, **hp: _StepCountsInParameterDtype(p, **hp)),
-        "1.8.5", "long_trajectory", "step counts kept in the parameter's dtype: bf16 stops counting at 256"),
-    "stale-codeword-table": Entry(
-        _declared_kernel("stale-codeword-table", _CodewordTableBuiltOnce),
-        "1.12.12", "load_into_a_stepped", "codeword table built on the first step, not rebuilt by a load"),
-    "kernel-step-counter": Entry(
-        _declared_kernel("kernel-step-counter", _StepCountsKeptInKernel),
-        "1.12.12", "load_into_a_stepped", "step counts kept by the kernel, not reseeded by a load"),
-    "migration-counter-from-step": Entry(
-        _optimizer_mutant("migration-counter-from-step", lambda p, **hp: _MissingMomentCountsFromStep(p, **hp)),
-        "1.10.8", "mode_migration", "a second moment created by a mode switch starts at the step count, not 0"),
-    "bf16-restore-rounding": Entry(
-        _dcp_mutant("bf16-restore-rounding", _state_with(restore=clone(restore, _compact_state=_restored_in_parameter_dtype))),
-        "3.6.4", "restore_into_a_stepped", "restored momentum re-blocked in the parameter's dtype (bf16)"),
-    "restore-drops-tail-chunk": Entry(
-        _dcp_mutant("restore-drops-tail-chunk",
-                    _state_with(restore=clone(restore, reblock=proxy(restore.reblock, reblock=_reblock_in_chunks)))),
-        "3.6.4", "restore_into_a_stepped", "chunked re-blocking drops the partial last 64Ki chunk"),
-})
+CATALOGUE.update(
+    {
+        "bf16-step-counter": Entry(
+            _optimizer_mutant("bf16-step-counter", lambda p, **hp: _StepCountsInParameterDtype(p, **hp)),
+            "1.8.5",
+            "long_trajectory",
+            "step counts kept in the parameter's dtype: bf16 stops counting at 256",
+        ),
+        "stale-codeword-table": Entry(
+            _declared_kernel("stale-codeword-table", _CodewordTableBuiltOnce),
+            "1.12.12",
+            "load_into_a_stepped",
+            "codeword table built on the first step, not rebuilt by a load",
+        ),
+        "kernel-step-counter": Entry(
+            _declared_kernel("kernel-step-counter", _StepCountsKeptInKernel),
+            "1.12.12",
+            "load_into_a_stepped",
+            "step counts kept by the kernel, not reseeded by a load",
+        ),
+        "migration-counter-from-step": Entry(
+            _optimizer_mutant(
+                "migration-counter-from-step", lambda p, **hp: _MissingMomentCountsFromStep(p, **hp)
+            ),
+            "1.10.8",
+            "mode_migration",
+            "a second moment created by a mode switch starts at the step count, not 0",
+        ),
+        "bf16-restore-rounding": Entry(
+            _dcp_mutant(
+                "bf16-restore-rounding",
+                _state_with(restore=clone(restore, _compact_state=_restored_in_parameter_dtype)),
+            ),
+            "3.6.4",
+            "restore_into_a_stepped",
+            "restored momentum re-blocked in the parameter's dtype (bf16)",
+        ),
+        "restore-drops-tail-chunk": Entry(
+            _dcp_mutant(
+                "restore-drops-tail-chunk",
+                _state_with(
+                    restore=clone(restore, reblock=proxy(restore.reblock, reblock=_reblock_in_chunks))
+                ),
+            ),
+            "3.6.4",
+            "restore_into_a_stepped",
+            "chunked re-blocking drops the partial last 64Ki chunk",
+        ),
+    }
+)
 
 #: This section's mutants, for the meta-test (each run is a suite subprocess of several seconds: slow).
-STATE_OVER_TIME = ("bf16-step-counter", "stale-codeword-table", "kernel-step-counter", "migration-counter-from-step",
-                   "bf16-restore-rounding", "restore-drops-tail-chunk")
+STATE_OVER_TIME = (
+    "bf16-step-counter",
+    "stale-codeword-table",
+    "kernel-step-counter",
+    "migration-counter-from-step",
+    "bf16-restore-rounding",
+    "restore-drops-tail-chunk",
+)
 for _name in STATE_OVER_TIME:
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)

@@ -10,13 +10,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 import gefen_reference as reference
-from gefen_conformance.implementations.contract import CPU_BIT_EXACT, FACTORED_V, NATIVE_STATE_DICT, Implementation
+from gefen_conformance.implementations.contract import (
+    CPU_BIT_EXACT,
+    FACTORED_V,
+    NATIVE_STATE_DICT,
+    Implementation,
+)
 
 OPTIMIZER_CAPS = {NATIVE_STATE_DICT, CPU_BIT_EXACT, FACTORED_V}
 
 
 def optimizer_mutant(name, make_optimizer) -> Implementation:
-    return Implementation(name=name, version="mutant", make_optimizer=make_optimizer, capabilities=OPTIMIZER_CAPS)
+    return Implementation(
+        name=name, version="mutant", make_optimizer=make_optimizer, capabilities=OPTIMIZER_CAPS
+    )
 
 
 def as_kernel(implementation: Implementation) -> Implementation:
@@ -53,5 +60,7 @@ def _lr_up_half_percent(lr):
 
 
 #: Every step applies 1.005 x the group's lr.
-mutant_lr_half_percent_high = optimizer_mutant("lr-half-percent-high", stepping_with("lr", _lr_up_half_percent))
+mutant_lr_half_percent_high = optimizer_mutant(
+    "lr-half-percent-high", stepping_with("lr", _lr_up_half_percent)
+)
 tolerant_lr_half_percent_high = as_kernel(mutant_lr_half_percent_high)

@@ -23,8 +23,16 @@ def _parity_seed(name: str, index: int, step: int) -> int:
 #: fallback (``prime``: prime numel, i.i.d. gradients) and 1 (``big_prime``: prime numel above
 #: the fallback cap; ``scalar``); ``narrow`` is (n, 3); ``late`` gets its first gradient at step 3.
 PARITY = workload.Model(
-    shapes={"weight": (96, 40), "vector": (256,), "conv": (16, 3, 3, 3), "prime": (37,), "big_prime": (4099,),
-            "narrow": (48, 3), "late": (7, 11), "scalar": (1,)},
+    shapes={
+        "weight": (96, 40),
+        "vector": (256,),
+        "conv": (16, 3, 3, 3),
+        "prime": (37,),
+        "big_prime": (4099,),
+        "narrow": (48, 3),
+        "late": (7, 11),
+        "scalar": (1,),
+    },
     groups=(("weight", "vector", "conv", "prime"), ("big_prime", "narrow", "late", "scalar")),
     init=workload.one_stream,
     seed=_parity_seed,
@@ -59,8 +67,15 @@ DCP_MODEL = workload.Model(
     frozen=frozenset({FRESH}),
 )
 #: Constructor keywords of the DCP tests' optimizers (group 1 overrides lr and weight decay).
-DCP_OPTIONS = dict(lr=2.5e-3, betas=(0.8, 0.97), eps=2e-8, weight_decay=0.03, fused=False, factored_v_2d=False,
-                   deterministic=True)
+DCP_OPTIONS = dict(
+    lr=2.5e-3,
+    betas=(0.8, 0.97),
+    eps=2e-8,
+    weight_decay=0.03,
+    fused=False,
+    factored_v_2d=False,
+    deterministic=True,
+)
 #: What the DCP tests' checkpoints carry per group.
 DCP_SAVED_HYPERS = [
     {"lr": 2.5e-3, "beta1": 0.8, "beta2": 0.97, "eps": 2e-8, "weight_decay": 0.03},
@@ -113,7 +128,10 @@ def snapshot(optimizer, codebook_attr: str = "codebook", step_attr: str = "globa
             k: (v.clone(), id(v), v._version) if torch.is_tensor(v) else v for k, v in entry.items()
         }
     groups = [
-        {k: ([id(p) for p in v] if k == "params" else (v.clone() if torch.is_tensor(v) else v)) for k, v in g.items()}
+        {
+            k: ([id(p) for p in v] if k == "params" else (v.clone() if torch.is_tensor(v) else v))
+            for k, v in g.items()
+        }
         for g in optimizer.param_groups
     ]
     cb = getattr(optimizer, codebook_attr)
@@ -157,7 +175,13 @@ def assert_same_snapshot(before: dict, after: dict) -> None:
 def deep_equal(a, b) -> bool:
     """Structural equality of nested dicts/lists/tuples with tensors compared by dtype, shape and value."""
     if torch.is_tensor(a) or torch.is_tensor(b):
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(deep_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):

@@ -13,8 +13,16 @@ from gefen_conformance.certificate.build import RunFacts, TestRecord
 
 
 def facts(**overrides) -> RunFacts:
-    base = dict(started="s", finished="f", interrupted=None, narrowed_by=[], expected_tests=4, executed_tests=4,
-                hypothesis={"profile": "gefen-certify", "settings": {}}, exit_status=0)
+    base = dict(
+        started="s",
+        finished="f",
+        interrupted=None,
+        narrowed_by=[],
+        expected_tests=4,
+        executed_tests=4,
+        hypothesis={"profile": "gefen-certify", "settings": {}},
+        exit_status=0,
+    )
     return RunFacts(**{**base, **overrides})
 
 
@@ -36,7 +44,11 @@ def run_of(*outcomes) -> certificate.Run:
         ({"passed": 4}, {"expected_tests": None}, "partial"),  # the suite's size is unknown
         ({"passed": 4}, {"narrowed_by": ["hypothesis profile gefen-fuzz (max_examples=5000)"]}, "partial"),
         ({"passed": 2}, {"executed_tests": 2, "interrupted": "SIGINT"}, "incomplete"),
-        ({"passed": 2}, {"executed_tests": 2, "interrupted": "SIGINT", "narrowed_by": ["-k x"]}, "incomplete"),
+        (
+            {"passed": 2},
+            {"executed_tests": 2, "interrupted": "SIGINT", "narrowed_by": ["-k x"]},
+            "incomplete",
+        ),
         ({"passed": 1, "failed": 1}, {"executed_tests": 2, "interrupted": "SIGINT"}, "not-conformant"),
         ({"passed": 1, "error": 1}, {"executed_tests": 2, "narrowed_by": ["-k x"]}, "not-conformant"),
         ({"passed": 3, "xpassed": 1}, {}, "not-conformant"),
@@ -49,7 +61,9 @@ def test_verdict_precedence(counts, overrides, expected):
 
 
 def test_partial_reason_names_what_narrowed_the_run():
-    verdict, reason = certificate.verdict(Counter(passed=2), facts(executed_tests=2, narrowed_by=["-k test_dcp_names"]))
+    verdict, reason = certificate.verdict(
+        Counter(passed=2), facts(executed_tests=2, narrowed_by=["-k test_dcp_names"])
+    )
     assert verdict == "partial" and "2 of 4" in reason and "-k test_dcp_names" in reason
 
 
@@ -63,22 +77,62 @@ def test_complete_needs_every_expected_test_and_no_narrowing():
 
 def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
     run = certificate.Run(implementation={"name": "x", "version": "1", "capabilities": []})
-    tol = [{"what": "param", "kind": "tolerance", "error": 1e-6, "bound": 1e-4, "used": 0.01},
-           {"what": "state", "kind": "tolerance", "error": 1.0, "bound": 0.0, "used": None}]
-    run.record(TestRecord("test_a.py::t1", ["1.8", "1.4"], "passed", 0.5, "", tol, ["golden md5s not compared"]))
-    run.record(TestRecord("test_a.py::t2", ["1.8"], "passed", 0.5, "",
-                          [{"what": "m", "kind": "tolerance", "error": 3e-5, "bound": 1e-4, "used": 0.3},
-                           {"what": "b", "kind": "bitwise", "differing": 0, "total": 8}], ["golden md5s not compared"]))
-    run.record(TestRecord("test_b.py::t3", ["1.9"], "skipped", 0.0, "x lacks capability factored-v", [], [],
-                          ["factored-v"]))
-    cert = certificate.build(run, facts(expected_tests=3, executed_tests=3), profile={"name": "tolerance"},
-                             suite={"name": "s"}, platform_={}, execution=certificate.execution_facts())
-    assert list(cert) == ["schema", "implementation", "profile", "suite", "platform", "execution", "run", "summary",
-                          "verdict", "verdict_reason", "capability_skips", "clauses", "notes",
-                          "stale_expected_failures", "tests"]
+    tol = [
+        {"what": "param", "kind": "tolerance", "error": 1e-6, "bound": 1e-4, "used": 0.01},
+        {"what": "state", "kind": "tolerance", "error": 1.0, "bound": 0.0, "used": None},
+    ]
+    run.record(
+        TestRecord("test_a.py::t1", ["1.8", "1.4"], "passed", 0.5, "", tol, ["golden md5s not compared"])
+    )
+    run.record(
+        TestRecord(
+            "test_a.py::t2",
+            ["1.8"],
+            "passed",
+            0.5,
+            "",
+            [
+                {"what": "m", "kind": "tolerance", "error": 3e-5, "bound": 1e-4, "used": 0.3},
+                {"what": "b", "kind": "bitwise", "differing": 0, "total": 8},
+            ],
+            ["golden md5s not compared"],
+        )
+    )
+    run.record(
+        TestRecord(
+            "test_b.py::t3", ["1.9"], "skipped", 0.0, "x lacks capability factored-v", [], [], ["factored-v"]
+        )
+    )
+    cert = certificate.build(
+        run,
+        facts(expected_tests=3, executed_tests=3),
+        profile={"name": "tolerance"},
+        suite={"name": "s"},
+        platform_={},
+        execution=certificate.execution_facts(),
+    )
+    assert list(cert) == [
+        "schema",
+        "implementation",
+        "profile",
+        "suite",
+        "platform",
+        "execution",
+        "run",
+        "summary",
+        "verdict",
+        "verdict_reason",
+        "capability_skips",
+        "clauses",
+        "notes",
+        "stale_expected_failures",
+        "tests",
+    ]
     assert cert["schema"] == "gefen-conformance-certificate/2"
     assert cert["clauses"]["1.8"]["worst_margin"] == {"test": "test_a.py::t2", "what": "m", "used": 0.3}
-    assert cert["clauses"]["1.4"]["worst_margin"]["used"] == 0.01  # an outright failure (None) is not a margin
+    assert (
+        cert["clauses"]["1.4"]["worst_margin"]["used"] == 0.01
+    )  # an outright failure (None) is not a margin
     assert cert["clauses"]["1.9"]["worst_margin"] is None
     assert cert["capability_skips"] == {"factored-v": 1}
     assert cert["notes"] == ["golden md5s not compared"]
@@ -92,12 +146,21 @@ def test_setup_and_call_reports_of_one_test_collapse_worst_first():
     run.record(TestRecord("t", ["1"], "passed", 1.0, "", [{"what": "a"}], ["n1"]))
     run.record(TestRecord("t", ["1"], "error", 0.5, "RuntimeError: teardown", [], ["n1", "n2"]))
     rec = run.records["t"]
-    assert (rec.outcome, rec.reason, rec.duration, rec.notes) == ("error", "RuntimeError: teardown", 1.5, ["n1", "n2"])
+    assert (rec.outcome, rec.reason, rec.duration, rec.notes) == (
+        "error",
+        "RuntimeError: teardown",
+        1.5,
+        ["n1", "n2"],
+    )
 
 
 def test_cut_makes_one_line_of_bounded_length():
     text = certificate.cut("AssertionError: first\n\n  second\n" + "x" * 1000)
-    assert "\n" not in text and len(text) <= certificate.REASON_CHARS and text.startswith("AssertionError: first | ")
+    assert (
+        "\n" not in text
+        and len(text) <= certificate.REASON_CHARS
+        and text.startswith("AssertionError: first | ")
+    )
 
 
 def test_a_run_that_is_not_complete_never_replaces_a_complete_certificate(tmp_path):

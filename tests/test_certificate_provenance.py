@@ -13,33 +13,51 @@ from pathlib import Path
 from gefen_conformance.certificate import provenance
 
 REPO = Path(__file__).resolve().parents[1]
-DESCRIBE = ("import json, os, sys; sys.path.insert(0, os.environ['SUITE_PARENT']); "
-            "from gefen_conformance.certificate import provenance; print(json.dumps(provenance.describe()))")
+DESCRIBE = (
+    "import json, os, sys; sys.path.insert(0, os.environ['SUITE_PARENT']); "
+    "from gefen_conformance.certificate import provenance; print(json.dumps(provenance.describe()))"
+)
 
 
 def _describe(packages_parent: Path, cwd: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["SUITE_PARENT"] = str(packages_parent)  # ahead of the current directory, which python -c puts first
-    out = subprocess.run([sys.executable, "-c", DESCRIBE], cwd=cwd, env=env, capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", DESCRIBE],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
 def _copy_suite(into: Path) -> None:
     for name in provenance.SUITE_PACKAGES:
-        shutil.copytree(provenance.package_dirs()[name], into / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            provenance.package_dirs()[name],
+            into / name,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
 
 
 def _git(cwd: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_files_hashed_are_the_installed_ones():
     files = [rel for rel, _ in provenance.suite_files()]
-    assert "gefen_conformance/plugin/hooks.py" in files and "gefen_oracles/numeric.py" in files and "gefen_reference/optimizer.py" in files
+    assert (
+        "gefen_conformance/plugin/hooks.py" in files
+        and "gefen_oracles/numeric.py" in files
+        and "gefen_reference/optimizer.py" in files
+    )
     assert "gefen_conformance/golden/MANIFEST.json" in files
     assert any(rel.endswith(".distcp") for rel in files)
     assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in files)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
-from gefen_conformance.implementations.registry import resolve
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations.registry import resolve
+from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 
 from .support import DCP_MODEL, DCP_TARGET_OPTIONS, dcp_optimizer, dcp_trained, world_of_one
 
@@ -37,8 +37,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 def _same(a, b) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
-        return (torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -87,7 +92,9 @@ def test_refuses_a_read_before_the_write_and_a_second_write():
         checkpoint.writer()
 
 
-def test_dcp_without_collectives_is_refused_beyond_a_world_of_one_before_anything_is_written(world, monkeypatch):
+def test_dcp_without_collectives_is_refused_beyond_a_world_of_one_before_anything_is_written(
+    world, monkeypatch
+):
     optimizer, _ = dcp_trained("reference")
     checkpoint = InMemoryCheckpoint()
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)

@@ -37,46 +37,98 @@ def started(monkeypatch, tmp_path):
 
 
 def test_test_ids_between_options_go_to_pytest_before_the_passthrough(started):
-    assert cli.main(["certify", RESHARD, "--impl", "fast", "--out", "c.json", GLOBAL_STEP, "-q", "--", "-n", "2"]) == 0
+    assert (
+        cli.main(
+            ["certify", RESHARD, "--impl", "fast", "--out", "c.json", GLOBAL_STEP, "-q", "--", "-n", "2"]
+        )
+        == 0
+    )
     command = started[0]
-    assert command[:4] == [sys.executable, "-m", "pytest", "--impl=fast"] and "--certificate=c.json" in command
+    assert (
+        command[:4] == [sys.executable, "-m", "pytest", "--impl=fast"] and "--certificate=c.json" in command
+    )
     assert command[-5:] == [RESHARD, GLOBAL_STEP, "-q", "-n", "2"]
 
 
 def test_test_ids_reach_rank_0_of_a_torchrun_job(started):
-    assert cli.main(["certify", "--impl", "fast", "--launcher", "torchrun", "--nproc-per-node", "2", RESHARD]) == 0
+    assert (
+        cli.main(["certify", "--impl", "fast", "--launcher", "torchrun", "--nproc-per-node", "2", RESHARD])
+        == 0
+    )
     command = started[0]
-    assert command[command.index("--pytest-args") + 1:] == [RESHARD]
+    assert command[command.index("--pytest-args") + 1 :] == [RESHARD]
 
 
 def test_a_test_id_of_no_suite_module_is_a_usage_error_naming_the_modules(started, capsys):
     assert cli.main(["certify", "--impl", "reference", "test_nosuch.py::test_x"]) == 4
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and not started
-    assert err.startswith("gefen-conformance certify: TEST_ID test_nosuch.py::test_x: the suite has no module test_nosuch.py")
+    assert err.startswith(
+        "gefen-conformance certify: TEST_ID test_nosuch.py::test_x: the suite has no module test_nosuch.py"
+    )
     assert "test_dcp_reshard.py" in err
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_the_rerun_command_the_summary_prints_reruns_exactly_that_test_from_another_directory(tmp_path):
-    """A mutant fails one test; the summary's rerun command, run elsewhere through certify, runs that test only."""
-    first = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--impl=tests.mutants:global_step",
-                            f"--certificate={tmp_path / 'c.json'}", "-k", "test_global_step_counts_every_step_call"],
-                           cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    """A mutant fails one test; the summary's rerun command, run elsewhere through certify, runs that test
+    only."""
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--impl=tests.mutants:global_step",
+            f"--certificate={tmp_path / 'c.json'}",
+            "-k",
+            "test_global_step_counts_every_step_call",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
-    rerun = next(line.strip()[len("rerun: "):] for line in first.stdout.splitlines() if line.strip().startswith("rerun: "))
+    rerun = next(
+        line.strip()[len("rerun: ") :]
+        for line in first.stdout.splitlines()
+        if line.strip().startswith("rerun: ")
+    )
     assert rerun == f"pytest --impl=tests.mutants:global_step {GLOBAL_STEP}"
     words = shlex.split(rerun)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert words[:2] == ["pytest", "--impl=tests.mutants:global_step"]
-    again = subprocess.run([sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", "tests.mutants:global_step",
-                            "--out", "again.json", *words[2:], "--", "-q"],
-                           cwd=elsewhere, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gefen_conformance.cli",
+            "certify",
+            "--impl",
+            "tests.mutants:global_step",
+            "--out",
+            "again.json",
+            *words[2:],
+            "--",
+            "-q",
+        ],
+        cwd=elsewhere,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
     cert = json.loads((elsewhere / "again.json").read_text())
     assert [t["id"] for t in cert["tests"]] == [GLOBAL_STEP] and cert["tests"][0]["outcome"] == "failed"
@@ -90,15 +142,21 @@ def test_impl_list_marks_an_entry_that_cannot_be_loaded_and_impl_says_what_to_in
     hidden = pytester.path / "hidden"
     hidden.mkdir()
     (hidden / "gefen.py").write_text(FAKE_GEFEN)  # gefen-x as if it were not installed
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))
+    )
     listed = pytester.runpytest_subprocess("--impl-list", "-p", "no:cacheprovider")
     lines = dict(line.split("\t", 1) for line in listed.stdout.lines if "\t" in line)
     assert listed.ret == 0
-    assert lines["gefenx"].endswith("not loadable here: needs the package gefen-x==0.5.0, which is not installed here "
-                                    "(module 'gefen'): pip install gefen-x==0.5.0")
+    assert lines["gefenx"].endswith(
+        "not loadable here: needs the package gefen-x==0.5.0, which is not installed here "
+        "(module 'gefen'): pip install gefen-x==0.5.0"
+    )
     assert "not loadable" not in lines["reference"]
     refused = pytester.runpytest_subprocess("--impl=gefenx", "-p", "no:cacheprovider")
     assert refused.ret == 4
-    assert "--impl=gefenx: implementation 'gefenx' (module gefen_conformance.implementations.gefenx): needs the " \
-           "package gefen-x==0.5.0" in refused.stderr.str()
+    assert (
+        "--impl=gefenx: implementation 'gefenx' (module gefen_conformance.implementations.gefenx): needs the "
+        "package gefen-x==0.5.0" in refused.stderr.str()
+    )
     assert "pip install gefen-x==0.5.0" in refused.stderr.str()

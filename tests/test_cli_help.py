@@ -41,10 +41,10 @@ def _usage_error(capsys, *words) -> str:
 
 def test_certify_help_shows_the_passthrough_test_ids_and_the_exit_status_table(capsys):
     out = _help(capsys, "certify")
-    usage = out[:out.index("\n\n")]
+    usage = out[: out.index("\n\n")]
     assert "[TEST_ID ...]" in usage and usage.rstrip().endswith("[-- PYTEST_ARGS ...]")
     assert "TEST_ID" in out and "--quiet" in out and "--impl NAME" in out
-    for status, text in cli_usage.suite_statuses():
+    for status, _text in cli_usage.suite_statuses():
         assert re.search(rf"^ +{status}  ", out, re.M), status
     for verdict, status in EXIT_STATUS.items():
         assert re.search(rf"^ +{status}  .*{re.escape(verdict)}", out, re.M), verdict
@@ -56,19 +56,25 @@ def test_the_readme_shows_the_same_exit_status_table():
     assert cli_usage.suite_statuses_markdown() in README
 
 
-@pytest.mark.parametrize("words,arguments", [
-    (("report",), ["CERT", "--out PATH", "--format"]),
-    (("diff",), ["OLD", "NEW", "--margin-factor F", "--margin-threshold F"]),
-    (("golden", "generate"), ["DIR", "--impl NAME"]),
-    (("golden", "check"), ["DIR"]),
-    (("golden", "compare"), ["DIR", "--impl NAME"]),
-])
+@pytest.mark.parametrize(
+    "words,arguments",
+    [
+        (("report",), ["CERT", "--out PATH", "--format"]),
+        (("diff",), ["OLD", "NEW", "--margin-factor F", "--margin-threshold F"]),
+        (("golden", "generate"), ["DIR", "--impl NAME"]),
+        (("golden", "check"), ["DIR"]),
+        (("golden", "compare"), ["DIR", "--impl NAME"]),
+    ],
+)
 def test_every_argument_has_help_and_every_command_its_exit_statuses(capsys, words, arguments):
     out = _help(capsys, *words)
-    body = out[out.index("\n\n"):]
+    body = out[out.index("\n\n") :]
     for argument in arguments:
         line = next(line for line in body.splitlines() if line.strip().startswith(argument))
-        described = line.strip()[len(argument):].strip() or body.splitlines()[body.splitlines().index(line) + 1].strip()
+        described = (
+            line.strip()[len(argument) :].strip()
+            or body.splitlines()[body.splitlines().index(line) + 1].strip()
+        )
         assert described, f"{argument} has no help:\n{out}"
     assert "exit status:" in out and re.search(r"^ +4  usage error", out, re.M)
 
@@ -80,20 +86,28 @@ def test_top_level_help_and_version(capsys):
         cli.main(["--version"])
     assert stop.value.code == 0
     version = capsys.readouterr().out.strip()
-    assert re.fullmatch(r"gefen-conformance \S+ \(.+\)", version) and str(Path(cli.__file__).parent) in version
+    assert (
+        re.fullmatch(r"gefen-conformance \S+ \(.+\)", version) and str(Path(cli.__file__).parent) in version
+    )
 
 
-@pytest.mark.parametrize("words,needle", [
-    (("certify", "--nproc-per-node", "abc"), "invalid int value: 'abc'"),
-    (("certify", "--launcher", "torchrun", "--nproc-per-node", "0"), "--nproc-per-node must be at least 1"),
-    (("certify", "--launcher", "mpi"), "invalid choice: 'mpi'"),
-    (("report",), "the following arguments are required: CERT"),
-    (("diff", "a.json", "b.json", "--margin-factor", "0.5"), "--margin-factor"),
-    (("golden", "check"), "the following arguments are required: DIR"),
-    (("nosuch",), "invalid choice: 'nosuch'"),
-    (("report", "x.json", "--", "-q"), "arguments after `--` are only for `gefen-conformance certify`"),
-    (("report", "x.json", "--bogus"), "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "words,needle",
+    [
+        (("certify", "--nproc-per-node", "abc"), "invalid int value: 'abc'"),
+        (
+            ("certify", "--launcher", "torchrun", "--nproc-per-node", "0"),
+            "--nproc-per-node must be at least 1",
+        ),
+        (("certify", "--launcher", "mpi"), "invalid choice: 'mpi'"),
+        (("report",), "the following arguments are required: CERT"),
+        (("diff", "a.json", "b.json", "--margin-factor", "0.5"), "--margin-factor"),
+        (("golden", "check"), "the following arguments are required: DIR"),
+        (("nosuch",), "invalid choice: 'nosuch'"),
+        (("report", "x.json", "--", "-q"), "arguments after `--` are only for `gefen-conformance certify`"),
+        (("report", "x.json", "--bogus"), "unrecognized arguments: --bogus"),
+    ],
+)
 def test_every_usage_error_exits_4(capsys, words, needle):
     assert needle in _usage_error(capsys, *words)
 
@@ -107,8 +121,10 @@ def test_report_and_diff_run_alone_exit_4_on_usage_errors_too(capsys):
 @pytest.mark.parametrize("option", ["--hypothesis-profile=gefen-fuzz", "-k", "-n"])
 def test_an_unknown_certify_option_points_to_the_double_dash(capsys, option):
     line = _usage_error(capsys, "certify", "--impl", "reference", option, "4")
-    assert line == (f"gefen-conformance certify: unrecognized option {option}: pytest's options go after `--` "
-                    f"(gefen-conformance certify [OPTIONS] [TEST_ID ...] -- {option} ...)")
+    assert line == (
+        f"gefen-conformance certify: unrecognized option {option}: pytest's options go after `--` "
+        f"(gefen-conformance certify [OPTIONS] [TEST_ID ...] -- {option} ...)"
+    )
 
 
 def test_torchrun_only_options_under_the_pool_say_applies_for_one(capsys):

@@ -22,7 +22,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CERTIFICATE = REPO / "certificates" / "fast-0.1.0.json"
-ONE_LINE_S = 60.0  # refused before anything runs: an interpreter start (slow on a loaded machine), no suite run
+ONE_LINE_S = (
+    60.0  # refused before anything runs: an interpreter start (slow on a loaded machine), no suite run
+)
 
 
 def _read_only(directory: Path) -> list[str]:
@@ -31,11 +33,32 @@ def _read_only(directory: Path) -> list[str]:
         directory.chmod(0o555)
         return []
     unshare = shutil.which("unshare")
-    probe = subprocess.run([unshare or "unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && ! touch "$0/x"',
-                            str(directory)], capture_output=True) if unshare else None
+    probe = (
+        subprocess.run(
+            [
+                unshare or "unshare",
+                "-m",
+                "sh",
+                "-c",
+                'mount --bind -o ro "$0" "$0" && ! touch "$0/x"',
+                str(directory),
+            ],
+            capture_output=True,
+        )
+        if unshare
+        else None
+    )
     if probe is None or probe.returncode != 0:
         pytest.skip("root, and no read-only bind mount here (unshare -m): no directory is read-only for root")
-    return [unshare, "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && shift && exec "$@"', str(directory), "--"]
+    return [
+        unshare,
+        "-m",
+        "sh",
+        "-c",
+        'mount --bind -o ro "$0" "$0" && shift && exec "$@"',
+        str(directory),
+        "--",
+    ]
 
 
 def _run(prefix: list[str], *args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
@@ -58,12 +81,17 @@ def _assert_refused(result: subprocess.CompletedProcess, elapsed: float, *needle
     assert elapsed < ONE_LINE_S, f"took {elapsed:.1f} s: something ran"
 
 
-@pytest.mark.parametrize("launcher", [["--launcher", "pool"], ["--launcher", "torchrun", "--nproc-per-node", "2"]])
+@pytest.mark.parametrize(
+    "launcher", [["--launcher", "pool"], ["--launcher", "torchrun", "--nproc-per-node", "2"]]
+)
 def test_certify_into_a_read_only_directory_is_refused_before_anything_runs(tmp_path, launcher):
     locked = tmp_path / "locked"
     locked.mkdir()
-    result, elapsed = _run(_read_only(locked), *_cli("certify", "--impl", "reference", *launcher,
-                                                     "--out", str(locked / "x.json")), cwd=tmp_path)
+    result, elapsed = _run(
+        _read_only(locked),
+        *_cli("certify", "--impl", "reference", *launcher, "--out", str(locked / "x.json")),
+        cwd=tmp_path,
+    )
     _assert_refused(result, elapsed, f"--out {locked / 'x.json'}", "cannot write there", str(locked))
     assert not result.stdout.strip()  # pytest never started
     assert not list(tmp_path.glob("**/*.json"))
@@ -79,8 +107,17 @@ def test_certify_whose_default_certificate_directory_is_read_only_is_refused(tmp
 def test_pytest_impl_with_an_unwritable_certificate_is_a_usage_error(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
-    result, elapsed = _run(_read_only(locked), sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                           "--impl=reference", f"--certificate={locked / 'x.json'}", cwd=tmp_path)
+    result, elapsed = _run(
+        _read_only(locked),
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--impl=reference",
+        f"--certificate={locked / 'x.json'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"--certificate {locked / 'x.json'}: cannot write there" in result.stderr
     assert "collected" not in result.stdout and elapsed < ONE_LINE_S
@@ -89,22 +126,27 @@ def test_pytest_impl_with_an_unwritable_certificate_is_a_usage_error(tmp_path):
 def test_a_certificate_path_under_a_file_is_refused(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    result, elapsed = _run([], *_cli("certify", "--impl", "reference", "--out", str(blocker / "x.json")), cwd=tmp_path)
+    result, elapsed = _run(
+        [], *_cli("certify", "--impl", "reference", "--out", str(blocker / "x.json")), cwd=tmp_path
+    )
     _assert_refused(result, elapsed, "is not a directory")
 
 
 def test_report_into_a_read_only_directory_is_refused(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
-    result, elapsed = _run(_read_only(locked), *_cli("report", str(CERTIFICATE), "--out", str(locked / "r.html")),
-                           cwd=tmp_path)
+    result, elapsed = _run(
+        _read_only(locked), *_cli("report", str(CERTIFICATE), "--out", str(locked / "r.html")), cwd=tmp_path
+    )
     _assert_refused(result, elapsed, f"--out {locked / 'r.html'}", "cannot write there")
 
 
 def test_golden_generate_into_a_read_only_directory_is_refused(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
-    result, elapsed = _run(_read_only(locked), *_cli("golden", "generate", str(locked / "goldens")), cwd=tmp_path)
+    result, elapsed = _run(
+        _read_only(locked), *_cli("golden", "generate", str(locked / "goldens")), cwd=tmp_path
+    )
     _assert_refused(result, elapsed, "golden generate", "cannot write there")
 
 
@@ -120,15 +162,28 @@ def test_golden_check_of_a_missing_directory_is_refused(tmp_path):
 def test_golden_compare_with_an_unknown_implementation_is_refused(tmp_path):
     result, elapsed = _run([], *_cli("golden", "compare", "--impl", "nosuch"), cwd=tmp_path)
     _assert_refused(result, elapsed, "--impl=nosuch", "no implementation of that name is registered")
-    result, elapsed = _run([], *_cli("golden", "generate", str(tmp_path / "g"), "--impl", "nosuch"), cwd=tmp_path)
+    result, elapsed = _run(
+        [], *_cli("golden", "generate", str(tmp_path / "g"), "--impl", "nosuch"), cwd=tmp_path
+    )
     _assert_refused(result, elapsed, "--impl=nosuch")
     assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "soon"])
 def test_a_bad_deadline_scale_is_a_usage_error(tmp_path, value):
-    result, elapsed = _run([], *_cli("certify", "--impl", "reference", "--deadline-scale", value), cwd=tmp_path)
+    result, elapsed = _run(
+        [], *_cli("certify", "--impl", "reference", "--deadline-scale", value), cwd=tmp_path
+    )
     _assert_refused(result, elapsed, f"--deadline-scale {value}")
-    result, _ = _run([], sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--impl=reference",
-                     f"--gefen-deadline-scale={value}", cwd=tmp_path)
+    result, _ = _run(
+        [],
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--impl=reference",
+        f"--gefen-deadline-scale={value}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 4 and f"--gefen-deadline-scale {value}" in result.stderr

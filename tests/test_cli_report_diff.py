@@ -13,24 +13,31 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance.certificate import diff as certificate_diff, read as certificate_read, report_cli
+from gefen_conformance.certificate import diff as certificate_diff
+from gefen_conformance.certificate import read as certificate_read
+from gefen_conformance.certificate import report_cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "certificates"
 REFERENCE, FAST = REPO / "certificates" / "reference-0.1.0.json", REPO / "certificates" / "fast-0.1.0.json"
 
 
-@pytest.mark.parametrize("out,fmt,problem", [
-    ("r.pdf", None, "unknown extension '.pdf'; report writes .md, .markdown, .html, .htm"),
-    ("r.txt", "md", "unknown extension '.txt'"),
-    ("report", None, "unknown extension '(none)'"),
-    ("r.md", "html", "holds md, not --format html; name the file r.html"),
-    ("r.html", "md", "holds html, not --format md; name the file r.md"),
-])
+@pytest.mark.parametrize(
+    "out,fmt,problem",
+    [
+        ("r.pdf", None, "unknown extension '.pdf'; report writes .md, .markdown, .html, .htm"),
+        ("r.txt", "md", "unknown extension '.txt'"),
+        ("report", None, "unknown extension '(none)'"),
+        ("r.md", "html", "holds md, not --format html; name the file r.html"),
+        ("r.html", "md", "holds html, not --format md; name the file r.md"),
+    ],
+)
 def test_report_refuses_an_out_whose_extension_is_unknown_or_disagrees(tmp_path, capsys, out, fmt, problem):
     target = tmp_path / out
-    status = report_cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(target)]
-                             + (["--format", fmt] if fmt else []))
+    status = report_cli.main(
+        ["report", str(FIXTURES / "fast-run1.json"), "--out", str(target)]
+        + (["--format", fmt] if fmt else [])
+    )
     err = capsys.readouterr().err.strip()
     assert status == 4 and len(err.splitlines()) == 1 and problem in err, err
     assert not list(tmp_path.iterdir())
@@ -96,14 +103,16 @@ def test_an_interrupted_run_lists_tests_it_did_not_run_with_the_reason_not_as_re
     status, out = _diff(capsys, REFERENCE, path)
     missing = len(old["tests"]) - 5
     assert status == 1 and "Tests removed" not in out
-    title = (f"Not run in NEW, which is not a complete run (interrupted, 5 of {old['run']['expected_tests']} "
-             f"expected tests executed) ({missing}):")
+    title = (
+        f"Not run in NEW, which is not a complete run (interrupted, 5 of {old['run']['expected_tests']} "
+        f"expected tests executed) ({missing}):"
+    )
     assert title in out.replace("\n    ", " "), out
-    section = out[out.index("Not run in NEW"):].split("\n\n")[0].splitlines()
+    section = out[out.index("Not run in NEW") :].split("\n\n")[0].splitlines()
     assert len([line for line in section if line.startswith("  test_")]) == certificate_diff.NOT_RUN_SHOWN
     assert section[-1] == f"  ... and {missing - certificate_diff.NOT_RUN_SHOWN} more"
     md = report_cli.main(["diff", str(REFERENCE), str(path), "--format", "md"])
-    assert md == 1 and f"Not run in NEW, which is not a complete run" in capsys.readouterr().out
+    assert md == 1 and "Not run in NEW, which is not a complete run" in capsys.readouterr().out
 
 
 def test_a_complete_run_without_a_test_lists_it_as_removed(capsys, tmp_path):

@@ -17,6 +17,8 @@ from gefen_reference.codebook import bin_centers, histogram_counts
 from gefen_reference.codebook_solver import solve_codebook, solve_codebook_plain
 
 CENTERS = bin_centers().numpy()  # float32, exact
+
+
 def ci_settings(max_examples: int) -> settings:
     return settings(
         max_examples=max_examples,
@@ -377,7 +379,9 @@ def _counts(seed: int, active_bins: int = 300) -> torch.Tensor:
     """Bin counts with ``active_bins`` active bins (more than 256: the DP runs)."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(4096, dtype=torch.int64)
-    counts[torch.randperm(4096, generator=g)[:active_bins]] = torch.randint(1, 1000, (active_bins,), generator=g)
+    counts[torch.randperm(4096, generator=g)[:active_bins]] = torch.randint(
+        1, 1000, (active_bins,), generator=g
+    )
     return counts
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -22,7 +21,15 @@ def repo_importable(monkeypatch):
 
 def run_suite(pytester, impl, *extra, select=None):
     cert = pytester.path / "cert.json"
-    args = ["--pyargs", "gefen_conformance", f"--impl={impl}", f"--certificate={cert}", "-p", "no:cacheprovider", "-q"]
+    args = [
+        "--pyargs",
+        "gefen_conformance",
+        f"--impl={impl}",
+        f"--certificate={cert}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
     if select:
         args += ["-k", select]
     result = pytester.runpytest_subprocess(*args, *extra)
@@ -60,14 +67,17 @@ def test_reference_selection_is_partial_and_its_certificate_says_what_ran(pytest
 @pytest.mark.parametrize(
     "mutant,clause,select",
     [
-        # the whole block-step module against a mutant: .ci/run runs it (issue 23: the default run under 5 min)
+        # the whole block-step module against a mutant: .ci/run runs it (issue 23: the default run under 5
+        # min)
         pytest.param("tests.mutants:beta_rounding", "1.8", "block_step", marks=pytest.mark.slow),
         ("tests.mutants:global_step", "1.10.6", "global_step"),
         ("tests.mutants:zero_eps", "1.1.3", "invalid"),
     ],
 )
 def test_broken_implementation_fails_its_clause(narrow_certification, mutant, clause, select):
-    status, path = narrow_certification(mutant, select)  # the global_step run is shared with test_certificate_diff
+    status, path = narrow_certification(
+        mutant, select
+    )  # the global_step run is shared with test_certificate_diff
     cert = json.loads(path.read_text())
     assert status == 1
     assert cert["verdict"] == "not-conformant"  # a failure outranks the narrowed selection
@@ -80,7 +90,9 @@ def test_broken_implementation_fails_its_clause(narrow_certification, mutant, cl
 
 
 def test_capabilities_skip_and_expected_failures_are_strict_and_stale_ones_reported(pytester):
-    result, cert = run_suite(pytester, "tests.mutants:partial", select="global_step or state_matches or factored")
+    result, cert = run_suite(
+        pytester, "tests.mutants:partial", select="global_step or state_matches or factored"
+    )
     by_id = {t["id"]: t for t in cert["tests"]}
     skipped = [t for t in cert["tests"] if t["outcome"] == "skipped"]
     assert skipped and all("lacks capability" in t["reason"] for t in skipped)
@@ -93,7 +105,9 @@ def test_capabilities_skip_and_expected_failures_are_strict_and_stale_ones_repor
 
 
 def test_unknown_implementation_is_a_usage_error(pytester):
-    result = pytester.runpytest_subprocess("--pyargs", "gefen_conformance", "--impl=does-not-exist", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "gefen_conformance", "--impl=does-not-exist", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "does-not-exist" in result.stderr.str()
 
@@ -101,15 +115,27 @@ def test_unknown_implementation_is_a_usage_error(pytester):
 def test_a_rank_failure_reason_names_the_ranks_and_their_exception():
     from types import SimpleNamespace
 
-    from gefen_conformance.plugin.hooks import _reason
     from gefen_conformance.harness.pool import RankFailure, RankOutcome
+    from gefen_conformance.plugin.hooks import _reason
 
-    failure = RankFailure([
-        RankOutcome(0, "ok"),
-        RankOutcome(1, "raised", exc_type="ValueError", message="Gefen DCP checkpoint slot 3 has the wrong shape\nmore"),
-        RankOutcome(2, "hung", message="did not finish within the 60 s deadline; stacks dumped, process killed"),
-    ], "world_size=3, save_trained, timeout 60 s")
-    report = SimpleNamespace(failed=True, skipped=False, longrepr=None, longreprtext="ranks.py:860: RankFailure")
+    failure = RankFailure(
+        [
+            RankOutcome(0, "ok"),
+            RankOutcome(
+                1,
+                "raised",
+                exc_type="ValueError",
+                message="Gefen DCP checkpoint slot 3 has the wrong shape\nmore",
+            ),
+            RankOutcome(
+                2, "hung", message="did not finish within the 60 s deadline; stacks dumped, process killed"
+            ),
+        ],
+        "world_size=3, save_trained, timeout 60 s",
+    )
+    report = SimpleNamespace(
+        failed=True, skipped=False, longrepr=None, longreprtext="ranks.py:860: RankFailure"
+    )
     call = SimpleNamespace(excinfo=SimpleNamespace(value=failure))
     reason = _reason(report, call)
     assert reason.startswith("RankFailure: 2 of 3 ranks failed")

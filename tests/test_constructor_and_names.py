@@ -122,7 +122,11 @@ def test_names_match_gefenx():
     warnings.simplefilter("ignore")
     layouts = [
         lambda ps: [ps[0], ("X", ps[1]), ps[2]],
-        lambda ps: [{"params": ps[:2]}, {"params": [ps[2]], "name": "Head"}, {"params": [ps[3]], "name": "head"}],
+        lambda ps: [
+            {"params": ps[:2]},
+            {"params": [ps[2]], "name": "Head"},
+            {"params": [ps[3]], "name": "head"},
+        ],
         lambda ps: [{"params": [("group_0_param_0", ps[0])]}, {"params": ps[1:3]}],
     ]
     for layout in layouts:

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import gefen_reference.dcp as rdcp
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
 from gefen_oracles import checkpoint_reader
 from gefen_reference.codebook import learn_codebook
 from gefen_reference.codewords import nearest_codeword_indices
@@ -28,9 +28,7 @@ from gefen_reference.steps import block_mean_square
 from tests import _dcp_load_ranks as L
 from tests.support import DCP_MODEL, DCP_SAVE_STEPS, DCP_TARGET_OPTIONS, FRESH, dcp_optimizer, world_of_one
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
-)
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +184,10 @@ def test_reblock_formulas_and_device_of_the_codebook():
     assert magnitude.tolist() == [[0.0], [2.0]] and vmean.tolist() == [[2.5], [2.0]]
     zero_index = int(nearest_codeword_indices(codebook, torch.zeros(1))[0])
     assert indices[0].tolist() == [zero_index] * 4
-    assert indices[1].tolist() == nearest_codeword_indices(codebook, torch.tensor([1.0, -0.5, 0.25, 0.0])).tolist()
+    assert (
+        indices[1].tolist()
+        == nearest_codeword_indices(codebook, torch.tensor([1.0, -0.5, 0.25, 0.0])).tolist()
+    )
 
 
 # --------------------------------------------------------------------- error regimes
@@ -227,7 +228,7 @@ def test_second_moment_resume_error_regimes(regime, numel, target_period, above,
     blocks (aligned, 4x coarser: < 1e-5 relative) and lossy when they refine (4x finer: > 0.1) or
     straddle source boundaries (96 over 64: far above round-off; the size depends on the data)."""
     error = _regime_error(numel, 64, target_period)
-    print("second-moment regime %s: max relative error %.3e" % (regime, error))
+    print(f"second-moment regime {regime}: max relative error {error:.3e}")
     assert error >= above
     if below is not None:
         assert error < below

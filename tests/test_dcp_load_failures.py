@@ -9,7 +9,6 @@ tensor identities, codebook, global step, deterministic flag).
 
 from __future__ import annotations
 
-
 import pytest
 import torch.distributed as dist
 
@@ -20,9 +19,7 @@ pytest.importorskip("gefen")
 from gefen_conformance.harness import launch  # noqa: E402
 from tests.support import DCP_SAVE_STEPS, checkpoint_files, world_of_one  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
-)
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 BY_ID = {s[0]: s for s in L.FAILURE_SCENARIOS}
 
@@ -45,7 +42,7 @@ def two_rank_checkpoint(tmp_path_factory):
 
 def _assert_own_error(scenario_id, outcome):
     _, clause, _, _, _, error_type, part = BY_ID[scenario_id]
-    assert outcome is not None, "%s (SPEC %s): the load succeeded" % (scenario_id, clause)
+    assert outcome is not None, f"{scenario_id} (SPEC {clause}): the load succeeded"
     assert error_type in outcome[2] and part in outcome[1], (scenario_id, clause, outcome)
 
 
@@ -71,7 +68,11 @@ def test_one_rank_failure_aborts_every_rank_before_commit(two_rank_checkpoint, f
             if rank == failing_rank:
                 _assert_own_error(scenario, outcome)
             else:
-                assert outcome[:2] == ("RuntimeError", agreement.LOAD_ABORT_MESSAGE), (rank, scenario, outcome)
+                assert outcome[:2] == ("RuntimeError", agreement.LOAD_ABORT_MESSAGE), (
+                    rank,
+                    scenario,
+                    outcome,
+                )
                 assert "another rank" in outcome[1]
 
 

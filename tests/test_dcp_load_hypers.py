@@ -112,7 +112,9 @@ def test_commit_applies_every_key_of_every_group():
     staged = H.stage_groups(groups, [dict(SAVED)])
     H.commit(groups, staged)
     assert groups[0]["lr"] is lr and lr.item() == 2.5e-3
-    assert {k: groups[0][k] for k in HYPER_KEYS if k != "lr"} == {k: SAVED[k] for k in HYPER_KEYS if k != "lr"}
+    assert {k: groups[0][k] for k in HYPER_KEYS if k != "lr"} == {
+        k: SAVED[k] for k in HYPER_KEYS if k != "lr"
+    }
 
 
 def test_saved_value_as_one_element_tensor_is_read():

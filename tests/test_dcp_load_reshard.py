@@ -18,22 +18,41 @@ pytest.importorskip("gefen")
 from gefen_conformance.harness import launch  # noqa: E402
 from tests.support import COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, FRESH, TINY  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
-)
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 # Checkpoints per source world size: (directory, implementation, with the two-row parameter).
 SAVES = {
     1: [("ref_w1", "reference", True)],
     2: [("ref_w2", "reference", True), ("gx_w2", "gefenx", True)],
     3: [("ref_w3", "reference", True)],
-    4: [("ref_w4", "reference", True), ("gx_w4_torn", "gefenx", True), ("ref_w4_nt", "reference", False), ("gx_w4_nt", "gefenx", False)],
+    4: [
+        ("ref_w4", "reference", True),
+        ("gx_w4_torn", "gefenx", True),
+        ("ref_w4_nt", "reference", False),
+        ("gx_w4_nt", "gefenx", False),
+    ],
 }
 # gefen-x writes a torn slot for a parameter with fewer rows than ranks (SPEC 2.4.5), so
 # the 4 -> 2 interop uses the model without the two-row parameter ("_nt").
 INTEROP = {
-    "2->4": (4, [("ref_w2", "reference", True), ("gx_w2", "reference", True), ("ref_w2", "gefenx", True), ("gx_w2", "gefenx", True)]),
-    "4->2": (2, [("ref_w4_nt", "reference", False), ("gx_w4_nt", "reference", False), ("ref_w4_nt", "gefenx", False), ("gx_w4_nt", "gefenx", False)]),
+    "2->4": (
+        4,
+        [
+            ("ref_w2", "reference", True),
+            ("gx_w2", "reference", True),
+            ("ref_w2", "gefenx", True),
+            ("gx_w2", "gefenx", True),
+        ],
+    ),
+    "4->2": (
+        2,
+        [
+            ("ref_w4_nt", "reference", False),
+            ("gx_w4_nt", "reference", False),
+            ("ref_w4_nt", "gefenx", False),
+            ("gx_w4_nt", "gefenx", False),
+        ],
+    ),
 }
 # Reshard paths: name -> (target world, reference checkpoint).
 PATHS = {
@@ -113,7 +132,7 @@ def test_reshard_continuation_is_within_the_published_bound(scenarios, path):
         for report in reports[world]
         for error in report["restored"][directory]["continuation_error"].values()
     )
-    print("continuation max-abs error %s: %.3e" % (path, worst))
+    print(f"continuation max-abs error {path}: {worst:.3e}")
     assert 0.0 < worst < L.CONTINUE_TOL
 
 

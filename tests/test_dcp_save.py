@@ -18,22 +18,26 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance.harness import launch
 from gefen_conformance import workload
+from gefen_conformance.harness import launch
 from gefen_conformance.harness.sharding import sharded_parameter, world_mesh
 from gefen_oracles import checkpoint_reader, gefen_schema
 from gefen_oracles.digests import canonical_metadata, payload_md5s
 from gefen_reference.dcp import agreement, dense, placeholder, schema
 from tests.support import (
-    DCP_MODEL, DCP_SAVE_STEPS, FRESH, checkpoint_files, dcp_optimizer, dcp_trained, world_of_one,
+    DCP_MODEL,
+    DCP_SAVE_STEPS,
+    FRESH,
+    checkpoint_files,
+    dcp_optimizer,
+    dcp_trained,
+    world_of_one,
 )
 
 gefen = pytest.importorskip("gefen")
 from tests import _dcp_save_ranks as R  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
-)
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,12 @@ def test_state_dict_keys_dtypes_and_replicated_entries(trained):
     for key in ("format_version", "global_step", "slot_count", "group_count"):
         assert sd[key].dtype == torch.int64 and sd[key].dim() == 0, key
     assert sd["deterministic"].dtype == torch.uint8 and sd["deterministic"].item() == 1
-    assert [sd[k].item() for k in ("format_version", "global_step", "slot_count", "group_count")] == [2, 3, 5, 2]
+    assert [sd[k].item() for k in ("format_version", "global_step", "slot_count", "group_count")] == [
+        2,
+        3,
+        5,
+        2,
+    ]
     assert sd["param_identities"] == [
         {"name": "enc.weight", "group": 0, "shape": [64, 48]},
         {"name": "enc.bias", "group": 0, "shape": [48]},
@@ -136,8 +145,10 @@ def test_written_checkpoint_schema_from_files(trained, tmp_path):
     assert not nested["slot_00000003.momentum"].any() and not nested["slot_00000003.second_moment"].any()
     state = optimizer.state[params["enc.weight"]]
     period = state["automatic_period"]
-    expected_m = (optimizer.codebook[state["m_codebook"].reshape(-1).long()].reshape(-1, period)
-                  * state["m_magnitude"].reshape(-1, 1)).reshape(64, 48)
+    expected_m = (
+        optimizer.codebook[state["m_codebook"].reshape(-1).long()].reshape(-1, period)
+        * state["m_magnitude"].reshape(-1, 1)
+    ).reshape(64, 48)
     expected_v = state["vmean"].reshape(-1, 1).expand(-1, period).reshape(64, 48)
     assert torch.equal(nested["slot_00000000.momentum"], expected_m)
     assert torch.equal(nested["slot_00000000.second_moment"], expected_v)
@@ -211,8 +222,12 @@ def test_placeholder_refuses_ordinary_tensor_use_but_prints(trained):
     optimizer, _, _ = trained
     sd = _state_dict(optimizer)
     stand_in = sd["slot_00000000.momentum"]
-    for attempt in (lambda: stand_in.to("cpu"), lambda: stand_in.cpu(), lambda: stand_in + 1,
-                    lambda: torch.zeros_like(stand_in)):
+    for attempt in (
+        lambda: stand_in.to("cpu"),
+        lambda: stand_in.cpu(),
+        lambda: stand_in + 1,
+        lambda: torch.zeros_like(stand_in),
+    ):
         with pytest.raises(RuntimeError, match="GefenFileSystemWriter"):
             attempt()
     text = repr(stand_in)
@@ -228,7 +243,10 @@ def test_placeholder_refuses_ordinary_tensor_use_but_prints(trained):
 
 def test_planner_refuses_unflattened_state_dicts():
     """SPEC 2.5.1: flatten_state_dict=False is refused at construction (keyword or positional)."""
-    for make in (lambda: rdcp.GefenSavePlanner(flatten_state_dict=False), lambda: rdcp.GefenSavePlanner(False)):
+    for make in (
+        lambda: rdcp.GefenSavePlanner(flatten_state_dict=False),
+        lambda: rdcp.GefenSavePlanner(False),
+    ):
         with pytest.raises(ValueError, match="flatten_state_dict=True") as info:
             make()
         assert "placeholder" in str(info.value)
@@ -256,6 +274,7 @@ def test_planner_expands_one_slot_at_a_time_and_keeps_nothing(trained, tmp_path,
             finally:
                 with lock:
                     live["now"] -= 1
+
         return build
 
     for fn in ("momentum", "second_moment", "zeros"):
@@ -264,13 +283,19 @@ def test_planner_expands_one_slot_at_a_time_and_keeps_nothing(trained, tmp_path,
     captured = {}
     real_state_dict = state.state_dict
     state.state_dict = lambda: captured.setdefault("sd", real_state_dict())
-    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "planned"), thread_count=thread_count),
-             planner=rdcp.GefenSavePlanner())
+    dcp.save(
+        {"optimizer": state},
+        storage_writer=dcp.FileSystemWriter(str(tmp_path / "planned"), thread_count=thread_count),
+        planner=rdcp.GefenSavePlanner(),
+    )
     assert live["peak"] == 1 and live["count"] == 2 * len(DCP_MODEL.shapes)
     assert all(v._kept is None for v in captured["sd"].values() if placeholder.is_placeholder(v))
 
     captured.clear()
-    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "plain"), thread_count=thread_count))
+    dcp.save(
+        {"optimizer": state},
+        storage_writer=dcp.FileSystemWriter(str(tmp_path / "plain"), thread_count=thread_count),
+    )
     assert all(v._kept is not None for v in captured["sd"].values() if placeholder.is_placeholder(v))
     assert payload_md5s(str(tmp_path / "plain")) == payload_md5s(str(tmp_path / "planned"))
 
@@ -298,8 +323,12 @@ def test_async_save_with_the_default_writer_is_refused_before_writing(trained, t
     """SPEC 2.6.2: the default writer fails while staging, names GefenFileSystemWriter, writes nothing."""
     optimizer, _, _ = trained
     with pytest.raises(RuntimeError) as info:
-        _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
-                             storage_writer=dcp.FileSystemWriter(str(tmp_path))))
+        _wait(
+            dcp.async_save(
+                {"optimizer": rdcp.GefenDCPState(optimizer)},
+                storage_writer=dcp.FileSystemWriter(str(tmp_path)),
+            )
+        )
     assert "GefenFileSystemWriter" in str(info.value)
     assert "GefenSavePlanner" not in str(info.value)
     assert checkpoint_files(str(tmp_path)) == []
@@ -321,11 +350,19 @@ def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
         gate.set()
     _wait(response)
     workload.save(R.REFERENCE, optimizer, str(tmp_path / "after"))
-    before, landed, after = (checkpoint_reader.read_flat(str(tmp_path / d)) for d in ("before", "async", "after"))
+    before, landed, after = (
+        checkpoint_reader.read_flat(str(tmp_path / d)) for d in ("before", "async", "after")
+    )
     assert set(landed) == set(before)
     for key in before:
-        assert torch.equal(landed[key], before[key]) if torch.is_tensor(before[key]) else landed[key] == before[key], key
-    assert not torch.equal(after["optimizer.slot_00000000.momentum"], before["optimizer.slot_00000000.momentum"])
+        assert (
+            torch.equal(landed[key], before[key])
+            if torch.is_tensor(before[key])
+            else landed[key] == before[key]
+        ), key
+    assert not torch.equal(
+        after["optimizer.slot_00000000.momentum"], before["optimizer.slot_00000000.momentum"]
+    )
     assert after["optimizer.global_step"].item() == DCP_SAVE_STEPS + 1
 
 
@@ -333,9 +370,16 @@ def test_async_save_with_gefen_writer_without_planner_matches_sync_values(traine
     """SPEC 2.6.1: the async checkpoint holds the same values as the sync one (layout may differ)."""
     optimizer, _, _ = trained
     workload.save(R.REFERENCE, optimizer, str(tmp_path / "sync"), planner=False)
-    _wait(dcp.async_save({"optimizer": rdcp.GefenDCPState(optimizer)},
-                         storage_writer=rdcp.GefenFileSystemWriter(str(tmp_path / "async"))))
-    sync, landed = checkpoint_reader.read_flat(str(tmp_path / "sync")), checkpoint_reader.read_flat(str(tmp_path / "async"))
+    _wait(
+        dcp.async_save(
+            {"optimizer": rdcp.GefenDCPState(optimizer)},
+            storage_writer=rdcp.GefenFileSystemWriter(str(tmp_path / "async")),
+        )
+    )
+    sync, landed = (
+        checkpoint_reader.read_flat(str(tmp_path / "sync")),
+        checkpoint_reader.read_flat(str(tmp_path / "async")),
+    )
     assert set(sync) == set(landed)
     for key in sync:
         assert torch.equal(sync[key], landed[key]) if torch.is_tensor(sync[key]) else sync[key] == landed[key]
@@ -405,7 +449,10 @@ def test_one_rank_preflight_failure_stops_every_rank(tmp_path):
         R.PREFLIGHT_SCENARIOS, healthy, failing
     ):
         assert got0 == got1 == name
-        assert failing_outcome is not None and failing_outcome[0] == error_type.__name__, (name, failing_outcome)
+        assert failing_outcome is not None and failing_outcome[0] == error_type.__name__, (
+            name,
+            failing_outcome,
+        )
         assert part in failing_outcome[1], (name, failing_outcome)
         assert healthy_outcome == ("RuntimeError", agreement.ABORT_MESSAGE), (name, healthy_outcome)
         assert "another rank" in healthy_outcome[1]
@@ -463,7 +510,11 @@ def _assert_same_checkpoints(root, torn_slot=None):
         assert md5[variant] == md5["gefenx_plain"], variant
     for variant in ("ref_planned", "ref_planned_again"):
         assert md5[variant] == md5["ref_plain"], variant
-    pairs = (("ref_plain", "gefenx_plain"), ("ref_planned", "gefenx_planned"), ("ref_threads", "gefenx_threads"))
+    pairs = (
+        ("ref_plain", "gefenx_plain"),
+        ("ref_planned", "gefenx_planned"),
+        ("ref_threads", "gefenx_threads"),
+    )
     for ours, theirs in pairs:
         assert canonical_metadata(os.path.join(root, ours)) == canonical_metadata(os.path.join(root, theirs))
         if torn_slot is None:
@@ -471,7 +522,10 @@ def _assert_same_checkpoints(root, torn_slot=None):
             continue
         # SPEC 2.4.5: every value agrees except the torn slot's three scalars.
         torn_keys = {"optimizer." + schema.slot_key(torn_slot, f) for f in agreement.SLOT_SCALARS}
-        a, b = checkpoint_reader.read_flat(os.path.join(root, ours)), checkpoint_reader.read_flat(os.path.join(root, theirs))
+        a, b = (
+            checkpoint_reader.read_flat(os.path.join(root, ours)),
+            checkpoint_reader.read_flat(os.path.join(root, theirs)),
+        )
         assert set(a) == set(b)
         for key in set(a) - torn_keys:
             assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
@@ -498,21 +552,32 @@ def test_payload_md5_matches_gefenx_on_spawned_ranks(tmp_path, world_size):
     """SPEC 2.2.5, 2.4.5: spawned gloo ranks; every .distcp file matches gefen-x's, md5 for md5,
     except that at world 4 the reference agrees the scalars of the slot whose shard is empty on
     ranks 2-3 where gefen-x writes a torn slot."""
-    assert launch.run(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(range(world_size))
+    assert launch.run(R.save_all_variants, world_size, args=(str(tmp_path),), timeout=120) == list(
+        range(world_size)
+    )
     md5 = _assert_same_checkpoints(str(tmp_path), TORN_SLOT.get(world_size))
     assert len(md5["ref_planned"]) == world_size
     if world_size in TORN_SLOT:
         # SPEC 2.4.5: gefen-x's own loader refuses gefen-x's torn checkpoint ...
-        outcomes = launch.run(R.load_into_gefenx, world_size, args=(str(tmp_path / "gefenx_planned"),),
-                                timeout=60, allow_failure=True)
+        outcomes = launch.run(
+            R.load_into_gefenx,
+            world_size,
+            args=(str(tmp_path / "gefenx_planned"),),
+            timeout=60,
+            allow_failure=True,
+        )
         for outcome in outcomes:
             assert outcome.status == "raised" and outcome.exc_type.endswith("ValueError"), outcome
             assert "uninitialized but carries nonzero counters" in outcome.message
         # ... and accepts the reference's, whose slot scalars agree.
-        restored = launch.run(R.load_into_gefenx, world_size, args=(str(tmp_path / "ref_planned"),), timeout=60)
+        restored = launch.run(
+            R.load_into_gefenx, world_size, args=(str(tmp_path / "ref_planned"),), timeout=60
+        )
         for rank, report in enumerate(restored):
             holds_tiny = rank < 2
-            assert report["counters"]["tiny.weight"] == ((DCP_SAVE_STEPS,) * 2 if holds_tiny else (None, None))
+            assert report["counters"]["tiny.weight"] == (
+                (DCP_SAVE_STEPS,) * 2 if holds_tiny else (None, None)
+            )
             assert report["counters"]["enc.weight"] == (DCP_SAVE_STEPS, DCP_SAVE_STEPS)
 
 

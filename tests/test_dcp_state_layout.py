@@ -49,8 +49,10 @@ def world():
 
 def _optimizer(cls, mesh, seed=0):
     g = torch.Generator().manual_seed(seed)
-    params = {"enc.weight": sharded_parameter(torch.randn(8, 16, generator=g), mesh),
-              "enc.bias": sharded_parameter(torch.randn(16, generator=g), mesh)}
+    params = {
+        "enc.weight": sharded_parameter(torch.randn(8, 16, generator=g), mesh),
+        "enc.bias": sharded_parameter(torch.randn(16, generator=g), mesh),
+    }
     return cls(list(params.items()), factored_v_2d=False), params
 
 
@@ -59,7 +61,8 @@ def _train(optimizer, params, steps, first=0):
         g = torch.Generator().manual_seed(100 + step)
         for p in params.values():
             p.grad = torch.distributed.tensor.distribute_tensor(
-                torch.randn(p.shape, generator=g), p.device_mesh, p.placements)
+                torch.randn(p.shape, generator=g), p.device_mesh, p.placements
+            )
         optimizer.step()
 
 
@@ -68,7 +71,9 @@ def test_accepted_classes(cls):
     assert optimizer_view.is_supported(object.__new__(cls))
 
 
-@pytest.mark.parametrize("cls", [Undeclared, InheritsDeclaration, WrongVersion], ids=["undeclared", "inherited", "other-version"])
+@pytest.mark.parametrize(
+    "cls", [Undeclared, InheritsDeclaration, WrongVersion], ids=["undeclared", "inherited", "other-version"]
+)
 def test_refused_classes(world, cls):
     optimizer, _ = _optimizer(cls, world.mesh)
     with pytest.raises(TypeError, match="reference.Gefen"):
@@ -86,7 +91,9 @@ def test_declared_class_round_trips_like_the_reference(world):
     dcp.save({"optimizer": rdcp.GefenDCPState(theirs)}, checkpoint_id=b)
 
     def payload(path):
-        return {n: open(os.path.join(path, n), "rb").read() for n in os.listdir(path) if n.endswith(".distcp")}
+        return {
+            n: open(os.path.join(path, n), "rb").read() for n in os.listdir(path) if n.endswith(".distcp")
+        }
 
     assert payload(a) == payload(b)
 

@@ -29,7 +29,9 @@ def machine(monkeypatch):
     deadlines.set_scale(previous)
 
 
-def _run_until_expired(deadline: deadlines.Deadline, limit_s: float = 10.0, since: float | None = None) -> float:
+def _run_until_expired(
+    deadline: deadlines.Deadline, limit_s: float = 10.0, since: float | None = None
+) -> float:
     # measured from the deadline's own start unless told: the caller built it a moment before this call
     started = deadline.started if since is None else since
     while not deadline.expired():

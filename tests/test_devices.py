@@ -17,11 +17,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.certificate import build as certificate, numeric_profile
-from gefen_conformance.harness import devices, launch, pool as ranks, world
-from gefen_conformance.plugin import markers
 from gefen_conformance import workload
+from gefen_conformance.certificate import build as certificate
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.harness import devices, launch, world
+from gefen_conformance.harness import pool as ranks
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+from gefen_conformance.plugin import markers
 
 REPO = Path(__file__).resolve().parents[1]
 needs_pool = pytest.mark.skipif(
@@ -57,8 +59,11 @@ def _world_device():
 def test_parse_accepts_cpu_and_names_what_it_refuses():
     assert devices.parse("cpu") == torch.device("cpu")
     assert devices.parse(" cpu ") == torch.device("cpu")
-    for name, words in [("nonsense", ["'nonsense' is not a torch device"]), ("", ["'': give a torch device"]),
-                        ("cuda:-1", ["cuda:-1"])]:
+    for name, words in [
+        ("nonsense", ["'nonsense' is not a torch device"]),
+        ("", ["'': give a torch device"]),
+        ("cuda:-1", ["cuda:-1"]),
+    ]:
         with pytest.raises(devices.DeviceUnavailable) as info:
             devices.parse(name)
         assert all(w in str(info.value) for w in words), str(info.value)
@@ -72,7 +77,9 @@ def test_parse_accepts_cpu_and_names_what_it_refuses():
 
 def test_parse_refuses_an_index_beyond_the_machine(monkeypatch):
     monkeypatch.setattr(devices, "available", lambda kind: 2)
-    with pytest.raises(devices.DeviceUnavailable, match=r"^cuda:2: this machine has 2 cuda device\(s\) \(indices 0-1\)"):
+    with pytest.raises(
+        devices.DeviceUnavailable, match=r"^cuda:2: this machine has 2 cuda device\(s\) \(indices 0-1\)"
+    ):
         devices.parse("cuda:2")
 
 
@@ -109,10 +116,12 @@ def test_a_non_cpu_device_is_always_judged_by_tolerance():
     loose = SimpleNamespace(capabilities=set())
     cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
     assert numeric_profile.choose(exact.capabilities, cpu) == numeric_profile.NumericProfile(
-        numeric_profile.Profile.TORCH_EXACT, "cpu-bit-exact declared")
+        numeric_profile.Profile.TORCH_EXACT, "cpu-bit-exact declared"
+    )
     assert numeric_profile.choose(exact.capabilities, cpu).bitwise
     assert numeric_profile.choose(loose.capabilities, cpu) == numeric_profile.NumericProfile(
-        numeric_profile.Profile.TOLERANCE, "cpu-bit-exact not declared")
+        numeric_profile.Profile.TOLERANCE, "cpu-bit-exact not declared"
+    )
     chosen = numeric_profile.choose(exact.capabilities, cuda)
     name, reason = chosen.name, chosen.reason
     assert not chosen.bitwise
@@ -169,8 +178,13 @@ def test_state_to_cpu_copies_every_tensor_and_keeps_the_rest():
 
 def test_the_pool_describes_the_run_device(two_fake_gpus):
     assert launch.execution().as_dict() == {
-        "launcher": "pool", "nodes": 1, "world_size": None, "max_world_size": None, "backend": "nccl",
-        "device_type": "cuda", "device_names": ["cuda:0 Fake GPU", "cuda:1 Fake GPU"],
+        "launcher": "pool",
+        "nodes": 1,
+        "world_size": None,
+        "max_world_size": None,
+        "backend": "nccl",
+        "device_type": "cuda",
+        "device_names": ["cuda:0 Fake GPU", "cuda:1 Fake GPU"],
     }
 
 
@@ -196,7 +210,12 @@ def test_pool_ranks_run_on_cpu_by_default_and_sizes_run_are_drained(run_device):
 
 def test_execution_facts_are_the_launcher_description_plus_the_sizes_run(two_fake_gpus):
     facts = certificate.execution_facts([4, 2, 2])
-    assert facts == {**launch.execution().as_dict(), "world_sizes": [2, 4], "warm_up_s": None, "deadline_scale": 1.0}
+    assert facts == {
+        **launch.execution().as_dict(),
+        "world_sizes": [2, 4],
+        "warm_up_s": None,
+        "deadline_scale": 1.0,
+    }
     assert facts["backend"] == "nccl" and facts["device_type"] == "cuda"
 
 
@@ -208,11 +227,16 @@ def child_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
-@pytest.mark.parametrize("name,words", [
-    ("cuda", ["--gefen-device cuda: no cuda device is available"]),
-    ("nonsense", ["--gefen-device 'nonsense' is not a torch device"]),
-])
-@pytest.mark.parametrize("how", [["--impl=reference"], ["--pyargs", "gefen_conformance"]], ids=["impl", "pyargs"])
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("cuda", ["--gefen-device cuda: no cuda device is available"]),
+        ("nonsense", ["--gefen-device 'nonsense' is not a torch device"]),
+    ],
+)
+@pytest.mark.parametrize(
+    "how", [["--impl=reference"], ["--pyargs", "gefen_conformance"]], ids=["impl", "pyargs"]
+)
 def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_env, name, words, how):
     if name == "cuda" and devices.available("cuda"):
         pytest.skip("this machine has CUDA")
@@ -225,20 +249,36 @@ def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_e
     assert not [p.name for p in pytester.path.iterdir() if p.name.startswith("gefen-certificate")]
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 @needs_pool
 def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester, child_env):
     cert_path = pytester.path / "cert.json"
     result = pytester.runpytest_subprocess(
-        "--impl=reference", "--gefen-device=cpu", f"--certificate={cert_path}", "-p", "no:cacheprovider", "-q",
-        "-k", "test_async_save_with_the_default_writer_is_refused_before_writing or test_global_step")
+        "--impl=reference",
+        "--gefen-device=cpu",
+        f"--certificate={cert_path}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-k",
+        "test_async_save_with_the_default_writer_is_refused_before_writing or test_global_step",
+    )
     assert result.ret == 6, result.stdout.str() + result.stderr.str()  # partial (SPEC 4.4.9)
     cert = json.loads(cert_path.read_text())
     assert cert["summary"]["passed"] == 2 and cert["verdict"] == "partial"
     warm_up = cert["execution"].pop("warm_up_s")
-    assert cert["execution"] == {"launcher": "pool", "nodes": 1, "world_size": None, "max_world_size": None,
-                                 "backend": "gloo", "device_type": "cpu", "device_names": ["cpu"],
-                                 "world_sizes": [2], "deadline_scale": 1.0}
+    assert cert["execution"] == {
+        "launcher": "pool",
+        "nodes": 1,
+        "world_size": None,
+        "max_world_size": None,
+        "backend": "gloo",
+        "device_type": "cpu",
+        "device_names": ["cpu"],
+        "world_sizes": [2],
+        "deadline_scale": 1.0,
+    }
     assert warm_up > 0
     assert cert["profile"]["name"] == "torch-exact"
 
@@ -256,9 +296,20 @@ def test_a_project_with_its_own_device_option_still_starts(pytester, child_env):
 def test_the_report_shows_the_backend_and_world_sizes():
     from gefen_conformance.certificate import report
 
-    cert = {"implementation": {"name": "x", "version": "1"}, "summary": {}, "verdict": "conformant",
-            "execution": {"launcher": "pool", "nodes": 1, "world_size": None, "backend": "nccl",
-                          "device_type": "cuda", "device_names": ["cuda:0 H200"], "world_sizes": [1, 2]}}
+    cert = {
+        "implementation": {"name": "x", "version": "1"},
+        "summary": {},
+        "verdict": "conformant",
+        "execution": {
+            "launcher": "pool",
+            "nodes": 1,
+            "world_size": None,
+            "backend": "nccl",
+            "device_type": "cuda",
+            "device_names": ["cuda:0 H200"],
+            "world_sizes": [1, 2],
+        },
+    }
     rows = dict(report.facts(cert))
     assert rows["execution"] == "cuda (cuda:0 H200), nccl, world sizes 1, 2, 1 node(s), pool launcher"
     old = dict(cert, execution={"distributed_backend": "gloo", "device_type": "cpu", "world_sizes": [4]})

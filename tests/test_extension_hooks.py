@@ -8,7 +8,6 @@ import torch
 
 import gefen_reference as reference
 from gefen_reference import periods
-from gefen_reference.codebook import learn_codebook
 from gefen_reference.optimizer import ParameterUpdate
 from gefen_reference.steps import StepHyper
 
@@ -30,8 +29,10 @@ def _gradients(params, step: int):
 
 
 def _groups(params):
-    return [{"params": [("w", params["w"]), ("b", params["b"])], "weight_decay": 0.1},
-            {"params": [("frozen", params["frozen"]), ("v", params["v"])], "lr": 2e-3}]
+    return [
+        {"params": [("w", params["w"]), ("b", params["b"])], "weight_decay": 0.1},
+        {"params": [("frozen", params["frozen"]), ("v", params["v"])], "lr": 2e-3},
+    ]
 
 
 def _run(cls, steps: int = 3, **kw):
@@ -99,6 +100,7 @@ def test_a_skipped_step_calls_no_hook():
 
 def test_a_batched_override_sees_every_update_and_gives_the_same_result():
     """An override may run the updates in any order (here: reversed), since parameters are independent."""
+
     class Reversed(reference.Gefen):
         def update_parameters(self, updates):
             for u in reversed(list(updates)):
@@ -140,6 +142,7 @@ def test_the_default_period_is_the_reference_rule():
 def test_a_failure_while_preparing_still_updates_the_parameters_prepared_before_it():
     """SPEC 4.1.8 item 1: when preparing a parameter raises, the ones prepared before it are still
     updated (as one parameter at a time would have done), then the error propagates."""
+
     class FailsOnV(Recording):
         def choose_period(self, name, global_shape, local_grad):
             if name == "v" and self.codebook is not None:

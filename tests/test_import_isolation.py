@@ -20,7 +20,10 @@ import pytest
 #: bodies travel by name into the ranks) and a hypothesis property.
 # (-k cannot name a parameter id with ">": the reshard "2->1" that "and 2-1" meant never matched, so no
 # multi-rank scenario ran here; the async refusal is one on 2 ranks)
-SELECTION = "global_step or test_async_save_with_the_default_writer_is_refused_before_writing or staging_regression and lr-requires"
+SELECTION = (
+    "global_step or test_async_save_with_the_default_writer_is_refused_before_writing or "
+    "staging_regression and lr-requires"
+)
 
 
 def _kernel_repository(root: Path) -> Path:
@@ -29,7 +32,9 @@ def _kernel_repository(root: Path) -> Path:
         (root / package).mkdir()
         (root / package / "__init__.py").write_text(f"WHO = 'the user\\'s {package}'\n")
         for module in ("workload", "plugin", "optimizer", "numeric", "dcp", "suite", "implementations"):
-            (root / package / f"{module}.py").write_text(f"raise ImportError('the suite imported the user\\'s {package}.{module}')\n")
+            (root / package / f"{module}.py").write_text(
+                f"raise ImportError('the suite imported the user\\'s {package}.{module}')\n"
+            )
     (root / "conftest.py").write_text("import conformance, oracles, reference  # the user's own\n")
     (root / "tests").mkdir()
     (root / "tests" / "__init__.py").write_text("")
@@ -37,9 +42,11 @@ def _kernel_repository(root: Path) -> Path:
     (root / "tests" / "test_theirs.py").write_text(
         "import pytest\n\n"
         "def test_no_suite_fixture_here(request):\n"
-        "    for name in ('impl', 'impl_spec', 'saved', 'one_rank', 'gefen_impl', 'gefen_reference', 'gefen_ranks', 'gefen_checkpoints', 'gefen_one_rank'):\n"
+        "    for name in ('impl', 'impl_spec', 'saved', 'one_rank', 'gefen_impl', 'gefen_reference', "
+        "'gefen_ranks', 'gefen_checkpoints', 'gefen_one_rank'):\n"
         "        with pytest.raises(pytest.FixtureLookupError):\n"
-        "            request.getfixturevalue(name)\n")
+        "            request.getfixturevalue(name)\n"
+    )
     (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
     return root
 
@@ -47,12 +54,29 @@ def _kernel_repository(root: Path) -> Path:
 def _certify(cwd: Path, *launcher: str) -> dict:
     cert = cwd / "out" / "certificate.json"
     cert.parent.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", "reference", *launcher,
-               "--out", str(cert), "--", "-q", "-p", "no:cacheprovider", "-k", SELECTION]
+    command = [
+        sys.executable,
+        "-m",
+        "gefen_conformance.cli",
+        "certify",
+        "--impl",
+        "reference",
+        *launcher,
+        "--out",
+        str(cert),
+        "--",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        SELECTION,
+    ]
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900)
     partial = cert.with_name("certificate.partial.json")
     found = cert if cert.exists() else partial
-    assert found.exists(), f"no certificate (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert found.exists(), (
+        f"no certificate (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return json.loads(found.read_text())
 
 
@@ -61,14 +85,22 @@ def _results(cert: dict) -> list:
 
 
 #: The suite tests SELECTION picks (ids without parameters).
-SELECTED = {"test_optimizer.py::test_global_step_counts_every_step_call",
-            "test_dcp_async.py::test_async_save_with_the_default_writer_is_refused_before_writing",
-            "test_hyper_staging.py::test_staging_regression"}
+SELECTED = {
+    "test_optimizer.py::test_global_step_counts_every_step_call",
+    "test_dcp_async.py::test_async_save_with_the_default_writer_is_refused_before_writing",
+    "test_hyper_staging.py::test_staging_regression",
+}
 
 
-@pytest.mark.parametrize("launcher", [pytest.param((), id="pool"),
-                                      pytest.param(("--launcher", "torchrun", "--nproc-per-node", "2"), id="torchrun",
-                                                   marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param((), id="pool"),
+        pytest.param(
+            ("--launcher", "torchrun", "--nproc-per-node", "2"), id="torchrun", marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_a_repository_with_packages_of_the_same_names_certifies_like_an_empty_directory(tmp_path, launcher):
     """From the kernel repository the selection runs, every test of it passes (as it does from any
     directory: the suite's own runs prove that) and the certificate names this installed suite; the
@@ -93,7 +125,12 @@ def test_a_repository_with_packages_of_the_same_names_certifies_like_an_empty_di
 
 def test_the_repositorys_own_tests_see_none_of_the_suites_fixtures(tmp_path):
     theirs = _kernel_repository(tmp_path / "kernel-repo")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=theirs,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=theirs,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout

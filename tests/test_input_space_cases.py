@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from gefen_conformance.workload import space, space_driver
 from gefen_conformance.suite.test_input_space import BOUNDARIES, PROTOCOL_BOUNDARIES
+from gefen_conformance.workload import space, space_driver
 from gefen_conformance.workload.models import REFERENCE
 
 P = space.ParamCase
@@ -20,9 +20,16 @@ def _every_param(cases):
 
 
 def test_layouts_have_the_strides_and_storage_they_claim():
-    case = space.InputCase(params=(
-        P((6, 4), layout="transposed"), P((2, 3, 4, 5), layout="channels-last"), P((5,), layout="flat-view"),
-        P((3, 4), layout="flat-view"), P((3, 4), layout="strided-grad"), P((7,), "bf16", layout="flat-view")))
+    case = space.InputCase(
+        params=(
+            P((6, 4), layout="transposed"),
+            P((2, 3, 4, 5), layout="channels-last"),
+            P((5,), layout="flat-view"),
+            P((3, 4), layout="flat-view"),
+            P((3, 4), layout="strided-grad"),
+            P((7,), "bf16", layout="flat-view"),
+        )
+    )
     built = space_driver.build(case, REFERENCE, torch.device("cpu"))
     p = built.params
     assert p[0].shape == (6, 4) and p[0].stride() == (1, 6)
@@ -44,10 +51,17 @@ def test_layouts_have_the_strides_and_storage_they_claim():
 
 
 def test_grad_scale_keeps_gradients_finite_and_unscales_exactly():
-    case = space.InputCase(params=(P((64, 32), "fp16", gradient="huge"), P((64,), "fp16", gradient="tiny"),
-                                   P((48,), "bf16")), calls=2, protocol="grad-scale")
+    case = space.InputCase(
+        params=(P((64, 32), "fp16", gradient="huge"), P((64,), "fp16", gradient="tiny"), P((48,), "bf16")),
+        calls=2,
+        protocol="grad-scale",
+    )
     scale = space_driver.grad_scale(case, 1)
-    assert scale < space.GRAD_SCALE and scale >= 1.0 and scale == 2.0 ** round(torch.log2(torch.tensor(scale)).item())
+    assert (
+        scale < space.GRAD_SCALE
+        and scale >= 1.0
+        and scale == 2.0 ** round(torch.log2(torch.tensor(scale)).item())
+    )
     for i in range(len(case.params)):
         g = space.gradient(case, i, 1)
         scaled = (g.double() * scale).to(g.dtype)
@@ -63,7 +77,11 @@ def test_synthesized_state_is_a_valid_native_state():
     entry = sd["state"][0]
     assert entry["step"] == case.counter and entry["m_codebook"].dtype == torch.uint8
     assert bool((entry["m_magnitude"] > 0).all())
-    assert torch.equal(sd["gefen_codebook"], space.CODEBOOK) and space.CODEBOOK[0] == -1 and space.CODEBOOK[-1] == 1
+    assert (
+        torch.equal(sd["gefen_codebook"], space.CODEBOOK)
+        and space.CODEBOOK[0] == -1
+        and space.CODEBOOK[-1] == 1
+    )
 
 
 def test_explicit_examples_cover_every_boundary_of_the_clause():
@@ -73,9 +91,9 @@ def test_explicit_examples_cover_every_boundary_of_the_clause():
     sizes = {p.numel for _, p in params}
     for limit in (2048, 16384, 65536):
         assert {limit - 1, limit + 1} <= sizes, limit
-    assert any(p.numel > 2 ** 20 and not case.factored for case, p in params)
-    assert any(p.numel > 2 ** 20 and case.factored and len(p.shape) == 2 for case, p in params)
-    assert {1, 255, 256, 1000, 2 ** 31 - 1, 2 ** 32} <= {c.counter for c in cases}
+    assert any(p.numel > 2**20 and not case.factored for case, p in params)
+    assert any(p.numel > 2**20 and case.factored and len(p.shape) == 2 for case, p in params)
+    assert {1, 255, 256, 1000, 2**31 - 1, 2**32} <= {c.counter for c in cases}
     assert any(c.moment_counter is not None for c in cases)
     assert set(space.LAYOUTS) <= {p.layout for _, p in params}
     assert any(sum(p.layout == "flat-view" and p.dtype == "fp32" for p in c.params) >= 2 for c in cases)
@@ -83,7 +101,9 @@ def test_explicit_examples_cover_every_boundary_of_the_clause():
     assert any(set(space.DTYPES) <= d for d in dtypes_in_one_group)
     assert any(len({p.dtype for p in c.params}) == 4 and len(c.groups) == 4 for c in cases)
     assert any(c.params[0].gradient == "none" for c in cases)  # grad-less first
-    assert any(c.groups[0].weight_decay == 0.0 and any(g.weight_decay > 0 for g in c.groups[1:]) for c in cases)
+    assert any(
+        c.groups[0].weight_decay == 0.0 and any(g.weight_decay > 0 for g in c.groups[1:]) for c in cases
+    )
     assert any(1 in p.shape and len(p.shape) == 2 and case.factored for case, p in params)
     assert {"lr", "lr-in-place", "all"} <= {c.schedule for c in cases}
     assert any(c.schedule == "lr-in-place" and all(g.tensor_lr for g in c.groups) for c in cases)
@@ -92,7 +112,9 @@ def test_explicit_examples_cover_every_boundary_of_the_clause():
     assert any(p.gradient == "zero-half" and p.period is not None for _, p in params)
     assert set(space.PROTOCOLS) - {"plain"} <= {c.protocol for c in PROTOCOL_BOUNDARIES.values()}
     for protocol in ("closure", "grad-scale", "found-inf"):  # frozen parameters first and in a later group
-        assert any(c.protocol == protocol and c.params[0].frozen and any(p.frozen for p in c.params if p.group > 0)
-                   for c in PROTOCOL_BOUNDARIES.values()), protocol
+        assert any(
+            c.protocol == protocol and c.params[0].frozen and any(p.frozen for p in c.params if p.group > 0)
+            for c in PROTOCOL_BOUNDARIES.values()
+        ), protocol
     assert any(p.frozen and p.gradient != "none" for _, p in params)  # requires_grad=False with a gradient
     assert set(space.OPTIONS) <= {o for c in cases for o in c.options}

@@ -1,4 +1,5 @@
-"""Tests of the launcher-agnostic scenario layer: ``gefen_conformance.harness.world`` and ``gefen_conformance.harness.launch``
+"""Tests of the launcher-agnostic scenario layer: ``gefen_conformance.harness.world`` and
+``gefen_conformance.harness.launch``
 (SPEC 4.2.4-4.2.7), and of the pool's bounded worker start-up.
 
 Rank bodies are module-level so that pool workers can unpickle them by reference.
@@ -15,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, launch, pool as ranks, pool_worker, world
+from gefen_conformance.harness import deadlines, launch, pool_worker, world
+from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import WorldOfOne, world_mesh
 from tests import _fake_workers
@@ -270,7 +272,9 @@ def test_a_worker_that_never_becomes_ready_is_dumped_and_killed(fresh_pool, monk
         ranks.run_on_ranks(_world_size_only, 1, timeout=30)
     (outcome,) = info.value.outcomes
     # the start-up bound as the machine's load stretched it (SPEC 4.2.10), then the dump and reaping
-    assert time.monotonic() - start < deadline_wall_s(outcome.message, 4.0) + 2 * deadlines.settled_stretch() + 3
+    assert (
+        time.monotonic() - start < deadline_wall_s(outcome.message, 4.0) + 2 * deadlines.settled_stretch() + 3
+    )
     assert (outcome.status, outcome.exitcode) == ("hung", -signal.SIGKILL)
     assert "start-up bound" in outcome.message
     assert "never_ready" in outcome.traceback

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,8 +29,10 @@ PER_CORE = 4
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()) or not sys.platform.startswith("linux"),
-                       reason="the rank harness needs torch.distributed with gloo, on Linux"),
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()) or not sys.platform.startswith("linux"),
+        reason="the rank harness needs torch.distributed with gloo, on Linux",
+    ),
 ]
 
 
@@ -60,8 +61,12 @@ def test_the_load_generator_is_bounded_and_cleaned_up():
         assert load.alive() == 0  # each stopped at its own deadline
     with module.Oversubscribed(1, 600) as load:
         pids = [p.pid for p in load.processes]
-    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not [
+        pid
+        for pid in pids
+        if Path(f"/proc/{pid}").exists()
+        and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    ]
 
 
 def test_the_harness_bounds_hold_at_load(oversubscribed):
@@ -84,20 +89,42 @@ def test_the_harness_bounds_hold_at_load(oversubscribed):
         run_on_ranks(test_ranks._exit_mid_collective, 3, timeout=20)
     assert [o.status for o in info.value.outcomes] == ["raised", "died", "raised"]
     # and correct ranks on fresh workers, whose first imports happen before the deadline
-    assert sorted(r["rank"] for r in run_on_ranks(test_ranks._identity_and_sum, 4, args=("t",), timeout=60)) == [0, 1, 2, 3]
+    assert sorted(
+        r["rank"] for r in run_on_ranks(test_ranks._identity_and_sum, 4, args=("t",), timeout=60)
+    ) == [0, 1, 2, 3]
 
 
 def test_the_failure_scenarios_certify_at_load(oversubscribed, tmp_path):
     """The scenarios issue 20 saw "hung" at load 10-20 (the killed save, the async save, the
     refused load), with fresh rank workers replacing failed ones: all pass, as on a quiet machine."""
     cert_path = tmp_path / "c.json"
-    result = subprocess.run([sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", "reference",
-                             "--out", str(cert_path), "--", "-q", "-k", "test_dcp_failures or test_dcp_async"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 6, result.stdout[-4000:] + result.stderr[-2000:]  # partial (-k), nothing failed
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gefen_conformance.cli",
+            "certify",
+            "--impl",
+            "reference",
+            "--out",
+            str(cert_path),
+            "--",
+            "-q",
+            "-k",
+            "test_dcp_failures or test_dcp_async",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert result.returncode == 6, (
+        result.stdout[-4000:] + result.stderr[-2000:]
+    )  # partial (-k), nothing failed
     cert = json.loads(cert_path.read_text())
-    assert cert["summary"]["passed"] >= 6 and cert["summary"]["failed"] == 0 and cert["summary"]["error"] == 0, \
-        [t for t in cert["tests"] if t["outcome"] != "passed"]
+    assert (
+        cert["summary"]["passed"] >= 6 and cert["summary"]["failed"] == 0 and cert["summary"]["error"] == 0
+    ), [t for t in cert["tests"] if t["outcome"] != "passed"]
 
 
 @pytest.mark.parametrize("at_s, after_tests", [(15, None), (None, 0.5)], ids=["15s", "half-of-tests"])

@@ -27,7 +27,9 @@ def feed(params, step, seed=3):
 
 def trained_reference(steps=3, **kw):
     params = params_from()
-    opt = reference.Gefen([("w", params[0]), ("b", params[1]), ("c", params[2])], lr=1e-2, factored_v_2d=False, **kw)
+    opt = reference.Gefen(
+        [("w", params[0]), ("b", params[1]), ("c", params[2])], lr=1e-2, factored_v_2d=False, **kw
+    )
     for s in range(steps):
         feed(params, s)
         opt.step()
@@ -44,7 +46,9 @@ def test_state_dict_layout():
     assert group["params"] == [0, 1, 2] and group["param_names"] == ["w", "b", "c"]
     assert group["param_names_synthesized"] == [False, False, False]
     meta = group["_gefen_checkpoint_metadata"]
-    assert meta["format_version"] == 1 and meta["global_step"] == 3 and meta["codebook"] is sd["gefen_codebook"]
+    assert (
+        meta["format_version"] == 1 and meta["global_step"] == 3 and meta["codebook"] is sd["gefen_codebook"]
+    )
     entry = sd["state"][0]
     assert entry["name"] == "w" and type(entry["step"]) is int and type(entry["vmean_step"]) is int
     assert entry["m_codebook"].dtype == torch.uint8 and entry["m_codebook"].dim() == 2
@@ -113,11 +117,17 @@ def test_checkpoint_hyperparameters_and_names_replace_live_ones():
     sd = copy.deepcopy(opt.state_dict())
     sd["param_groups"][0]["lr"] = 0.5
     sd["param_groups"][0]["param_names"] = ["x", "y", "z"]
-    fresh = reference.Gefen([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-3, factored_v_2d=False)
+    fresh = reference.Gefen(
+        [torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-3, factored_v_2d=False
+    )
     fresh.load_state_dict(sd)
     group = fresh.param_groups[0]
     assert group["lr"] == 0.5 and group["param_names"] == ["x", "y", "z"]
-    assert group["param_names_synthesized"] == [False, False, False]  # changed names take the checkpoint's flags
+    assert group["param_names_synthesized"] == [
+        False,
+        False,
+        False,
+    ]  # changed names take the checkpoint's flags
     assert [fresh.state[p]["name"] for p in group["params"]] == ["x", "y", "z"]
 
 
@@ -130,6 +140,7 @@ def _everywhere(sd, top_key, meta_key, value):
 
 def _corrupt(key):
     """Each corruption names the message fragment the rejection must carry."""
+
     def period_not_dividing(sd):
         sd["state"][0]["automatic_period"] = 7
         return "automatic_period"
@@ -201,9 +212,21 @@ def _corrupt(key):
 
 
 CORRUPTIONS = [
-    "period_not_dividing", "wrong_index_dtype", "wrong_magnitude_dtype", "short_codebook", "unsorted_codebook",
-    "float_counter", "negative_vmean", "momentum_without_codebook", "deterministic_mismatch", "bad_beta",
-    "missing_group", "unknown_state_id", "wrong_param_names_length", "unknown_state_key", "rank_local_format",
+    "period_not_dividing",
+    "wrong_index_dtype",
+    "wrong_magnitude_dtype",
+    "short_codebook",
+    "unsorted_codebook",
+    "float_counter",
+    "negative_vmean",
+    "momentum_without_codebook",
+    "deterministic_mismatch",
+    "bad_beta",
+    "missing_group",
+    "unknown_state_id",
+    "wrong_param_names_length",
+    "unknown_state_key",
+    "rank_local_format",
     "missing_hyperparameter",
 ]
 
@@ -215,7 +238,9 @@ def test_malformed_checkpoint_is_rejected_without_mutation(corruption):
     fragment = _corrupt(corruption)(sd)
     pristine = copy.deepcopy(sd)
     target_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    target = reference.Gefen([("w", target_params[0]), ("b", target_params[1]), ("c", target_params[2])], factored_v_2d=False)
+    target = reference.Gefen(
+        [("w", target_params[0]), ("b", target_params[1]), ("c", target_params[2])], factored_v_2d=False
+    )
     for s in range(2):
         feed(target_params, s + 10)
         target.step()
@@ -228,7 +253,10 @@ def test_malformed_checkpoint_is_rejected_without_mutation(corruption):
 
 
 @pytest.mark.gefenx
-@pytest.mark.parametrize("corruption", ["period_not_dividing", "wrong_index_dtype", "short_codebook", "unsorted_codebook", "float_counter"])
+@pytest.mark.parametrize(
+    "corruption",
+    ["period_not_dividing", "wrong_index_dtype", "short_codebook", "unsorted_codebook", "float_counter"],
+)
 def test_gefenx_rejects_the_same_corruptions(corruption):
     """The rejections the reference makes are the published package's, not inventions of ours."""
     gefen = pytest.importorskip("gefen")
@@ -237,7 +265,13 @@ def test_gefenx_rejects_the_same_corruptions(corruption):
     sd = copy.deepcopy(opt.state_dict())
     _corrupt(corruption)(sd)
     target = gefen.Gefen(
-        [("w", torch.nn.Parameter(params[0].detach().clone())), ("b", torch.nn.Parameter(params[1].detach().clone())),
-         ("c", torch.nn.Parameter(params[2].detach().clone()))], fused=False, factored_v_2d=False)
+        [
+            ("w", torch.nn.Parameter(params[0].detach().clone())),
+            ("b", torch.nn.Parameter(params[1].detach().clone())),
+            ("c", torch.nn.Parameter(params[2].detach().clone())),
+        ],
+        fused=False,
+        factored_v_2d=False,
+    )
     with pytest.raises(ValueError):
         target.load_state_dict(sd)

@@ -20,9 +20,7 @@ import gefen_reference as reference
 
 from .support import assert_same_snapshot, deep_equal, silence_gefenx_warnings, snapshot, world_of_one
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"
-)
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 NAMES = ("w", "b", "c")
 SHAPES = [(32, 24), (64,), (8, 3, 3)]
@@ -101,7 +99,9 @@ def test_a_never_stepped_checkpoint_loads_and_then_steps_as_a_fresh_optimizer(me
 
 
 @pytest.mark.parametrize(
-    "codebook_only, carried", [(False, "m_codebook"), (True, "a codebook")], ids=["with-state", "codebook-only"]
+    "codebook_only, carried",
+    [(False, "m_codebook"), (True, "a codebook")],
+    ids=["with-state", "codebook-only"],
 )
 def test_a_checkpoint_with_state_is_refused_without_mutation(mesh, codebook_only, carried):
     sd = stepped_checkpoint(codebook_only)

@@ -26,7 +26,9 @@ def build(cls, dtype, *, tensor_lr, weight_decay, factored, **extra):
     params = workload.parameters(PARITY, dtype=dtype)
     if cls is gefen.Gefen:
         extra["fused"] = False
-    groups = workload.param_groups(PARITY, params, parity_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay))
+    groups = workload.param_groups(
+        PARITY, params, parity_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay)
+    )
     return params, cls(groups, factored_v_2d=factored, **extra)
 
 
@@ -45,7 +47,9 @@ def run_pair(dtype, *, factored, weight_decay, tensor_lr, steps=STEPS, **extra):
 def assert_bitwise_equal(pa, theirs, pb, ours):
     for n in pa:
         assert pa[n].dtype == pb[n].dtype
-        assert torch.equal(pa[n], pb[n]), f"parameter {n} differs (max {(pa[n].float() - pb[n].float()).abs().max()})"
+        assert torch.equal(pa[n], pb[n]), (
+            f"parameter {n} differs (max {(pa[n].float() - pb[n].float()).abs().max()})"
+        )
         a, b = theirs.state[pa[n]], ours.state[pb[n]]
         assert set(a) - {"stepsize", "_h_buf"} == set(b), n
         for key, va in a.items():
@@ -64,14 +68,18 @@ def assert_bitwise_equal(pa, theirs, pb, ours):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
-@pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["wd0-floatlr", "wd-tensorlr"])
+@pytest.mark.parametrize(
+    "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["wd0-floatlr", "wd-tensorlr"]
+)
 def test_bitwise_parity(dtype, factored, weight_decay, tensor_lr):
     assert_bitwise_equal(*run_pair(dtype, factored=factored, weight_decay=weight_decay, tensor_lr=tensor_lr))
 
 
 def test_parity_covers_searched_fallback_and_period_one():
     """The parity model must exercise every period route, or the parity test proves less than it claims."""
-    pa, theirs, pb, ours = run_pair(torch.float32, factored=False, weight_decay=0.0, tensor_lr=False, steps=LATE_START + 1)
+    pa, theirs, pb, ours = run_pair(
+        torch.float32, factored=False, weight_decay=0.0, tensor_lr=False, steps=LATE_START + 1
+    )
     periods = {n: ours.state[p]["automatic_period"] for n, p in pb.items()}
     grads = {n: workload.gradient(PARITY, n, 0) for n in PARITY.shapes}
     first = {n: squared_gradient(g) for n, g in grads.items() if g is not None}
@@ -84,8 +92,12 @@ def test_parity_covers_searched_fallback_and_period_one():
 
 def test_parity_with_forced_period_one_rules():
     pa, theirs, pb, ours = run_pair(
-        torch.float32, factored=False, weight_decay=0.0, tensor_lr=False,
-        force_1d_period_one=True, period_one_substrings=("NARROW",),
+        torch.float32,
+        factored=False,
+        weight_decay=0.0,
+        tensor_lr=False,
+        force_1d_period_one=True,
+        period_one_substrings=("NARROW",),
     )
     assert ours.state[pb["vector"]]["automatic_period"] == 1
     assert ours.state[pb["narrow"]]["automatic_period"] == 1

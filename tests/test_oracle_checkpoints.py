@@ -16,8 +16,11 @@ from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
 @pytest.fixture
 def plain_checkpoint(tmp_path):
     """A one-process DCP checkpoint of plain tensors and objects (no Gefen code involved)."""
-    state = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.tensor(7, dtype=torch.int64),
-             "obj": {"name": "w", "shape": [3, 4]}}
+    state = {
+        "a": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": torch.tensor(7, dtype=torch.int64),
+        "obj": {"name": "w", "shape": [3, 4]},
+    }
     path = tmp_path / "ckpt"
     dcp.save(state, checkpoint_id=str(path), no_dist=True)
     return path, state
@@ -26,7 +29,9 @@ def plain_checkpoint(tmp_path):
 def test_reads_back_what_was_saved(plain_checkpoint):
     path, state = plain_checkpoint
     entries = list_entries(path)
-    assert entries["a"].kind == "tensor" and entries["a"].dtype == torch.float32 and entries["a"].shape == (3, 4)
+    assert (
+        entries["a"].kind == "tensor" and entries["a"].dtype == torch.float32 and entries["a"].shape == (3, 4)
+    )
     flat = read_flat(path)
     assert torch.equal(flat["a"], state["a"]) and flat["b"].item() == 7
     assert read_nested(path)["obj"] == {"name": "w", "shape": [3, 4]}
@@ -86,12 +91,17 @@ def test_tensor_digest_covers_dtype_shape_and_bits():
 def _valid_state():
     f32 = torch.float32
     return {
-        "format_version": torch.tensor(2), "global_step": torch.tensor(3), "deterministic": torch.tensor(0, dtype=torch.uint8),
-        "slot_count": torch.tensor(1), "group_count": torch.tensor(1),
+        "format_version": torch.tensor(2),
+        "global_step": torch.tensor(3),
+        "deterministic": torch.tensor(0, dtype=torch.uint8),
+        "slot_count": torch.tensor(1),
+        "group_count": torch.tensor(1),
         "param_identities": [{"name": "w", "group": 0, "shape": [2, 3]}],
         "param_group_hypers": [{"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}],
-        "slot_00000000.initialized": torch.tensor(1, dtype=torch.uint8), "slot_00000000.step": torch.tensor(3),
-        "slot_00000000.vmean_step": torch.tensor(3), "slot_00000000.momentum": torch.ones(2, 3, dtype=f32),
+        "slot_00000000.initialized": torch.tensor(1, dtype=torch.uint8),
+        "slot_00000000.step": torch.tensor(3),
+        "slot_00000000.vmean_step": torch.tensor(3),
+        "slot_00000000.momentum": torch.ones(2, 3, dtype=f32),
         "slot_00000000.second_moment": torch.ones(2, 3, dtype=f32),
     }
 
@@ -101,8 +111,14 @@ def _valid_state():
     [
         (lambda s: s.__setitem__("format_version", torch.tensor(3)), "format_version"),
         (lambda s: s.__setitem__("deterministic", torch.tensor(False)), "deterministic"),
-        (lambda s: s.__setitem__("slot_00000000.momentum", torch.ones(2, 3, dtype=torch.float16)), "slot_00000000.momentum"),
-        (lambda s: s.__setitem__("slot_00000000.second_moment", -torch.ones(2, 3)), "slot_00000000.second_moment"),
+        (
+            lambda s: s.__setitem__("slot_00000000.momentum", torch.ones(2, 3, dtype=torch.float16)),
+            "slot_00000000.momentum",
+        ),
+        (
+            lambda s: s.__setitem__("slot_00000000.second_moment", -torch.ones(2, 3)),
+            "slot_00000000.second_moment",
+        ),
         (lambda s: s.__setitem__("slot_00000000.step", torch.tensor(0)), "slot_00000000.step"),
         (lambda s: s.pop("slot_00000000.vmean_step"), "slot_00000000.vmean_step"),
         (lambda s: s.__setitem__("extra", torch.tensor(1)), "extra"),
@@ -126,7 +142,9 @@ def test_a_missing_shard_is_reported_as_uncovered_elements(plain_checkpoint):
     path, _ = plain_checkpoint
     meta_file = path / ".metadata"
     meta = pickle.loads(meta_file.read_bytes())
-    meta.state_dict_metadata["a"] = dataclasses.replace(meta.state_dict_metadata["a"], size=torch.Size([6, 4]))
+    meta.state_dict_metadata["a"] = dataclasses.replace(
+        meta.state_dict_metadata["a"], size=torch.Size([6, 4])
+    )
     meta_file.write_bytes(pickle.dumps(meta))
     with pytest.raises(CheckpointError, match="a: chunks leave 12 elements uncovered"):
         read_flat(path)

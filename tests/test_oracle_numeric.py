@@ -47,20 +47,22 @@ def test_comparisons_keep_the_worst_per_name_and_every_problem():
 
 
 def test_ulp_and_parameter_rounding():
-    assert float(kernel_bounds.ulp(torch.tensor([1.0]), torch.bfloat16)) == 2.0 ** -7
-    assert float(kernel_bounds.ulp(torch.tensor([1.5]), torch.float32)) == 2.0 ** -23
-    assert float(kernel_bounds.ulp(torch.tensor([0.0]), torch.float16)) == 2.0 ** -24
-    r = kernel_bounds.parameter_rounding(torch.tensor([1.0]), torch.tensor([1.0]), torch.bfloat16, decayed=True)
-    assert float(r) > 2.0 ** -7  # half an ulp twice, plus the fp32 terms
+    assert float(kernel_bounds.ulp(torch.tensor([1.0]), torch.bfloat16)) == 2.0**-7
+    assert float(kernel_bounds.ulp(torch.tensor([1.5]), torch.float32)) == 2.0**-23
+    assert float(kernel_bounds.ulp(torch.tensor([0.0]), torch.float16)) == 2.0**-24
+    r = kernel_bounds.parameter_rounding(
+        torch.tensor([1.0]), torch.tensor([1.0]), torch.bfloat16, decayed=True
+    )
+    assert float(r) > 2.0**-7  # half an ulp twice, plus the fp32 terms
 
 
 def test_stage_bounds_follow_the_error_analysis():
-    assert kernel_bounds.ema_weight(0.999) == pytest.approx(2 ** -24 * 999 + 2 ** -24)
+    assert kernel_bounds.ema_weight(0.999) == pytest.approx(2**-24 * 999 + 2**-24)
     fp32 = kernel_bounds.second_moment(64, torch.float32, 0.999)
     bf16 = kernel_bounds.second_moment(64, torch.bfloat16, 0.999)
-    assert bf16 - fp32 == pytest.approx(2 * 2 ** -8)
+    assert bf16 - fp32 == pytest.approx(2 * 2**-8)
     assert kernel_bounds.update(torch.float32, kernel_bounds.stepsize(fp32)) < 5e-5  # 0.5% lr shows in fp32
-    assert kernel_bounds.codeword_rounding(torch.float16) == 2 ** -11
+    assert kernel_bounds.codeword_rounding(torch.float16) == 2**-11
 
 
 def test_update_bias_counts_identical_inputs_once_and_catches_a_bias():
@@ -105,8 +107,10 @@ def test_codebook_quality_accepts_a_rounding_neighbour_and_rejects_a_worse_codeb
 
 def test_free_running_momentum_factor():
     tau = free_running.momentum_factor(6, 0.9, 0.042, torch.float32)
-    assert tau == pytest.approx((0.042 + 4e-5) * (1 - 0.9 ** 6) / 0.1)
-    assert free_running.momentum_factor(1, 0.9, 0.042, torch.bfloat16) == pytest.approx(0.042 + 4 * (2 ** -8 + 1e-5))
+    assert tau == pytest.approx((0.042 + 4e-5) * (1 - 0.9**6) / 0.1)
+    assert free_running.momentum_factor(1, 0.9, 0.042, torch.bfloat16) == pytest.approx(
+        0.042 + 4 * (2**-8 + 1e-5)
+    )
     assert math.isinf(free_running.momentum_factor(3, 1.0, 0.04, torch.float32))
 
 

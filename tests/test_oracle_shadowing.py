@@ -16,21 +16,32 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def reference_run():
-    params, optimizer = workload.built(workload.REFERENCE, workload.LONG, torch.bfloat16,
-                                       workload.optimizer_hypers(weight_decay=0.05), factored_v_2d=True)
+    params, optimizer = workload.built(
+        workload.REFERENCE,
+        workload.LONG,
+        torch.bfloat16,
+        workload.optimizer_hypers(weight_decay=0.05),
+        factored_v_2d=True,
+    )
     return workload.run_steps(workload.LONG, optimizer, params, range(STEPS), record_states=True)
 
 
 def _check(run):
-    return shadowing.check_runs(workload.param_runs(run, factored_v_2d=True), run.states[-1]["gefen_codebook"])
+    return shadowing.check_runs(
+        workload.param_runs(run, factored_v_2d=True), run.states[-1]["gefen_codebook"]
+    )
 
 
 def test_a_correct_run_is_within_every_bound(reference_run):
     out = _check(reference_run)
     assert out.ok, out.problems
     kinds = {c.what for c in out}
-    assert {"pinned step: factored second moment (bf16)", "pinned step: second moment (bf16)",
-            "pinned step: parameter update (bf16)", "shadowed steps: counters, periods, inactive moments"} <= kinds
+    assert {
+        "pinned step: factored second moment (bf16)",
+        "pinned step: second moment (bf16)",
+        "pinned step: parameter update (bf16)",
+        "shadowed steps: counters, periods, inactive moments",
+    } <= kinds
     assert all(c.error <= c.bound for c in out if c.kind == "tolerance")
 
 
@@ -52,25 +63,41 @@ def test_a_counter_that_does_not_advance_is_caught(reference_run):
     assert any("step" in p and "SPEC 1.8.4" in p for p in out.problems), out.problems
 
 
-@pytest.mark.parametrize("before,key,expected", [
-    ({}, "vmean_step", 0),
-    ({"step": 7, "v_row": 1, "factored_step": 7}, "vmean_step", 0),  # factored state: the block moment is created
-    ({"step": 7, "vmean": 1}, "vmean_step", 7),  # legacy state without vmean_step
-    ({"step": 7, "vmean": 1, "vmean_step": 3}, "vmean_step", 3),
-    ({"step": 7, "vmean": 1, "vmean_step": 7}, "factored_step", 0),  # block state: the factored moment is created
-    ({"step": 7, "v_row": 1, "factored_step": 2}, "factored_step", 2),
-])
+@pytest.mark.parametrize(
+    "before,key,expected",
+    [
+        ({}, "vmean_step", 0),
+        (
+            {"step": 7, "v_row": 1, "factored_step": 7},
+            "vmean_step",
+            0,
+        ),  # factored state: the block moment is created
+        ({"step": 7, "vmean": 1}, "vmean_step", 7),  # legacy state without vmean_step
+        ({"step": 7, "vmean": 1, "vmean_step": 3}, "vmean_step", 3),
+        (
+            {"step": 7, "vmean": 1, "vmean_step": 7},
+            "factored_step",
+            0,
+        ),  # block state: the factored moment is created
+        ({"step": 7, "v_row": 1, "factored_step": 2}, "factored_step", 2),
+    ],
+)
 def test_moment_counters_after_the_lazy_repairs(before, key, expected):
     assert pinned_step.moment_counter(before, key) == expected
 
 
 def _restored(momentum: torch.Tensor) -> dict:
-    return {"slot_00000000.momentum": momentum, "slot_00000000.second_moment": momentum.abs(),
-            "slot_00000000.step": torch.tensor(3)}
+    return {
+        "slot_00000000.momentum": momentum,
+        "slot_00000000.second_moment": momentum.abs(),
+        "slot_00000000.step": torch.tensor(3),
+    }
 
 
-@pytest.mark.parametrize("elements,flipped,ok", [(192, 2, True), (192, 8, True), (192, 9, False),
-                                                 (4096, 40, True), (4096, 42, False)])
+@pytest.mark.parametrize(
+    "elements,flipped,ok",
+    [(192, 2, True), (192, 8, True), (192, 9, False), (4096, 40, True), (4096, 42, False)],
+)
 def test_restore_flips_allowed(elements, flipped, ok):
     expected = torch.linspace(0.1, 1.0, elements)
     actual = expected.clone()
@@ -89,8 +116,13 @@ def _dense(state: dict, codebook: torch.Tensor):
 
 
 def test_dense_steps_of_a_correct_block_step_pass_and_a_wrong_block_fails():
-    params, optimizer = workload.built(workload.REFERENCE, workload.LONG, torch.float32,
-                                       workload.optimizer_hypers(weight_decay=0.05), factored_v_2d=False)
+    params, optimizer = workload.built(
+        workload.REFERENCE,
+        workload.LONG,
+        torch.float32,
+        workload.optimizer_hypers(weight_decay=0.05),
+        factored_v_2d=False,
+    )
     run = workload.run_steps(workload.LONG, optimizer, params, range(4), record_states=True)
     codebook = run.states[-1]["gefen_codebook"]
     groups = {name: g for g in run.states[-1]["param_groups"] for name in g["param_names"]}
@@ -100,15 +132,34 @@ def test_dense_steps_of_a_correct_block_step_pass_and_a_wrong_block_fails():
         m0, v0 = _dense(before, codebook)
         m1, v1 = _dense(after, codebook)
         g = groups[name]
-        slots.append(dict(name=name, period=after["automatic_period"], p0=run.history[name][2], p1=run.history[name][3],
-                          grad=run.grads[name][2], m0=m0, v0=v0, m1=m1, v1=v1, step=before["step"],
-                          vmean_step=before["vmean_step"], lr=float(g["lr"]), beta1=g["beta1"], beta2=g["beta2"],
-                          eps=g["eps"], weight_decay=g["weight_decay"]))
-    codewords, problems = shadowing.codewords_in_use([s["m0"] for s in slots] + [s["m1"] for s in slots],
-                                                     [s["period"] for s in slots] * 2)
+        slots.append(
+            dict(
+                name=name,
+                period=after["automatic_period"],
+                p0=run.history[name][2],
+                p1=run.history[name][3],
+                grad=run.grads[name][2],
+                m0=m0,
+                v0=v0,
+                m1=m1,
+                v1=v1,
+                step=before["step"],
+                vmean_step=before["vmean_step"],
+                lr=float(g["lr"]),
+                beta1=g["beta1"],
+                beta2=g["beta2"],
+                eps=g["eps"],
+                weight_decay=g["weight_decay"],
+            )
+        )
+    codewords, problems = shadowing.codewords_in_use(
+        [s["m0"] for s in slots] + [s["m1"] for s in slots], [s["period"] for s in slots] * 2
+    )
     assert not problems and len(codewords) <= 256
     nearest = (codewords.reshape(-1, 1) - codebook.double().reshape(1, -1)).abs().min(dim=1).values
-    assert bool((nearest <= 8 * kernel_bounds.U * codewords.abs()).all())  # the codewords in use are codewords
+    assert bool(
+        (nearest <= 8 * kernel_bounds.U * codewords.abs()).all()
+    )  # the codewords in use are codewords
     assert shadowing.dense_steps(slots, codewords).ok
     wrong = [dict(s) for s in slots]
     wrong[1]["v1"] = wrong[1]["v1"] * 1.001  # a second moment off by 0.1%

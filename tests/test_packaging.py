@@ -24,7 +24,9 @@ def installed_name(rel: str) -> str:
 
 def tracked_files(*paths: str) -> set[str]:
     try:
-        listed = subprocess.run(["git", "ls-files", *paths], cwd=REPO, capture_output=True, text=True, check=True)
+        listed = subprocess.run(
+            ["git", "ls-files", *paths], cwd=REPO, capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: the tracked files are unknown")
     return {line for line in listed.stdout.splitlines() if line and (REPO / line).is_file()}
@@ -36,8 +38,22 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages(tmp_path):
     for rel in tracked_files("pyproject.toml", "README.md", *PACKAGES):
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, source / rel)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "--wheel-dir", str(wheels), str(source)], capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(wheels),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = wheels.glob("gefen_conformance-*.whl")
     in_wheel = set(zipfile.ZipFile(wheel).namelist())

@@ -14,15 +14,32 @@ from gefen_reference.codebook import bin_centers, histogram_counts
 from gefen_reference.codewords import nearest_codeword_indices
 from gefen_reference.periods import PeriodRules, choose_period, fallback_period, proper_divisors
 
-CERTIFY = settings(derandomize=True, database=None, max_examples=60, deadline=None,
-                   suppress_health_check=[HealthCheck.too_slow])
+CERTIFY = settings(
+    derandomize=True,
+    database=None,
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @pytest.mark.parametrize(
     "shape,expected",
-    [((4096, 4096), 4096), ((11008, 4096), 4096), ((4096, 11008), 11008), ((151936, 1024), 2048),
-     ((1024,), 1024), ((4096,), 2048), ((3000,), 1500), ((7,), 1), ((4099,), 1), ((768, 3), 1152),
-     ((64, 3, 7, 7), 1568), ((100, 64), 1600), ((3, 2048), 2048)],
+    [
+        ((4096, 4096), 4096),
+        ((11008, 4096), 4096),
+        ((4096, 11008), 11008),
+        ((151936, 1024), 2048),
+        ((1024,), 1024),
+        ((4096,), 2048),
+        ((3000,), 1500),
+        ((7,), 1),
+        ((4099,), 1),
+        ((768, 3), 1152),
+        ((64, 3, 7, 7), 1568),
+        ((100, 64), 1600),
+        ((3, 2048), 2048),
+    ],
 )
 def test_fallback_table(shape, expected):
     assert fallback_period(math.prod(shape), shape) == expected

@@ -38,8 +38,9 @@ def test_the_property_ran_the_profile_hypothesis_chose_itself():
 
 
 def test_nothing_heavy_was_imported_and_no_handler_installed():
-    heavy = sorted(m for m in ("torch", "numpy", "conformance.recorder", "gefen_conformance.implementations.registry", "oracles", "reference")
-                   if m in sys.modules)
+    modules = ("torch", "numpy", "conformance.recorder", "gefen_conformance.implementations.registry",
+               "oracles", "reference")
+    heavy = sorted(m for m in modules if m in sys.modules)
     assert not heavy, heavy
     # whatever this process inherited (a background job starts with SIGINT ignored), not ours
     assert signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_IGN)
@@ -50,19 +51,23 @@ def test_nothing_heavy_was_imported_and_no_handler_installed():
 def _ci_variables() -> tuple[str, ...]:
     """The environment variables by which hypothesis recognises a CI machine (and loads its "ci" profile)."""
     from hypothesis import _settings
+
     return tuple(getattr(_settings, "_CI_VARS", ("CI", "TF_BUILD", "GITHUB_ACTIONS")))
 
 
 def _pytest(cwd: Path, *args: str, ci: bool = False) -> subprocess.CompletedProcess:
     """Run pytest in ``cwd`` as on a developer's machine or, with ``ci``, as on a CI machine."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     env.pop("PYTEST_ADDOPTS", None)
     for name in _ci_variables():
         env.pop(name, None)
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 LOADED = """\
@@ -72,7 +77,8 @@ def test_the_plugin_is_loaded(pytestconfig):
 
 
 def test_an_unrelated_projects_hypothesis_test_keeps_the_default_profile(tmp_path):
-    """The check the project's before-stop hook runs, verbatim (on a machine hypothesis does not take for CI)."""
+    """The check the project's before-stop hook runs, verbatim (on a machine hypothesis does not take for
+    CI)."""
     (tmp_path / "test_inert.py").write_text(INERT)
     (tmp_path / "test_loaded.py").write_text(LOADED)
     result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "test_inert.py")
@@ -87,8 +93,11 @@ def test_an_unrelated_session_imports_nothing_heavy_and_writes_nothing(tmp_path,
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", ci=ci)
     assert result.returncode == 0, result.stdout + result.stderr
-    written = sorted(p.name for p in tmp_path.iterdir()
-                     if p.name.startswith("gefen-certificate") or p.name == ".pytest_cache")
+    written = sorted(
+        p.name
+        for p in tmp_path.iterdir()
+        if p.name.startswith("gefen-certificate") or p.name == ".pytest_cache"
+    )
     assert not written
     if not ci:
         # hypothesis's example database is the other project's business (on by default, off in its
@@ -152,7 +161,9 @@ def test_an_unregistered_requires_marker_is_refused_as_without_the_plugin(tmp_pa
     (tmp_path / "test_unregistered.py").write_text(THEIR_UNREGISTERED)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     with_plugin = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "--strict-markers")
-    without = _pytest(tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:gefen_conformance", "--strict-markers")
+    without = _pytest(
+        tmp_path, "-q", "-p", "no:cacheprovider", "-p", "no:gefen_conformance", "--strict-markers"
+    )
     assert without.returncode != 0 and "'requires' not found in `markers`" in without.stdout + without.stderr
     assert with_plugin.returncode == without.returncode, with_plugin.stdout + with_plugin.stderr
     assert "'requires' not found in `markers`" in with_plugin.stdout + with_plugin.stderr

@@ -34,8 +34,10 @@ def all_gather(step):
         return ("wrapped", error)
 """
 
-needs_main_thread = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                                       reason="signal handlers live in the main thread")
+needs_main_thread = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="signal handlers live in the main thread",
+)
 
 
 @pytest.fixture
@@ -129,9 +131,16 @@ default_planner.DefaultSavePlanner.create_local_plan = create_local_plan
 def test_ctrl_c_inside_an_in_process_dcp_save_stops_the_run(pytester, default_sigint):
     pytester.makepyfile(interrupter=INTERRUPTER)
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "interrupter", "--impl=reference",
-                                           "-k", "test_dcp_names or test_staging_regression",
-                                           f"--certificate={cert_path}")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "interrupter",
+        "--impl=reference",
+        "-k",
+        "test_dcp_names or test_staging_regression",
+        f"--certificate={cert_path}",
+    )
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED, out
     assert "CheckpointException" not in out and "KeyboardInterrupt" in out
@@ -185,13 +194,18 @@ def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, d
     and leaving imported it again to undo a profile never loaded; leaving now imports nothing."""
     pytester.makepyfile(early_interrupter=EARLY_INTERRUPTER.format(method=method))
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "early_interrupter", "--impl=reference",
-                                           f"--certificate={cert_path}")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "early_interrupter", "--impl=reference", f"--certificate={cert_path}"
+    )
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED, out
-    assert out.strip() == "interrupted before the suite's session started: no test ran, no certificate written", out
+    assert (
+        out.strip() == "interrupted before the suite's session started: no test ran, no certificate written"
+    ), out
     assert not cert_path.exists() and not (pytester.path / "c.partial.json").exists()
-    assert not (pytester.path / "finalized").exists()  # left by os._exit, as every interrupted run (SPEC 4.4.6)
+    assert not (
+        pytester.path / "finalized"
+    ).exists()  # left by os._exit, as every interrupted run (SPEC 4.4.6)
     imported = pytester.path / "imported"
     assert not imported.exists(), imported.read_text()
 
@@ -218,22 +232,29 @@ sys.meta_path.insert(0, InterruptTheImport)
 
 
 @needs_main_thread
-@pytest.mark.parametrize("module, when", [
-    ("torch", "while importing torch"),  # choosing the run's device
-    ("gefen_conformance.implementations.reference", "while loading the implementation 'reference'"),
-])
-def test_ctrl_c_while_torch_or_the_implementation_is_imported_says_so_in_one_line(pytester, default_sigint,
-                                                                                  module, when):
+@pytest.mark.parametrize(
+    "module, when",
+    [
+        ("torch", "while importing torch"),  # choosing the run's device
+        ("gefen_conformance.implementations.reference", "while loading the implementation 'reference'"),
+    ],
+)
+def test_ctrl_c_while_torch_or_the_implementation_is_imported_says_so_in_one_line(
+    pytester, default_sigint, module, when
+):
     """A Ctrl-C in the suite's first ``import torch`` printed Python's whole import traceback. It is
     now, as one while the implementation loads, one line, exit 2, and the process leaves at once,
     like every interrupt before the session (SPEC 4.4.6)."""
     pytester.makepyfile(import_interrupter=IMPORT_INTERRUPTER.format(module=module))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "import_interrupter",
-                                           "--impl=reference")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "import_interrupter", "--impl=reference"
+    )
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.INTERRUPTED, out
     assert out.strip() == f"interrupted {when}: no test ran, no certificate written", out
-    assert not (pytester.path / "finalized").exists()  # left at once: finalizing a half-imported torch took 1.2 s at load
+    assert not (
+        pytester.path / "finalized"
+    ).exists()  # left at once: finalizing a half-imported torch took 1.2 s at load
 
 
 TIMED_INTERRUPTER = """
@@ -243,7 +264,8 @@ from torch.distributed.checkpoint import default_planner
 _original = default_planner.DefaultSavePlanner.create_local_plan
 
 def create_local_plan(self):
-    if "test_staging_regression" in os.environ.get("PYTEST_CURRENT_TEST", "") and not os.path.exists("signalled"):
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if "test_staging_regression" in current and not os.path.exists("signalled"):
         with open("signalled", "w") as handle:
             handle.write(repr(time.time()))
         os.killpg(os.getpgid(0), signal.SIGINT)  # Ctrl-C, to the whole process group
@@ -254,18 +276,40 @@ default_planner.DefaultSavePlanner.create_local_plan = create_local_plan
 """
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 @needs_main_thread
 def test_ctrl_c_stops_the_run_within_5_s_and_writes_the_partial_certificate(pytester, default_sigint):
     """Issue 20: Ctrl-C stopped a certification 16-23 s after the signal, and an interrupted run
     with ``--out`` wrote ``--out`` itself. Now: gone within 5 s of the signal (SPEC 4.4.6), with
     no process left, and the certificate at ``<stem>.partial.json`` (SPEC 4.4.5)."""
     pytester.makepyfile(interrupter=TIMED_INTERRUPTER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "interrupter",
-                              "--impl=reference", "-k", "test_dcp_failures or test_staging_regression",
-                              "--certificate=out/c.json"], cwd=pytester.path, env=env, start_new_session=True,
-                             preexec_fn=default_signals, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])),
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "interrupter",
+            "--impl=reference",
+            "-k",
+            "test_dcp_failures or test_staging_regression",
+            "--certificate=out/c.json",
+        ],
+        cwd=pytester.path,
+        env=env,
+        start_new_session=True,
+        preexec_fn=default_signals,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = child.communicate(timeout=900)
         exited = time.time()
@@ -289,8 +333,11 @@ def test_ctrl_c_stops_the_run_within_5_s_and_writes_the_partial_certificate(pyte
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("at_s, after_tests", [(5, None), (None, 0.25), (None, 0.6)],
-                         ids=["5s", "quarter-of-tests", "60pc-of-tests"])
+@pytest.mark.parametrize(
+    "at_s, after_tests",
+    [(5, None), (None, 0.25), (None, 0.6)],
+    ids=["5s", "quarter-of-tests", "60pc-of-tests"],
+)
 def test_certification_interrupted_at(tmp_path, at_s, after_tests):
     report = interrupt_run(tmp_path, at_s, after_tests=after_tests)
     assert not report["finished_before_signal"], report["output"][-3000:]
@@ -304,11 +351,13 @@ def test_certification_interrupted_at(tmp_path, at_s, after_tests):
         # or configuring the session before pytest's terminal exists (the plugin says so, one line
         # each), importing pytest before any plugin runs (Python's own traceback), or the
         # interpreter's own start before it handles SIGINT at all (killed by the signal, nothing printed)
-        assert "interrupted while importing torch" in report["output"] or \
-            "interrupted while loading the implementation" in report["output"] or \
-            "interrupted before the suite's session started" in report["output"] or \
-            "KeyboardInterrupt" in report["output"] or \
-            (report["exit"] == -signal.SIGINT and not report["output"].strip()), (report["exit"], report["output"][-3000:])
+        assert (
+            "interrupted while importing torch" in report["output"]
+            or "interrupted while loading the implementation" in report["output"]
+            or "interrupted before the suite's session started" in report["output"]
+            or "KeyboardInterrupt" in report["output"]
+            or (report["exit"] == -signal.SIGINT and not report["output"].strip())
+        ), (report["exit"], report["output"][-3000:])
     else:
         assert report["verdict"] == "incomplete" and report["run"]["interrupted"]
         assert report["certificates"] == ["gefen-certificate-reference.partial.json"]

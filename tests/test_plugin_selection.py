@@ -20,11 +20,14 @@ def _backend_repository(pytester):
     """A kernel author's repository: its own pytest.ini, testpaths and a failing test of its own."""
     pytester.makeini("[pytest]\ntestpaths = tests\naddopts = -p no:cacheprovider\n")
     tests = pytester.mkdir("tests")
-    (tests / "test_own.py").write_text("def test_own_failing():\n    assert False\n\ndef test_own_ok():\n    pass\n")
+    (tests / "test_own.py").write_text(
+        "def test_own_failing():\n    assert False\n\ndef test_own_ok():\n    pass\n"
+    )
     return pytester
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_impl_without_paths_runs_the_suite_not_the_repositorys_testpaths(pytester):
     repo = _backend_repository(pytester)
     default = repo.path / "gefen-certificate-reference.json"
@@ -49,13 +52,19 @@ def test_explicit_paths_run_only_themselves(pytester):
     assert not list(repo.path.glob("gefen-certificate*"))  # no suite test ran: no certificate
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     cert_path = pytester.path / "c.json"
     # by module name: the child resolves it in its own import system (a path from this process could
     # name a second copy of the suite, e.g. a source tree next to an installed one)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "gefen_conformance.suite.test_dcp_names",
-                                           f"--certificate={cert_path}")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "gefen_conformance.suite.test_dcp_names",
+        f"--certificate={cert_path}",
+    )
     assert result.ret == 6, result.stdout.str()  # partial (SPEC 4.4.9)
     cert = json.loads(cert_path.read_text())
     assert cert["implementation"]["name"] == "reference"  # collected without --impl: the reference
@@ -64,12 +73,21 @@ def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     assert cert["run"]["expected_tests"] > 100 and cert["run"]["executed_tests"] == 2
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_another_hypothesis_profile_is_partial(pytester):
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "gefen_conformance", "--impl=reference",
-                                           "-k", "test_staging_regression and fp16", "--hypothesis-profile=gefen-fuzz",
-                                           f"--certificate={cert_path}")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "gefen_conformance",
+        "--impl=reference",
+        "-k",
+        "test_staging_regression and fp16",
+        "--hypothesis-profile=gefen-fuzz",
+        f"--certificate={cert_path}",
+    )
     assert result.ret == 6, result.stdout.str()  # partial (SPEC 4.4.9)
     cert = json.loads(cert_path.read_text())
     assert cert["verdict"] == "partial"
@@ -97,28 +115,36 @@ def pytest_runtest_call(item):
 """
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     """DCP's logger is at DEBUG with a NullHandler; pytest >= 9.1 captures non-propagating loggers,
     so each in-process save and load would flood a failing test's report (SPEC 4.4.6)."""
     pytester.makepyfile(log_probe=LOG_PROBE)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "log_probe", "--impl=reference",
-                                           "-k", "test_dcp_names")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "log_probe", "--impl=reference", "-k", "test_dcp_names"
+    )
     assert result.ret == 6, result.stdout.str()  # partial: -k
     levels = {int(x) for x in (pytester.path / "levels.txt").read_text().split()}
     assert levels and min(levels) >= 30, levels
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_a_printed_test_id_reruns_that_test_from_any_directory(pytester):
     """SPEC 4.5.5: the id the terminal, certificate and reports print is a valid argument."""
     repo = _backend_repository(pytester)
     test_id = "test_optimizer.py::test_pinned_block_step[plain-torch.float16-pinned-after-3]"
-    result = repo.runpytest_subprocess("--impl=reference", test_id, "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads")
+    result = repo.runpytest_subprocess(
+        "--impl=reference",
+        test_id,
+        "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads",
+    )
     assert result.ret == 6, result.stdout.str()  # partial: two tests of the suite (SPEC 4.4.9)
     cert = json.loads((repo.path / "gefen-certificate-reference.partial.json").read_text())
     assert sorted(t["id"] for t in cert["tests"]) == sorted(
-        [test_id, "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads"])
+        [test_id, "test_dcp_names.py::test_caller_name_that_looks_positional_saves_and_loads"]
+    )
     # a file of that name where pytest runs is the user's, not the suite's
     (repo.path / "test_dcp_names.py").write_text("def test_mine():\n    pass\n")
     result = repo.runpytest_subprocess("--impl=reference", "test_dcp_names.py")

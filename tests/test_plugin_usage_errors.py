@@ -7,8 +7,8 @@ import pytest
 
 MODULES = {
     "unknown_cap": "from gefen_conformance import Implementation\n"
-                   "IMPL = Implementation(name='u', version='1', make_optimizer=lambda p, **h: None,"
-                   " capabilities={'warp-drive'})\n",
+    "IMPL = Implementation(name='u', version='1', make_optimizer=lambda p, **h: None,"
+    " capabilities={'warp-drive'})\n",
     "raises_oserror": "raise OSError('libfastgefen.so: cannot open shared object file')\n",
     "bad_syntax": "def broken(:\n    pass\n",
     "raises_runtime": "raise RuntimeError('CUDA driver too old')\n",
@@ -47,17 +47,22 @@ def test_usage_error_is_one_line_exit_4(project, spec, cause):
     assert "INTERNALERROR" not in err + result.stdout.str()
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"ERROR: --impl={spec}: implementation {spec!r}") and cause in lines[0], lines[0]
+    assert lines[0].startswith(f"ERROR: --impl={spec}: implementation {spec!r}") and cause in lines[0], lines[
+        0
+    ]
     if ":" in spec:
         assert f"(module {spec.partition(':')[0]})" in lines[0]
     assert "collected" not in result.stdout.str()  # refused before collection
-    written = [p.name for p in project.path.iterdir() if p.name.startswith((".hypothesis", "gefen-certificate"))]
+    written = [
+        p.name for p in project.path.iterdir() if p.name.startswith((".hypothesis", "gefen-certificate"))
+    ]
     assert not written
 
 
 def test_usage_error_with_pyargs_and_xdist(project):
-    result = project.runpytest_subprocess("--pyargs", "gefen_conformance", "--impl=unknown_cap:IMPL", "-n", "2",
-                                          "-p", "no:cacheprovider")
+    result = project.runpytest_subprocess(
+        "--pyargs", "gefen_conformance", "--impl=unknown_cap:IMPL", "-n", "2", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
     assert "warp-drive" in result.stderr.str()

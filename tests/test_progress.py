@@ -9,7 +9,9 @@ import pytest
 
 from gefen_conformance.plugin.progress import Progress, duration
 
-LINE = re.compile(r"^gefen: (test_\w+\.py) done, (\d+) tests? in .+; (\d+) of (\d+) tests in [^,]+(, about .+ left)?$")
+LINE = re.compile(
+    r"^gefen: (test_\w+\.py) done, (\d+) tests? in .+; (\d+) of (\d+) tests in [^,]+(, about .+ left)?$"
+)
 
 
 class _Clock:
@@ -27,8 +29,14 @@ def _progress():
 
 def test_a_line_when_the_last_test_of_a_module_finishes_with_an_estimate_from_the_rate_so_far():
     progress, lines, clock = _progress()
-    progress.expect(["conformance/suite/test_a.py::t1", "conformance/suite/test_a.py::t2", "test_b.py::u[1]",
-                     "test_b.py::u[2]"])
+    progress.expect(
+        [
+            "conformance/suite/test_a.py::t1",
+            "conformance/suite/test_a.py::t2",
+            "test_b.py::u[1]",
+            "test_b.py::u[2]",
+        ]
+    )
     for i, test in enumerate(["test_a.py::t1", "test_a.py::t2"]):
         progress.started_test(test)
         clock.now += 5
@@ -59,8 +67,14 @@ def test_tests_outside_the_selection_are_ignored_and_the_first_selection_wins():
 
 
 def test_durations_read_as_people_read_them():
-    assert [duration(s) for s in (0.04, 9.94, 42.4, 61, 3599.4, 3725)] == \
-        ["0.0 s", "9.9 s", "42 s", "1 min 01 s", "59 min 59 s", "1 h 02 min"]
+    assert [duration(s) for s in (0.04, 9.94, 42.4, 61, 3599.4, 3725)] == [
+        "0.0 s",
+        "9.9 s",
+        "42 s",
+        "1 min 01 s",
+        "59 min 59 s",
+        "1 h 02 min",
+    ]
 
 
 SELECTION = ["-k", "test_global_step_counts_every_step_call or test_dcp_names"]
@@ -71,8 +85,10 @@ def _run(pytester, *extra):
 
 
 # the xdist run is a whole suite run in two workers: .ci/run runs it (issue 23: the default run under 5 min)
-@pytest.mark.parametrize("workers", [pytest.param([], id="one-process"),
-                                     pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "workers",
+    [pytest.param([], id="one-process"), pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)],
+)
 def test_a_real_run_prints_a_line_per_module_and_none_with_q(pytester, workers):
     result = _run(pytester, *workers)
     out = result.stdout.str()

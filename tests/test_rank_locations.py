@@ -57,7 +57,8 @@ Current thread 0x00007f0000000002 (most recent call first):
 def test_a_python_traceback_gives_the_innermost_frame_of_the_code_under_test_of_the_last_exception():
     assert rank_locations.location(RAISED) == (
         "gefen_conformance/suite/test_dcp_reshard.py:131 in _check_restored "
-        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)")
+        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)"
+    )
 
 
 def test_an_implementations_own_frame_is_code_under_test():
@@ -68,24 +69,39 @@ def test_an_implementations_own_frame_is_code_under_test():
 def test_a_stack_dump_gives_the_thread_running_the_scenario_and_what_it_waited_in():
     assert rank_locations.location(HUNG) == (
         "gefen_conformance/suite/test_dcp_reshard.py:88 in _save_body "
-        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)")
+        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)"
+    )
 
 
 def test_without_frames_of_the_code_under_test_the_innermost_frame_is_given():
-    text = f'Traceback (most recent call last):\n  File "{HARNESS}", line 9, in _prepare\n    x()\nOSError: no\n'
+    text = (
+        f'Traceback (most recent call last):\n  File "{HARNESS}", line 9, in _prepare\n    x()\nOSError: no\n'
+    )
     assert rank_locations.location(text) == "gefen_conformance/harness/pool_worker.py:9 in _prepare"
-    assert rank_locations.location("rank 1 (pid 3) ended without reporting a result: SIGKILL\n(no Python stack was dumped)") is None
+    assert (
+        rank_locations.location(
+            "rank 1 (pid 3) ended without reporting a result: SIGKILL\n(no Python stack was dumped)"
+        )
+        is None
+    )
 
 
 def test_where_lists_every_failed_rank_in_rank_order_and_finds_a_wrapped_rank_failure():
-    failure = RankFailure([RankOutcome(0, "ok"), RankOutcome(1, "hung", traceback=HUNG),
-                           RankOutcome(2, "raised", exc_type="RuntimeError", traceback=RAISED),
-                           RankOutcome(3, "died", traceback="rank 3 died: SIGSEGV\n(no Python stack was dumped)")])
+    failure = RankFailure(
+        [
+            RankOutcome(0, "ok"),
+            RankOutcome(1, "hung", traceback=HUNG),
+            RankOutcome(2, "raised", exc_type="RuntimeError", traceback=RAISED),
+            RankOutcome(3, "died", traceback="rank 3 died: SIGSEGV\n(no Python stack was dumped)"),
+        ]
+    )
     lines = rank_locations.where(failure)
-    assert lines == ["rank 1: gefen_conformance/suite/test_dcp_reshard.py:88 in _save_body "
-                     "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)",
-                     "rank 2: gefen_conformance/suite/test_dcp_reshard.py:131 in _check_restored "
-                     "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)"]
+    assert lines == [
+        "rank 1: gefen_conformance/suite/test_dcp_reshard.py:88 in _save_body "
+        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)",
+        "rank 2: gefen_conformance/suite/test_dcp_reshard.py:131 in _check_restored "
+        "(innermost: torch/distributed/distributed_c10d.py:4500 in barrier)",
+    ]
     try:
         try:
             raise failure
@@ -121,9 +137,14 @@ def test_real_ranks_a_raising_one_and_a_hung_one_are_located_in_the_scenarios_co
     failure = caught.value
     lines = rank_locations.where(failure)
     assert [o.status for o in failure.outcomes] == ["hung", "raised"], str(failure)
-    assert lines[0].startswith("rank 0: tests/test_rank_locations.py:") and "in _wait_in_scenario (innermost: " in lines[0]
+    assert (
+        lines[0].startswith("rank 0: tests/test_rank_locations.py:")
+        and "in _wait_in_scenario (innermost: " in lines[0]
+    )
     assert "threading.py:" in lines[0] and lines[0].endswith(" in wait)")
-    assert lines[1].startswith("rank 1: tests/test_rank_locations.py:") and lines[1].endswith(" in _raise_in_scenario")
+    assert lines[1].startswith("rank 1: tests/test_rank_locations.py:") and lines[1].endswith(
+        " in _raise_in_scenario"
+    )
     assert len(lines) == 2
 
 
@@ -141,15 +162,25 @@ IMPLEMENTATION = dataclasses.replace(REFERENCE, name="broken-adapter", dcp_state
 """
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_a_suite_run_records_where_each_failed_rank_was(pytester, monkeypatch):
     """An adapter that raises on every rank of a DCP save: the certificate's test has a ``where``
     line per rank naming the adapter's line, and the terminal summary prints them under the test."""
     pytester.makepyfile(broken_adapter=BROKEN_ADAPTER)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")]))
+    )
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("--impl=broken_adapter:IMPLEMENTATION", f"--certificate={cert_path}",
-                                           "-p", "no:cacheprovider", "-q", "-k", "test_checkpoint_schema_from_the_files and w2")
+    result = pytester.runpytest_subprocess(
+        "--impl=broken_adapter:IMPLEMENTATION",
+        f"--certificate={cert_path}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-k",
+        "test_checkpoint_schema_from_the_files and w2",
+    )
     out = result.stdout.str()
     assert result.ret == 1, out[-3000:]
     cert = json.loads(cert_path.read_text())

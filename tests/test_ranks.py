@@ -22,7 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, pool as ranks, pool_processes
+from gefen_conformance.harness import deadlines, pool_processes
+from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
 
 from .interrupt_probe import default_signals
@@ -339,14 +340,14 @@ def test_hung_rank_is_dumped_and_killed_at_the_deadline():
     # MAX_STRETCH times, then at most the dump wait (2 s, stretched alike) and the reaping
     wall = deadline_wall_s(rank1.message, timeout)
     assert timeout <= wall <= timeout * deadlines.MAX_STRETCH * 1.05, rank1.message
-    assert timeout <= elapsed < wall + 2 * deadlines.settled_stretch() + 3, f"took {elapsed:.1f} s: {rank1.message}"
+    assert timeout <= elapsed < wall + 2 * deadlines.settled_stretch() + 3, (
+        f"took {elapsed:.1f} s: {rank1.message}"
+    )
     assert "rank 1: hung" in str(failure) and "_gefen_test_nap" in str(failure)
 
 
 def test_stragglers_are_killed_after_the_failure_grace():
-    failure, elapsed = _expect_failure(
-        _rank1_raises_rank0_sleeps, 2, timeout=30, failure_grace=0.5
-    )
+    failure, elapsed = _expect_failure(_rank1_raises_rank0_sleeps, 2, timeout=30, failure_grace=0.5)
     rank0, rank1 = failure.outcomes
     assert (rank1.status, rank1.exc_type) == ("raised", "KeyError")
     grandchild = int(rank1.message.rstrip("'").rsplit(" ", 1)[1])
@@ -443,7 +444,7 @@ class _LineReader:
             try:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no {prefix!r} line within {limit} s; got {self.seen}")
+                raise AssertionError(f"no {prefix!r} line within {limit} s; got {self.seen}") from None
             self.seen.append(line)
             if line.startswith(prefix):
                 return line.strip()
@@ -473,7 +474,8 @@ def test_interrupted_or_killed_caller_leaves_no_workers(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=default_signals,  # Ctrl-C as a terminal's program gets it, even when this run's SIGINT is ignored
+        # Ctrl-C as a terminal's program gets it, even when this run's SIGINT is ignored
+        preexec_fn=default_signals,
     )
     reader = _LineReader(proc.stdout)
     try:

@@ -2,7 +2,8 @@
 
 The proofs certify two mutants of the catalogue (tests/mutants.py; named from
 tests/optimizer_mutants.py, which holds them without importing DCP code) on the one suite test each
-fails, through the plugin in a subprocess, then replay that test with ``gefen-conformance repro`` in another and
+fails, through the plugin in a subprocess, then replay that test with ``gefen-conformance repro`` in another
+and
 check that it reports the same failing comparisons with the same numbers, bit for bit:
 
 * ``lr-half-percent-high`` as a kernel backend (tolerance profile) on a pinned fp32 step: the
@@ -29,11 +30,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import cli, repro
+from gefen_conformance import cli, repro, workload
 from gefen_conformance.certificate import repro_files
 from gefen_conformance.plugin import reproducers
 from gefen_conformance.suite import optimizer_cases
-from gefen_conformance import workload
 from gefen_oracles import numeric
 
 from .mutant_tools import failed_tests, run_suite
@@ -84,9 +84,15 @@ def _blob(case, bitwise: bool, test_id: str, spec: str = "reference") -> tuple[b
 
 
 def _certificate(tests: list) -> dict:
-    return {"schema": "gefen-conformance-certificate/2", "implementation": {"name": "reference", "version": "1",
-                                                                             "capabilities": [], "spec": "reference"},
-            "verdict": "not-conformant", "summary": {}, "clauses": {}, "notes": [], "tests": tests}
+    return {
+        "schema": "gefen-conformance-certificate/2",
+        "implementation": {"name": "reference", "version": "1", "capabilities": [], "spec": "reference"},
+        "verdict": "not-conformant",
+        "summary": {},
+        "clauses": {},
+        "notes": [],
+        "tests": tests,
+    }
 
 
 def _test_entry(test_id: str, comparisons=None, outcome: str = "failed") -> dict:
@@ -96,10 +102,24 @@ def _test_entry(test_id: str, comparisons=None, outcome: str = "failed") -> dict
             margins.append({"what": c.what, "kind": "bitwise", "differing": c.differing, "total": c.total})
         else:
             used = c.error / c.bound if c.bound > 0 and math.isfinite(c.error) else None
-            margins.append({"what": c.what, "kind": "tolerance", "error": c.error, "bound": c.bound,
-                            "used": 0.0 if c.error == 0 else used})
-    return {"id": test_id, "clauses": ["5.6"], "outcome": outcome, "duration_s": 1.0, "reason": "",
-            "margins": margins, "notes": []}
+            margins.append(
+                {
+                    "what": c.what,
+                    "kind": "tolerance",
+                    "error": c.error,
+                    "bound": c.bound,
+                    "used": 0.0 if c.error == 0 else used,
+                }
+            )
+    return {
+        "id": test_id,
+        "clauses": ["5.6"],
+        "outcome": outcome,
+        "duration_s": 1.0,
+        "reason": "",
+        "margins": margins,
+        "notes": [],
+    }
 
 
 # ----------------------------------------------------------------------- worst elements
@@ -112,12 +132,18 @@ def test_worst_elements_are_ordered_by_share_of_the_allowance_and_indexed_by_sha
     allowed = torch.tensor([[1.0, 1e-4, 1.0], [1e-3, 1.0, 1.0]])
     worst = numeric.worst_elements("p", expected, observed, allowed)
     assert [o.index for o in worst] == [(1, 2), (0, 1), (1, 0), (0, 2)]  # NaN first, then 10x, 2x, 0.5x
-    assert worst[1].expected == 0.0 and worst[1].observed == pytest.approx(1e-3) and worst[1].allowed == pytest.approx(1e-4)
+    assert (
+        worst[1].expected == 0.0
+        and worst[1].observed == pytest.approx(1e-3)
+        and worst[1].allowed == pytest.approx(1e-4)
+    )
     c = numeric.relative_comparison("v", torch.ones(4), torch.tensor([1.0, 1.5, 1.0, 1.2]), 0.1, label="v")
     assert not c.ok and [o.index for o in c.offenders] == [(1,), (3,)]
     assert c.offenders[0].observed == 1.5 and c.offenders[0].allowed == pytest.approx(0.1)
     b = numeric.bitwise_comparison("b", torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
-    assert [(o.index, o.expected, o.observed) for o in b.offenders] == [((0,), 0.0, -0.0)]  # signed zeros differ
+    assert [(o.index, o.expected, o.observed) for o in b.offenders] == [
+        ((0,), 0.0, -0.0)
+    ]  # signed zeros differ
     assert numeric.relative_comparison("ok", torch.ones(3), torch.ones(3), 0.1).offenders == []
 
 
@@ -154,7 +180,9 @@ def test_a_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
 def test_reproducers_go_beside_their_certificate_and_never_over_other_files(tmp_path):
     blob, _ = _blob(_pinned_case(), False, "t.py::a")
     target = tmp_path / "out" / "cert.partial.json"
-    cert = _certificate([_test_entry("t.py::a"), _test_entry("t.py::b"), _test_entry("t.py::c", outcome="passed")])
+    cert = _certificate(
+        [_test_entry("t.py::a"), _test_entry("t.py::b"), _test_entry("t.py::c", outcome="passed")]
+    )
     directory = target.parent / "cert.partial.repro"
     directory.mkdir(parents=True)
     foreign = directory / repro_files.file_name("t.py::b")
@@ -184,8 +212,11 @@ def test_reproducers_go_beside_their_certificate_and_never_over_other_files(tmp_
 
 # SPEC 4.5.6
 def test_file_names_are_safe_and_distinct():
-    ids = ["test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]",
-           "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3 ]", "a/../../b::c[../x]"]
+    ids = [
+        "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]",
+        "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3 ]",
+        "a/../../b::c[../x]",
+    ]
     names = [repro_files.file_name(i) for i in ids]
     assert len(set(names)) == 3
     assert all("/" not in n and not n.startswith(".") and n.endswith(".pt") for n in names)
@@ -205,15 +236,22 @@ def _written(tmp_path: Path, tests: list, blobs: dict) -> Path:
 # SPEC 4.5.6
 def test_repro_of_a_fixed_implementation_passes_and_refusals_are_one_line(tmp_path, capsys):
     blob, comparisons = _blob(_pinned_case(), True, "t.py::traj")
-    path = _written(tmp_path, [_test_entry("t.py::traj", comparisons), _test_entry("t.py::other")],
-                    {"t.py::traj": blob})
+    path = _written(
+        tmp_path, [_test_entry("t.py::traj", comparisons), _test_entry("t.py::other")], {"t.py::traj": blob}
+    )
     # the certificate's implementation is the reference: replayed against it, the comparison passes
     assert cli.main(["repro", str(path), "t.py::traj"]) == 0
     out = capsys.readouterr().out
     assert "verdict: passes now" in out and "pinned step (fp32, gradient of step 3" in out
-    assert repro._find_test(json.loads(path.read_text()), "conformance/suite/t.py::traj")["id"] == "t.py::traj"
+    assert (
+        repro._find_test(json.loads(path.read_text()), "conformance/suite/t.py::traj")["id"] == "t.py::traj"
+    )
     for argv, status, needle in [
-        (["repro", str(path), "t.py::nosuch"], 4, "holds no test 't.py::nosuch'; tests with a reproducer: t.py::traj"),
+        (
+            ["repro", str(path), "t.py::nosuch"],
+            4,
+            "holds no test 't.py::nosuch'; tests with a reproducer: t.py::traj",
+        ),
         (["repro", str(path), "t.py::other"], 4, "t.py::other has no reproducer"),
         (["repro", str(path), "t.py::traj", "--impl", "no_such_module:X"], 4, "no_such_module"),
         (["repro", str(tmp_path / "missing.json"), "t.py::traj"], 2, "cannot read"),
@@ -230,27 +268,49 @@ def test_repro_of_a_fixed_implementation_passes_and_refusals_are_one_line(tmp_pa
 
 
 def _repro(cert_path: Path, test_id: str) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "gefen_conformance.cli", "repro", str(cert_path), test_id],
-                            cwd=cert_path.parent, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "gefen_conformance.cli", "repro", str(cert_path), test_id],
+        cwd=cert_path.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return result, time.monotonic() - started
 
 
 def _failing_margins(test: dict) -> list:
-    return [m for m in test["margins"] if (m["kind"] == "bitwise" and m["differing"])
-            or (m["kind"] == "tolerance" and (m["used"] is None or m["used"] > 1))]
+    return [
+        m
+        for m in test["margins"]
+        if (m["kind"] == "bitwise" and m["differing"])
+        or (m["kind"] == "tolerance" and (m["used"] is None or m["used"] > 1))
+    ]
 
 
 @pytest.mark.proof
 # SPEC 4.5.6, SPEC 5.6.8, SPEC 5.6.10
-@pytest.mark.parametrize("spec,select,test_id", [
-    pytest.param("tests.optimizer_mutants:tolerant_lr_half_percent_high",
-                 "test_pinned_block_step and plain and float32 and pinned-after-3",
-                 "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]", id="pinned-tolerance"),
-    pytest.param("tests.optimizer_mutants:mutant_lr_half_percent_high", "test_block_step_matches_reference and plain and float32",
-                 "test_optimizer.py::test_block_step_matches_reference[plain-torch.float32]", id="free-running-bitwise"),
-])
+@pytest.mark.parametrize(
+    "spec,select,test_id",
+    [
+        pytest.param(
+            "tests.optimizer_mutants:tolerant_lr_half_percent_high",
+            "test_pinned_block_step and plain and float32 and pinned-after-3",
+            "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]",
+            id="pinned-tolerance",
+        ),
+        pytest.param(
+            "tests.optimizer_mutants:mutant_lr_half_percent_high",
+            "test_block_step_matches_reference and plain and float32",
+            "test_optimizer.py::test_block_step_matches_reference[plain-torch.float32]",
+            id="free-running-bitwise",
+        ),
+    ],
+)
 def test_repro_reproduces_a_mutants_failure_bit_for_bit(spec, select, test_id, tmp_path):
     cert = run_suite(spec, select, tmp_path)
     (failed,) = failed_tests(cert)

@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.harness import launch, pool as ranks, world
 from gefen_conformance import workload
+from gefen_conformance.harness import launch, world
+from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
@@ -52,8 +53,9 @@ _calls = itertools.count()
 def _regroup(store_path: str, rank: int, size: int) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, size), rank=rank, world_size=size,
-                            timeout=GROUP_TIMEOUT)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(store_path, size), rank=rank, world_size=size, timeout=GROUP_TIMEOUT
+    )
 
 
 def _on_regrouped_ranks(fn, size, args, kwargs, store_dir):
@@ -100,8 +102,9 @@ class _OneWorld:
     def run(self, fn, world_size, args, kwargs, *, timeout, allow_failure, pg_timeout, failure_grace):
         self.calls.append((fn.__name__, world_size))
         body, body_args = self._pool_call(fn, world_size, args, kwargs)
-        outcomes = ranks.run_on_ranks(body, POOL_WORLD, args=body_args, timeout=timeout, allow_failure=True,
-                                      failure_grace=failure_grace)
+        outcomes = ranks.run_on_ranks(
+            body, POOL_WORLD, args=body_args, timeout=timeout, allow_failure=True, failure_grace=failure_grace
+        )
         ours = outcomes[:world_size]
         if allow_failure:
             return ours
@@ -137,8 +140,12 @@ def _save_model(path: str) -> dict:
     params = workload.parameters(workload.BASE, mesh=world_mesh())
     dcp.save({"model": dict(params)}, checkpoint_id=path, process_group=workload.group())
     here = world.current()
-    return {"rank": here.rank, "size": here.size, "coordinate": here.mesh.get_coordinate(),
-            "full": workload.full_params(params)}
+    return {
+        "rank": here.rank,
+        "size": here.size,
+        "coordinate": here.mesh.get_coordinate(),
+        "full": workload.full_params(params),
+    }
 
 
 # --------------------------------------------------------------------------------------- tests
@@ -164,7 +171,9 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
 
 def test_a_scenario_larger_than_the_world_is_skipped_with_the_launchers_reason(tmp_path):
     with launch.using(RegroupingLauncher(str(tmp_path))):
-        with pytest.raises(pytest.skip.Exception, match="needs 5 ranks; the regrouping launcher runs at most 4"):
+        with pytest.raises(
+            pytest.skip.Exception, match="needs 5 ranks; the regrouping launcher runs at most 4"
+        ):
             checkpoints.run(_save_model, 5, (str(tmp_path / "never"),))
 
 
@@ -186,7 +195,12 @@ def test_an_adapter_that_reduces_over_the_default_group_cannot_save_on_a_subgrou
     """Why the regrouping launcher: the reference adapter's agreement all-reduce runs on the
     default group, which the two idle ranks never enter, so the save fails at the gloo timeout."""
     with launch.using(SubgroupLauncher(str(tmp_path))):
-        outcomes = launch.run(checkpoints.save_trained, 2, (registry.resolve("reference"), "base", str(tmp_path / "ckpt")),
-                              timeout=60, allow_failure=True)
+        outcomes = launch.run(
+            checkpoints.save_trained,
+            2,
+            (registry.resolve("reference"), "base", str(tmp_path / "ckpt")),
+            timeout=60,
+            allow_failure=True,
+        )
     assert [o.status for o in outcomes] != ["ok", "ok"]
     assert not (tmp_path / "ckpt" / ".metadata").exists()

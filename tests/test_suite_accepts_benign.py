@@ -23,7 +23,10 @@ pytestmark = pytest.mark.proof
 def test_suite_accepts_benign_variant(name, tmp_path):
     variant = CATALOGUE[name]
     cert = run_suite(spec(name), None, tmp_path)
-    assert cert["implementation"]["capabilities"] and "cpu-bit-exact" not in cert["implementation"]["capabilities"]
+    assert (
+        cert["implementation"]["capabilities"]
+        and "cpu-bit-exact" not in cert["implementation"]["capabilities"]
+    )
     rejected = [(t["id"], t["reason"]) for t in failed_tests(cert)]
     assert failures(cert) == 0, f"{name} ({variant.reason}) was rejected by: {rejected}"
     assert cert["summary"]["passed"] >= 100, cert["summary"]

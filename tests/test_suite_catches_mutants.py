@@ -36,11 +36,15 @@ def test_suite_catches_mutant(name, profile, tmp_path):
     cert = run_suite(spec(name, profile), entry.select_in(profile), tmp_path)
     assert failures(cert) > 0, f"{name} ({entry.bug}) survived the {profile} profile: {cert['summary']}"
     clause = entry.clause_in(profile)
-    assert caught_by(cert, clause), f"{name} [{profile}] failed {sorted(failed_clauses(cert))}, not clause {clause}"
+    assert caught_by(cert, clause), (
+        f"{name} [{profile}] failed {sorted(failed_clauses(cert))}, not clause {clause}"
+    )
 
 
-@pytest.mark.parametrize("slow_selections", [pytest.param(False, id="default"),
-                                             pytest.param(True, id="slow", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "slow_selections",
+    [pytest.param(False, id="default"), pytest.param(True, id="slow", marks=pytest.mark.slow)],
+)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_reference_passes_every_selection(profile, slow_selections, tmp_path):
     entries = [e for n, e in CATALOGUE.items() if (n in SLOW_IN_BOTH) == slow_selections]

@@ -42,7 +42,7 @@ def test_failures_come_right_after_the_verdict_each_with_clauses_reason_where_an
     rerun = lines[at + 3].strip()
     assert rerun == f"rerun: pytest --impl=tests.mutants:beta_rounding {shlex.quote(failing['id'])}"
     failed = [t for t in cert["tests"] if t["outcome"] in ("failed", "error")]
-    assert all(any(t["id"] in line for line in lines[2:at + 20]) for t in failed)
+    assert all(any(t["id"] in line for line in lines[2 : at + 20]) for t in failed)
     # the summary's other parts follow the failures
     assert lines.index("exit status 1 (not-conformant; SPEC 4.4.9)") > at + 3
     assert lines[-1] == "certificate: c.json"
@@ -51,15 +51,23 @@ def test_failures_come_right_after_the_verdict_each_with_clauses_reason_where_an
 def test_a_rerun_command_without_a_recorded_spec_names_the_implementation():
     cert = _cert("mutant-beta-rounding.json")
     cert["implementation"].pop("spec", None)
-    assert any(line.strip().startswith("rerun: pytest --impl=tests.mutants:beta_rounding ") for line in _text(cert))
+    assert any(
+        line.strip().startswith("rerun: pytest --impl=tests.mutants:beta_rounding ") for line in _text(cert)
+    )
 
 
 def _near_by_hand(cert: dict) -> list:
     """(share of the bound, test id) of every finite tolerance comparison at 90 % or more, counted
     here from the raw error and bound, so the committed certificate can be regenerated freely."""
-    return sorted(((m["error"] / m["bound"], t["id"]) for t in cert["tests"] for m in t.get("margins") or []
-                   if m.get("kind") == "tolerance" and m.get("bound") and m["error"] / m["bound"] >= 0.9),
-                  key=lambda near: (-near[0], near[1]))
+    return sorted(
+        (
+            (m["error"] / m["bound"], t["id"])
+            for t in cert["tests"]
+            for m in t.get("margins") or []
+            if m.get("kind") == "tolerance" and m.get("bound") and m["error"] / m["bound"] >= 0.9
+        ),
+        key=lambda near: (-near[0], near[1]),
+    )
 
 
 def test_every_comparison_near_its_bound_is_listed_with_its_test_and_clauses():
@@ -69,18 +77,22 @@ def test_every_comparison_near_its_bound_is_listed_with_its_test_and_clauses():
     lines = _text(cert)
     head = next(i for i, line in enumerate(lines) if line.startswith("near their bound"))
     assert lines[head] == f"near their bound (at least 90 % of it): {len(expected)} tolerance comparison(s)"
-    listed = lines[head + 1:head + 1 + len(expected)]
+    listed = lines[head + 1 : head + 1 + len(expected)]
     assert listed[0].split()[:2] == [f"{100 * expected[0][0]:.1f}", "%"] and expected[0][1] in listed[0]
     assert {i for _, i in expected} == {i for _, i in expected if any(i in line for line in listed)}
     assert all("pinned step: parameter update (fp16)" in line and "(SPEC " in line for line in listed)
-    assert [float(line.split()[0]) for line in listed] == sorted((float(line.split()[0]) for line in listed), reverse=True)
+    assert [float(line.split()[0]) for line in listed] == sorted(
+        (float(line.split()[0]) for line in listed), reverse=True
+    )
     assert "did not pass" not in "\n".join(lines)  # fast is conformant
 
 
 def test_a_comparison_outside_its_bound_is_near_it_too_and_listed_first():
     cert = copy.deepcopy(_cert("fast-0.1.0.json"))
     before = len(_near_by_hand(cert))
-    cert["tests"][0]["margins"] = [{"kind": "tolerance", "what": "blown", "error": 1.0, "bound": 0.1, "used": None}]
+    cert["tests"][0]["margins"] = [
+        {"kind": "tolerance", "what": "blown", "error": 1.0, "bound": 0.1, "used": None}
+    ]
     near = terminal_summary.near_bound(cert)
     assert near[0][:3] == (None, cert["tests"][0]["id"], "blown") and len(near) == before + 1
     assert any(line.split()[0] == "outside" and "blown" in line for line in _text(cert))
@@ -96,7 +108,7 @@ def test_tests_that_did_not_run_here_are_grouped_by_reason():
     lines = _text(cert)
     head = lines.index("did not run here, so the run cannot be conformant (SPEC 4.4.2): 3 suite tests")
     assert head == 2 and lines[head + 1] == f"  {reason} (3):"
-    assert [line.split()[0] for line in lines[head + 2:head + 5]] == ids
+    assert [line.split()[0] for line in lines[head + 2 : head + 5]] == ids
 
 
 def test_expected_failures_are_apart_from_failures():

@@ -26,7 +26,9 @@ CONFIGS = [
 def _check(make, dtype, pin_at, kw):
     sd = workload.pinned_state(dtype, pin_at, **kw)
     result = workload.pinned_step(make, dtype, pin_at, sd, **kw)
-    return pinned_step.check_step(workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"])
+    return pinned_step.check_step(
+        workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
+    )
 
 
 @pytest.mark.parametrize("pin_at,kw", CONFIGS)
@@ -47,10 +49,16 @@ def _update_times(factor):
     return lambda g, **o: cls(g, **o)
 
 
-@pytest.mark.parametrize("dtype,factor,caught", [
-    (torch.float32, 1.005, True), (torch.float32, 1.0001, True), (torch.float16, 1.005, True),
-    (torch.bfloat16, 1.05, True), (torch.float32, 1.0 + 2 ** -22, False),
-])
+@pytest.mark.parametrize(
+    "dtype,factor,caught",
+    [
+        (torch.float32, 1.005, True),
+        (torch.float32, 1.0001, True),
+        (torch.float16, 1.005, True),
+        (torch.bfloat16, 1.05, True),
+        (torch.float32, 1.0 + 2**-22, False),
+    ],
+)
 def test_pinned_step_detects_update_errors_above_its_bound(dtype, factor, caught):
     checks = _check(_update_times(factor), dtype, 3, CONFIGS[1][1])
     assert checks.ok is not caught, checks.problems
@@ -63,4 +71,6 @@ def test_pinned_step_rejects_bf16_codewords_for_fp32():
     changed = clone(steps, dequantize=codewords_in_bf16)
     cls = clone(optimizer_module, block_vmean_step=changed.block_vmean_step).Gefen
     checks = _check(lambda g, **o: cls(g, **o), torch.float32, 3, CONFIGS[1][1])
-    assert any("codeword choice" in p or "m_codebook" in p or "parameter" in p for p in checks.problems), checks.problems
+    assert any("codeword choice" in p or "m_codebook" in p or "parameter" in p for p in checks.problems), (
+        checks.problems
+    )

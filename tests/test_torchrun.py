@@ -32,8 +32,17 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="to
 
 
 def _args(**given) -> argparse.Namespace:
-    base = dict(impl="reference", certificate=None, device=None, launcher="torchrun", nproc_per_node=None,
-                nnodes=None, rdzv_endpoint=None, node_rank=None, checkpoint_dir=None)
+    base = dict(
+        impl="reference",
+        certificate=None,
+        device=None,
+        launcher="torchrun",
+        nproc_per_node=None,
+        nnodes=None,
+        rdzv_endpoint=None,
+        node_rank=None,
+        checkpoint_dir=None,
+    )
     return argparse.Namespace(**dict(base, **given))
 
 
@@ -52,39 +61,67 @@ def test_one_node_is_a_standalone_job_of_four_ranks_by_default():
 
 def test_multi_node_options_reach_torchrun_and_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    command = cli.torchrun_command(_args(nproc_per_node=8, nnodes=2, rdzv_endpoint="node0:29400", node_rank=1,
-                                         checkpoint_dir="shared", certificate="c.json", device="cuda"), [], "/r")
+    command = cli.torchrun_command(
+        _args(
+            nproc_per_node=8,
+            nnodes=2,
+            rdzv_endpoint="node0:29400",
+            node_rank=1,
+            checkpoint_dir="shared",
+            certificate="c.json",
+            device="cuda",
+        ),
+        [],
+        "/r",
+    )
     assert "--standalone" not in command
     pairs = dict(zip(command, command[1:]))
-    assert pairs["--nnodes"] == "2" and pairs["--rdzv-endpoint"] == "node0:29400" and pairs["--node-rank"] == "1"
+    assert (
+        pairs["--nnodes"] == "2" and pairs["--rdzv-endpoint"] == "node0:29400" and pairs["--node-rank"] == "1"
+    )
     assert pairs["--rdzv-backend"] == "c10d" and pairs["--nproc-per-node"] == "8"
-    assert pairs["--checkpoint-dir"] == str(tmp_path / "shared") and pairs["--certificate"] == str(tmp_path / "c.json")
+    assert pairs["--checkpoint-dir"] == str(tmp_path / "shared") and pairs["--certificate"] == str(
+        tmp_path / "c.json"
+    )
     assert pairs["--device"] == "cuda"
 
 
-@pytest.mark.parametrize("given,problem", [
-    (dict(nnodes=2, checkpoint_dir="/shared"), "needs --rdzv-endpoint"),
-    (dict(nnodes=2, rdzv_endpoint="h:1"), "needs --checkpoint-dir"),
-    (dict(nproc_per_node=0), "--nproc-per-node must be at least 1"),
-    (dict(rdzv_endpoint="nohost"), "give HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "given,problem",
+    [
+        (dict(nnodes=2, checkpoint_dir="/shared"), "needs --rdzv-endpoint"),
+        (dict(nnodes=2, rdzv_endpoint="h:1"), "needs --checkpoint-dir"),
+        (dict(nproc_per_node=0), "--nproc-per-node must be at least 1"),
+        (dict(rdzv_endpoint="nohost"), "give HOST:PORT"),
+    ],
+)
 def test_options_that_do_not_fit_together_are_usage_errors(given, problem):
     with pytest.raises(cli.UsageError, match=problem):
         cli.torchrun_command(_args(**given), [], "/r")
 
 
 def _cli(cwd: Path, *args: str, **popen) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     env.update(popen.pop("env", {}))
-    return subprocess.run([sys.executable, "-m", "gefen_conformance.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, **popen)
+    return subprocess.run(
+        [sys.executable, "-m", "gefen_conformance.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **popen,
+    )
 
 
 def test_torchrun_options_without_the_torchrun_launcher_are_one_line_usage_errors(tmp_path):
     result = _cli(tmp_path, "certify", "--nproc-per-node", "2", "--checkpoint-dir", "x")
     assert result.returncode == 4
     assert result.stderr.strip().splitlines() == [
-        "gefen-conformance certify: --nproc-per-node, --checkpoint-dir only apply with --launcher torchrun"]
+        "gefen-conformance certify: --nproc-per-node, --checkpoint-dir only apply with --launcher torchrun"
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -114,8 +151,9 @@ def test_the_launcher_describes_the_job_for_the_certificate():
     job = argparse.Namespace(world_size=4)
     hellos = {r: {"node_rank": r // 2, "device_name": f"cuda:{r % 2}", "pid": 100 + r} for r in range(4)}
     launcher = torchrun_launcher.TorchrunLauncher(job, None, None, torch.device("cuda"), "nccl", hellos)
-    assert launcher.execution() == launch.Execution("torchrun", 2, 4, 4, "nccl", "cuda",
-                                                    ("node0/cuda:0", "node0/cuda:1", "node1/cuda:0", "node1/cuda:1"))
+    assert launcher.execution() == launch.Execution(
+        "torchrun", 2, 4, 4, "nccl", "cuda", ("node0/cuda:0", "node0/cuda:1", "node1/cuda:0", "node1/cuda:1")
+    )
     with launch.using(launcher):
         assert launch.unfit_reason(4) is None
         assert "needs 5 ranks; the torchrun launcher runs at most 4" in launch.unfit_reason(5)
@@ -192,9 +230,24 @@ def _left_running(pids, within: float = 10.0) -> list[int]:
 def _probe(tmp_path: Path, *select: str, options=()) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "facts"
     out.mkdir()
-    result = _cli(REPO, "certify", "--launcher", "torchrun", "--nproc-per-node", str(RANKS), "--out",
-                  str(tmp_path / "c.json"), *options, "--", PROBE, "-q", "-p", "no:randomly", *select,
-                  env={"GEFEN_TORCHRUN_PROBE_OUT": str(out)})
+    result = _cli(
+        REPO,
+        "certify",
+        "--launcher",
+        "torchrun",
+        "--nproc-per-node",
+        str(RANKS),
+        "--out",
+        str(tmp_path / "c.json"),
+        *options,
+        "--",
+        PROBE,
+        "-q",
+        "-p",
+        "no:randomly",
+        *select,
+        env={"GEFEN_TORCHRUN_PROBE_OUT": str(out)},
+    )
     facts = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     return result, facts
 
@@ -207,13 +260,20 @@ def _probe(tmp_path: Path, *select: str, options=()) -> tuple[subprocess.Complet
 def test_scenario_calls_run_on_the_first_ranks_and_failures_are_reported_as_by_the_pool(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
-    result, facts = _probe(tmp_path, "-k", "not hung and not hang and not interrupt",
-                           options=("--checkpoint-dir", str(shared)))
+    result, facts = _probe(
+        tmp_path, "-k", "not hung and not hang and not interrupt", options=("--checkpoint-dir", str(shared))
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "5 passed" in result.stdout
-    assert facts["sizes"]["execution"] == {"launcher": "torchrun", "nodes": 1, "world_size": RANKS,
-                                           "max_world_size": RANKS, "backend": "gloo", "device_type": "cpu",
-                                           "device_names": ["cpu"]}
+    assert facts["sizes"]["execution"] == {
+        "launcher": "torchrun",
+        "nodes": 1,
+        "world_size": RANKS,
+        "max_world_size": RANKS,
+        "backend": "gloo",
+        "device_type": "cpu",
+        "device_names": ["cpu"],
+    }
     # a raising or dying rank closes its sockets: its peer fails at once, not at the gloo timeout
     assert facts["raised"]["elapsed"] < 10 and facts["died"]["elapsed"] < 10
     assert _left_running(facts["sizes"]["pids"]) == []
@@ -247,13 +307,38 @@ def test_a_hung_rank_is_dumped_and_the_job_ends_with_nothing_left_running(tmp_pa
 def test_ctrl_c_ends_every_rank(tmp_path):
     out = tmp_path / "facts"
     out.mkdir()
-    env = dict(os.environ, GEFEN_TORCHRUN_PROBE_OUT=str(out),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "gefen_conformance.cli", "certify", "--launcher", "torchrun", "--nproc-per-node",
-               str(RANKS), "--out", str(tmp_path / "c.json"), "--", PROBE, "-q", "-k", "interrupt"]
+    env = dict(
+        os.environ,
+        GEFEN_TORCHRUN_PROBE_OUT=str(out),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "gefen_conformance.cli",
+        "certify",
+        "--launcher",
+        "torchrun",
+        "--nproc-per-node",
+        str(RANKS),
+        "--out",
+        str(tmp_path / "c.json"),
+        "--",
+        PROBE,
+        "-q",
+        "-k",
+        "interrupt",
+    ]
     # a session of its own, so that the SIGINT below reaches it as a terminal's Ctrl-C would
-    child = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "ready.json").exists():

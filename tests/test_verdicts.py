@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance.certificate import build as certificate, report
+from gefen_conformance.certificate import build as certificate
+from gefen_conformance.certificate import report
 from gefen_conformance.certificate.build import EXIT_STATUS, RunFacts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,14 +27,24 @@ REASON = "needs 2 ranks; the one-rank launcher runs at most 1 (1 node(s), world 
 
 
 def _facts(**overrides) -> RunFacts:
-    base = dict(started="s", finished="f", interrupted=None, narrowed_by=[], expected_tests=3, executed_tests=3,
-                hypothesis=None, exit_status=0)
+    base = dict(
+        started="s",
+        finished="f",
+        interrupted=None,
+        narrowed_by=[],
+        expected_tests=3,
+        executed_tests=3,
+        hypothesis=None,
+        exit_status=0,
+    )
     return RunFacts(**{**base, **overrides})
 
 
 def test_a_scenario_that_did_not_run_here_makes_a_whole_run_partial():
-    not_run = [{"id": "test_dcp_reshard.py::test_x[2->4]", "reason": REASON},
-               {"id": "test_dcp_failures.py::test_y", "reason": REASON}]
+    not_run = [
+        {"id": "test_dcp_reshard.py::test_x[2->4]", "reason": REASON},
+        {"id": "test_dcp_failures.py::test_y", "reason": REASON},
+    ]
     facts = _facts(not_run=not_run)
     assert not facts.complete
     verdict, reason = certificate.verdict(Counter(passed=1, skipped=2), facts)
@@ -50,8 +61,14 @@ def test_a_failure_still_outranks_what_did_not_run():
 
 
 def test_one_exit_status_per_verdict():
-    assert EXIT_STATUS == {"conformant": 0, "conformant-with-expected-failures": 0, "not-conformant": 1,
-                           "incomplete": 2, "partial": 6, "inconclusive": 7}
+    assert EXIT_STATUS == {
+        "conformant": 0,
+        "conformant-with-expected-failures": 0,
+        "not-conformant": 1,
+        "incomplete": 2,
+        "partial": 6,
+        "inconclusive": 7,
+    }
     assert certificate.USAGE_ERROR == 4
     from gefen_conformance.certificate.read import VERDICTS
 
@@ -62,7 +79,11 @@ def test_the_report_leads_with_what_did_not_run():
     cert = json.loads((REPO / "tests" / "fixtures" / "certificates" / "reference-partial.json").read_text())
     cert["run"]["not_run"] = [{"id": "test_dcp_reshard.py::test_x[2->4]", "reason": REASON}]
     md = report.render(cert, "md")
-    verdict_at, not_run_at, clauses_at = md.index("**Verdict"), md.index("## Did not pass ("), md.index("## Clauses")
+    verdict_at, not_run_at, clauses_at = (
+        md.index("**Verdict"),
+        md.index("## Did not pass ("),
+        md.index("## Clauses"),
+    )
     assert "did not run" in md[not_run_at:clauses_at].lower() and REASON.splitlines()[0][:40] in md
     assert verdict_at < not_run_at < clauses_at
     assert "test\\_x\\[2->4\\]" in md or "test_x[2->4]" in md
@@ -84,25 +105,39 @@ def pytest_configure(config):
 '''
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_partial(pytester):
     pytester.makepyfile(one_rank=ONE_RANK)
     cert_path = pytester.path / "c.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "one_rank", "--impl=reference",
-                                           f"--certificate={cert_path}", "-k",
-                                           "test_rank_killed_mid_save or test_global_step")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "one_rank",
+        "--impl=reference",
+        f"--certificate={cert_path}",
+        "-k",
+        "test_rank_killed_mid_save or test_global_step",
+    )
     out = result.stdout.str()
     assert result.ret == EXIT_STATUS["partial"] == 6, out + result.stderr.str()
     cert = json.loads(cert_path.read_text())
     assert cert["verdict"] == "partial" and cert["run"]["exit_status"] == 6
     assert cert["run"]["not_run"] == [
-        {"id": "test_dcp_failures.py::test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads",
-         "reason": REASON}]
+        {
+            "id": "test_dcp_failures.py::"
+            "test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads",
+            "reason": REASON,
+        }
+    ]
     assert "1 did not run here (" + REASON in cert["verdict_reason"]
-    lines = out[out.index("gefen conformance"):].splitlines()
+    lines = out[out.index("gefen conformance") :].splitlines()
     assert lines[2].startswith("verdict: partial") and "did not run here" in lines[3]
     assert lines[4] == f"  {REASON} (1):"  # grouped by reason (SPEC 4.4.12)
-    assert lines[5].startswith("    test_dcp_failures.py::test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads")
+    assert lines[5].startswith(
+        "    test_dcp_failures.py::test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads"
+    )
     assert "exit status 6 (partial" in out
 
 
@@ -110,9 +145,28 @@ def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_parti
 def test_certify_under_a_torchrun_job_of_one_rank_is_partial_and_names_every_scenario_it_skipped(tmp_path):
     """The row as issue 20 tried it: the whole suite on a torchrun job of one rank."""
     cert_path = tmp_path / "c.json"
-    result = subprocess.run([sys.executable, "-m", "gefen_conformance.cli", "certify", "--impl", "reference",
-                             "--launcher", "torchrun", "--nproc-per-node", "1", "--out", str(cert_path), "--", "-q"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gefen_conformance.cli",
+            "certify",
+            "--impl",
+            "reference",
+            "--launcher",
+            "torchrun",
+            "--nproc-per-node",
+            "1",
+            "--out",
+            str(cert_path),
+            "--",
+            "-q",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert result.returncode == 6, result.stdout[-3000:] + result.stderr[-3000:]
     cert = json.loads(cert_path.read_text())
     assert cert["verdict"] == "partial" and not cert["run"]["complete"]

@@ -22,12 +22,13 @@ import torch.distributed as dist
 
 from gefen_conformance import Implementation
 from gefen_conformance.harness import pool as ranks
-from gefen_conformance.plugin import warmup
 from gefen_conformance.harness.pool import RankFailure, run_on_ranks
+from gefen_conformance.plugin import warmup
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available())
-                                or not sys.platform.startswith("linux"),
-                                reason="the rank harness needs torch.distributed with gloo, on Linux")
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()) or not sys.platform.startswith("linux"),
+    reason="the rank harness needs torch.distributed with gloo, on Linux",
+)
 
 PREPARE_S = 3.0
 
@@ -48,8 +49,15 @@ def quick_pid() -> int:
 
 
 def loaded_modules() -> dict:
-    return {name: name in sys.modules for name in ("torch._dynamo", "torch.distributed.checkpoint.filesystem",
-                                                   "gefen_conformance.suite.test_dcp_failures", "gefen_reference.dcp")}
+    return {
+        name: name in sys.modules
+        for name in (
+            "torch._dynamo",
+            "torch.distributed.checkpoint.filesystem",
+            "gefen_conformance.suite.test_dcp_failures",
+            "gefen_reference.dcp",
+        )
+    }
 
 
 @pytest.fixture
@@ -127,7 +135,8 @@ SLOW_BUILD = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow  # a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+@pytest.mark.slow
 def test_a_per_process_build_longer_than_the_deadlines_is_paid_before_them(pytester, monkeypatch):
     """The row of issue 20: ranks "hung" at the deadline inside a kernel build. Here every
     process pays a 4 s build and the scenarios' deadlines are scaled down to 3 s (killed save)
@@ -137,11 +146,18 @@ def test_a_per_process_build_longer_than_the_deadlines_is_paid_before_them(pytes
     cert = pytester.path / "c.json"
     monkeypatch.setenv("SLOW_BUILD_COST_S", "4")
     monkeypatch.setenv("SLOW_BUILD_LOG", str(log))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path),
-                                                                              os.environ.get("PYTHONPATH")])))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--impl=slowbuild:IMPLEMENTATION",
-                                           "--gefen-deadline-scale=0.1", f"--certificate={cert}",
-                                           "-k", "test_rank_killed_mid_save")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")]))
+    )
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--impl=slowbuild:IMPLEMENTATION",
+        "--gefen-deadline-scale=0.1",
+        f"--certificate={cert}",
+        "-k",
+        "test_rank_killed_mid_save",
+    )
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == 6, out  # partial (-k), every test passed
     data = json.loads(cert.read_text())

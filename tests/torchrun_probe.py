@@ -36,9 +36,15 @@ def describe_rank() -> dict:
     here = world.current()
     total = torch.tensor([here.rank + 1])
     dist.all_reduce(total, group=here.group)
-    return {"rank": here.rank, "size": here.size, "pid": os.getpid(), "sum": int(total),
-            "group_size": dist.get_world_size(here.group), "device": str(here.device),
-            "mesh": list(here.mesh.mesh.tolist())}
+    return {
+        "rank": here.rank,
+        "size": here.size,
+        "pid": os.getpid(),
+        "sum": int(total),
+        "group_size": dist.get_world_size(here.group),
+        "device": str(here.device),
+        "mesh": list(here.mesh.mesh.tolist()),
+    }
 
 
 def raise_on(victim: int) -> str:
@@ -120,8 +126,12 @@ def test_a_scenario_larger_than_the_job_is_unfit():
 
 def test_a_hung_rank_is_dumped_and_ends_the_job():
     outcomes = launch.run(hang_on, 2, (VICTIM,), timeout=4, allow_failure=True)
-    _record("hung", statuses=[o.status for o in outcomes], traceback=outcomes[VICTIM].traceback,
-            message=outcomes[VICTIM].message)
+    _record(
+        "hung",
+        statuses=[o.status for o in outcomes],
+        traceback=outcomes[VICTIM].traceback,
+        message=outcomes[VICTIM].message,
+    )
     assert [o.status for o in outcomes] == ["ok", "hung"]
 
 

@@ -31,7 +31,9 @@ README = REPO / "README.md"
 SUITE = REPO / "conformance" / "suite"
 GEFENX_CERTIFICATE = REPO / "certificates" / "gefenx-0.5.0.json"
 COMMAND = "python tools/readme_tables.py --write"
-_BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)", re.S)
+_BLOCK = re.compile(
+    r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)", re.S
+)
 
 
 def _cell(text) -> str:
@@ -53,12 +55,18 @@ def required_by_module(suite: Path = SUITE) -> dict:
     found: dict = {c.value: set() for c in Capability}
     for module in sorted(suite.glob("test_*.py")):
         for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "gefen_requires":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "gefen_requires"
+            ):
                 for arg in node.args:
                     name = arg.attr if isinstance(arg, ast.Attribute) else getattr(arg, "id", None)
                     tag = by_name.get(name, arg.value if isinstance(arg, ast.Constant) else None)
                     if tag is None:
-                        raise ValueError(f"{module.name}: gefen_requires({ast.unparse(arg)}) names no capability")
+                        raise ValueError(
+                            f"{module.name}: gefen_requires({ast.unparse(arg)}) names no capability"
+                        )
                     found[tag].add(module.name)
     return {tag: sorted(modules) for tag, modules in found.items()}
 
@@ -80,7 +88,9 @@ def gefenx_table(certificate: Path = GEFENX_CERTIFICATE) -> str:
     tests = {t["id"]: t for t in json.loads(certificate.read_text(encoding="utf-8"))["tests"]}
     rows = []
     for test_id, why in sorted(EXPECTED_FAILURES.items()):
-        clauses = ", ".join(str(c) for c in tests.get(test_id, {}).get("clauses", [])) or "(not in the certificate)"
+        clauses = (
+            ", ".join(str(c) for c in tests.get(test_id, {}).get("clauses", [])) or "(not in the certificate)"
+        )
         rows.append([f"`{test_id}`", clauses, why])
     return _table(["suite test", "clauses", "why"], rows)
 
@@ -98,11 +108,15 @@ def tolerance_table() -> str:
 
     described = dict(profile_description(Profile.TOLERANCE))
     described.pop("name")
-    described.get("pinned_step", {}).pop("examples_period_64_beta2_0.999", None)  # numbers the certificate lists
+    described.get("pinned_step", {}).pop(
+        "examples_period_64_beta2_0.999", None
+    )  # numbers the certificate lists
     rows: list = []
     for key, value in described.items():
         _flatten(key, value, rows)
-    return _table(["what", "rule or bound"], [[f"`{k}`", f"{v:g}" if isinstance(v, float) else v] for k, v in rows])
+    return _table(
+        ["what", "rule or bound"], [[f"`{k}`", f"{v:g}" if isinstance(v, float) else v] for k, v in rows]
+    )
 
 
 TABLES = {

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Optional
 
 from gefen_conformance.certificate.outcomes import OUTCOMES, SEVERITY, Outcome, Verdict
 
@@ -47,18 +46,21 @@ USAGE_ERROR = 4
 #: What each verdict's exit status tells a reader, beyond the verdict's name (SPEC 4.4.9).
 VERDICT_MEANINGS = {
     "conformant": "",
-    "conformant-with-expected-failures": "every expected failure is declared with its reason and ran as a strict "
-                                         "xfail; read the verdict to refuse them",
+    "conformant-with-expected-failures": "every expected failure is declared with its reason and ran "
+    "as a strict "
+    "xfail; read the verdict to refuse them",
     "not-conformant": "a test failed, errored or passed unexpectedly, also when the run was then interrupted",
     "incomplete": "interrupted (Ctrl-C, SIGTERM)",
-    "partial": "narrowed (-k, -m, node ids, -x, another hypothesis profile), or scenarios did not run here for "
-               "lack of ranks or devices",
+    "partial": "narrowed (-k, -m, node ids, -x, another hypothesis profile), or scenarios did not run "
+    "here for "
+    "lack of ranks or devices",
     "inconclusive": "no test passed",
 }
 #: The statuses a suite run has without a verdict.
 OTHER_EXIT_STATUSES = {
-    USAGE_ERROR: "usage error: nothing ran, no certificate (an unknown option or test id, an unusable --impl or "
-                 "--gefen-device, options that do not fit, an output that cannot be written)",
+    USAGE_ERROR: "usage error: nothing ran, no certificate (an unknown option or test id, an unusable "
+    "--impl or "
+    "--gefen-device, options that do not fit, an output that cannot be written)",
     3: "pytest's internal error, no certificate",
     5: "pytest collected no test, no certificate",
 }
@@ -99,10 +101,16 @@ class TestRecord:
     reason: str = ""
     margins: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    missing_capabilities: list = field(default_factory=list)  # capability tags, when a missing capability skipped it
+    missing_capabilities: list = field(
+        default_factory=list
+    )  # capability tags, when a missing capability skipped it
     not_run: bool = False  # skipped because this run had too few ranks or devices (SPEC 4.4.2)
-    where: list = field(default_factory=list)  # "rank N: file:line in function" of the ranks that failed or hung
-    repro: Optional[bytes] = None  # a failed comparison's reproducer, written beside the certificate (SPEC 4.5.6)
+    where: list = field(
+        default_factory=list
+    )  # "rank N: file:line in function" of the ranks that failed or hung
+    repro: bytes | None = (
+        None  # a failed comparison's reproducer, written beside the certificate (SPEC 4.5.6)
+    )
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -118,7 +126,7 @@ class Run:
     stale_expected_failures: list = field(default_factory=list)
     started: str = field(default_factory=now)
     world_sizes: set = field(default_factory=set)  # sizes of the multi-rank scenario calls that ran
-    warm_up_s: Optional[float] = None  # the slowest test process's warm-up (SPEC 4.2.11)
+    warm_up_s: float | None = None  # the slowest test process's warm-up (SPEC 4.2.11)
     notes: list = field(default_factory=list)  # run-level notes (the warm-up's), before the tests'
 
     def warmed_up(self, seconds: float, notes=()) -> None:
@@ -133,8 +141,12 @@ class Run:
             return
         worst = rec if SEVERITY.index(rec.outcome) >= SEVERITY.index(old.outcome) else old
         merged = TestRecord(
-            rec.nodeid, old.clauses or rec.clauses, worst.outcome, old.duration + rec.duration,
-            worst.reason or old.reason or rec.reason, old.margins + rec.margins,
+            rec.nodeid,
+            old.clauses or rec.clauses,
+            worst.outcome,
+            old.duration + rec.duration,
+            worst.reason or old.reason or rec.reason,
+            old.margins + rec.margins,
             old.notes + [n for n in rec.notes if n not in old.notes],
             old.missing_capabilities or rec.missing_capabilities,
             (old.not_run or rec.not_run) and worst.outcome == Outcome.SKIPPED,
@@ -150,37 +162,47 @@ class RunFacts:
 
     started: str
     finished: str
-    interrupted: Optional[str]  # the signal's name, None when the run was not interrupted
+    interrupted: str | None  # the signal's name, None when the run was not interrupted
     narrowed_by: list
-    expected_tests: Optional[int]
+    expected_tests: int | None
     executed_tests: int
-    hypothesis: Optional[dict]
+    hypothesis: dict | None
     exit_status: int
     not_run: list = field(default_factory=list)  # [{"id", "reason"}]: skipped for too few ranks or devices
 
     @property
     def complete(self) -> bool:
-        return (self.interrupted is None and not self.narrowed_by and not self.not_run
-                and self.expected_tests is not None and self.executed_tests >= self.expected_tests)
+        return (
+            self.interrupted is None
+            and not self.narrowed_by
+            and not self.not_run
+            and self.expected_tests is not None
+            and self.executed_tests >= self.expected_tests
+        )
 
     def as_dict(self) -> dict:
         return {
-            "started": self.started, "finished": self.finished, "complete": self.complete,
-            "interrupted": self.interrupted is not None, "narrowed_by": list(self.narrowed_by),
+            "started": self.started,
+            "finished": self.finished,
+            "complete": self.complete,
+            "interrupted": self.interrupted is not None,
+            "narrowed_by": list(self.narrowed_by),
             "not_run": [dict(entry) for entry in self.not_run],
-            "expected_tests": self.expected_tests, "executed_tests": self.executed_tests,
-            "hypothesis": self.hypothesis, "exit_status": int(self.exit_status),
+            "expected_tests": self.expected_tests,
+            "executed_tests": self.executed_tests,
+            "hypothesis": self.hypothesis,
+            "exit_status": int(self.exit_status),
         }
 
 
-def _version_of(dist: str) -> Optional[str]:
+def _version_of(dist: str) -> str | None:
     try:
         return version(dist)
     except PackageNotFoundError:
         return None
 
 
-def _loaded_version(module: str, dist: str) -> Optional[str]:
+def _loaded_version(module: str, dist: str) -> str | None:
     """The version of ``module`` as imported, else its distribution's (never imports it: a run
     interrupted before torch was loaded writes its certificate at once)."""
     loaded = sys.modules.get(module)
@@ -199,26 +221,30 @@ def platform_facts() -> dict:
     }
 
 
-def execution_facts(world_sizes=(), warm_up_s: Optional[float] = None) -> dict:
+def execution_facts(world_sizes=(), warm_up_s: float | None = None) -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
-    (:func:`gefen_conformance.harness.launch.execution`: launcher, nodes, world size, largest scenario, backend,
+    (:func:`gefen_conformance.harness.launch.execution`: launcher, nodes, world size, largest scenario,
+    backend,
     device type and device names), ``world_sizes``, the scenario sizes this run actually ran
     (sorted, each once; empty when no multi-rank scenario ran), ``warm_up_s``, the seconds the
     warm-up took before the first test (null when none ran, SPEC 4.2.11), and
     ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10)."""
     from gefen_conformance.harness import deadlines, launch
 
-    return {**launch.execution().as_dict(), "world_sizes": sorted({int(size) for size in world_sizes}),
-            "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
-            "deadline_scale": deadlines.scale()}
+    return {
+        **launch.execution().as_dict(),
+        "world_sizes": sorted({int(size) for size in world_sizes}),
+        "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
+        "deadline_scale": deadlines.scale(),
+    }
 
 
 def profile_facts(capabilities, device=None) -> dict:
     """The numeric profile applied (SPEC 0.4.3, 4.1.3, 4.6.4), with every bound it applies: the
     bitwise ``torch-exact`` profile only for a ``cpu-bit-exact`` implementation on CPU, the
     ``tolerance`` profile otherwise; ``device`` defaults to the run's (``--gefen-device``)."""
-    from gefen_conformance.harness import devices
     from gefen_conformance.certificate import numeric_profile
+    from gefen_conformance.harness import devices
 
     return numeric_profile.choose(capabilities, devices.selected() if device is None else device).described()
 
@@ -246,8 +272,15 @@ def verdict(counts: Counter, facts: RunFacts) -> tuple[Verdict, str]:
     else ``conformant``."""
     ran = facts.executed_tests - len(facts.not_run)
     of = f"{ran} of {facts.expected_tests if facts.expected_tests is not None else '?'} suite tests ran"
-    bad = [f"{counts[k]} {label}" for k, label in ((Outcome.FAILED, "failed"), (Outcome.ERROR, "errors"),
-                                                    (Outcome.XPASSED, "unexpectedly passed")) if counts[k]]
+    bad = [
+        f"{counts[k]} {label}"
+        for k, label in (
+            (Outcome.FAILED, "failed"),
+            (Outcome.ERROR, "errors"),
+            (Outcome.XPASSED, "unexpectedly passed"),
+        )
+        if counts[k]
+    ]
     if bad:
         extra = f" (run interrupted by {facts.interrupted})" if facts.interrupted else ""
         return Verdict.NOT_CONFORMANT, f"{of}; " + ", ".join(bad) + extra
@@ -261,11 +294,14 @@ def verdict(counts: Counter, facts: RunFacts) -> tuple[Verdict, str]:
     if counts[Outcome.PASSED] == 0:
         return Verdict.INCONCLUSIVE, f"{of}; none passed ({counts[Outcome.SKIPPED]} skipped)"
     if counts[Outcome.XFAILED]:
-        return Verdict.CONFORMANT_WITH_EXPECTED_FAILURES, f"{of}; {counts[Outcome.XFAILED]} expected failures, none failed"
+        return (
+            Verdict.CONFORMANT_WITH_EXPECTED_FAILURES,
+            f"{of}; {counts[Outcome.XFAILED]} expected failures, none failed",
+        )
     return Verdict.CONFORMANT, f"{of}; none failed"
 
 
-def _worst_margin(records) -> Optional[dict]:
+def _worst_margin(records) -> dict | None:
     worst = None
     for rec in records:
         for m in rec.margins:
@@ -307,8 +343,16 @@ def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: d
         "notes": notes,
         "stale_expected_failures": list(run.stale_expected_failures),
         "tests": [
-            {"id": r.nodeid, "clauses": r.clauses, "outcome": r.outcome.value, "duration_s": round(r.duration, 3),
-             "reason": r.reason, "where": list(r.where), "margins": r.margins, "notes": r.notes}
+            {
+                "id": r.nodeid,
+                "clauses": r.clauses,
+                "outcome": r.outcome.value,
+                "duration_s": round(r.duration, 3),
+                "reason": r.reason,
+                "where": list(r.where),
+                "margins": r.margins,
+                "notes": r.notes,
+            }
             for r in records
         ],
     }
@@ -326,7 +370,9 @@ def holds_complete_certificate(path: Path) -> bool:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("gefen-conformance-certificate/"):
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
+        "gefen-conformance-certificate/"
+    ):
         return False
     if data["schema"].endswith("/1"):
         return True

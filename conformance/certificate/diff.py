@@ -16,7 +16,8 @@
   those that grew by more than ``margin_factor`` (a margin under ``margin_floor`` of its bound
   counts as ``margin_floor``, so noise near zero does not flag) or that went outside their bound,
   and those at or over ``margin_threshold`` of their bound (a regression only where OLD's same
-  comparison was under it or absent; those already over it are listed apart); bitwise comparisons whose count of
+  comparison was under it or absent; those already over it are listed apart); bitwise comparisons whose count
+  of
   differing elements changed.
 
 NEW regressed (:attr:`Diff.regressions` non-empty, exit status 1 of ``gefen-conformance diff``)
@@ -30,9 +31,15 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import Optional
 
-from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, clause_key, finite_used, tolerance_margins, verdict_rank
+from gefen_conformance.certificate.read import (
+    BAD_OUTCOMES,
+    OUTCOMES,
+    clause_key,
+    finite_used,
+    tolerance_margins,
+    verdict_rank,
+)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # never echo terminal escapes from a certificate
 DEFAULT_MARGIN_FACTOR = 2.0
@@ -46,15 +53,15 @@ NOT_RUN_SHOWN = 10  # tests listed as not run in a run that is not complete; the
 class MarginChange:
     test: str
     what: str
-    old: Optional[float]  # share of the bound used; None: no such margin in OLD (threshold) or outside its bound
-    new: Optional[float]  # None: outside its bound (failed outright)
+    old: float | None  # share of the bound used; None: no such margin in OLD (threshold) or outside its bound
+    new: float | None  # None: outside its bound (failed outright)
     old_present: bool = True
 
 
 @dataclass
 class Diff:
     identity: list = field(default_factory=list)  # (what, old text, new text)
-    verdict: Optional[tuple] = None  # (old, new) when it changed
+    verdict: tuple | None = None  # (old, new) when it changed
     verdict_worse: bool = False
     new_failures: list = field(default_factory=list)  # (test id, old outcome or None, new outcome, reason)
     fixed: list = field(default_factory=list)  # (test id, old outcome, new outcome)
@@ -84,9 +91,14 @@ class Diff:
         if self.verdict_worse:
             reasons.append(f"verdict got worse: {self.verdict[0]} -> {self.verdict[1]}")
         if self.margin_growth:
-            reasons.append(f"{len(self.margin_growth)} margin(s) grew more than {self.margin_factor:g}x or left their bound")
+            reasons.append(
+                f"{len(self.margin_growth)} margin(s) grew more than {self.margin_factor:g}x or left "
+                "their bound"
+            )
         if self.over_threshold:
-            reasons.append(f"{len(self.over_threshold)} margin(s) reached {self.margin_threshold:.0%} of their bound")
+            reasons.append(
+                f"{len(self.over_threshold)} margin(s) reached {self.margin_threshold:.0%} of their bound"
+            )
         return reasons
 
 
@@ -113,12 +125,27 @@ def _identity(cert: dict) -> dict:
         "profile tolerances": {k: v for k, v in profile.items() if k not in ("name", "reason")},
         "suite version": suite.get("version"),
         "suite content sha256": suite.get("content_sha256"),
-        "suite git commit": (git.get("commit") or "") + (" (dirty)" if git.get("dirty") else "") if git else None,
+        "suite git commit": (git.get("commit") or "") + (" (dirty)" if git.get("dirty") else "")
+        if git
+        else None,
         "torch": plat.get("torch"),
         "python": plat.get("python"),
         "numpy": plat.get("numpy"),
         "machine": plat.get("machine"),
-        "execution": {k: ex.get(k) for k in ("device_type", "device_names", "backend", "distributed_backend", "world_size", "world_sizes", "nodes", "launcher") if k in ex},
+        "execution": {
+            k: ex.get(k)
+            for k in (
+                "device_type",
+                "device_names",
+                "backend",
+                "distributed_backend",
+                "world_size",
+                "world_sizes",
+                "nodes",
+                "launcher",
+            )
+            if k in ex
+        },
         "hypothesis profile": (run.get("hypothesis") or {}).get("profile"),
         "run": _run_text(run) if run else None,
     }
@@ -131,16 +158,25 @@ def _run_text(run: dict) -> str:
     return text + (", interrupted" if run.get("interrupted") else "")
 
 
-def _capabilities(old: dict, new: dict) -> Optional[tuple]:
-    a, b = set(old["implementation"].get("capabilities") or []), set(new["implementation"].get("capabilities") or [])
+def _capabilities(old: dict, new: dict) -> tuple | None:
+    a, b = (
+        set(old["implementation"].get("capabilities") or []),
+        set(new["implementation"].get("capabilities") or []),
+    )
     if a == b:
         return None
     change = [f"+{c}" for c in sorted(b - a)] + [f"-{c}" for c in sorted(a - b)]
     return ("capabilities", _text(sorted(a)), _text(sorted(b)) + f" ({' '.join(change)})")
 
 
-def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTOR,
-            margin_floor: float = DEFAULT_MARGIN_FLOOR, margin_threshold: float = DEFAULT_MARGIN_THRESHOLD) -> Diff:
+def compare(
+    old: dict,
+    new: dict,
+    *,
+    margin_factor: float = DEFAULT_MARGIN_FACTOR,
+    margin_floor: float = DEFAULT_MARGIN_FLOOR,
+    margin_threshold: float = DEFAULT_MARGIN_THRESHOLD,
+) -> Diff:
     """The :class:`Diff` from ``old`` to ``new`` (see the module docstring)."""
     diff = Diff(margin_factor=margin_factor, margin_floor=margin_floor, margin_threshold=margin_threshold)
     a, b = _identity(old), _identity(new)
@@ -179,7 +215,10 @@ def compare(old: dict, new: dict, *, margin_factor: float = DEFAULT_MARGIN_FACTO
         if now_o == "passed":
             _check_threshold(diff, tid, was, now)
     for clause in sorted(old["clauses"].keys() | new["clauses"].keys(), key=clause_key):
-        counts = [{o: int((cert["clauses"].get(clause) or {}).get(o, 0) or 0) for o in OUTCOMES} for cert in (old, new)]
+        counts = [
+            {o: int((cert["clauses"].get(clause) or {}).get(o, 0) or 0) for o in OUTCOMES}
+            for cert in (old, new)
+        ]
         if counts[0] != counts[1]:
             diff.clauses.append((clause, counts[0], counts[1]))
     return diff
@@ -197,7 +236,9 @@ def _incomplete(cert: dict) -> str:
         parts.append("narrowed by " + "; ".join(map(str, run["narrowed_by"])))
     if run.get("not_run"):
         parts.append(f"{len(run['not_run'])} did not run here")
-    parts.append(f"{run.get('executed_tests', '?')} of {run.get('expected_tests', '?')} expected tests executed")
+    parts.append(
+        f"{run.get('executed_tests', '?')} of {run.get('expected_tests', '?')} expected tests executed"
+    )
     return ", ".join(parts)
 
 
@@ -215,11 +256,19 @@ def _tolerance_changes(old_name, new_name, old: dict, new: dict) -> list:
     """The identity lines of a tolerance change: one per bound that changed within one profile;
     between two profiles one line (every bound differs; the report lists each profile's)."""
     if old_name != new_name:
-        return [("profile tolerances", f"those of {_text(old_name)}",
-                 f"those of {_text(new_name)} (`gefen-conformance report` lists each profile's bounds)")]
+        return [
+            (
+                "profile tolerances",
+                f"those of {_text(old_name)}",
+                f"those of {_text(new_name)} (`gefen-conformance report` lists each profile's bounds)",
+            )
+        ]
     a, b = _flat(old), _flat(new)
-    return [(f"profile tolerance {key}", _text(a.get(key)), _text(b.get(key)))
-            for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+    return [
+        (f"profile tolerance {key}", _text(a.get(key)), _text(b.get(key)))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key) != b.get(key)
+    ]
 
 
 def _margins_by_what(test: dict) -> dict:
@@ -234,18 +283,22 @@ def _compare_margins(diff: Diff, tid: str, was: dict, now: dict) -> None:
             continue
         if m["kind"] == "bitwise":
             if int(old_m.get("differing") or 0) != int(m.get("differing") or 0):
-                diff.bitwise.append((tid, what, int(old_m.get("differing") or 0), int(m.get("differing") or 0)))
+                diff.bitwise.append(
+                    (tid, what, int(old_m.get("differing") or 0), int(m.get("differing") or 0))
+                )
             continue
         if now["outcome"] != "passed":
             continue  # a failing comparison is judged by the test's outcome
         old_u, new_u = finite_used(old_m), finite_used(m)
         if old_u is None:
             continue  # it was outside its bound before: anything now is no growth
-        if new_u is None or (new_u >= diff.margin_floor and new_u > diff.margin_factor * max(old_u, diff.margin_floor)):
+        if new_u is None or (
+            new_u >= diff.margin_floor and new_u > diff.margin_factor * max(old_u, diff.margin_floor)
+        ):
             diff.margin_growth.append(MarginChange(tid, what, old_u, new_u))
 
 
-def _check_threshold(diff: Diff, tid: str, was: Optional[dict], now: dict) -> None:
+def _check_threshold(diff: Diff, tid: str, was: dict | None, now: dict) -> None:
     before = _margins_by_what(was) if was else {}
     for m in tolerance_margins(now):
         used = finite_used(m)
@@ -264,7 +317,7 @@ def _check_threshold(diff: Diff, tid: str, was: Optional[dict], now: dict) -> No
 # --- rendering ---------------------------------------------------------------------------------
 
 
-def _pct(used: Optional[float]) -> str:
+def _pct(used: float | None) -> str:
     from gefen_conformance.certificate.report import percent
 
     return "outside its bound" if used is None else percent(used)
@@ -273,8 +326,11 @@ def _pct(used: Optional[float]) -> str:
 def _growth_item(c: MarginChange) -> str:
     if c.new is None:
         return f"{c.test} :: {c.what}: {_pct(c.old)} -> outside its bound"
-    return f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)} (x{c.new / max(c.old, 1e-300):.3g})" if c.old else \
-        f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)}"
+    return (
+        f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)} (x{c.new / max(c.old, 1e-300):.3g})"
+        if c.old
+        else f"{c.test} :: {c.what}: {_pct(c.old)} -> {_pct(c.new)}"
+    )
 
 
 def _threshold_item(c: MarginChange) -> str:
@@ -293,6 +349,7 @@ def sections(diff: Diff) -> list:
     """``(title, items, count)`` for every non-empty part of the diff, in reading order; items are
     plain text; ``count`` is how many things the part holds (a long list of tests that a run that
     is not complete did not run is cut to :data:`NOT_RUN_SHOWN` items)."""
+
     def outcome(o):
         return o if o is not None else "(new test)"
 
@@ -301,23 +358,51 @@ def sections(diff: Diff) -> list:
 
     parts = [
         ("Identity changed", [f"{what}: {a} -> {b}" for what, a, b in diff.identity]),
-        ("Verdict changed", [f"{diff.verdict[0]} -> {diff.verdict[1]}" + (" (worse)" if diff.verdict_worse else " (better)")] if diff.verdict else []),
-        ("New failures", [f"{tid}: {outcome(a)} -> {b}" + (f"\n{reason.splitlines()[0]}" if reason.strip() else "")
-                          for tid, a, b, reason in diff.new_failures]),
+        (
+            "Verdict changed",
+            [f"{diff.verdict[0]} -> {diff.verdict[1]}" + (" (worse)" if diff.verdict_worse else " (better)")]
+            if diff.verdict
+            else [],
+        ),
+        (
+            "New failures",
+            [
+                f"{tid}: {outcome(a)} -> {b}" + (f"\n{reason.splitlines()[0]}" if reason.strip() else "")
+                for tid, a, b, reason in diff.new_failures
+            ],
+        ),
         ("Fixed", [f"{tid}: {a} -> {b}" for tid, a, b in diff.fixed]),
         ("Other outcome changes", [f"{tid}: {a} -> {b}" for tid, a, b in diff.other_changes]),
         ("Tests added", [f"{tid} ({o})" for tid, o in diff.added]),
         ("Tests removed", [f"{tid} (was {o})" for tid, o in diff.removed]),
         (f"Not run in NEW, which is not a complete run ({diff.why_not_run[1]})", not_run_new, count_new),
         (f"Not run in OLD, which is not a complete run ({diff.why_not_run[0]})", not_run_old, count_old),
-        ("Clauses whose outcomes changed", [f"{c}: " + ", ".join(f"{o} {a[o]} -> {b[o]}" for o in OUTCOMES if a[o] != b[o])
-                                            for c, a, b in diff.clauses]),
-        (f"Margins that grew more than {diff.margin_factor:g}x (margins under {_pct(diff.margin_floor)} count as "
-         f"{_pct(diff.margin_floor)}) or left their bound", [_growth_item(c) for c in diff.margin_growth]),
-        (f"Margins that reached {_pct(diff.margin_threshold)} of their bound (passing tests)", [_threshold_item(c) for c in diff.over_threshold]),
-        (f"Margins already at or over {_pct(diff.margin_threshold)} of their bound in OLD (not a regression)",
-         [_threshold_item(c) for c in diff.still_over_threshold]),
-        ("Bitwise comparisons whose differing elements changed", [f"{tid} :: {what}: {a:,} -> {b:,} differ" for tid, what, a, b in diff.bitwise]),
+        (
+            "Clauses whose outcomes changed",
+            [
+                f"{c}: " + ", ".join(f"{o} {a[o]} -> {b[o]}" for o in OUTCOMES if a[o] != b[o])
+                for c, a, b in diff.clauses
+            ],
+        ),
+        (
+            f"Margins that grew more than {diff.margin_factor:g}x (margins under "
+            f"{_pct(diff.margin_floor)} count as "
+            f"{_pct(diff.margin_floor)}) or left their bound",
+            [_growth_item(c) for c in diff.margin_growth],
+        ),
+        (
+            f"Margins that reached {_pct(diff.margin_threshold)} of their bound (passing tests)",
+            [_threshold_item(c) for c in diff.over_threshold],
+        ),
+        (
+            f"Margins already at or over {_pct(diff.margin_threshold)} of their bound in OLD (not a "
+            "regression)",
+            [_threshold_item(c) for c in diff.still_over_threshold],
+        ),
+        (
+            "Bitwise comparisons whose differing elements changed",
+            [f"{tid} :: {what}: {a:,} -> {b:,} differ" for tid, what, a, b in diff.bitwise],
+        ),
         ("Notes new in NEW", list(diff.notes_added)),
         ("Notes of OLD that NEW no longer has", list(diff.notes_removed)),
     ]
@@ -328,8 +413,14 @@ def sections(diff: Diff) -> list:
 def _wrap(text: str, first: str, rest: str) -> list:
     """``text`` in lines of at most :data:`WIDTH` characters (a word longer than that, a test id,
     stays whole on its own line)."""
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                         break_on_hyphens=False) or [first.rstrip()]
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
 
 
 def _describe(cert: dict) -> str:
@@ -338,7 +429,9 @@ def _describe(cert: dict) -> str:
     return f"{impl['name']} {impl.get('version') or ''}".strip() + f", {cert['verdict']}{started}"
 
 
-def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = "OLD", new_name: str = "NEW") -> str:
+def render(
+    diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = "OLD", new_name: str = "NEW"
+) -> str:
     """The diff as plain text (``"text"``) or as Markdown for a pull-request comment (``"md"``)."""
     verdict = ("REGRESSED: " + "; ".join(diff.regressions)) if diff.regressions else "No regression."
     if fmt == "text":
@@ -355,9 +448,16 @@ def render(diff: Diff, old: dict, new: dict, fmt: str = "text", old_name: str = 
     if fmt == "md":
         from gefen_conformance.certificate.report import md_text
 
-        out = ["### Gefen conformance diff", "", f"**{md_text(verdict)}**", "",
-               "| | certificate | implementation, verdict, start |", "|---|---|---|",
-               f"| OLD | {md_text(old_name)} | {md_text(_describe(old))} |", f"| NEW | {md_text(new_name)} | {md_text(_describe(new))} |"]
+        out = [
+            "### Gefen conformance diff",
+            "",
+            f"**{md_text(verdict)}**",
+            "",
+            "| | certificate | implementation, verdict, start |",
+            "|---|---|---|",
+            f"| OLD | {md_text(old_name)} | {md_text(_describe(old))} |",
+            f"| NEW | {md_text(new_name)} | {md_text(_describe(new))} |",
+        ]
         for title, items, count in sections(diff):
             out += ["", f"#### {md_text(title)} ({count})", ""] + [f"- {md_text(item)}" for item in items]
         return "\n".join(out) + "\n"

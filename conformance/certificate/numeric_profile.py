@@ -50,8 +50,10 @@ def choose(capabilities, device: torch.device) -> NumericProfile:
     declared = CPU_BIT_EXACT in capabilities
     if device.type != "cpu":
         claim = "declared, but it covers CPU arithmetic only" if declared else "not declared"
-        return NumericProfile(Profile.TOLERANCE,
-                              f"device {device}: a non-CPU device is always judged by tolerance ({CPU_BIT_EXACT} {claim})")
+        return NumericProfile(
+            Profile.TOLERANCE,
+            f"device {device}: a non-CPU device is always judged by tolerance ({CPU_BIT_EXACT} {claim})",
+        )
     if declared:
         return NumericProfile(Profile.TORCH_EXACT, f"{CPU_BIT_EXACT} declared")
     return NumericProfile(Profile.TOLERANCE, f"{CPU_BIT_EXACT} not declared")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Optional
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -23,7 +22,7 @@ def _nearest_existing(path: Path) -> Path:
     return Path(path.anchor or ".")
 
 
-def _unwritable(directory: Path) -> Optional[str]:
+def _unwritable(directory: Path) -> str | None:
     if not directory.is_dir():
         return f"{directory} is not a directory"
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -31,11 +30,14 @@ def _unwritable(directory: Path) -> Optional[str]:
             read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
         except OSError:
             read_only = False
-        return f"{directory} is {'on a read-only file system' if read_only else 'not writable'} ({errno.errorcode.get(errno.EROFS if read_only else errno.EACCES)})"
+        return (
+            f"{directory} is {'on a read-only file system' if read_only else 'not writable'} "
+            f"({errno.errorcode.get(errno.EROFS if read_only else errno.EACCES)})"
+        )
     return None
 
 
-def problem(path: os.PathLike, *, what: str = "file") -> Optional[str]:
+def problem(path: os.PathLike, *, what: str = "file") -> str | None:
     """Why ``path`` (a file to create or replace, or with ``what="directory"`` a directory to
     create or fill) could not be written, or None. The directories that would be made are checked
     through their nearest existing ancestor."""

@@ -21,8 +21,13 @@ def not_run(cert: dict) -> list:
 
 
 #: How each kind of problem is named, worst first.
-PROBLEM_KINDS = {"failed": "failed", "error": "errored", "xpassed": "unexpectedly passed", "not-run": "did not run",
-                 "xfailed": "expected failure"}
+PROBLEM_KINDS = {
+    "failed": "failed",
+    "error": "errored",
+    "xpassed": "unexpectedly passed",
+    "not-run": "did not run",
+    "xfailed": "expected failure",
+}
 
 
 @dataclass
@@ -58,13 +63,23 @@ def not_passed(cert: dict, *, expected: bool = False) -> list:
     for test in cert["tests"]:
         kind = "not-run" if did_not_run(test, not_run_ids) else test["outcome"]
         if kind in kinds:
-            out.append(NotPassed(test["id"], kind, [str(c) for c in test.get("clauses") or []],
-                                 first_line(test.get("reason")), [str(w) for w in test.get("where") or []],
-                                 rerun_command(cert, test["id"])))
+            out.append(
+                NotPassed(
+                    test["id"],
+                    kind,
+                    [str(c) for c in test.get("clauses") or []],
+                    first_line(test.get("reason")),
+                    [str(w) for w in test.get("where") or []],
+                    rerun_command(cert, test["id"]),
+                )
+            )
     if not expected:  # scenarios the run recorded as not run here without a test record of their own
         seen = {p.test for p in out}
-        out += [NotPassed(e["id"], "not-run", [], first_line(e.get("reason")), [], rerun_command(cert, e["id"]))
-                for e in not_run(cert) if e["id"] not in seen]
+        out += [
+            NotPassed(e["id"], "not-run", [], first_line(e.get("reason")), [], rerun_command(cert, e["id"]))
+            for e in not_run(cert)
+            if e["id"] not in seen
+        ]
     return sorted(out, key=lambda p: kinds.index(p.kind))
 
 
@@ -88,5 +103,7 @@ def rerun_command(cert: dict, test_id: str) -> str:
         if device != "cpu":
             words += ["--device", device]
         return " ".join(map(_quote, words + [test_id]))
-    words = ["pytest", f"--impl={spec}"] + ([f"--gefen-device={device}"] if device != "cpu" else []) + [test_id]
+    words = (
+        ["pytest", f"--impl={spec}"] + ([f"--gefen-device={device}"] if device != "cpu" else []) + [test_id]
+    )
     return " ".join(map(_quote, words))

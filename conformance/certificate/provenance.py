@@ -17,7 +17,6 @@ import importlib.util
 import os
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 SUITE_PACKAGES = ("gefen_conformance", "gefen_oracles", "gefen_reference")
 # what an install carries: the packages' Python modules and the goldens' package data
@@ -59,13 +58,20 @@ def content_sha256() -> str:
 _RUNNING: set = set()  # git processes running now (an interrupted run kills them: SPEC 4.4.6)
 
 
-def _git(cwd: Path, *args: str) -> Optional[str]:
+def _git(cwd: Path, *args: str) -> str | None:
     from gefen_conformance.harness.deadlines import wall_bound
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     try:
-        child = subprocess.Popen(["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen(
+            ["git", *args],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     except OSError:
         return None
     _RUNNING.add(child)
@@ -89,7 +95,7 @@ def kill_running() -> None:
             pass
 
 
-def git_state() -> Optional[dict]:
+def git_state() -> dict | None:
     """``{"commit": sha, "dirty": bool}`` when the suite packages are tracked files of a git
     checkout; None otherwise (an installed suite, or git missing).
 

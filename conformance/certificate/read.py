@@ -8,7 +8,8 @@ or mistyped key. Keys the readers only display (platform, execution, run, ...) m
 the readers show what is there.
 
 The rest are small shared helpers: the outcome and verdict vocabularies
-(:mod:`gefen_conformance.certificate.outcomes`, verdicts ordered from best to worst), numeric clause ordering (1.10 after 1.9), and the
+(:mod:`gefen_conformance.certificate.outcomes`, verdicts ordered from best to worst), numeric clause ordering
+(1.10 after 1.9), and the
 tolerance and bitwise margins of a test.
 """
 
@@ -25,8 +26,16 @@ SCHEMA = "gefen-conformance-certificate/2"
 
 
 # displayed when present; the wrong type would garble the report, so it is refused
-_OPTIONAL = {"profile": (dict, str), "suite": dict, "platform": dict, "execution": dict, "run": dict,
-             "capability_skips": dict, "notes": list, "stale_expected_failures": list}
+_OPTIONAL = {
+    "profile": (dict, str),
+    "suite": dict,
+    "platform": dict,
+    "execution": dict,
+    "run": dict,
+    "capability_skips": dict,
+    "notes": list,
+    "stale_expected_failures": list,
+}
 
 
 class CertificateError(ValueError):
@@ -56,7 +65,10 @@ def check(cert) -> str:
         return "not a certificate (the JSON is not an object)"
     schema = cert.get("schema")
     if schema == "gefen-conformance-certificate/1":
-        return f"schema gefen-conformance-certificate/1 is not supported, re-run the suite to get a {SCHEMA} certificate"
+        return (
+            "schema gefen-conformance-certificate/1 is not supported, re-run the suite to get a "
+            f"{SCHEMA} certificate"
+        )
     if schema != SCHEMA:
         return f"unknown certificate schema {schema!r} (this gefen-conformance reads {SCHEMA})"
     impl = cert.get("implementation")
@@ -71,7 +83,10 @@ def check(cert) -> str:
             return f"{key!r} must be an object"
     for key, kind in _OPTIONAL.items():
         if cert.get(key) is not None and not isinstance(cert[key], kind):
-            return f"{key!r} must be {'a list' if kind is list else 'an object' if kind is dict else 'an object or a string'}"
+            return (
+                f"{key!r} must be "
+                f"{'a list' if kind is list else 'an object' if kind is dict else 'an object or a string'}"
+            )
     for clause, counts in cert["clauses"].items():
         if not isinstance(counts, dict) or not isinstance(counts.get("worst_margin") or {}, dict):
             return f"clause {clause!r} must map to an object of counts and a worst_margin object or null"
@@ -95,14 +110,23 @@ def _check_test(test) -> str:
     if not isinstance(test.get("clauses", []), list):
         return f"{test['id']}: 'clauses' must be a list"
     margins = test.get("margins", [])
-    if not isinstance(margins, list) or not all(isinstance(m, dict) and m.get("kind") in ("tolerance", "bitwise") for m in margins):
+    if not isinstance(margins, list) or not all(
+        isinstance(m, dict) and m.get("kind") in ("tolerance", "bitwise") for m in margins
+    ):
         return f"{test['id']}: 'margins' must be a list of tolerance or bitwise entries"
     for m in margins:
         if m["kind"] == "bitwise" and not (_is_int(m.get("differing")) and _is_int(m.get("total"))):
             return f"{test['id']}: bitwise margin {m.get('what')!r} needs integer 'differing' and 'total'"
         used = m.get("used")
-        if m["kind"] == "tolerance" and used is not None and (isinstance(used, bool) or not isinstance(used, (int, float))):
-            return f"{test['id']}: tolerance margin {m.get('what')!r} has a 'used' that is neither a number nor null"
+        if (
+            m["kind"] == "tolerance"
+            and used is not None
+            and (isinstance(used, bool) or not isinstance(used, (int, float)))
+        ):
+            return (
+                f"{test['id']}: tolerance margin {m.get('what')!r} has a 'used' that is neither a "
+                "number nor null"
+            )
     return ""
 
 

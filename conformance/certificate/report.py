@@ -1,8 +1,10 @@
 """A certificate as a document people read: Markdown for pull requests, HTML for publishing (SPEC 4.5).
 
 :func:`render` turns a checked schema-2 certificate (SPEC 4.4, :mod:`gefen_conformance.certificate.read`)
-into Markdown (``"md"``) or one self-contained HTML page (``"html"``, :mod:`gefen_conformance.certificate.report_html`).
-Both lead with what did not pass (:func:`gefen_conformance.certificate.problems.not_passed`: failed, errored and unexpectedly passing
+into Markdown (``"md"``) or one self-contained HTML page (``"html"``,
+:mod:`gefen_conformance.certificate.report_html`).
+Both lead with what did not pass (:func:`gefen_conformance.certificate.problems.not_passed`: failed, errored
+and unexpectedly passing
 tests, and tests that did not run for lack of ranks or devices), each with its clauses, its one-line
 reason, where a rank failed, and the command that reruns exactly that test;
 then the expected failures, apart; then the margins per clause; then what was certified (identity,
@@ -21,13 +23,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
-from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES, bitwise_margins, clause_key, finite_used, short_hash, tolerance_margins
+from gefen_conformance.certificate.read import (
+    BAD_OUTCOMES,
+    OUTCOMES,
+    bitwise_margins,
+    clause_key,
+    finite_used,
+    short_hash,
+    tolerance_margins,
+)
 
-OUTCOME_HEADINGS = {"passed": "passed", "failed": "failed", "error": "errored", "skipped": "skipped",
-                    "xfailed": "expected failures", "xpassed": "unexpected passes"}
+OUTCOME_HEADINGS = {
+    "passed": "passed",
+    "failed": "failed",
+    "error": "errored",
+    "skipped": "skipped",
+    "xfailed": "expected failures",
+    "xpassed": "unexpected passes",
+}
 
 
 @dataclass
@@ -36,13 +51,13 @@ class ClauseRow:
 
     clause: str
     counts: dict
-    worst: Optional[dict] = None  # {"test", "what", "used"}: the largest finite share of a bound used
+    worst: dict | None = None  # {"test", "what", "used"}: the largest finite share of a bound used
     outside: list = field(default_factory=list)  # (test, what) of tolerance comparisons that failed outright
     bitwise_total: int = 0  # elements compared bitwise by the clause's tests
     bitwise_differing: int = 0
 
     @property
-    def closeness(self) -> Optional[float]:
+    def closeness(self) -> float | None:
         """The share of its bound the clause came closest to (inf: outside it), None without tolerances."""
         if self.outside:
             return float("inf")
@@ -96,40 +111,87 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
     ex, run, summary = cert.get("execution") or {}, cert.get("run") or {}, cert["summary"]
     profile_name = profile.get("name", "?") if isinstance(profile, dict) else str(profile)
     rows = [
-        ("verdict", f"{cert['verdict']}" + (f": {cert['verdict_reason']}" if cert.get("verdict_reason") else "")),
+        (
+            "verdict",
+            f"{cert['verdict']}" + (f": {cert['verdict_reason']}" if cert.get("verdict_reason") else ""),
+        ),
         ("implementation", f"{impl['name']} {impl.get('version') or '(no version)'}"),
         ("capabilities", _join(impl.get("capabilities") or []) or "none declared"),
-        ("profile", profile_name + (f" ({profile['reason']})" if isinstance(profile, dict) and profile.get("reason") else "")),
+        (
+            "profile",
+            profile_name
+            + (f" ({profile['reason']})" if isinstance(profile, dict) and profile.get("reason") else ""),
+        ),
     ]
     if tolerances:
         rows += [("tolerances" if i == 0 else "", line) for i, line in enumerate(tolerance_lines(profile))]
     devices = _join(ex.get("device_names") or [])
-    rows.append(("execution", ", ".join(p for p in (
-        f"{ex.get('device_type', '?')}" + (f" ({devices})" if devices else ""),
-        # schema 2 before SPEC 4.6 said distributed_backend
-        f"{ex.get('backend') or ex.get('distributed_backend')}" if ex.get("backend") or ex.get("distributed_backend") else "",
-        f"world size {ex['world_size']}" if ex.get("world_size") else "",
-        f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
-        f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
-        f"{ex['launcher']} launcher" if ex.get("launcher") else "",
-        f"warm-up {ex['warm_up_s']:g} s" if isinstance(ex.get("warm_up_s"), (int, float)) else "",
-        f"deadlines scaled {ex['deadline_scale']:g}x" if isinstance(ex.get("deadline_scale"), (int, float))
-        and ex["deadline_scale"] != 1 else "") if p)))
+    rows.append(
+        (
+            "execution",
+            ", ".join(
+                p
+                for p in (
+                    f"{ex.get('device_type', '?')}" + (f" ({devices})" if devices else ""),
+                    # schema 2 before SPEC 4.6 said distributed_backend
+                    f"{ex.get('backend') or ex.get('distributed_backend')}"
+                    if ex.get("backend") or ex.get("distributed_backend")
+                    else "",
+                    f"world size {ex['world_size']}" if ex.get("world_size") else "",
+                    f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
+                    f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
+                    f"{ex['launcher']} launcher" if ex.get("launcher") else "",
+                    f"warm-up {ex['warm_up_s']:g} s" if isinstance(ex.get("warm_up_s"), (int, float)) else "",
+                    f"deadlines scaled {ex['deadline_scale']:g}x"
+                    if isinstance(ex.get("deadline_scale"), (int, float)) and ex["deadline_scale"] != 1
+                    else "",
+                )
+                if p
+            ),
+        )
+    )
     git = suite.get("git")
-    rows.append(("suite", ", ".join(p for p in (
-        f"{suite.get('name', 'gefen-conformance')} {suite.get('version') or ''}".strip(),
-        f"content sha256 {short_hash(suite.get('content_sha256'))}" if suite.get("content_sha256") else "content hash unknown",
-        (f"git {short_hash(git.get('commit'))}" + (" (dirty)" if git.get("dirty") else "")) if isinstance(git, dict) else "not a git checkout",
-    ) if p)))
-    rows.append(("platform", ", ".join(f"{k} {plat[k]}" for k in ("torch", "python", "numpy", "os", "machine") if plat.get(k))
-                 + (f", {plat['cpu_count']} CPUs" if plat.get("cpu_count") else "")))
+    rows.append(
+        (
+            "suite",
+            ", ".join(
+                p
+                for p in (
+                    f"{suite.get('name', 'gefen-conformance')} {suite.get('version') or ''}".strip(),
+                    f"content sha256 {short_hash(suite.get('content_sha256'))}"
+                    if suite.get("content_sha256")
+                    else "content hash unknown",
+                    (f"git {short_hash(git.get('commit'))}" + (" (dirty)" if git.get("dirty") else ""))
+                    if isinstance(git, dict)
+                    else "not a git checkout",
+                )
+                if p
+            ),
+        )
+    )
+    rows.append(
+        (
+            "platform",
+            ", ".join(f"{k} {plat[k]}" for k in ("torch", "python", "numpy", "os", "machine") if plat.get(k))
+            + (f", {plat['cpu_count']} CPUs" if plat.get("cpu_count") else ""),
+        )
+    )
     rows.append(("run", _completeness(run)))
     if run.get("started"):
         rows.append(("", f"{run['started']} to {run.get('finished', '?')}"))
     hyp = run.get("hypothesis") or {}
     if hyp.get("profile"):
-        rows.append(("hypothesis", f"profile {hyp['profile']}" + (
-            f" ({', '.join(f'{k} {v}' for k, v in hyp['settings'].items())})" if isinstance(hyp.get("settings"), dict) else "")))
+        rows.append(
+            (
+                "hypothesis",
+                f"profile {hyp['profile']}"
+                + (
+                    f" ({', '.join(f'{k} {v}' for k, v in hyp['settings'].items())})"
+                    if isinstance(hyp.get("settings"), dict)
+                    else ""
+                ),
+            )
+        )
     rows.append(("summary", ", ".join(f"{summary.get(o, 0)} {OUTCOME_HEADINGS[o]}" for o in OUTCOMES)))
     return rows
 
@@ -154,7 +216,11 @@ def clause_rows(cert: dict) -> list:
     for c, v in cert["clauses"].items():
         worst = v.get("worst_margin")
         if isinstance(worst, dict) and finite_used(worst) is not None:
-            rows[c].worst = {"test": str(worst.get("test", "")), "what": str(worst.get("what", "")), "used": finite_used(worst)}
+            rows[c].worst = {
+                "test": str(worst.get("test", "")),
+                "what": str(worst.get("what", "")),
+                "used": finite_used(worst),
+            }
     for test in cert["tests"]:
         for c in map(str, test.get("clauses") or []):
             row = rows.setdefault(c, ClauseRow(c, dict.fromkeys(OUTCOMES, 0)))
@@ -162,7 +228,9 @@ def clause_rows(cert: dict) -> list:
                 used = finite_used(m)
                 if used is None:
                     row.outside.append((test["id"], str(m.get("what", ""))))
-                elif "worst_margin" not in cert["clauses"].get(c, {}) and (row.worst is None or used > row.worst["used"]):
+                elif "worst_margin" not in cert["clauses"].get(c, {}) and (
+                    row.worst is None or used > row.worst["used"]
+                ):
                     row.worst = {"test": test["id"], "what": str(m.get("what", "")), "used": used}
             for m in bitwise_margins(test):
                 row.bitwise_total += int(m.get("total") or 0)
@@ -179,7 +247,9 @@ def margin_text(row: ClauseRow) -> tuple:
     """``(how close, test, what)`` for a clause: the worst share of a bound used, where it was used;
     the bitwise comparisons' differing elements when the clause has no tolerance comparison (or
     appended when they differ)."""
-    bitwise = f"bitwise: {row.bitwise_differing:,} of {row.bitwise_total:,} differ" if row.bitwise_total else ""
+    bitwise = (
+        f"bitwise: {row.bitwise_differing:,} of {row.bitwise_total:,} differ" if row.bitwise_total else ""
+    )
     if row.outside:
         how, (test, what) = "outside its bound", row.outside[0]
     elif row.worst is not None:
@@ -206,7 +276,7 @@ class ChartRow:
 
     clauses: list
     kind: str  # "outside", "failed" (no comparison), "margin", "xfailed", "bitwise", "checked", "skipped"
-    used: Optional[float] = None  # share of the bound, for "margin" (may exceed 1 when a test failed on it)
+    used: float | None = None  # share of the bound, for "margin" (may exceed 1 when a test failed on it)
     test: str = ""
     what: str = ""
     bitwise_total: int = 0
@@ -214,7 +284,15 @@ class ChartRow:
 
     @property
     def order(self) -> tuple:
-        rank = {"outside": 0, "failed": 1, "margin": 2, "xfailed": 3, "bitwise": 4, "checked": 5, "skipped": 6}[self.kind]
+        rank = {
+            "outside": 0,
+            "failed": 1,
+            "margin": 2,
+            "xfailed": 3,
+            "bitwise": 4,
+            "checked": 5,
+            "skipped": 6,
+        }[self.kind]
         if self.kind == "margin" and self.used is not None and self.used > 1:
             rank = 0
         if self.kind == "bitwise" and self.bitwise_differing:
@@ -243,9 +321,18 @@ def chart_rows(cert: dict) -> list:
             entry = ChartRow([], "margin", row.worst["used"], row.worst["test"], row.worst["what"])
         elif row.bitwise_differing:
             key = ("bitwise", row.bitwise_total, row.bitwise_differing)
-            entry = ChartRow([], "bitwise", bitwise_total=row.bitwise_total, bitwise_differing=row.bitwise_differing)
+            entry = ChartRow(
+                [], "bitwise", bitwise_total=row.bitwise_total, bitwise_differing=row.bitwise_differing
+            )
         elif bad:
-            test = next((t["id"] for t in tests_with(cert, BAD_OUTCOMES) if row.clause in map(str, t.get("clauses") or [])), "")
+            test = next(
+                (
+                    t["id"]
+                    for t in tests_with(cert, BAD_OUTCOMES)
+                    if row.clause in map(str, t.get("clauses") or [])
+                ),
+                "",
+            )
             key = ("failed", test)
             entry = ChartRow([], "failed", None, test, "no comparison recorded")
         elif row.worst is not None:
@@ -277,7 +364,9 @@ _MD_SPECIAL = {c: "\\" + c for c in "\\`*_[]|#"} | {"<": "&lt;", "&": "&amp;"}
 
 def md_text(value) -> str:
     """``value`` as inert Markdown text that stays inside one table cell."""
-    text = "".join(_MD_SPECIAL.get(ch, ch) for ch in _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)))
+    text = "".join(
+        _MD_SPECIAL.get(ch, ch) for ch in _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    )
     return "<br>".join(line.strip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
 
 
@@ -297,21 +386,36 @@ def _longest_backticks(text: str) -> int:
 
 
 def _md_table(header, rows) -> list:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 def _md_problems(problems) -> list:
     rows = []
     for p in problems:
         reason = md_text(p.reason) + "".join(f"<br>{md_text(w)}" for w in p.where)
-        rows.append([md_text(PROBLEM_KINDS[p.kind]), md_code(p.test), md_text(", ".join(p.clauses)), reason, md_code(p.rerun)])
+        rows.append(
+            [
+                md_text(PROBLEM_KINDS[p.kind]),
+                md_code(p.test),
+                md_text(", ".join(p.clauses)),
+                reason,
+                md_code(p.rerun),
+            ]
+        )
     return _md_table(["", "test", "clauses", "reason", "rerun"], rows)
 
 
 def markdown(cert: dict, source: str = "") -> str:
     impl = cert["implementation"]
-    out = [f"# Gefen conformance: {md_text(impl['name'])} {md_text(impl.get('version') or '')}".rstrip(), "",
-           f"**Verdict: {md_text(cert['verdict'])}**" + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""), ""]
+    out = [
+        f"# Gefen conformance: {md_text(impl['name'])} {md_text(impl.get('version') or '')}".rstrip(),
+        "",
+        f"**Verdict: {md_text(cert['verdict'])}**"
+        + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""),
+        "",
+    ]
     problems, expected = not_passed(cert), not_passed(cert, expected=True)
     if problems:
         out += [f"## Did not pass ({len(problems)})", ""] + _md_problems(problems) + [""]
@@ -325,13 +429,20 @@ def markdown(cert: dict, source: str = "") -> str:
         how, test, what = margin_text(row)
         where = f"{md_code(test)} {md_text(what)}" if test else ""
         rows.append([md_text(row.clause)] + [str(row.counts[o]) for o in OUTCOMES] + [md_text(how), where])
-    out += _md_table(["clause"] + [OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows)
+    out += _md_table(
+        ["clause"] + [OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows
+    )
     out.append("")
-    out.append("The worst margin is the largest share of its bound a tolerance comparison used (100 % = at the bound).")
+    out.append(
+        "The worst margin is the largest share of its bound a tolerance comparison used (100 % = at "
+        "the bound)."
+    )
     skips = cert.get("capability_skips") or {}
     if skips:
         out += ["", "## Skipped for a missing capability", ""]
-        out += _md_table(["capability", "tests skipped"], [[md_text(k), str(v)] for k, v in sorted(skips.items())])
+        out += _md_table(
+            ["capability", "tests skipped"], [[md_text(k), str(v)] for k, v in sorted(skips.items())]
+        )
     stale = cert.get("stale_expected_failures") or []
     if stale:
         out += ["", "## Stale expected-failure entries", ""] + [f"- {md_text(s)}" for s in stale]

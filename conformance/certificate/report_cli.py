@@ -1,7 +1,8 @@
 """``gefen-conformance report`` and ``gefen-conformance diff`` (SPEC 4.5).
 
     gefen-conformance report CERT [--format md|html] [--out PATH]
-    gefen-conformance diff OLD NEW [--format text|md] [--margin-factor F] [--margin-floor F] [--margin-threshold F]
+    gefen-conformance diff OLD NEW [--format text|md] [--margin-factor F] [--margin-floor F]
+    [--margin-threshold F]
 
 :func:`add_subcommands` registers both on ``gefen-conformance``'s subparsers; each sets
 ``args.handler``, a function of the parsed arguments returning the exit status. :func:`main` runs
@@ -25,7 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from gefen_conformance.certificate import diff as certificate_diff, report
+from gefen_conformance.certificate import diff as certificate_diff
+from gefen_conformance.certificate import report
 from gefen_conformance.certificate.read import CertificateError, load
 from gefen_conformance.cli_usage import DIFF_STATUSES, PROG, REPORT_STATUSES, Parser, statuses_text
 
@@ -41,7 +43,9 @@ def _positive(minimum: float, *, strict: bool):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not math.isfinite(value) or not (value > minimum if strict else value >= minimum):
-            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {minimum:g}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'>' if strict else '>='} {minimum:g}, got {text}"
+            )
         return value
 
     return parse
@@ -50,28 +54,67 @@ def _positive(minimum: float, *, strict: bool):
 def add_subcommands(subparsers) -> None:
     """Register ``report`` and ``diff`` on an ``argparse`` subparsers object."""
     raw = argparse.RawDescriptionHelpFormatter
-    rep = subparsers.add_parser("report", help="render a certificate as Markdown or a self-contained HTML page",
-                                description="Render a certificate for people, what did not pass first (SPEC 4.5.1).",
-                                epilog=statuses_text(REPORT_STATUSES), formatter_class=raw)
-    rep.add_argument("certificate", type=Path, metavar="CERT", help="a certificate (JSON) that a suite run wrote")
-    rep.add_argument("--format", choices=("md", "html"), default=None,
-                     help="md (default) or html; with --out, its extension decides and --format must agree")
-    rep.add_argument("--out", type=Path, default=None, metavar="PATH",
-                     help="file to write: .md or .markdown (Markdown), .html or .htm (HTML); default: stdout")
+    rep = subparsers.add_parser(
+        "report",
+        help="render a certificate as Markdown or a self-contained HTML page",
+        description="Render a certificate for people, what did not pass first (SPEC 4.5.1).",
+        epilog=statuses_text(REPORT_STATUSES),
+        formatter_class=raw,
+    )
+    rep.add_argument(
+        "certificate", type=Path, metavar="CERT", help="a certificate (JSON) that a suite run wrote"
+    )
+    rep.add_argument(
+        "--format",
+        choices=("md", "html"),
+        default=None,
+        help="md (default) or html; with --out, its extension decides and --format must agree",
+    )
+    rep.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="file to write: .md or .markdown (Markdown), .html or .htm (HTML); default: stdout",
+    )
     rep.set_defaults(handler=run_report)
-    dif = subparsers.add_parser("diff", help="compare two certificates; exit 1 when NEW regressed",
-                                description="What changed from OLD to NEW, and whether NEW regressed (SPEC 4.5.3, 4.5.4).",
-                                epilog=statuses_text(DIFF_STATUSES), formatter_class=raw)
+    dif = subparsers.add_parser(
+        "diff",
+        help="compare two certificates; exit 1 when NEW regressed",
+        description="What changed from OLD to NEW, and whether NEW regressed (SPEC 4.5.3, 4.5.4).",
+        epilog=statuses_text(DIFF_STATUSES),
+        formatter_class=raw,
+    )
     dif.add_argument("old", type=Path, metavar="OLD", help="the baseline certificate (the published one)")
     dif.add_argument("new", type=Path, metavar="NEW", help="the certificate of the run to judge")
-    dif.add_argument("--format", choices=("text", "md"), default="text", help="text (default) or md: for a pull-request comment")
-    dif.add_argument("--margin-factor", type=_positive(1.0, strict=False), default=certificate_diff.DEFAULT_MARGIN_FACTOR,
-                     metavar="F", help="flag a margin that grew by more than this factor (default %(default)s)")
-    dif.add_argument("--margin-floor", type=_positive(0.0, strict=False), default=certificate_diff.DEFAULT_MARGIN_FLOOR,
-                     metavar="F", help="margins under this share of their bound count as this much when judging growth "
-                                       "(default %(default)s)")
-    dif.add_argument("--margin-threshold", type=_positive(0.0, strict=True), default=certificate_diff.DEFAULT_MARGIN_THRESHOLD,
-                     metavar="F", help="flag a passing comparison using at least this share of its bound (default %(default)s)")
+    dif.add_argument(
+        "--format",
+        choices=("text", "md"),
+        default="text",
+        help="text (default) or md: for a pull-request comment",
+    )
+    dif.add_argument(
+        "--margin-factor",
+        type=_positive(1.0, strict=False),
+        default=certificate_diff.DEFAULT_MARGIN_FACTOR,
+        metavar="F",
+        help="flag a margin that grew by more than this factor (default %(default)s)",
+    )
+    dif.add_argument(
+        "--margin-floor",
+        type=_positive(0.0, strict=False),
+        default=certificate_diff.DEFAULT_MARGIN_FLOOR,
+        metavar="F",
+        help="margins under this share of their bound count as this much when judging growth "
+        "(default %(default)s)",
+    )
+    dif.add_argument(
+        "--margin-threshold",
+        type=_positive(0.0, strict=True),
+        default=certificate_diff.DEFAULT_MARGIN_THRESHOLD,
+        metavar="F",
+        help="flag a passing comparison using at least this share of its bound (default %(default)s)",
+    )
     dif.set_defaults(handler=run_diff)
 
 
@@ -129,8 +172,13 @@ def run_diff(args) -> int:
     except CertificateError as exc:
         print(f"gefen-conformance diff: {exc}", file=sys.stderr)
         return 2
-    diff = certificate_diff.compare(old, new, margin_factor=args.margin_factor, margin_floor=args.margin_floor,
-                                    margin_threshold=args.margin_threshold)
+    diff = certificate_diff.compare(
+        old,
+        new,
+        margin_factor=args.margin_factor,
+        margin_floor=args.margin_floor,
+        margin_threshold=args.margin_threshold,
+    )
     sys.stdout.write(certificate_diff.render(diff, old, new, args.format, str(args.old), str(args.new)))
     return 1 if diff.regressions else 0
 

@@ -132,7 +132,9 @@ def load(path: os.PathLike) -> dict:
     try:
         data = _read(path)
     except Exception as error:  # noqa: BLE001 - any way torch.load fails
-        raise ReproError(f"{path}: not a reproducer ({type(error).__name__}: {' '.join(str(error).split())[:200]})") from None
+        raise ReproError(
+            f"{path}: not a reproducer ({type(error).__name__}: {' '.join(str(error).split())[:200]})"
+        ) from None
     if data.get("schema") != SCHEMA:
         raise ReproError(f"{path}: not a reproducer (schema {data.get('schema')!r}, expected {SCHEMA})")
     if not isinstance(data.get("cases"), list) or not data["cases"]:

@@ -17,8 +17,9 @@ call's result, the same way under every launcher. Cheap to import (no torch).
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gefen_conformance.harness.outcomes import RankFailure, RankOutcome, echo_output
 
@@ -63,16 +64,22 @@ class Call:
 
     def options(self) -> dict[str, Any]:
         """The bounds, as the keyword arguments of a launcher's ``run`` (SPEC 4.2.5)."""
-        return {"timeout": self.timeout, "allow_failure": self.allow_failure, "pg_timeout": self.pg_timeout,
-                "failure_grace": self.failure_grace}
+        return {
+            "timeout": self.timeout,
+            "allow_failure": self.allow_failure,
+            "pg_timeout": self.pg_timeout,
+            "failure_grace": self.failure_grace,
+        }
 
     def payload(self) -> bytes:
         """``(fn, args, kwargs)`` pickled for the ranks; ``TypeError`` naming what is not picklable."""
         try:
             return pickle.dumps((self.fn, self.args, self.kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
-            raise TypeError("a scenario call needs a picklable fn (a module-level function of an importable "
-                            f"module) and picklable args/kwargs: {type(exc).__name__}: {exc}") from exc
+            raise TypeError(
+                "a scenario call needs a picklable fn (a module-level function of an importable "
+                f"module) and picklable args/kwargs: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def finish(self, outcomes: list[RankOutcome], where: str) -> list:
         """The call's result from its ranks' outcomes: what they printed is echoed to this

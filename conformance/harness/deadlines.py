@@ -14,10 +14,20 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["Deadline", "wait_until", "MAX_STRETCH", "SAMPLE_S", "parse_scale", "scale", "set_scale", "settled_stretch",
-           "stretch_now", "wall_bound"]
+__all__ = [
+    "Deadline",
+    "wait_until",
+    "MAX_STRETCH",
+    "SAMPLE_S",
+    "parse_scale",
+    "scale",
+    "set_scale",
+    "settled_stretch",
+    "stretch_now",
+    "wall_bound",
+]
 
 #: the most a machine's load stretches a deadline: a rank that truly hangs is reported within
 #: ``MAX_STRETCH * scale * seconds`` of wall time, whatever the load
@@ -156,14 +166,16 @@ class Deadline:
         return time.monotonic() - self.started
 
     def describe(self, what: str = "deadline") -> str:
-        """"the 60 s deadline" with what scaled and stretched it, for a hung rank's message."""
+        """ "the 60 s deadline" with what scaled and stretched it, for a hung rank's message."""
         text = f"the {self.seconds:g} s {what}"
         if self.scale != 1.0:
             text += f" (scaled by {self.scale:g} to {self.quiet:g} s)"
         wall = self.wall_elapsed()
         if wall > self.quiet * 1.05:
-            text += (f", which the machine's load stretched to {wall:.1f} s of wall time "
-                     f"(up to {self.peak_stretch:.1f}x)")
+            text += (
+                f", which the machine's load stretched to {wall:.1f} s of wall time "
+                f"(up to {self.peak_stretch:.1f}x)"
+            )
         return text
 
 

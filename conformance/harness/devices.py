@@ -21,8 +21,19 @@ import threading
 
 import torch
 
-__all__ = ["DeviceUnavailable", "available", "backend_for", "for_rank", "is_cpu", "name_of", "names", "parse", "select",
-           "selected", "shortage"]
+__all__ = [
+    "DeviceUnavailable",
+    "available",
+    "backend_for",
+    "for_rank",
+    "is_cpu",
+    "name_of",
+    "names",
+    "parse",
+    "select",
+    "selected",
+    "shortage",
+]
 
 
 class DeviceUnavailable(ValueError):
@@ -44,11 +55,13 @@ def parse(name: str) -> torch.device:
         return device
     count = available(device.type)
     if count == 0:
-        raise DeviceUnavailable(f"{name}: no {device.type} device is available on this machine "
-                                f"(torch {torch.__version__})")
+        raise DeviceUnavailable(
+            f"{name}: no {device.type} device is available on this machine (torch {torch.__version__})"
+        )
     if device.index is not None and device.index >= count:
-        raise DeviceUnavailable(f"{name}: this machine has {count} {device.type} device(s) "
-                                f"(indices 0-{count - 1})")
+        raise DeviceUnavailable(
+            f"{name}: this machine has {count} {device.type} device(s) (indices 0-{count - 1})"
+        )
     try:
         torch.empty(1, device=device)
     except Exception as exc:  # noqa: BLE001 - any failure to allocate means the device is unusable
@@ -97,8 +110,10 @@ def shortage(device: torch.device, ranks_per_node: int) -> str | None:
     have = available(device.type) - (device.index or 0)
     if ranks_per_node <= have:
         return None
-    return (f"needs {ranks_per_node} {device.type} devices on a node (one per rank) from {device}; "
-            f"this machine has {max(have, 0)}")
+    return (
+        f"needs {ranks_per_node} {device.type} devices on a node (one per rank) from {device}; "
+        f"this machine has {max(have, 0)}"
+    )
 
 
 def names(device: torch.device, ranks: int | None = None) -> tuple[str, ...]:

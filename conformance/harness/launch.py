@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gefen_conformance.harness import devices, pool
 from gefen_conformance.harness.call import Call
@@ -74,12 +75,14 @@ class Launcher(Protocol):
     """What :func:`run` needs of a launcher.
 
     ``run`` has the contract of ``gefen_conformance.harness.pool.run_on_ranks`` (SPEC 4.2.1-4.2.2): it binds a
-    :class:`gefen_conformance.harness.world.World` around every rank's call of ``fn``, returns the values (index
+    :class:`gefen_conformance.harness.world.World` around every rank's call of ``fn``, returns the values
+    (index
     = rank), or the outcomes with ``allow_failure``, and raises ``RankFailure`` otherwise.
     """
 
-    def run(self, fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict[str, Any],
-            **bounds: Any) -> list:
+    def run(
+        self, fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict[str, Any], **bounds: Any
+    ) -> list:
         """``bounds``: the keyword fields of :class:`~gefen_conformance.harness.call.Call`, every
         one given (``timeout``, ``allow_failure``, ``pg_timeout``, ``failure_grace``)."""
         ...
@@ -201,8 +204,13 @@ def _unfit(launcher: Launcher, world_size: int) -> str | None:
     )
 
 
-def run(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-        **bounds: Any) -> list:
+def run(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    **bounds: Any,
+) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of the active launcher.
 
     ``bounds`` are the keyword fields of :class:`~gefen_conformance.harness.call.Call`

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pickle
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from gefen_conformance.harness.exception_text import format_exception, qualified_name
 
@@ -110,9 +111,16 @@ def from_report(rank: int, report: dict, *, pid: int | None, where: str) -> Rank
         try:
             value = pickle.loads(report["value"])
         except BaseException as exc:  # noqa: BLE001
-            return RankOutcome(rank=rank, status="raised", exc_type=qualified_name(type(exc)),
-                               message=f"the return value could not be unpickled {where}: {exc}",
-                               traceback=format_exception(exc), pid=pid, exception=exc, output=output)
+            return RankOutcome(
+                rank=rank,
+                status="raised",
+                exc_type=qualified_name(type(exc)),
+                message=f"the return value could not be unpickled {where}: {exc}",
+                traceback=format_exception(exc),
+                pid=pid,
+                exception=exc,
+                output=output,
+            )
         return RankOutcome(rank=rank, status="ok", value=value, pid=pid, output=output)
     exception = None
     if report.get("exc_bytes") is not None:
@@ -120,9 +128,17 @@ def from_report(rank: int, report: dict, *, pid: int | None, where: str) -> Rank
             exception = pickle.loads(report["exc_bytes"])
         except BaseException:  # noqa: BLE001 - e.g. a custom __init__ that breaks unpickling
             exception = None
-    return RankOutcome(rank=rank, status=report.get("status", "raised"), exc_type=report.get("exc_type"),
-                       message=report.get("message", ""), traceback=report.get("traceback", ""),
-                       exitcode=report.get("exitcode"), pid=pid, exception=exception, output=output)
+    return RankOutcome(
+        rank=rank,
+        status=report.get("status", "raised"),
+        exc_type=report.get("exc_type"),
+        message=report.get("message", ""),
+        traceback=report.get("traceback", ""),
+        exitcode=report.get("exitcode"),
+        pid=pid,
+        exception=exception,
+        output=output,
+    )
 
 
 def echo_output(outcomes: Sequence[RankOutcome]) -> None:
@@ -139,7 +155,7 @@ def echo_output(outcomes: Sequence[RankOutcome]) -> None:
 
 
 def describe_exitcode(code: int | None) -> str:
-    """"exit code 3", "killed by SIGKILL, exit code -9", "exit code unknown"."""
+    """ "exit code 3", "killed by SIGKILL, exit code -9", "exit code unknown"."""
     if code is None:
         return "exit code unknown"
     if code < 0:

@@ -34,8 +34,9 @@ import pickle
 import socket
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gefen_conformance.harness.call import DEFAULT_FAILURE_GRACE_S, Call
 from gefen_conformance.harness.deadlines import wall_bound
@@ -43,8 +44,17 @@ from gefen_conformance.harness.outcomes import RankFailure, RankOutcome, from_re
 from gefen_conformance.harness.pool_processes import Pool, Worker, fork_server_pid, startup_timeout_s
 from gefen_conformance.harness.pool_supervision import supervise
 
-__all__ = ["DEFAULT_FAILURE_GRACE_S", "RankFailure", "RankOutcome", "kill_all", "prepare_workers", "run_on_ranks",
-           "shutdown_pool", "start_server", "start_workers"]
+__all__ = [
+    "DEFAULT_FAILURE_GRACE_S",
+    "RankFailure",
+    "RankOutcome",
+    "kill_all",
+    "prepare_workers",
+    "run_on_ranks",
+    "shutdown_pool",
+    "start_server",
+    "start_workers",
+]
 
 _HOST = "127.0.0.1"
 
@@ -68,8 +78,9 @@ _POOL: Pool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def prepare_workers(preload: Sequence[str] = (), prepare: Callable[..., Any] | None = None,
-                    args: Sequence[Any] = ()) -> None:
+def prepare_workers(
+    preload: Sequence[str] = (), prepare: Callable[..., Any] | None = None, args: Sequence[Any] = ()
+) -> None:
     """Say what every rank worker does before a call's deadline starts (SPEC 4.2.11).
 
     ``preload``: modules imported once, before a worker reports ready: by the fork server itself
@@ -84,10 +95,13 @@ def prepare_workers(preload: Sequence[str] = (), prepare: Callable[..., Any] | N
     payload = None
     if prepare is not None:
         try:
-            payload = pickle.dumps((next(_PREPARATION_KEYS), prepare, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(
+                (next(_PREPARATION_KEYS), prepare, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL
+            )
         except Exception as exc:
-            raise TypeError(f"prepare_workers needs a picklable prepare function and args: {type(exc).__name__}: "
-                            f"{exc}") from exc
+            raise TypeError(
+                f"prepare_workers needs a picklable prepare function and args: {type(exc).__name__}: {exc}"
+            ) from exc
     _PREPARATION = _Preparation(tuple(preload), payload)
 
 
@@ -167,8 +181,15 @@ def _fork_server_pid() -> int | None:
 _CALL_IDS = itertools.count(1)  # next() on a count is atomic: no lock needed
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
-                 kwargs: dict[str, Any] | None = None, *, device: Any = None, **bounds: Any) -> list:
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    device: Any = None,
+    **bounds: Any,
+) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` local ranks; see the module docstring.
 
     ``bounds`` are the keyword fields of :class:`~gefen_conformance.harness.call.Call`
@@ -288,10 +309,19 @@ def _not_started(prepared: list[RankOutcome]) -> list[RankOutcome]:
     4.2.8): that rank's own, and "raised" for the ranks that were ready."""
     first = next(o.rank for o in prepared if not o.ok)
     why = f"the call did not start: rank {first} failed while preparing for it"
-    return [o if not o.ok else RankOutcome(rank=o.rank, status="raised",
-                                           exc_type="gefen_conformance.harness.pool.CallNotStarted",
-                                           message=why, traceback=f"rank {o.rank}: {why}", pid=o.pid)
-            for o in prepared]
+    return [
+        o
+        if not o.ok
+        else RankOutcome(
+            rank=o.rank,
+            status="raised",
+            exc_type="gefen_conformance.harness.pool.CallNotStarted",
+            message=why,
+            traceback=f"rank {o.rank}: {why}",
+            pid=o.pid,
+        )
+        for o in prepared
+    ]
 
 
 def _send_quietly(worker: Worker, message: tuple) -> None:

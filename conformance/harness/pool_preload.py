@@ -31,8 +31,14 @@ TORCH_MODULES = (
     "torch._dynamo",
 )
 #: the suite's own modules whose functions run in ranks
-SUITE_MODULES = ("gefen_reference", "gefen_reference.dcp", "gefen_conformance.workload",
-                 "gefen_conformance.golden", "gefen_conformance.harness.sharding", "gefen_conformance.implementations.registry")
+SUITE_MODULES = (
+    "gefen_reference",
+    "gefen_reference.dcp",
+    "gefen_conformance.workload",
+    "gefen_conformance.golden",
+    "gefen_conformance.harness.sharding",
+    "gefen_conformance.implementations.registry",
+)
 
 
 def modules() -> list[str]:
@@ -40,8 +46,11 @@ def modules() -> list[str]:
     names = list(TORCH_MODULES) + list(SUITE_MODULES)
     try:
         suite = importlib.import_module("gefen_conformance.suite")
-        names += [f"gefen_conformance.suite.{info.name}" for info in pkgutil.iter_modules(suite.__path__)
-                  if info.name != "fixtures"]
+        names += [
+            f"gefen_conformance.suite.{info.name}"
+            for info in pkgutil.iter_modules(suite.__path__)
+            if info.name != "fixtures"
+        ]
     except Exception:  # noqa: BLE001
         pass
     return names

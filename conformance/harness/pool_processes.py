@@ -31,7 +31,14 @@ from gefen_conformance.harness.outcomes import RankFailure, RankOutcome
 from gefen_conformance.harness.pool_supervision import supervise
 from gefen_conformance.harness.rank_side import SINGLE_THREAD_ENV
 
-__all__ = ["Pool", "Worker", "fork_server_pid", "remove_stale_pool_dirs", "start_fork_server", "startup_timeout_s"]
+__all__ = [
+    "Pool",
+    "Worker",
+    "fork_server_pid",
+    "remove_stale_pool_dirs",
+    "start_fork_server",
+    "startup_timeout_s",
+]
 
 #: modules the fork server imports before any preparation asks for more
 BASE_PRELOAD = ("torch", "torch.distributed")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import multiprocessing.connection
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gefen_conformance.harness.deadlines import Deadline, wall_bound
 from gefen_conformance.harness.outcomes import RankOutcome, describe_exitcode

@@ -161,9 +161,17 @@ def _run_call(task: dict) -> dict:
 
     # After a failure the worker exits without a teardown (see the module docstring); a rank dies
     # by leaving the process.
-    return rank_side.run_body(task["payload"], rank=rank, world_size=world_size, device=device, backend=backend,
-                              form_group=form_group, release_group=release_group, on_failure=lambda: None,
-                              die_hook=os._exit)
+    return rank_side.run_body(
+        task["payload"],
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        backend=backend,
+        form_group=form_group,
+        release_group=release_group,
+        on_failure=lambda: None,
+        die_hook=os._exit,
+    )
 
 
 def worker_main(conn, client_pid: int, dump_path: str, output_path: str, preload=()) -> None:
@@ -183,8 +191,12 @@ def worker_main(conn, client_pid: int, dump_path: str, output_path: str, preload
     _set_parent_death_signal()
     if rank_side.process_gone(direct_parent) or rank_side.process_gone(client_pid):
         os._exit(EXIT_PARENT_GONE)
-    rank_side.watch_parent(lambda: os._exit(EXIT_PARENT_GONE), parent=direct_parent, client=client_pid,
-                           name="ranks-parent-watchdog")
+    rank_side.watch_parent(
+        lambda: os._exit(EXIT_PARENT_GONE),
+        parent=direct_parent,
+        client=client_pid,
+        name="ranks-parent-watchdog",
+    )
 
     # Fatal signals (SIGSEGV, SIGABRT, ...) and SIGUSR1 (sent by the parent before it kills a hung
     # worker) both dump every thread's Python stack into dump_path, which the parent reads back.

@@ -22,14 +22,26 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from gefen_conformance.harness.exception_text import format_exception, qualified_name, safe_str
 from gefen_conformance.harness.world import World, scope
 
-__all__ = ["EXIT_PARENT_GONE", "SINGLE_THREAD_ENV", "TorchDefaults", "exception_report", "flush_streams",
-           "make_current", "process_gone", "reseed", "run_body", "take_paths", "wait_for_every_group",
-           "watch_parent"]
+__all__ = [
+    "EXIT_PARENT_GONE",
+    "SINGLE_THREAD_ENV",
+    "TorchDefaults",
+    "exception_report",
+    "flush_streams",
+    "make_current",
+    "process_gone",
+    "reseed",
+    "run_body",
+    "take_paths",
+    "wait_for_every_group",
+    "watch_parent",
+]
 
 #: exit code of a rank process that noticed its parent (or the test process) is gone
 EXIT_PARENT_GONE = 70
@@ -54,8 +66,13 @@ def exception_report(exc: BaseException, prefix: str = "") -> dict:
         exc_bytes = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException:  # noqa: BLE001 - unpicklable exceptions still travel as text
         exc_bytes = None
-    return {"status": "raised", "exc_type": qualified_name(type(exc)), "message": prefix + safe_str(exc),
-            "traceback": format_exception(exc), "exc_bytes": exc_bytes}
+    return {
+        "status": "raised",
+        "exc_type": qualified_name(type(exc)),
+        "message": prefix + safe_str(exc),
+        "traceback": format_exception(exc),
+        "exc_bytes": exc_bytes,
+    }
 
 
 def _value_report(value: Any) -> dict:
@@ -70,9 +87,18 @@ def _value_report(value: Any) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def run_body(payload: bytes, *, rank: int, world_size: int, device, backend: str,
-             form_group: Callable[[], None], release_group: Callable[[], None],
-             on_failure: Callable[[], None], die_hook: Callable[[int], NoReturn]) -> dict:
+def run_body(
+    payload: bytes,
+    *,
+    rank: int,
+    world_size: int,
+    device,
+    backend: str,
+    form_group: Callable[[], None],
+    release_group: Callable[[], None],
+    on_failure: Callable[[], None],
+    die_hook: Callable[[int], NoReturn],
+) -> dict:
     """Rank ``rank``'s part in a call whose ``(fn, args, kwargs)`` is ``payload``; its report.
 
     ``form_group()`` makes the call's default process group (and waits for every rank's,
@@ -212,8 +238,9 @@ def process_gone(pid: int) -> bool:
         return False
 
 
-def watch_parent(on_gone: Callable[[], None], *, parent: int | None = None, client: int | None = None,
-                 name: str) -> None:
+def watch_parent(
+    on_gone: Callable[[], None], *, parent: int | None = None, client: int | None = None, name: str
+) -> None:
     """Call ``on_gone()`` (from a daemon thread) once this process's parent is no longer
     ``parent`` (default: the parent it has now), or the ``client`` process (the test process that
     owns a pool worker) is gone."""

@@ -24,15 +24,18 @@ def forget_dtensor_caches() -> None:
     if clear is not None:
         clear()
     propagator = DTensor._op_dispatcher.sharding_propagator
-    for cached in (getattr(propagator.propagate_op_sharding, "cache", None),
-                   getattr(propagator, "_propagate_tensor_meta_cached", None)):
+    for cached in (
+        getattr(propagator.propagate_op_sharding, "cache", None),
+        getattr(propagator, "_propagate_tensor_meta_cached", None),
+    ):
         if cached is not None and hasattr(cached, "cache_clear"):
             cached.cache_clear()
 
 
 def world_mesh():
     """The current World's 1-D mesh (SPEC 4.2.4), with torch's DTensor caches dropped first (see
-    :func:`forget_dtensor_caches`). Raises ``gefen_conformance.harness.world.NoCurrentWorld`` outside a scenario
+    :func:`forget_dtensor_caches`). Raises ``gefen_conformance.harness.world.NoCurrentWorld`` outside a
+    scenario
     call or a :class:`WorldOfOne`."""
     forget_dtensor_caches()
     return world.current().mesh
@@ -62,7 +65,8 @@ class WorldOfOne:
     scratch directory for checkpoints; ``close()`` destroys the group if it made it.
 
     While open, a group it made is also the process's current World (rank 0 of 1, on the run's
-    device, :func:`gefen_conformance.harness.devices.selected`: ``cpu`` unless ``--gefen-device`` chose another, whose
+    device, :func:`gefen_conformance.harness.devices.selected`: ``cpu`` unless ``--gefen-device`` chose
+    another, whose
     backend the group then uses, SPEC 4.6.3), so a rank body runs in-process as it does under a
     launcher; ``die()`` raises there instead. In a
     process that already has a default group, it uses the current World, which must then be a

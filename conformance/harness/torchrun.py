@@ -38,8 +38,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gefen_conformance.harness import launch, rank_side
 from gefen_conformance.harness.rank_side import EXIT_PARENT_GONE, SINGLE_THREAD_ENV
@@ -83,18 +84,24 @@ def _check_run_dir(job: Job, control, run_dir: str) -> str | None:
     if control.add("markers", 1) == job.world_size:
         control.set("markers-done", b"1")
     if not wait(control, ["markers-done"], startup_timeout_s()):
-        return f"rank {job.rank}: not every rank wrote its marker in {run_dir} within {startup_timeout_s():g} s"
+        return (
+            f"rank {job.rank}: not every rank wrote its marker in {run_dir} within {startup_timeout_s():g} s"
+        )
     missing = [r for r in range(job.world_size) if not (Path(run_dir) / f".rank-{r}").exists()]
     if missing:
-        return (f"rank {job.rank} on {socket.gethostname()} does not see the markers of rank(s) "
-                f"{', '.join(map(str, missing))} in {run_dir}: --checkpoint-dir must be one filesystem "
-                "shared by every node")
+        return (
+            f"rank {job.rank} on {socket.gethostname()} does not see the markers of rank(s) "
+            f"{', '.join(map(str, missing))} in {run_dir}: --checkpoint-dir must be one filesystem "
+            "shared by every node"
+        )
     return None
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gefen_conformance.harness.torchrun",
-                                     description="one rank of a torchrun certification (see gefen_conformance.harness.torchrun)")
+    parser = argparse.ArgumentParser(
+        prog="python -m gefen_conformance.harness.torchrun",
+        description="one rank of a torchrun certification (see gefen_conformance.harness.torchrun)",
+    )
     parser.add_argument("--impl", default="reference")
     parser.add_argument("--certificate", default=None)
     parser.add_argument("--checkpoint-dir", default=None)
@@ -103,12 +110,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pytest_arguments(impl: str, certificate: str | None, device: str | None, run_dir: str,
-                     passthrough: Sequence[str]) -> list[str]:
+def pytest_arguments(
+    impl: str, certificate: str | None, device: str | None, run_dir: str, passthrough: Sequence[str]
+) -> list[str]:
     """What rank 0 gives ``pytest.main``: the suite against ``impl``, no xdist (scenarios must run
     on this job's ranks, not in worker processes with a pool of their own), temp dirs in the run
     directory every rank sees."""
-    args = [f"--impl={impl}", "-p", "no:cacheprovider", "-p", "no:xdist", f"--basetemp={Path(run_dir) / 'pytest'}"]
+    args = [
+        f"--impl={impl}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        f"--basetemp={Path(run_dir) / 'pytest'}",
+    ]
     if certificate:
         args.append(f"--certificate={certificate}")
     if device:
@@ -122,11 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for separator in (PYTEST_ARGS, "--"):
         if separator in argv:
             cut = argv.index(separator)
-            argv, passthrough = argv[:cut], argv[cut + 1:]
+            argv, passthrough = argv[:cut], argv[cut + 1 :]
             break
     options = _parser().parse_args(argv)
     job = Job()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: this rank's stacks on stderr
+    faulthandler.register(
+        signal.SIGUSR1, all_threads=True
+    )  # `kill -USR1 <pid>`: this rank's stacks on stderr
     for name in SINGLE_THREAD_ENV:
         os.environ.setdefault(name, "1")
     # NCCL: tear down communicators on error without killing the process (SPEC 4.7.4; unverified here)
@@ -147,8 +164,14 @@ def _startup(job: Job, options, *, serving: bool = True):
     control = job.store_client(startup_timeout_s(), may_host=True)
     pg_store = job.store_client(startup_timeout_s()) if serving else None
     chosen, device, name, error = _device_facts(options.device, job)
-    hello = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": job.node_rank,
-             "local_rank": job.local_rank, "device_name": name, "error": error}
+    hello = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "node_rank": job.node_rank,
+        "local_rank": job.local_rank,
+        "device_name": name,
+        "error": error,
+    }
     control.set(f"hello/{job.rank}", dumps(hello))
     return control, pg_store, chosen, device
 
@@ -200,7 +223,9 @@ def _prepare(job: Job, control, options, device) -> str | None:
     try:
         warmup.prepare_rank(registry.resolve(options.impl), device=device)
     except Exception as exc:  # noqa: BLE001 - every call this rank takes part in reports it
-        error = f"rank {job.rank}: preparing the implementation failed before any call:\n{format_exception(exc)}"
+        error = (
+            f"rank {job.rank}: preparing the implementation failed before any call:\n{format_exception(exc)}"
+        )
     control.set(f"prepared/{job.rank}", dumps({"seconds": time.monotonic() - started, "error": error}))
     return error
 
@@ -209,8 +234,11 @@ def _serve_until_exit(job: Job, control, pg_store, device, broken: str | None = 
     try:
         serve(job, control, pg_store, device, broken)
     except Exception as exc:  # noqa: BLE001 - the store (torchrun's agent) is gone: so is the job
-        print(f"gefen-conformance rank {job.rank}: leaving, the job's store failed: {type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        print(
+            f"gefen-conformance rank {job.rank}: leaving, the job's store failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            file=sys.stderr,
+        )
         leave(EXIT_PARENT_GONE)
 
 
@@ -232,8 +260,10 @@ def _start_server(argv: list[str]):
     torchrun's signals reach it), told its role by the environment."""
     import subprocess
 
-    return subprocess.Popen([sys.executable, "-m", "gefen_conformance.harness.torchrun", *argv],
-                            env=dict(os.environ, **{_SERVER_ROLE: "1"}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "gefen_conformance.harness.torchrun", *argv],
+        env=dict(os.environ, **{_SERVER_ROLE: "1"}),
+    )
 
 
 def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> int:
@@ -251,15 +281,18 @@ def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> in
             control.set("run-dir", run_dir.encode())
         except OSError as exc:
             control.set("run-dir", b"")
-            raise _StartupError(f"--checkpoint-dir {options.checkpoint_dir}: cannot make the run directory "
-                                f"there: {exc}") from None
+            raise _StartupError(
+                f"--checkpoint-dir {options.checkpoint_dir}: cannot make the run directory there: {exc}"
+            ) from None
         hellos = _gather(control, "hello", job.world_size)
         control.set("seen/0", (_check_run_dir(job, control, run_dir) or "").encode())
         seen = _gather(control, "seen", job.world_size, raw=True)
         errors = [h["error"] for _, h in sorted(hellos.items()) if h["error"]]
         errors += [text for _, text in sorted(seen.items()) if text]
         if errors:
-            raise _StartupError(errors[0] + (f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""))
+            raise _StartupError(
+                errors[0] + (f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else "")
+            )
         server = _start_server(argv)
         if not wait(control, ["server-ready/0"], startup_timeout_s()):
             raise _StartupError(f"the rank-0 server did not start within {startup_timeout_s():g} s")
@@ -309,7 +342,9 @@ def _gather(control, what: str, world_size: int, *, raw: bool = False) -> dict[i
     keys = [f"{what}/{r}" for r in range(world_size)]
     if not wait(control, keys, startup_timeout_s()):
         absent = [k for k in keys if not control.check([k])]
-        raise _StartupError(f"{', '.join(absent)} did not arrive within {startup_timeout_s():g} s of start-up")
+        raise _StartupError(
+            f"{', '.join(absent)} did not arrive within {startup_timeout_s():g} s of start-up"
+        )
     return {r: (control.get(k).decode() if raw else pickle.loads(control.get(k))) for r, k in enumerate(keys)}
 
 

@@ -38,9 +38,14 @@ class Job:
     """This rank's view of the torchrun job, from the environment torchrun sets."""
 
     def __init__(self, environ=os.environ) -> None:
-        missing = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n not in environ]
+        missing = [
+            n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n not in environ
+        ]
         if missing:
-            raise RuntimeError(f"gefen_conformance.harness.torchrun must be started by torchrun: {', '.join(missing)} not set")
+            raise RuntimeError(
+                f"gefen_conformance.harness.torchrun must be started by torchrun: {', '.join(missing)} "
+                "not set"
+            )
         self.rank = int(environ["RANK"])
         self.world_size = int(environ["WORLD_SIZE"])
         self.local_rank = int(environ["LOCAL_RANK"])
@@ -57,8 +62,14 @@ class Job:
         import torch.distributed as dist
 
         host_it = may_host and self.rank == 0 and not self.agent_store
-        store = dist.TCPStore(self.master_addr, self.master_port, self.world_size, host_it,
-                              timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        store = dist.TCPStore(
+            self.master_addr,
+            self.master_port,
+            self.world_size,
+            host_it,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
         return dist.PrefixStore(_PREFIX, store)
 
 

@@ -19,7 +19,8 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gefen_conformance.harness import launch
 from gefen_conformance.harness.call import Call
@@ -68,9 +69,15 @@ class TorchrunLauncher:
             names = {f"node{h['node_rank']}/{h['device_name']}" for h in self.hellos.values()}
         else:
             names = {h["device_name"] for h in self.hellos.values()}
-        return launch.Execution(launcher="torchrun", nodes=nodes, world_size=self.job.world_size,
-                                max_world_size=self.job.world_size, backend=self.backend,
-                                device_type=self.device.type, device_names=tuple(sorted(names)))
+        return launch.Execution(
+            launcher="torchrun",
+            nodes=nodes,
+            world_size=self.job.world_size,
+            max_world_size=self.job.world_size,
+            backend=self.backend,
+            device_type=self.device.type,
+            device_names=tuple(sorted(names)),
+        )
 
     # -- one call -------------------------------------------------------------------------
 
@@ -89,15 +96,23 @@ class TorchrunLauncher:
     def run(self, fn: Callable[..., Any], world_size: int, args, kwargs, **bounds: Any) -> list:
         call = Call(fn, world_size, args, kwargs, **bounds)
         if world_size > self.job.world_size:
-            raise launch.WorldTooLarge(f"needs {world_size} ranks; the torchrun job has {self.job.world_size}")
+            raise launch.WorldTooLarge(
+                f"needs {world_size} ranks; the torchrun job has {self.job.world_size}"
+            )
         payload = call.payload()
         with self._lock:  # one call at a time: the ranks serve calls in order
             if self.ended is not None:
                 raise TorchrunJobEnded(f"no scenario call runs after the torchrun job ended: {self.ended}")
             call_id = self.next_command()
-            task = {"call_id": call_id, "world_size": world_size, "backend": self.backend,
-                    "pg_timeout": wall_bound(float(call.pg_timeout)), "sys_path": list(sys.path), "cwd": os.getcwd(),
-                    "payload": payload}
+            task = {
+                "call_id": call_id,
+                "world_size": world_size,
+                "backend": self.backend,
+                "pg_timeout": wall_bound(float(call.pg_timeout)),
+                "sys_path": list(sys.path),
+                "cwd": os.getcwd(),
+                "payload": payload,
+            }
             self.control.set(command_key(call_id), dumps(("run", task)))
             outcomes = self._supervise(call_id, world_size, float(call.timeout), float(call.failure_grace))
         return call.finish(outcomes, f"torchrun, world_size={world_size} of {self.job.world_size}")
@@ -105,7 +120,9 @@ class TorchrunLauncher:
     def _outcome(self, rank: int, report: dict) -> RankOutcome:
         return from_report(rank, report, pid=self.hellos.get(rank, {}).get("pid"), where="on rank 0")
 
-    def _supervise(self, call_id: int, world_size: int, timeout: float, failure_grace: float) -> list[RankOutcome]:
+    def _supervise(
+        self, call_id: int, world_size: int, timeout: float, failure_grace: float
+    ) -> list[RankOutcome]:
         outcomes: list[RankOutcome | None] = [None] * world_size
         pending = set(range(world_size))
         deadline = Deadline(timeout)
@@ -130,26 +147,42 @@ class TorchrunLauncher:
                         settle(rank, pickle.loads(self.control.get(key)))
                 if 0 in pending and self.server is not None and self.server.poll() is not None:
                     code = self.server.returncode
-                    settle(0, {"status": "died", "exitcode": code, "pid": self.server.pid,
-                               "message": f"the rank-0 server (pid {self.server.pid}) ended during the call",
-                               "traceback": f"rank 0: the rank-0 server (pid {self.server.pid}) ended during "
-                                            f"call {call_id} with exit code {code} (its stderr is torchrun's)"})
+                    settle(
+                        0,
+                        {
+                            "status": "died",
+                            "exitcode": code,
+                            "pid": self.server.pid,
+                            "message": f"the rank-0 server (pid {self.server.pid}) ended during the call",
+                            "traceback": f"rank 0: the rank-0 server (pid {self.server.pid}) ended during "
+                            f"call {call_id} with exit code {code} (its stderr is torchrun's)",
+                        },
+                    )
                 if not pending:
                     break
                 if aborted is None:
                     if deadline.expired() or (grace is not None and grace.expired()):
                         if grace is not None and grace.expired() and not deadline.expired():
-                            why = (f"still running {deadline.wall_elapsed():.1f} s into the call, {failure_grace:g} s "
-                                   f"after rank {first_failure} failed")
+                            why = (
+                                f"still running {deadline.wall_elapsed():.1f} s into the call, "
+                                f"{failure_grace:g} s "
+                                f"after rank {first_failure} failed"
+                            )
                         else:
                             why = f"did not finish within {deadline.describe()}"
                         aborted = Deadline(REPORT_WAIT_S)
                         self.control.set(f"call/{call_id}/abort", why.encode())
                 elif aborted.expired():
                     for rank in sorted(pending):
-                        settle(rank, {"status": "hung", "message": f"{why}; the rank sent no report (its stack "
-                                      f"could not be dumped) within {REPORT_WAIT_S:g} s of the abort",
-                                      "traceback": f"rank {rank}: {why}; no report, no stack dump"})
+                        settle(
+                            rank,
+                            {
+                                "status": "hung",
+                                "message": f"{why}; the rank sent no report (its stack "
+                                f"could not be dumped) within {REPORT_WAIT_S:g} s of the abort",
+                                "traceback": f"rank {rank}: {why}; no report, no stack dump",
+                            },
+                        )
                     break
                 time.sleep(POLL_S)
         except BaseException:
@@ -162,8 +195,9 @@ class TorchrunLauncher:
             raise
         hung = [o for o in outcomes if o is not None and o.status == "hung"]
         if hung:
-            self.end_job(f"rank(s) {', '.join(str(o.rank) for o in hung)} hung in call {call_id} and cannot be "
-                         "stopped")
+            self.end_job(
+                f"rank(s) {', '.join(str(o.rank) for o in hung)} hung in call {call_id} and cannot be stopped"
+            )
         return outcomes  # type: ignore[return-value]
 
 

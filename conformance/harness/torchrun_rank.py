@@ -67,8 +67,11 @@ def stacks_of_every_thread() -> str:
 def hung_report(rank: int, why: str) -> dict:
     """The "hung" outcome of this rank, with the stacks of all its threads."""
     message = f"{why}; stacks dumped, the torchrun job ends after this call"
-    return {"status": "hung", "message": message,
-            "traceback": f"rank {rank} (pid {os.getpid()}) {message}\n{stacks_of_every_thread()}"}
+    return {
+        "status": "hung",
+        "message": message,
+        "traceback": f"rank {rank} (pid {os.getpid()}) {message}\n{stacks_of_every_thread()}",
+    }
 
 
 def _socket_fds() -> set[int]:
@@ -107,7 +110,8 @@ def _shut_down_connections(fds: set[int]) -> None:
 
 
 class Participation:
-    """Rank ``rank``'s part in the call described by ``task`` (see :mod:`gefen_conformance.harness.torchrun_serve`).
+    """Rank ``rank``'s part in the call described by ``task`` (see
+    :mod:`gefen_conformance.harness.torchrun_serve`).
 
     ``pg_store`` is the store the call's process group rendezvouses on (a TCPStore client of this
     rank, not shared with the thread that watches the call). The rank takes the test process's
@@ -123,10 +127,11 @@ class Participation:
         self._report: dict | None = None
         self._owns_group = False
         self._group_sockets: set[int] = set()
-        self.thread = threading.Thread(target=self._main, name=f"gefen-torchrun-call-{task['call_id']}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._main, name=f"gefen-torchrun-call-{task['call_id']}", daemon=True
+        )
 
-    def start(self) -> "Participation":
+    def start(self) -> Participation:
         self.thread.start()
         return self
 
@@ -137,9 +142,17 @@ class Participation:
         """The outcome (only once :meth:`finished`)."""
         if self.thread.is_alive():
             raise RuntimeError("the call is still running on this rank")
-        return self.died or self._report or {"status": "raised", "exc_type": "RuntimeError",
-                                             "message": "the rank's call thread ended without a report",
-                                             "traceback": "", "exc_bytes": None}
+        return (
+            self.died
+            or self._report
+            or {
+                "status": "raised",
+                "exc_type": "RuntimeError",
+                "message": "the rank's call thread ended without a report",
+                "traceback": "",
+                "exc_bytes": None,
+            }
+        )
 
     # -- the call thread ------------------------------------------------------------------
 
@@ -149,13 +162,21 @@ class Participation:
         task = self.task
         defaults = rank_side.TorchDefaults()
         try:
-            rank_side.take_paths(task["sys_path"], task["cwd"])  # another node: the checkout may live elsewhere
+            rank_side.take_paths(
+                task["sys_path"], task["cwd"]
+            )  # another node: the checkout may live elsewhere
             rank_side.reseed()
             self._report = rank_side.run_body(
-                task["payload"], rank=self.rank, world_size=task["world_size"], device=self.device,
-                backend=task["backend"], form_group=lambda: self._init_group(dist),
+                task["payload"],
+                rank=self.rank,
+                world_size=task["world_size"],
+                device=self.device,
+                backend=task["backend"],
+                form_group=lambda: self._init_group(dist),
                 release_group=lambda: self._release_group(dist),
-                on_failure=lambda: self._release_group(dist, cut=True), die_hook=self._die)
+                on_failure=lambda: self._release_group(dist, cut=True),
+                die_hook=self._die,
+            )
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, none escapes
             self._report = rank_side.exception_report(exc, "[while taking the caller's paths] ")
         finally:
@@ -167,14 +188,16 @@ class Participation:
         if dist.is_initialized():
             raise RuntimeError(
                 f"rank {self.rank} already has a default process group (left by an earlier call that "
-                "hung?); a scenario call under torchrun forms its own default group")
+                "hung?); a scenario call under torchrun forms its own default group"
+            )
         rank_side.make_current(self.device)
         timeout = datetime.timedelta(seconds=task["pg_timeout"])
         store = dist.PrefixStore(f"call/{task['call_id']}/pg/", self.pg_store)
         store.set_timeout(timeout)
         before = _socket_fds()
-        dist.init_process_group(task["backend"], store=store, rank=self.rank, world_size=task["world_size"],
-                                timeout=timeout)
+        dist.init_process_group(
+            task["backend"], store=store, rank=self.rank, world_size=task["world_size"], timeout=timeout
+        )
         self._owns_group = True
         # gloo connects its full mesh during init: these are the group's connections (and listener)
         self._group_sockets = _socket_fds() - before
@@ -216,9 +239,16 @@ class Participation:
         import torch.distributed as dist
 
         where = "".join(traceback_module.format_stack()[:-2])
-        message = (f"rank {self.rank} (pid {os.getpid()}) ended its part of the call with World.die({exitcode}); "
-                   "under torchrun the process lives on; its connections to the group were cut as a crash would cut them")
-        self.died = {"status": "died", "exitcode": exitcode, "message": message,
-                     "traceback": f"{message}\nWorld.die was called at:\n{where}"}
+        message = (
+            f"rank {self.rank} (pid {os.getpid()}) ended its part of the call with World.die({exitcode}); "
+            "under torchrun the process lives on; its connections to the group were cut as a crash "
+            "would cut them"
+        )
+        self.died = {
+            "status": "died",
+            "exitcode": exitcode,
+            "message": message,
+            "traceback": f"{message}\nWorld.die was called at:\n{where}",
+        }
         self._release_group(dist, cut=True)
         raise RankDied(exitcode)

@@ -44,8 +44,19 @@ def serve(job: Job, control, pg_store, device, broken: str | None = None) -> Non
             continue
         outcome_key = f"call/{call_id}/outcome/{job.rank}"
         if broken is not None:
-            control.set(outcome_key, dumps({"status": "raised", "exc_type": "RuntimeError", "message": broken,
-                                            "traceback": broken, "exc_bytes": None, "pid": os.getpid()}))
+            control.set(
+                outcome_key,
+                dumps(
+                    {
+                        "status": "raised",
+                        "exc_type": "RuntimeError",
+                        "message": broken,
+                        "traceback": broken,
+                        "exc_bytes": None,
+                        "pid": os.getpid(),
+                    }
+                ),
+            )
             continue
         with CapturedOutput() as output:
             report = _take_part(job, control, pg_store, device, task)
@@ -79,7 +90,7 @@ class CapturedOutput:
     def __init__(self) -> None:
         self.text = ""
 
-    def __enter__(self) -> "CapturedOutput":
+    def __enter__(self) -> CapturedOutput:
         flush_streams()
         self._file = tempfile.TemporaryFile()
         self._saved = [os.dup(1), os.dup(2)]

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["NoCurrentWorld", "World", "bound", "current", "scope"]
 
@@ -80,7 +81,8 @@ def current() -> World:
     """The World of the scenario call running in this process.
 
     Raises :class:`NoCurrentWorld` outside one: a rank body must be run through
-    :func:`gefen_conformance.harness.launch.run` (or ``gefen_conformance.harness.pool.run_on_ranks``), or in-process inside
+    :func:`gefen_conformance.harness.launch.run` (or ``gefen_conformance.harness.pool.run_on_ranks``), or
+    in-process inside
     a ``gefen_conformance.harness.sharding.WorldOfOne``.
     """
     if _CURRENT is None:

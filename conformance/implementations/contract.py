@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any
 
 
 class Capability(str, enum.Enum):
@@ -19,26 +20,35 @@ class Capability(str, enum.Enum):
     implementation lacks is skipped, and the skip carries the capability; a missing capability is
     never a failure. The values are the tags certificates record."""
 
-    NATIVE_STATE_DICT = "native-state-dict"  # state_dict()/load_state_dict() in the published format (SPEC 1.11-1.12)
-    CPU_BIT_EXACT = "cpu-bit-exact"          # bitwise equal to the reference on CPU: the torch-exact profile (SPEC 0.4.1)
-    FACTORED_V = "factored-v"                # the factored second moment, factored_v_2d=True (SPEC 1.9)
-    DCP_RESHARD = "dcp-reshard"              # the DCP adapter: dcp_state() saves and restores across world sizes (Parts 2-3)
-    DCP_SAVE_PLANNER = "dcp-save-planner"    # save_planner() returns a memory-bounded planner (SPEC 2.5)
-    DCP_ASYNC_SAVE = "dcp-async-save"        # async_writer() supports dcp.async_save (SPEC 2.6)
+    NATIVE_STATE_DICT = (
+        "native-state-dict"  # state_dict()/load_state_dict() in the published format (SPEC 1.11-1.12)
+    )
+    CPU_BIT_EXACT = (
+        "cpu-bit-exact"  # bitwise equal to the reference on CPU: the torch-exact profile (SPEC 0.4.1)
+    )
+    FACTORED_V = "factored-v"  # the factored second moment, factored_v_2d=True (SPEC 1.9)
+    DCP_RESHARD = (
+        "dcp-reshard"  # the DCP adapter: dcp_state() saves and restores across world sizes (Parts 2-3)
+    )
+    DCP_SAVE_PLANNER = "dcp-save-planner"  # save_planner() returns a memory-bounded planner (SPEC 2.5)
+    DCP_ASYNC_SAVE = "dcp-async-save"  # async_writer() supports dcp.async_save (SPEC 2.6)
 
     def __str__(self) -> str:
         return self.value
 
     @classmethod
-    def parse(cls, value: Union["Capability", str]) -> "Capability":
+    def parse(cls, value: Capability | str) -> Capability:
         """``value`` (a member or its tag) as a member; ValueError naming the known tags otherwise."""
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"unknown capability {value!r} (known: {', '.join(sorted(c.value for c in cls))})") from None
+            raise ValueError(
+                f"unknown capability {value!r} (known: {', '.join(sorted(c.value for c in cls))})"
+            ) from None
 
 
-# The members under their own names, as implementations import them (``from gefen_conformance import DCP_RESHARD``).
+# The members under their own names, as implementations import them (``from gefen_conformance import
+# DCP_RESHARD``).
 NATIVE_STATE_DICT = Capability.NATIVE_STATE_DICT
 CPU_BIT_EXACT = Capability.CPU_BIT_EXACT
 FACTORED_V = Capability.FACTORED_V
@@ -51,14 +61,17 @@ KNOWN_CAPABILITIES = frozenset(Capability)
 #: What each capability claims, in words (README's capability table is generated from this and
 #: from the suite's ``gefen_requires`` marks: tools/readme_tables.py).
 CAPABILITY_CLAIMS = {
-    Capability.NATIVE_STATE_DICT: "`state_dict()`/`load_state_dict()` in the published native format (SPEC 1.11-1.12); "
-                                  "pinned steps start from the reference's state loaded this way (SPEC 5.6.1), and "
-                                  "without it long runs are judged free-running (SPEC 5.6.21)",
-    Capability.CPU_BIT_EXACT: "bitwise equal to the reference on CPU (SPEC 0.4.1): the run is judged by the torch-exact "
-                              "profile; without it, or off the CPU, by the tolerance profile (SPEC 0.4.3, 4.6.4)",
+    Capability.NATIVE_STATE_DICT: "`state_dict()`/`load_state_dict()` in the published native format "
+    "(SPEC 1.11-1.12); "
+    "pinned steps start from the reference's state loaded this way (SPEC 5.6.1), and "
+    "without it long runs are judged free-running (SPEC 5.6.21)",
+    Capability.CPU_BIT_EXACT: "bitwise equal to the reference on CPU (SPEC 0.4.1): the run is judged "
+    "by the torch-exact "
+    "profile; without it, or off the CPU, by the tolerance profile (SPEC 0.4.3, 4.6.4)",
     Capability.FACTORED_V: "the factored second moment, `factored_v_2d=True` (SPEC 1.9)",
-    Capability.DCP_RESHARD: "the DCP adapter, `dcp_state()`: saves and restores across world sizes (Parts 2-3); every "
-                            "DCP scenario goes through it",
+    Capability.DCP_RESHARD: "the DCP adapter, `dcp_state()`: saves and restores across world sizes "
+    "(Parts 2-3); every "
+    "DCP scenario goes through it",
     Capability.DCP_SAVE_PLANNER: "`save_planner()` returns a memory-bounded planner (SPEC 2.5)",
     Capability.DCP_ASYNC_SAVE: "`async_writer()` supports `dcp.async_save` (SPEC 2.6)",
 }
@@ -66,13 +79,16 @@ CAPABILITY_CLAIMS = {
 
 def __getattr__(name: str):
     if name == "FACTORED_SECOND_MOMENT":  # the constant's name before 0.2: one name per concept now
-        warnings.warn("FACTORED_SECOND_MOMENT is FACTORED_V (the tag factored-v, the keyword factored_v_2d)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "FACTORED_SECOND_MOMENT is FACTORED_V (the tag factored-v, the keyword factored_v_2d)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return Capability.FACTORED_V
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def as_capabilities(values: Iterable[Union[Capability, str]]) -> frozenset:
+def as_capabilities(values: Iterable[Capability | str]) -> frozenset:
     """``values`` as a frozenset of :class:`Capability` members (ValueError on an unknown tag)."""
     return frozenset(Capability.parse(v) for v in values)
 
@@ -102,12 +118,12 @@ class Implementation:
     name: str
     version: str
     make_optimizer: Callable[..., Any]
-    dcp_state: Optional[Callable[[Any], Any]] = None
-    save_planner: Optional[Callable[[], Any]] = None
-    async_writer: Optional[Callable[[str], Any]] = None
+    dcp_state: Callable[[Any], Any] | None = None
+    save_planner: Callable[[], Any] | None = None
+    async_writer: Callable[[str], Any] | None = None
     capabilities: frozenset = frozenset()
     expected_failures: Mapping[str, str] = field(default_factory=dict)
-    prepare: Optional[Callable[[Any], None]] = None
+    prepare: Callable[[Any], None] | None = None
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -117,22 +133,26 @@ class Implementation:
         if self.prepare is not None and not callable(self.prepare):
             raise TypeError(f"implementation {self.name!r}: prepare must be callable (or None)")
         if isinstance(self.capabilities, (str, Capability)):
-            raise TypeError(f"implementation {self.name!r}: capabilities must be a collection of capabilities, "
-                            f"not the single {str(self.capabilities)!r}")
+            raise TypeError(
+                f"implementation {self.name!r}: capabilities must be a collection of capabilities, "
+                f"not the single {str(self.capabilities)!r}"
+            )
         known = {c.value for c in Capability}
         unknown = sorted(str(c) for c in self.capabilities if str(c) not in known)
         if unknown:
-            raise ValueError(f"implementation {self.name!r} declares unknown capabilities {unknown} "
-                             f"(known: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"implementation {self.name!r} declares unknown capabilities {unknown} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         missing = [k for k, why in self.expected_failures.items() if not str(why).strip()]
         if missing:
             raise ValueError(f"implementation {self.name!r}: expected failures without a reason: {missing}")
         object.__setattr__(self, "capabilities", as_capabilities(self.capabilities))
 
-    def has(self, capability: Union[Capability, str]) -> bool:
+    def has(self, capability: Capability | str) -> bool:
         return Capability.parse(capability) in self.capabilities
 
-    def lacks(self, required: Iterable[Union[Capability, str]]) -> list:
+    def lacks(self, required: Iterable[Capability | str]) -> list:
         """The capabilities of ``required`` this implementation does not declare, in order."""
         return [c for c in map(Capability.parse, required) if c not in self.capabilities]
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import warnings
 
-from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.implementations import adapter_declared
-
+from gefen_conformance.implementations.contract import Implementation
 
 #: what to install for ``--impl=gefenx`` (the version the suite's expected failures describe)
 REQUIREMENT = "gefen-x==0.5.0"
@@ -63,42 +62,56 @@ _TORN = (
 
 #: Every suite test gefen-x 0.5.0 fails, with the reason (README, 'Certifying gefen-x').
 EXPECTED_FAILURES = {
-    "test_dcp_payload.py::test_payload_md5s_match_the_reference[w4-empty-shards]":
-        _TORN + "; only that slot's scalars differ from the reference's payload",
-    "test_dcp_payload.py::test_payload_content_matches_the_reference[w4-empty-shards]":
-        _TORN + "; that slot's initialized flag and counters differ from the reference's",
-    "test_dcp_schema.py::test_checkpoint_schema_from_the_files[w4-empty-shards]":
-        _TORN + "; the file pairs initialized=0 with non-zero dense history",
-    "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[4->2-empty-source-shards]":
-        _TORN + "; gefen-x then refuses its own checkpoint on every rank",
-    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[4->2-empty-source-shards]":
-        _TORN + "; gefen-x then refuses its own checkpoint on every rank",
-    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[2->4-empty-target-shards]":
-        _TORN + "; the re-save after a correct restore at 4 ranks is torn again",
-    "test_goldens.py::test_saves_match_the_goldens":
-        _TORN + "; the golden w4_fp32_empty_shard differs in slot 1's scalars (all other cases match)",
-    "test_hostile_checkpoints.py::test_refused_without_mutation[initialized-flag-two]":
-        "documented difference (SPEC 3.9): gefen-x reads any non-zero initialized flag as 1",
-    "test_hyper_staging.py::test_staging_regression[aliased-lr-different-values]":
+    "test_dcp_payload.py::test_payload_md5s_match_the_reference[w4-empty-shards]": (
+        _TORN + "; only that slot's scalars differ from the reference's payload"
+    ),
+    "test_dcp_payload.py::test_payload_content_matches_the_reference[w4-empty-shards]": (
+        _TORN + "; that slot's initialized flag and counters differ from the reference's"
+    ),
+    "test_dcp_schema.py::test_checkpoint_schema_from_the_files[w4-empty-shards]": (
+        _TORN + "; the file pairs initialized=0 with non-zero dense history"
+    ),
+    "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[4->2-empty-source-shards]": (
+        _TORN + "; gefen-x then refuses its own checkpoint on every rank"
+    ),
+    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[4->2-empty-source-shards]": (
+        _TORN + "; gefen-x then refuses its own checkpoint on every rank"
+    ),
+    "test_dcp_reshard.py::test_reshard_resaved_state_is_consistent[2->4-empty-target-shards]": (
+        _TORN + "; the re-save after a correct restore at 4 ranks is torn again"
+    ),
+    "test_goldens.py::test_saves_match_the_goldens": (
+        _TORN + "; the golden w4_fp32_empty_shard differs in slot 1's scalars (all other cases match)"
+    ),
+    "test_hostile_checkpoints.py::test_refused_without_mutation[initialized-flag-two]": (
+        "documented difference (SPEC 3.9): gefen-x reads any non-zero initialized flag as 1"
+    ),
+    "test_hyper_staging.py::test_staging_regression[aliased-lr-different-values]": (
         "case gefen-x leaves open (SPEC 3.5.4): one tensor shared by two groups is filled twice, "
-        "so both groups silently get the last group's lr",
-    "test_hyper_staging.py::test_staging_regression[lr-requires-grad]":
+        "so both groups silently get the last group's lr"
+    ),
+    "test_hyper_staging.py::test_staging_regression[lr-requires-grad]": (
         "case gefen-x leaves open (SPEC 3.5.3): filling a leaf tensor that requires grad raises "
-        "RuntimeError from autograd (nothing changes), where the reference fills it under no_grad",
-    "test_hyper_staging.py::test_staging_matches_reference_with_autograd_and_aliased_destinations":
-        "the two open cases above (SPEC 3.5.3, 3.5.4), drawn at random",
+        "RuntimeError from autograd (nothing changes), where the reference fills it under no_grad"
+    ),
+    "test_hyper_staging.py::test_staging_matches_reference_with_autograd_and_aliased_destinations": (
+        "the two open cases above (SPEC 3.5.3, 3.5.4), drawn at random"
+    ),
 }
 
 
 def implementation() -> Implementation:
     """Built lazily so that listing implementations works without gefen-x installed."""
     _gefen()
-    return adapter_declared("gefenx", _version(), _make_optimizer, "gefen", expected_failures=EXPECTED_FAILURES)
+    return adapter_declared(
+        "gefenx", _version(), _make_optimizer, "gefen", expected_failures=EXPECTED_FAILURES
+    )
 
 
 def fused_implementation() -> Implementation:
     """gefen-x with its fused CUDA kernels (``fused=True``): the same adapter, claims and known
     defects as :func:`implementation`; on CUDA the suite judges it by tolerance whatever it claims."""
     _gefen()
-    return adapter_declared("gefenx-fused", _version(), _make_fused_optimizer, "gefen",
-                            expected_failures=EXPECTED_FAILURES)
+    return adapter_declared(
+        "gefenx-fused", _version(), _make_fused_optimizer, "gefen", expected_failures=EXPECTED_FAILURES
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 import gefen_reference as reference
-
 from gefen_conformance.implementations import adapter_declared
 
 

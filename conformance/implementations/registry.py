@@ -30,7 +30,9 @@ class MissingPackage(ModuleNotFoundError):
     (``gefen-x==0.5.0``), so that the error can say so (SPEC 4.1.6)."""
 
     def __init__(self, module: str, requirement: str):
-        super().__init__(f"No module named {module!r}: install {requirement} (pip install {requirement})", name=module)
+        super().__init__(
+            f"No module named {module!r}: install {requirement} (pip install {requirement})", name=module
+        )
         self.requirement = requirement
 
 
@@ -65,9 +67,13 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _missing_package(spec: str, module_name: str, error: MissingPackage) -> "ImplementationError":
-    return ImplementationError(spec, module_name, f"needs the package {error.requirement}, which is not installed "
-                                                  f"here (module {error.name!r}): pip install {error.requirement}")
+def _missing_package(spec: str, module_name: str, error: MissingPackage) -> ImplementationError:
+    return ImplementationError(
+        spec,
+        module_name,
+        f"needs the package {error.requirement}, which is not installed "
+        f"here (module {error.name!r}): pip install {error.requirement}",
+    )
 
 
 def _import(spec: str, module_name: str):
@@ -79,7 +85,8 @@ def _import(spec: str, module_name: str):
         missing = error.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise ImplementationError(
-                spec, module_name,
+                spec,
+                module_name,
                 f"module {missing!r} is not importable from {os.getcwd()} "
                 "(is the package installed or on PYTHONPATH?)",
             ) from None
@@ -97,7 +104,9 @@ def _load_target(spec: str, target: str) -> object:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ImplementationError(spec, module_name, f"module {module_name!r} has no attribute {attribute!r}") from None
+            raise ImplementationError(
+                spec, module_name, f"module {module_name!r} has no attribute {attribute!r}"
+            ) from None
     return obj
 
 
@@ -111,7 +120,9 @@ def resolve(spec: str) -> Implementation:
     if isinstance(spec, str) and spec in _RESOLVED:
         return _RESOLVED[spec]
     if not isinstance(spec, str) or not spec.strip():
-        raise ImplementationError(str(spec), "", "no implementation named (give a registered name or package.module:attribute)")
+        raise ImplementationError(
+            str(spec), "", "no implementation named (give a registered name or package.module:attribute)"
+        )
     names = registered()
     if ":" in spec:
         target = spec
@@ -119,8 +130,12 @@ def resolve(spec: str) -> Implementation:
         target = names[spec]
     else:
         known = ", ".join(sorted(names)) or "none"
-        raise ImplementationError(spec, "", f"no implementation of that name is registered (registered: {known}); "
-                                            "give a registered name or package.module:attribute")
+        raise ImplementationError(
+            spec,
+            "",
+            f"no implementation of that name is registered (registered: {known}); "
+            "give a registered name or package.module:attribute",
+        )
     module_name = target.partition(":")[0]
     obj = _load_target(spec, target)
     if not isinstance(obj, Implementation) and callable(obj):
@@ -129,9 +144,13 @@ def resolve(spec: str) -> Implementation:
         except MissingPackage as error:
             raise _missing_package(spec, module_name, error) from None
         except Exception as error:
-            raise ImplementationError(spec, module_name, f"calling {target}() failed: {_one_line(error)}") from None
+            raise ImplementationError(
+                spec, module_name, f"calling {target}() failed: {_one_line(error)}"
+            ) from None
     if not isinstance(obj, Implementation):
-        raise ImplementationError(spec, module_name, f"{target} is a {type(obj).__name__}, not a gefen_conformance.Implementation")
+        raise ImplementationError(
+            spec, module_name, f"{target} is a {type(obj).__name__}, not a gefen_conformance.Implementation"
+        )
     obj.resolved_as(spec)
     _RESOLVED[spec] = obj
     return obj

@@ -2,7 +2,8 @@
 
 ``hooks`` is the ``pytest11`` entry point: it adds the ``--impl`` family of options (``options``,
 with their checks before anything runs) and stays inert until ``--impl`` is given; suite modules
-are imported by their installed names (``suite_module``). The rest is what a certifying session holds: which suite tests run
+are imported by their installed names (``suite_module``). The rest is what a certifying session holds: which
+suite tests run
 (``selection``), what each produced (``recorder``, ``observations``), the hypothesis profiles
 (``hypothesis_profiles``), the implementation's warm-up before any deadline (``warmup``) and Ctrl-C
 (``interrupts``).

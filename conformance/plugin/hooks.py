@@ -17,13 +17,16 @@ first suite module is collected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gefen_conformance.plugin import options
 from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
 from gefen_conformance.plugin.suite_module import SUITE_PACKAGE, SuiteModule
+
+if TYPE_CHECKING:
+    from gefen_conformance.plugin.recorder import SuiteRun
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
@@ -61,22 +64,29 @@ def pytest_load_initial_conftests(early_config, parser, args):
     else:
         options.suite_ids_as_paths(args, namespace, early_config.invocation_params.dir)
     early_config.stash[_IMPL_KEY], _ = options.prepare(  # selecting the device imports torch
-        early_config, impl=namespace.impl, deadline_scale=getattr(namespace, "gefen_deadline_scale", None),
-        certificate=getattr(namespace, "certificate", None), device=getattr(namespace, "gefen_device", "cpu"))
+        early_config,
+        impl=namespace.impl,
+        deadline_scale=getattr(namespace, "gefen_deadline_scale", None),
+        certificate=getattr(namespace, "certificate", None),
+        device=getattr(namespace, "gefen_device", "cpu"),
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     chosen = config.getoption("hypothesis_profile", None)
     if chosen and str(chosen).startswith("gefen-"):
-        from gefen_conformance.plugin import hypothesis_profiles as profiles  # registered before hypothesis's own plugin loads the chosen one
+        from gefen_conformance.plugin import (
+            hypothesis_profiles as profiles,
+        )  # registered before hypothesis's own plugin loads the chosen one
 
         profiles.register()
     config.pluginmanager.register(_SessionHooks(config), "gefen-conformance-session")
     if getattr(config.option, "help", False) or getattr(config.option, "impl_list", False):
         return
-    if config.option.impl is not None or names_the_suite(config.args, config.invocation_params.dir,
-                                                          config.option.pyargs):
+    if config.option.impl is not None or names_the_suite(
+        config.args, config.invocation_params.dir, config.option.pyargs
+    ):
         _activate(config)
 
 
@@ -94,11 +104,11 @@ def pytest_cmdline_main(config):
     return None
 
 
-def _run(config) -> Optional["SuiteRun"]:
+def _run(config) -> SuiteRun | None:
     return config.stash.get(_RUN_KEY, None)
 
 
-def _activate(config) -> "SuiteRun":
+def _activate(config) -> SuiteRun:
     """Start the suite run of this session (once): resolve the implementation, load the profile,
     guard against interrupts. Every way the implementation fails to load is a usage error."""
     run = _run(config)
@@ -108,9 +118,14 @@ def _activate(config) -> "SuiteRun":
 
     if config.option.impl is None:
         config.option.impl = "reference"
-    impl, guard = options.prepare(config, impl=config.option.impl, deadline_scale=config.option.gefen_deadline_scale,
-                                  certificate=config.option.certificate, device=config.option.gefen_device,
-                                  resolved=config.stash.get(_IMPL_KEY, None))
+    impl, guard = options.prepare(
+        config,
+        impl=config.option.impl,
+        deadline_scale=config.option.gefen_deadline_scale,
+        certificate=config.option.certificate,
+        device=config.option.gefen_device,
+        resolved=config.stash.get(_IMPL_KEY, None),
+    )
     run = SuiteRun(config, impl, guard)
     config.stash[_RUN_KEY] = run
     run.open()
@@ -203,7 +218,7 @@ def _reason(report, call) -> str:
         return cut(report.wasxfail)
     if report.skipped and isinstance(report.longrepr, tuple):
         text = str(report.longrepr[2])
-        return cut(text[len("Skipped: "):] if text.startswith("Skipped: ") else text)
+        return cut(text[len("Skipped: ") :] if text.startswith("Skipped: ") else text)
     if not report.failed:
         return ""
     error = call.excinfo.value if call.excinfo is not None else None
@@ -243,7 +258,9 @@ def pytest_runtest_makereport(item, call):
     if report.failed and call.excinfo is not None:
         from gefen_conformance.plugin.rank_locations import where
 
-        report.user_properties.append((_WHERE, where(call.excinfo.value)))  # the failed ranks' lines (SPEC 4.4.8)
+        report.user_properties.append(
+            (_WHERE, where(call.excinfo.value))
+        )  # the failed ranks' lines (SPEC 4.4.8)
     if report.when == "call":
         _attach_reproducer(item, report, run)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
@@ -261,8 +278,13 @@ def _attach_reproducer(item, report, run) -> None:
 
     clauses = [str(c) for m in item.iter_markers("gefen_clause") for c in m.args]
     impl = {"name": run.impl.name, "version": run.impl.version, "spec": item.config.option.impl}
-    blob = reproducers.drain(item_id(item), clauses, impl, str(devices.selected()),
-                             keep=report.failed and not hasattr(report, "wasxfail"))
+    blob = reproducers.drain(
+        item_id(item),
+        clauses,
+        impl,
+        str(devices.selected()),
+        keep=report.failed and not hasattr(report, "wasxfail"),
+    )
     if blob is not None:
         setattr(report, _REPRO, blob)
 
@@ -302,15 +324,25 @@ class _SessionHooks:
         from gefen_conformance.certificate.build import TestRecord
         from gefen_conformance.certificate.outcomes import Outcome
 
-        outcome = _outcome(report) if (report.when == "call" or report.outcome != "passed") else Outcome.PASSED
+        outcome = (
+            _outcome(report) if (report.when == "call" or report.outcome != "passed") else Outcome.PASSED
+        )
         skipped = outcome == Outcome.SKIPPED
-        run.record(TestRecord(props[_SUITE_ID], props[_CLAUSES], outcome, report.duration, props.get(_REASON, ""),
-                              list(observed.get("margins", [])), list(observed.get("notes", [])),
-                              list(props.get(_MISSING) or []) if skipped else [],
-                              not_run=bool(props.get(_NOT_RUN)) and skipped,
-                              where=list(props.get(_WHERE) or ()),
-                              repro=getattr(report, _REPRO, None) if outcome == Outcome.FAILED else None))
-
+        run.record(
+            TestRecord(
+                props[_SUITE_ID],
+                props[_CLAUSES],
+                outcome,
+                report.duration,
+                props.get(_REASON, ""),
+                list(observed.get("margins", [])),
+                list(observed.get("notes", [])),
+                list(props.get(_MISSING) or []) if skipped else [],
+                not_run=bool(props.get(_NOT_RUN)) and skipped,
+                where=list(props.get(_WHERE) or ()),
+                repro=getattr(report, _REPRO, None) if outcome == Outcome.FAILED else None,
+            )
+        )
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
@@ -319,8 +351,12 @@ class _SessionHooks:
         if run is not None and run.progress is not None:
             # node ids are relative to the rootdir or to the path given (the suite's directory itself)
             root = self.config.rootpath
-            run.progress.expect(i for i in ids if in_suite(root / i.partition("::")[0])
-                                or (SUITE_DIR / Path(i.partition("::")[0]).name).is_file())
+            run.progress.expect(
+                i
+                for i in ids
+                if in_suite(root / i.partition("::")[0])
+                or (SUITE_DIR / Path(i.partition("::")[0]).name).is_file()
+            )
 
     def pytest_runtest_logstart(self, nodeid, location):
         run = _run(self.config)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from typing import Optional
 
 CERTIFY = "gefen-certify"
 FUZZ = "gefen-fuzz"
@@ -26,19 +25,33 @@ def register() -> None:
     from hypothesis import HealthCheck, settings
 
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile(CERTIFY, derandomize=True, database=None, max_examples=300,
-                              deadline=None, suppress_health_check=quiet, print_blob=True)
-    settings.register_profile(FUZZ, derandomize=False, database=None, max_examples=5000, deadline=None,
-                              suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(
+        CERTIFY,
+        derandomize=True,
+        database=None,
+        max_examples=300,
+        deadline=None,
+        suppress_health_check=quiet,
+        print_blob=True,
+    )
+    settings.register_profile(
+        FUZZ,
+        derandomize=False,
+        database=None,
+        max_examples=5000,
+        deadline=None,
+        suppress_health_check=quiet,
+        print_blob=True,
+    )
 
 
 class SuiteProfile:
     """Loads ``gefen-certify`` (unless ``--hypothesis-profile`` chose one) and undoes it afterwards."""
 
-    def __init__(self, requested: Optional[str]):
+    def __init__(self, requested: str | None):
         self.requested = requested
-        self._previous: Optional[str] = None
-        self._home: Optional[str] = None
+        self._previous: str | None = None
+        self._home: str | None = None
 
     def enter(self) -> None:
         from hypothesis import configuration, settings
@@ -81,8 +94,17 @@ def describe() -> dict:
     from hypothesis import settings
 
     current = settings.default
-    names = ("max_examples", "derandomize", "deadline", "phases", "database", "backend",
-             "stateful_step_count", "suppress_health_check", "print_blob")
+    names = (
+        "max_examples",
+        "derandomize",
+        "deadline",
+        "phases",
+        "database",
+        "backend",
+        "stateful_step_count",
+        "suppress_health_check",
+        "print_blob",
+    )
     values = {}
     for name in names:
         try:
@@ -92,14 +114,17 @@ def describe() -> dict:
     return {"profile": current_name(), "settings": values}
 
 
-def narrowing() -> Optional[str]:
+def narrowing() -> str | None:
     """Why the profile in effect generates differently from ``gefen-certify`` (None when it does not)."""
     from hypothesis import settings
 
     register_if_missing()
     current, certify = settings.default, settings.get_profile(CERTIFY)
-    changed = [f"{name}={_jsonable(getattr(current, name, None))}" for name in _GENERATION
-               if _jsonable(getattr(current, name, None)) != _jsonable(getattr(certify, name, None))]
+    changed = [
+        f"{name}={_jsonable(getattr(current, name, None))}"
+        for name in _GENERATION
+        if _jsonable(getattr(current, name, None)) != _jsonable(getattr(certify, name, None))
+    ]
     if not changed:
         return None
     return f"hypothesis profile {current_name()} ({', '.join(changed)})"

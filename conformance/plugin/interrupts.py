@@ -29,7 +29,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
 
 RETRY_S = 0.1
 _DCP_DIR = os.sep + os.path.join("torch", "distributed", "checkpoint") + os.sep
@@ -61,21 +60,24 @@ class InterruptGuard:
     """Installs the handlers (main thread only); :meth:`acknowledge` once pytest saw the interrupt."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self.acknowledged = False
         self._previous: dict[int, object] = {}
-        self._retrying: Optional[threading.Thread] = None
+        self._retrying: threading.Thread | None = None
         self._done = threading.Event()
         self._pulse = False  # the next delivery is our own re-delivery, not the user's
 
     @property
-    def signal_name(self) -> Optional[str]:
+    def signal_name(self) -> str | None:
         return signal.Signals(self.signum).name if self.signum is not None else None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        for signum, default in (
+            (signal.SIGINT, signal.default_int_handler),
+            (signal.SIGTERM, signal.SIG_DFL),
+        ):
             if signal.getsignal(signum) is default:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
 

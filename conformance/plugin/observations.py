@@ -65,8 +65,10 @@ def drain() -> dict:
 
     Infinite ratios are written as None (JSON has no infinity): the comparison failed outright.
     """
-    margins = [dict(e, used=e["used"] if math.isfinite(e["used"]) else None) if e["kind"] == "tolerance" else dict(e)
-               for e in _margins.values()]
+    margins = [
+        dict(e, used=e["used"] if math.isfinite(e["used"]) else None) if e["kind"] == "tolerance" else dict(e)
+        for e in _margins.values()
+    ]
     notes = list(_notes)
     _margins.clear()
     _notes.clear()

@@ -22,25 +22,45 @@ GUARD_KEY = pytest.StashKey[object]()
 def add(parser) -> None:
     """The ``--impl`` family: the only options the plugin adds to every pytest session (SPEC 4.1.5)."""
     group = parser.getgroup("gefen-conformance", "Gefen conformance suite")
-    group.addoption("--impl", default=None,
-                    help="run the conformance suite against this implementation: a registered name or "
-                         "package.module:attribute (without paths: the whole suite, from any directory)")
+    group.addoption(
+        "--impl",
+        default=None,
+        help="run the conformance suite against this implementation: a registered name or "
+        "package.module:attribute (without paths: the whole suite, from any directory)",
+    )
     group.addoption("--impl-list", action="store_true", help="list the registered implementations and exit")
-    group.addoption("--golden-regen", action="store_true",
-                    help="rewrite the committed golden checkpoints from the reference, then fail the run")
+    group.addoption(
+        "--golden-regen",
+        action="store_true",
+        help="rewrite the committed golden checkpoints from the reference, then fail the run",
+    )
     # not plain --device: this plugin loads in every pytest session of its environment, and a
     # project whose conftest adds its own --device would then not start (argparse conflict)
-    group.addoption("--gefen-device", dest="gefen_device", default="cpu", metavar="NAME",
-                    help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
-                         "device type; the reference runs on CPU, and a non-CPU device is judged by the "
-                         "tolerance profile (gefen-conformance certify --device NAME passes it on)")
-    group.addoption("--gefen-deadline-scale", dest="gefen_deadline_scale", default=None, metavar="F",
-                    help="multiply every deadline of the rank harness by F (> 0; default 1). Deadlines already "
-                         "stretch with the machine's measured load (SPEC 4.2.10); F is for what load does not "
-                         "show: a much slower CPU, an emulator, a sanitizer build")
-    group.addoption("--certificate", default=None, metavar="PATH",
-                    help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
-                         "a run that is not complete never replaces a complete certificate)")
+    group.addoption(
+        "--gefen-device",
+        dest="gefen_device",
+        default="cpu",
+        metavar="NAME",
+        help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
+        "device type; the reference runs on CPU, and a non-CPU device is judged by the "
+        "tolerance profile (gefen-conformance certify --device NAME passes it on)",
+    )
+    group.addoption(
+        "--gefen-deadline-scale",
+        dest="gefen_deadline_scale",
+        default=None,
+        metavar="F",
+        help="multiply every deadline of the rank harness by F (> 0; default 1). Deadlines already "
+        "stretch with the machine's measured load (SPEC 4.2.10); F is for what load does not "
+        "show: a much slower CPU, an emulator, a sanitizer build",
+    )
+    group.addoption(
+        "--certificate",
+        default=None,
+        metavar="PATH",
+        help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
+        "a run that is not complete never replaces a complete certificate)",
+    )
 
 
 def prepare(config, *, impl: str, deadline_scale, certificate, device: str, resolved=None):

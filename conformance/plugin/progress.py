@@ -17,7 +17,7 @@ Quiet under ``-q``, and without a terminal reporter.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from gefen_conformance.plugin.selection import suite_id
 
@@ -50,10 +50,10 @@ class Progress:
     def __init__(self, write: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
         self.write = write
         self.clock = clock
-        self.expected: Optional[dict] = None  # module -> set of suite ids this run selected
+        self.expected: dict | None = None  # module -> set of suite ids this run selected
         self.done: dict = {}  # module -> set of suite ids finished
         self.module_start: dict = {}  # module -> clock at its first test's start
-        self.started: Optional[float] = None  # clock at the first test's start
+        self.started: float | None = None  # clock at the first test's start
 
     @property
     def total(self) -> int:
@@ -69,7 +69,7 @@ class Progress:
             expected.setdefault(module_of(sid), set()).add(sid)
         self.expected = expected
 
-    def _module(self, test_id: str) -> Optional[str]:
+    def _module(self, test_id: str) -> str | None:
         """The module of ``test_id`` when it is a test this run expects, else None."""
         sid = suite_id(test_id)
         module = module_of(sid)
@@ -102,8 +102,10 @@ class Progress:
         count = len(self.expected[module])
         finished = sum(map(len, self.done.values()))
         total, elapsed = self.total, now - started
-        text = (f"{PREFIX} {module} done, {count} test{'s' if count != 1 else ''} in {duration(module_s)}; "
-                f"{finished} of {total} tests in {duration(elapsed)}")
+        text = (
+            f"{PREFIX} {module} done, {count} test{'s' if count != 1 else ''} in {duration(module_s)}; "
+            f"{finished} of {total} tests in {duration(elapsed)}"
+        )
         if finished < total and finished:
             text += f", about {duration(elapsed / finished * (total - finished))} left"
         return text

@@ -19,11 +19,24 @@ import os
 import re
 import sysconfig
 from pathlib import Path
-from typing import Optional
 
 #: top-level packages whose frames are never "where": the machinery around the code under test
-LIBRARIES = frozenset({"torch", "numpy", "_pytest", "pytest", "pluggy", "hypothesis", "xdist", "execnet",
-                       "typing_extensions", "multiprocessing", "concurrent", "threading"})
+LIBRARIES = frozenset(
+    {
+        "torch",
+        "numpy",
+        "_pytest",
+        "pytest",
+        "pluggy",
+        "hypothesis",
+        "xdist",
+        "execnet",
+        "typing_extensions",
+        "multiprocessing",
+        "concurrent",
+        "threading",
+    }
+)
 _PYTHON_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 _DUMP_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
@@ -41,7 +54,7 @@ def _stdlib_dirs() -> tuple:
 _STDLIB = _stdlib_dirs()
 
 
-def _after_site_packages(path: str) -> Optional[str]:
+def _after_site_packages(path: str) -> str | None:
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in path:
             return path.rsplit(marker, 1)[1]
@@ -68,14 +81,14 @@ def short_path(path: str) -> str:
         return inside
     for prefix in _STDLIB:
         if path.startswith(prefix):
-            return path[len(prefix):]
+            return path[len(prefix) :]
     stdlib = _ANY_STDLIB.match(path)
     if stdlib:
-        return path[stdlib.end():]
+        return path[stdlib.end() :]
     for root in (str(_PACKAGE_ROOT), os.getcwd()):  # the checkout; the directory the run started in
         root = root.replace("\\", "/").rstrip("/") + "/"
         if path.startswith(root):
-            return path[len(root):]
+            return path[len(root) :]
     return path
 
 
@@ -115,7 +128,7 @@ def _described(frame) -> str:
     return f"{short_path(path)}:{line} in {func}"
 
 
-def location(traceback_text: str) -> Optional[str]:
+def location(traceback_text: str) -> str | None:
     """``"path:line in function"`` for one rank's traceback text (see the module docstring)."""
     frames = _python_frames(traceback_text) or _dump_frames(traceback_text)
     if not frames:
@@ -127,7 +140,7 @@ def location(traceback_text: str) -> Optional[str]:
     return text if own is frames[0] else f"{text} (innermost: {_described(frames[0])})"
 
 
-def rank_failure(error: BaseException) -> Optional[BaseException]:
+def rank_failure(error: BaseException) -> BaseException | None:
     """The ``RankFailure`` that ``error`` is or wraps: in an exception group, as its cause or
     context, or as its ``rank_failure`` attribute (an error that repeats a failure's text without
     chaining it, as the suite's checkpoint cache does for every test that uses a failed save)."""
@@ -145,7 +158,7 @@ def rank_failure(error: BaseException) -> Optional[BaseException]:
     return None
 
 
-def where(error: Optional[BaseException]) -> list[str]:
+def where(error: BaseException | None) -> list[str]:
     """``["rank N: path:line in function", ...]`` for every failed rank of the ``RankFailure`` that
     ``error`` is or wraps, in rank order; empty otherwise, and for a rank without a stack."""
     failure = rank_failure(error) if error is not None else None

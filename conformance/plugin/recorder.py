@@ -11,15 +11,14 @@ import logging
 import shlex
 import time
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 from gefen_conformance.certificate import build as certificate
-from gefen_conformance.plugin import selection
 from gefen_conformance.implementations.contract import Implementation
-from gefen_conformance.plugin.interrupts import InterruptGuard, leave_process
+from gefen_conformance.plugin import selection
 from gefen_conformance.plugin.hypothesis_profiles import SuiteProfile
+from gefen_conformance.plugin.interrupts import InterruptGuard, leave_process
 
 
 class SuiteRun:
@@ -33,16 +32,21 @@ class SuiteRun:
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         # spec: the --impl value as given, so that the rerun commands of the reports name it (SPEC 4.5.5)
-        self.run = certificate.Run(implementation={"name": impl.name, "version": impl.version,
-                                                   "capabilities": sorted(c.value for c in impl.capabilities),
-                                                   "spec": str(config.option.impl or impl.name)})
-        self.collected_ids: Optional[list[str]] = None  # suite items before deselection (this process)
+        self.run = certificate.Run(
+            implementation={
+                "name": impl.name,
+                "version": impl.version,
+                "capabilities": sorted(c.value for c in impl.capabilities),
+                "spec": str(config.option.impl or impl.name),
+            }
+        )
+        self.collected_ids: list[str] | None = None  # suite items before deselection (this process)
         self.deselected = 0
-        self.written: Optional[tuple[Path, Optional[Path], dict]] = None
+        self.written: tuple[Path, Path | None, dict] | None = None
         self._quieted: list = []
-        self.warm_up_report: Optional[dict] = None  # this process's warm-up, until a test report carries it
-        self.exit_status: Optional[int] = None  # the verdict's exit status, once the certificate is built
-        self._progress: Optional[object] = None
+        self.warm_up_report: dict | None = None  # this process's warm-up, until a test report carries it
+        self.exit_status: int | None = None  # the verdict's exit status, once the certificate is built
+        self._progress: object | None = None
         self._progress_decided = False
 
     @property
@@ -57,8 +61,12 @@ class SuiteRun:
 
     def _make_progress(self):
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if (self.is_worker or reporter is None or self.config.option.collectonly
-                or int(getattr(self.config.option, "verbose", 0) or 0) < 0):
+        if (
+            self.is_worker
+            or reporter is None
+            or self.config.option.collectonly
+            or int(getattr(self.config.option, "verbose", 0) or 0) < 0
+        ):
             return None
         from gefen_conformance.plugin.progress import Progress
 
@@ -81,8 +89,9 @@ class SuiteRun:
             # does not wait for it
             import threading
 
-            self._suite_facts_thread = threading.Thread(target=self._take_suite_facts, daemon=True,
-                                                        name="gefen-suite-facts")
+            self._suite_facts_thread = threading.Thread(
+                target=self._take_suite_facts, daemon=True, name="gefen-suite-facts"
+            )
             self._suite_facts_thread.start()
 
     def _take_suite_facts(self) -> None:
@@ -146,7 +155,11 @@ class SuiteRun:
         in-process save and load would add its start and end records to the report of a failing
         test (thousands of lines once a property test shrinks)."""
         for name, logger in list(logging.root.manager.loggerDict.items()):
-            if name.startswith("c10d-") and isinstance(logger, logging.Logger) and logger.level < logging.WARNING:
+            if (
+                name.startswith("c10d-")
+                and isinstance(logger, logging.Logger)
+                and logger.level < logging.WARNING
+            ):
                 self._quieted.append((logger, logger.level))
                 logger.setLevel(logging.WARNING)
 
@@ -154,8 +167,8 @@ class SuiteRun:
         """Prepare the implementation before the first test of this process (SPEC 4.2.11): the
         xdist controller runs no test and leaves it to its workers."""
         from gefen_conformance.harness import devices, launch
-        from gefen_conformance.plugin import warmup
         from gefen_conformance.implementations.contract import DCP_RESHARD
+        from gefen_conformance.plugin import warmup
         from gefen_conformance.plugin.markers import required
         from gefen_conformance.plugin.selection import in_suite
 
@@ -165,12 +178,13 @@ class SuiteRun:
         if not items:
             return
         started = time.monotonic()
-        ranked = self.impl.has(DCP_RESHARD) and any(
-            DCP_RESHARD in required(item) for item in items)
+        ranked = self.impl.has(DCP_RESHARD) and any(DCP_RESHARD in required(item) for item in items)
         active = launch.active()
         pool_notes, workers = [], None
         if ranked and isinstance(active, launch.PoolLauncher):
-            workers = next((n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0)
+            workers = next(
+                (n for n in range(warmup.LARGEST_SCENARIO, 0, -1) if launch.unfit_reason(n) is None), 0
+            )
             if not any(warmup.runs_rank_bodies(item) for item in items):
                 # in-process DCP tests only (a World of one): prepared workers start when a call
                 # needs them, their preparation still before its deadline
@@ -179,21 +193,25 @@ class SuiteRun:
                 # the fork server imports in its own process while this one runs its code paths
                 warmup.begin_pool(self.impl, workers)  # resolved once, in this process
             except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
-                pool_notes.append(f"warm-up: starting the rank workers' server failed: {certificate.cut(str(exc), 300)}")
+                pool_notes.append(
+                    f"warm-up: starting the rank workers' server failed: {certificate.cut(str(exc), 300)}"
+                )
                 workers = None
         result = warmup.warm_up_process(self.impl, devices.selected())
         if workers:
             try:
                 warmup.start_workers(workers)
             except Exception as exc:  # noqa: BLE001 - a scenario that needs the workers reports it
-                pool_notes.append(f"warm-up: starting {workers} rank workers failed: {certificate.cut(str(exc), 300)}")
+                pool_notes.append(
+                    f"warm-up: starting {workers} rank workers failed: {certificate.cut(str(exc), 300)}"
+                )
         result.notes += pool_notes
         result.seconds = time.monotonic() - started
         result.seconds += float(getattr(active, "preparation_s", 0.0) or 0.0)  # torchrun ranks, at start-up
         self.warm_up_report = {"seconds": result.seconds, "notes": result.notes}
         self.run.warmed_up(result.seconds, result.notes)
 
-    def take_warm_up_report(self) -> Optional[dict]:
+    def take_warm_up_report(self) -> dict | None:
         report, self.warm_up_report = self.warm_up_report, None
         return report
 
@@ -203,7 +221,9 @@ class SuiteRun:
         return list(self.config.args)
 
     def narrower_args(self) -> list[str]:
-        return selection.narrower_args(self._args(), self.config.invocation_params.dir, self.config.option.pyargs)
+        return selection.narrower_args(
+            self._args(), self.config.invocation_params.dir, self.config.option.pyargs
+        )
 
     def after_collection(self, collected_ids: list[str], selected_ids: list[str]) -> None:
         """Single-process run: start the census unless the run is already known to be narrowed."""
@@ -227,7 +247,7 @@ class SuiteRun:
     def record(self, rec: certificate.TestRecord) -> None:
         self.run.record(rec)
 
-    def _expected_ids(self, interrupted: bool) -> tuple[Optional[set], Optional[str]]:
+    def _expected_ids(self, interrupted: bool) -> tuple[set | None, str | None]:
         if interrupted:
             self.census.cancel()
             ids = None
@@ -262,7 +282,9 @@ class SuiteRun:
             why.append("--stepwise")
         narrower = self.narrower_args()
         if narrower:
-            why.append("node ids " + " ".join(selection.display_id(a, self.config.option.pyargs) for a in narrower))
+            why.append(
+                "node ids " + " ".join(selection.display_id(a, self.config.option.pyargs) for a in narrower)
+            )
         if session.shouldfail or session.shouldstop:
             why.append(f"stopped early ({session.shouldfail or session.shouldstop})")
         if interrupted:
@@ -288,18 +310,28 @@ class SuiteRun:
         expected, _ = self._expected_ids(interrupted is not None)
         executed = set(self.run.records)
         missing = (expected - executed) if expected is not None else set()
-        not_run = [{"id": r.nodeid, "reason": r.reason} for r in sorted(self.run.records.values(), key=lambda r: r.nodeid)
-                   if r.not_run]
+        not_run = [
+            {"id": r.nodeid, "reason": r.reason}
+            for r in sorted(self.run.records.values(), key=lambda r: r.nodeid)
+            if r.not_run
+        ]
         facts = certificate.RunFacts(
-            started=self.run.started, finished=certificate.now(), interrupted=interrupted,
+            started=self.run.started,
+            finished=certificate.now(),
+            interrupted=interrupted,
             narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
             expected_tests=len(expected) if expected is not None else None,
-            executed_tests=len(executed), hypothesis=profiles.describe(), exit_status=int(exitstatus),
+            executed_tests=len(executed),
+            hypothesis=profiles.describe(),
+            exit_status=int(exitstatus),
             not_run=not_run,
         )
         cert = certificate.build(
-            self.run, facts, profile=certificate.profile_facts(self.impl.capabilities),
-            suite=self.suite_facts(interrupted is not None), platform_=certificate.platform_facts(),
+            self.run,
+            facts,
+            profile=certificate.profile_facts(self.impl.capabilities),
+            suite=self.suite_facts(interrupted is not None),
+            platform_=certificate.platform_facts(),
             execution=certificate.execution_facts(self.run.world_sizes, self.run.warm_up_s),
         )
         # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
@@ -314,14 +346,17 @@ class SuiteRun:
             target = requested if cert["run"]["complete"] else certificate.partial_path(requested)
         from gefen_conformance.certificate import repro_files
 
-        repro_files.write_beside(cert, target, {r.nodeid: r.repro for r in self.run.records.values() if r.repro})
+        repro_files.write_beside(
+            cert, target, {r.nodeid: r.repro for r in self.run.records.values() if r.repro}
+        )
         certificate.write(cert, target)
         self.written = (target, requested if target != requested else None, cert)
 
     # -- terminal ----------------------------------------------------------------------------
 
     def summary(self, tr) -> None:
-        """The "gefen conformance" section, failure first (:mod:`gefen_conformance.plugin.terminal_summary`)."""
+        """The "gefen conformance" section, failure first
+        (:mod:`gefen_conformance.plugin.terminal_summary`)."""
         if self.written is None:
             if self.guard.signum is not None and not self.is_worker:
                 tr.ensure_newline()
@@ -339,5 +374,7 @@ class SuiteRun:
         if replayable:
             from gefen_conformance.certificate import repro_files
 
-            tr.write_line(f"reproducers of {len(replayable)} failed tests in {repro_files.directory_for(path)}: "
-                          f"gefen-conformance repro {shlex.quote(str(path))} {shlex.quote(replayable[0])}  (SPEC 4.5.6)")
+            tr.write_line(
+                f"reproducers of {len(replayable)} failed tests in {repro_files.directory_for(path)}: "
+                f"gefen-conformance repro {shlex.quote(str(path))} {shlex.quote(replayable[0])}  (SPEC 4.5.6)"
+            )

@@ -15,22 +15,28 @@ passed leaves nothing.
 
 from __future__ import annotations
 
-from typing import Optional
-
 SCHEMA = "gefen-conformance-repro/1"
 
 _offered: list = []
 
 
 def offer(case, bitwise: bool, comparisons, problems) -> None:
-    """The running test judged ``case`` (``bitwise`` or by tolerance) and its ``comparisons`` found ``problems``."""
+    """The running test judged ``case`` (``bitwise`` or by tolerance) and its ``comparisons`` found
+    ``problems``."""
     failing = [_summary(c) for c in comparisons if c.problems]
     _offered.append({"case": case, "bitwise": bool(bitwise), "failing": failing, "problems": list(problems)})
 
 
 def _summary(c) -> dict:
-    return {"what": c.what, "kind": c.kind, "error": float(c.error), "bound": float(c.bound),
-            "differing": int(c.differing), "total": int(c.total), "problems": list(c.problems)}
+    return {
+        "what": c.what,
+        "kind": c.kind,
+        "error": float(c.error),
+        "bound": float(c.bound),
+        "differing": int(c.differing),
+        "total": int(c.total),
+        "problems": list(c.problems),
+    }
 
 
 def clear() -> None:
@@ -38,7 +44,7 @@ def clear() -> None:
     _offered.clear()
 
 
-def drain(test_id: str, clauses: list, implementation: dict, device: str, *, keep: bool) -> Optional[bytes]:
+def drain(test_id: str, clauses: list, implementation: dict, device: str, *, keep: bool) -> bytes | None:
     """The reproducer of the test that just ran, when ``keep`` (it failed) and it offered a case;
     else None. Forgets what was offered either way."""
     offered = list(_offered)
@@ -50,10 +56,21 @@ def drain(test_id: str, clauses: list, implementation: dict, device: str, *, kee
     import torch
 
     payload = {
-        "schema": SCHEMA, "test_id": test_id, "clauses": [str(c) for c in clauses],
-        "implementation": dict(implementation), "device": str(device), "torch": str(torch.__version__),
-        "cases": [{"case": o["case"].payload(), "bitwise": o["bitwise"], "failing": o["failing"],
-                   "problems": o["problems"]} for o in offered],
+        "schema": SCHEMA,
+        "test_id": test_id,
+        "clauses": [str(c) for c in clauses],
+        "implementation": dict(implementation),
+        "device": str(device),
+        "torch": str(torch.__version__),
+        "cases": [
+            {
+                "case": o["case"].payload(),
+                "bitwise": o["bitwise"],
+                "failing": o["failing"],
+                "problems": o["problems"],
+            }
+            for o in offered
+        ],
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 SUITE_DIR = PACKAGE_DIR / "suite"
@@ -39,7 +38,7 @@ def item_id(item) -> str:
     return suite_id(Path(str(item.path)).name + "::" + item.nodeid.partition("::")[2])
 
 
-def suite_path_for(arg: str, invocation_dir: Path) -> Optional[str]:
+def suite_path_for(arg: str, invocation_dir: Path) -> str | None:
     """``arg`` rewritten to an absolute suite path when it is a suite id (``test_module.py`` with
     or without ``::test...``) and no such file exists where pytest runs; None otherwise."""
     target, sep, rest = arg.partition("::")
@@ -102,10 +101,10 @@ class SuiteCensus:
     """The ids of every test of the whole suite, collected in a separate pytest process."""
 
     def __init__(self) -> None:
-        self.ids: Optional[list[str]] = None
-        self.error: Optional[str] = None
-        self._process: Optional[subprocess.Popen] = None
-        self._tmp: Optional[str] = None
+        self.ids: list[str] | None = None
+        self.error: str | None = None
+        self._process: subprocess.Popen | None = None
+        self._tmp: str | None = None
 
     @staticmethod
     def wanted() -> bool:
@@ -119,16 +118,36 @@ class SuiteCensus:
         ini.write_text("[pytest]\n")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
         env[CENSUS_ENV] = "1"
-        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                   "-c", str(ini), "--rootdir", self._tmp, "--impl=reference", str(SUITE_DIR)]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(ini),
+            "--rootdir",
+            self._tmp,
+            "--impl=reference",
+            str(SUITE_DIR),
+        ]
         try:
-            self._process = subprocess.Popen(command, cwd=self._tmp, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._process = subprocess.Popen(
+                command,
+                cwd=self._tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         except OSError as error:
             self.error = f"could not start the census: {error}"
             self._cleanup()
 
-    def finish(self, timeout: float = CENSUS_TIMEOUT_S) -> Optional[list[str]]:
+    def finish(self, timeout: float = CENSUS_TIMEOUT_S) -> list[str] | None:
         """The suite's test ids (None, with :attr:`error` set, when the census failed)."""
         if self._process is None:
             return self.ids
@@ -142,7 +161,9 @@ class SuiteCensus:
             return None
         code, self._process = self._process.returncode, None
         self._cleanup()
-        ids = [suite_id(line.strip()) for line in out.splitlines() if "::" in line and not line.startswith(" ")]
+        ids = [
+            suite_id(line.strip()) for line in out.splitlines() if "::" in line and not line.startswith(" ")
+        ]
         if code != 0 or not ids:
             tail = " | ".join(out.strip().splitlines()[-3:])
             self.error = f"collecting the whole suite failed (exit {code}): {tail[:300]}"

@@ -23,11 +23,14 @@ class SuiteModule(pytest.Module):
         try:
             module = importlib.import_module(name)
         except Exception:
-            raise self.CollectError(f"the suite module {name} failed to import:\n"
-                                    f"{_exception_text()}") from None
+            raise self.CollectError(
+                f"the suite module {name} failed to import:\n{_exception_text()}"
+            ) from None
         if Path(module.__file__).resolve() != self.path.resolve():
-            raise self.CollectError(f"{name} was imported from {module.__file__}, not from {self.path}: "
-                                    "another gefen_conformance shadows this one")
+            raise self.CollectError(
+                f"{name} was imported from {module.__file__}, not from {self.path}: "
+                "another gefen_conformance shadows this one"
+            )
         self.config.pluginmanager.consider_module(module)
         return module
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional
 
 from gefen_conformance.certificate import problems, report
 from gefen_conformance.certificate.diff import DEFAULT_MARGIN_THRESHOLD
@@ -28,16 +27,21 @@ _INDENT = "      "
 
 def headline(cert: dict) -> str:
     s = cert["summary"]
-    return (f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
-            f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
-            f"{s['xfailed']} expected failures)")
+    return (
+        f"{cert['implementation']['name']} {cert['implementation']['version']}: {cert['verdict']} "
+        f"({s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped, "
+        f"{s['xfailed']} expected failures)"
+    )
 
 
 def profile_line(profile: dict) -> str:
     if profile["name"] == "torch-exact":
         return f"numeric profile torch-exact ({profile['reason']}): {profile.get('comparison', 'bitwise')}"
-    parts = [f"the staged rounding bounds of SPEC 5.6 ({', '.join(k for k in ('pinned_step', 'free_running', 'checkpoints') if k in profile)}; "
-             f"each bound in the certificate's profile)"]
+    parts = [
+        "the staged rounding bounds of SPEC 5.6 "
+        f"({', '.join(k for k in ('pinned_step', 'free_running', 'checkpoints') if k in profile)}; "
+        f"each bound in the certificate's profile)"
+    ]
     extra = profile.get("continuation_after_reshard", {}).get("max_abs")
     if extra is not None:
         parts.append(f"continuation after reshard max-abs {extra:g}")
@@ -52,7 +56,14 @@ def near_bound(cert: dict, threshold: float = NEAR_BOUND) -> list:
         for margin in tolerance_margins(test):
             used = finite_used(margin)
             if used is None or used >= threshold:
-                found.append((used, test["id"], str(margin.get("what", "")), [str(c) for c in test.get("clauses") or []]))
+                found.append(
+                    (
+                        used,
+                        test["id"],
+                        str(margin.get("what", "")),
+                        [str(c) for c in test.get("clauses") or []],
+                    )
+                )
     return sorted(found, key=lambda f: (-(f[0] if f[0] is not None else float("inf")), f[1], f[2]))
 
 
@@ -74,8 +85,12 @@ def _problems(cert: dict) -> list:
         out.append((f"{_INDENT}rerun: {p.rerun}", {}))
     not_run = [p for p in found if p.kind == "not-run"]
     if not_run:
-        out.append((f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
-                    _YELLOW))
+        out.append(
+            (
+                f"did not run here, so the run cannot be conformant (SPEC 4.4.2): {len(not_run)} suite tests",
+                _YELLOW,
+            )
+        )
         by_reason = defaultdict(list)
         for p in not_run:
             by_reason[p.reason].append(p)
@@ -101,20 +116,34 @@ def _near(cert: dict) -> list:
     near = near_bound(cert)
     if not near:
         return []
-    out = [(f"near their bound (at least {report.percent(NEAR_BOUND)} of it): {len(near)} tolerance comparison(s)",
-            _YELLOW)]
+    out = [
+        (
+            f"near their bound (at least {report.percent(NEAR_BOUND)} of it): {len(near)} tolerance "
+            "comparison(s)",
+            _YELLOW,
+        )
+    ]
     for used, test, what, clauses in near:
         share = "outside" if used is None else report.percent(used)
         out.append((f"  {share:>8}  {test} :: {what}{_clauses(clauses)}", {}))
     return out
 
 
-def lines(cert: dict, path: Optional[Path] = None, instead_of: Optional[Path] = None) -> list:
+def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) -> list:
     """The section's ``(text, markup)`` lines for ``cert``, written to ``path`` (see the module docstring)."""
     verdict = cert["verdict"]
-    out = [(headline(cert), {"bold": True, "green": verdict.startswith("conformant"), "red": verdict == "not-conformant",
-                             "yellow": verdict in ("partial", "incomplete", "inconclusive")}),
-           (f"verdict: {verdict}: {cert['verdict_reason']}", {})]
+    out = [
+        (
+            headline(cert),
+            {
+                "bold": True,
+                "green": verdict.startswith("conformant"),
+                "red": verdict == "not-conformant",
+                "yellow": verdict in ("partial", "incomplete", "inconclusive"),
+            },
+        ),
+        (f"verdict: {verdict}: {cert['verdict_reason']}", {}),
+    ]
     out += _problems(cert)
     out += _expected(cert)
     out += _near(cert)
@@ -123,15 +152,32 @@ def lines(cert: dict, path: Optional[Path] = None, instead_of: Optional[Path] = 
     hyp = cert["run"].get("hypothesis")
     if hyp:
         s = hyp["settings"]
-        out.append((f"hypothesis profile {hyp['profile']} (max_examples={s.get('max_examples')}, "
-                    f"derandomize={s.get('derandomize')})", {}))
+        out.append(
+            (
+                f"hypothesis profile {hyp['profile']} (max_examples={s.get('max_examples')}, "
+                f"derandomize={s.get('derandomize')})",
+                {},
+            )
+        )
     if cert.get("capability_skips"):
-        out.append(("skipped for missing capabilities: "
-                    + ", ".join(f"{cap} {n}" for cap, n in cert["capability_skips"].items()), {}))
+        out.append(
+            (
+                "skipped for missing capabilities: "
+                + ", ".join(f"{cap} {n}" for cap, n in cert["capability_skips"].items()),
+                {},
+            )
+        )
     out += [(f"note: {note}", _YELLOW) for note in cert.get("notes") or ()]
     if cert.get("stale_expected_failures"):
-        out.append(("stale expected failures (match no test): " + ", ".join(cert["stale_expected_failures"]), _YELLOW))
-    passing = sum(1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed")))
+        out.append(
+            (
+                "stale expected failures (match no test): " + ", ".join(cert["stale_expected_failures"]),
+                _YELLOW,
+            )
+        )
+    passing = sum(
+        1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed"))
+    )
     out.append((f"clauses: {passing} of {len(cert['clauses'])} without failures", {}))
     if path is not None and instead_of is not None:
         out.append((f"certificate: {path} (not a complete run, so not written to {instead_of})", _YELLOW))

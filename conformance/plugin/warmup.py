@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 import torch
 
 #: (dtype, factored) of every optimizer code path the scenarios use
-CODE_PATHS = tuple((dtype, factored) for dtype in (torch.float32, torch.bfloat16, torch.float16)
-                   for factored in (False, True))
+CODE_PATHS = tuple(
+    (dtype, factored)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)
+    for factored in (False, True)
+)
 #: the module the rank processes preload (see :mod:`gefen_conformance.harness.pool_preload`)
 RANK_PRELOAD = ("gefen_conformance.harness.pool_preload",)
 #: the largest scenario of the suite, in ranks: the pool starts this many workers in the warm-up
@@ -65,9 +68,13 @@ def _model():
     searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
     from gefen_conformance import workload
 
-    return workload.Model(shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
-                          groups=(("matrix", "prime"), ("scalar",)), init=workload.one_stream,
-                          structured=frozenset({"matrix"}), column_period=4)
+    return workload.Model(
+        shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
+        groups=(("matrix", "prime"), ("scalar",)),
+        init=workload.one_stream,
+        structured=frozenset({"matrix"}),
+        column_period=4,
+    )
 
 
 def exercise(impl) -> list[str]:
@@ -86,7 +93,9 @@ def exercise(impl) -> list[str]:
         try:
             params = workload.parameters(model, dtype=dtype)
             hypers = ({"lr": torch.tensor(3e-3), "weight_decay": 0.01}, {"lr": 1e-3})
-            optimizer = impl.make_optimizer(workload.param_groups(model, params, hypers), factored_v_2d=factored)
+            optimizer = impl.make_optimizer(
+                workload.param_groups(model, params, hypers), factored_v_2d=factored
+            )
             workload.train(model, optimizer, params, range(2))
             if impl.has(NATIVE_STATE_DICT):
                 optimizer.load_state_dict(optimizer.state_dict())

@@ -23,17 +23,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-from gefen_conformance.harness import launch
-from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance import workload
+from gefen_conformance.harness import launch
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations.contract import Implementation
 
 TIMEOUT = 60.0
+
+
 def run(fn, world_size: int, args=(), *, timeout: float = TIMEOUT, **options) -> list:
     """``launch.run(fn, world_size, args)``; skips the calling test, with the launcher's reason and
     marked as not run here (the run is then ``partial``), when the active launcher cannot run
@@ -52,7 +53,7 @@ class RaisedError:
     message: str
 
     @classmethod
-    def of(cls, exc: BaseException) -> "RaisedError":
+    def of(cls, exc: BaseException) -> RaisedError:
         return cls(type(exc).__name__, tuple(c.__name__ for c in type(exc).__mro__), str(exc))
 
     def is_a(self, kind: type) -> bool:
@@ -70,9 +71,9 @@ class RestoreReport:
     it succeeded) and the continuation's max-abs difference from the native run per parameter,
     with that of an optimizer that restored nothing (``unrestored``, the bound's teeth)."""
 
-    load_error: Optional[RaisedError] = None
+    load_error: RaisedError | None = None
     full_params: dict = field(default_factory=dict)
-    resave_error: Optional[RaisedError] = None
+    resave_error: RaisedError | None = None
     continuation: dict = field(default_factory=dict)
     unrestored: dict = field(default_factory=dict)
 
@@ -126,8 +127,9 @@ def restore_report(impl: Implementation, model: str, path: str, resave_path: str
     after = {n: workload.to_cpu(p.to_local()) for n, p in native_params.items()}
 
     params = workload.parameters(layout, mesh=mesh, salt="target")
-    optimizer = impl.make_optimizer(workload.param_groups(layout, params, workload.TARGET_HYPERS),
-                                    factored_v_2d=False)
+    optimizer = impl.make_optimizer(
+        workload.param_groups(layout, params, workload.TARGET_HYPERS), factored_v_2d=False
+    )
     try:
         workload.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
@@ -178,7 +180,9 @@ class Checkpoints:
                 self._made[key] = (None, failure)
         value, failure = self._made[key]
         if failure is not None:
-            error = RuntimeError(f"{key} failed on the ranks (made once, reported by every test using it):\n{failure}")
+            error = RuntimeError(
+                f"{key} failed on the ranks (made once, reported by every test using it):\n{failure}"
+            )
             error.rank_failure = failure  # where each rank failed, for the certificate (SPEC 4.4.8)
             raise error
         return value
@@ -193,7 +197,9 @@ class Checkpoints:
 
         return self.once(("saved", impl.spec, model, world), make)
 
-    def restored(self, loader: Implementation, saver: Implementation, model: str, source: int, target: int) -> Restore:
+    def restored(
+        self, loader: Implementation, saver: Implementation, model: str, source: int, target: int
+    ) -> Restore:
         """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks
         (see :func:`restore_report`)."""
         path, saved_params = self.saved(saver, model, source)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+from gefen_conformance.harness.sharding import WorldOfOne
 from gefen_conformance.implementations import registry
 from gefen_conformance.plugin import markers
 from gefen_conformance.plugin.hooks import implementation_for
-from gefen_conformance.harness.sharding import WorldOfOne
-
 from gefen_conformance.suite import checkpoints
 
 

@@ -27,12 +27,32 @@ from dataclasses import dataclass, field
 import torch
 
 from gefen_conformance import workload
-from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step, shadowing
+from gefen_oracles import (
+    codebook_quality,
+    free_running,
+    kernel_bounds,
+    native_compare,
+    pinned_step,
+    shadowing,
+)
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
-__all__ = ["LongCase", "PinnedCase", "TrajectoryCase", "from_payload", "long_trajectory", "pinned", "trajectory"]
+__all__ = [
+    "LongCase",
+    "PinnedCase",
+    "TrajectoryCase",
+    "from_payload",
+    "long_trajectory",
+    "pinned",
+    "trajectory",
+]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -41,8 +61,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _model(start: dict, groups) -> workload.Model:
     """A model of the case's parameters and groups (only the groups and names are used)."""
-    return workload.Model(shapes={n: tuple(t.shape) for n, t in start.items()},
-                          groups=tuple(tuple(g) for g in groups), init=workload.zeros)
+    return workload.Model(
+        shapes={n: tuple(t.shape) for n, t in start.items()},
+        groups=tuple(tuple(g) for g in groups),
+        init=workload.zeros,
+    )
 
 
 @dataclass
@@ -62,33 +85,62 @@ class PinnedCase:
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
-        theirs = workload.pinned_step_from(make_optimizer, self.state_dict, self.start, self.grads, self.hypers,
-                                           model=model, **self.options)
-        ours = workload.pinned_step_from(workload.REFERENCE, self.state_dict, self.start, self.grads, self.hypers,
-                                         model=model, **self.options)
+        theirs = workload.pinned_step_from(
+            make_optimizer, self.state_dict, self.start, self.grads, self.hypers, model=model, **self.options
+        )
+        ours = workload.pinned_step_from(
+            workload.REFERENCE,
+            self.state_dict,
+            self.start,
+            self.grads,
+            self.hypers,
+            model=model,
+            **self.options,
+        )
         if bitwise:
-            comparisons = native_compare.compare(ours.state_dict, theirs.state_dict, bitwise=True,
-                                                 grad_dtype=self.dtype)
+            comparisons = native_compare.compare(
+                ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=self.dtype
+            )
             for n in self.start:
-                comparisons.add(bitwise_comparison(f"pinned step: parameter update ({_short(self.dtype)})",
-                                                   ours.after[n], theirs.after[n], label=f"parameter {n}"))
+                comparisons.add(
+                    bitwise_comparison(
+                        f"pinned step: parameter update ({_short(self.dtype)})",
+                        ours.after[n],
+                        theirs.after[n],
+                        label=f"parameter {n}",
+                    )
+                )
             return comparisons
         comparisons = Comparisons()
         for p in native_compare.exact_problems(ours.state_dict, theirs.state_dict, codebook_exact=True):
             comparisons.problem(p)
         if comparisons.ok:
             factored = bool(self.options.get("factored_v_2d", False))
-            comparisons.merge(pinned_step.check_step(workload.param_steps(self.state_dict, theirs, factored=factored),
-                                                     self.state_dict["gefen_codebook"]))
+            comparisons.merge(
+                pinned_step.check_step(
+                    workload.param_steps(self.state_dict, theirs, factored=factored),
+                    self.state_dict["gefen_codebook"],
+                )
+            )
         return comparisons
 
     def payload(self) -> dict:
-        return {"kind": self.kind, "dtype": _dtype_name(self.dtype), "state_dict": self.state_dict,
-                "start": self.start, "grads": self.grads, "hypers": list(self.hypers), "options": dict(self.options),
-                "groups": [list(g) for g in self.groups], "about": self.about}
+        return {
+            "kind": self.kind,
+            "dtype": _dtype_name(self.dtype),
+            "state_dict": self.state_dict,
+            "start": self.start,
+            "grads": self.grads,
+            "hypers": list(self.hypers),
+            "options": dict(self.options),
+            "groups": [list(g) for g in self.groups],
+            "about": self.about,
+        }
 
     def describe(self) -> str:
-        return f"pinned step ({_short(self.dtype)}{', ' + self.about if self.about else ''}; {_options(self)})"
+        return (
+            f"pinned step ({_short(self.dtype)}{', ' + self.about if self.about else ''}; {_options(self)})"
+        )
 
 
 @dataclass
@@ -108,10 +160,12 @@ class TrajectoryCase:
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
-        ours = workload.trajectory_from(workload.REFERENCE, self.start, self.grads, self.hypers, model=model,
-                                        **self.options)
-        theirs = workload.trajectory_from(make_optimizer, self.start, self.grads, self.hypers, model=model,
-                                          **self.options)
+        ours = workload.trajectory_from(
+            workload.REFERENCE, self.start, self.grads, self.hypers, model=model, **self.options
+        )
+        theirs = workload.trajectory_from(
+            make_optimizer, self.start, self.grads, self.hypers, model=model, **self.options
+        )
         if self.judge == "state":
             return self._state(ours, theirs, bitwise)
         return self._parameters(ours, theirs, bitwise)
@@ -121,16 +175,26 @@ class TrajectoryCase:
         comparisons = Comparisons()
         if bitwise:
             for n in self.start:
-                comparisons.add(bitwise_comparison(f"free-running: parameters ({_short(self.dtype)})",
-                                                   ours.history[n][-1], theirs.history[n][-1], label=f"parameter {n}"))
+                comparisons.add(
+                    bitwise_comparison(
+                        f"free-running: parameters ({_short(self.dtype)})",
+                        ours.history[n][-1],
+                        theirs.history[n][-1],
+                        label=f"parameter {n}",
+                    )
+                )
             return comparisons
         gap = codebook_quality.largest_gap(ours.optimizer.codebook)
-        betas = {name: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for name in g["param_names"]}
+        betas = {
+            name: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for name in g["param_names"]
+        }
         displacements, systematic = [], 0.0
         for n in self.start:
             beta1, beta2 = betas[n]
             factor = free_running.momentum_factor(len(self.grads), beta1, gap, self.dtype)
-            comparison, moved = free_running.trajectory(n, self.dtype, ours.history[n], theirs.history[n][-1], factor)
+            comparison, moved = free_running.trajectory(
+                n, self.dtype, ours.history[n], theirs.history[n][-1], factor
+            )
             comparisons.add(comparison)
             displacements.append(moved)
             bound = kernel_bounds.second_moment(ours.params[n].numel(), self.dtype, beta2)
@@ -146,17 +210,31 @@ class TrajectoryCase:
         expected = ours.optimizer.state_dict()
         first = self.grads[0] if self.grads else {}
         histogram = codebook_quality.histogram(workload.first_step_pieces(expected, self.dtype, first))
-        return native_compare.compare(expected, workload.state_to_cpu(theirs.optimizer.state_dict()),
-                                      bitwise=bitwise, grad_dtype=self.dtype, histogram=histogram)
+        return native_compare.compare(
+            expected,
+            workload.state_to_cpu(theirs.optimizer.state_dict()),
+            bitwise=bitwise,
+            grad_dtype=self.dtype,
+            histogram=histogram,
+        )
 
     def payload(self) -> dict:
-        return {"kind": self.kind, "dtype": _dtype_name(self.dtype), "start": self.start, "grads": self.grads,
-                "hypers": list(self.hypers), "options": dict(self.options), "judge": self.judge,
-                "groups": [list(g) for g in self.groups]}
+        return {
+            "kind": self.kind,
+            "dtype": _dtype_name(self.dtype),
+            "start": self.start,
+            "grads": self.grads,
+            "hypers": list(self.hypers),
+            "options": dict(self.options),
+            "judge": self.judge,
+            "groups": [list(g) for g in self.groups],
+        }
 
     def describe(self) -> str:
-        return (f"free-running trajectory ({_short(self.dtype)}, {len(self.grads)} steps, judged on the "
-                f"{'native state' if self.judge == 'state' else 'parameters'}; {_options(self)})")
+        return (
+            f"free-running trajectory ({_short(self.dtype)}, {len(self.grads)} steps, judged on the "
+            f"{'native state' if self.judge == 'state' else 'parameters'}; {_options(self)})"
+        )
 
 
 @dataclass
@@ -195,13 +273,23 @@ class LongCase:
     def _bitwise(self, ours, theirs) -> Comparisons:
         comparisons = Comparisons()
         for name, history in ours.history.items():
-            comparisons.add(bitwise_comparison(f"long trajectory: parameters ({_short(self.dtype)}, every step)",
-                                               torch.stack(history), torch.stack(theirs.history[name]),
-                                               label=f"{name} (step, element)"))
+            comparisons.add(
+                bitwise_comparison(
+                    f"long trajectory: parameters ({_short(self.dtype)}, every step)",
+                    torch.stack(history),
+                    torch.stack(theirs.history[name]),
+                    label=f"{name} (step, element)",
+                )
+            )
         if self.native:
-            comparisons.merge(native_compare.compare(workload.native_state(ours.optimizer),
-                                                     workload.native_state(theirs.optimizer), bitwise=True,
-                                                     grad_dtype=self.dtype))
+            comparisons.merge(
+                native_compare.compare(
+                    workload.native_state(ours.optimizer),
+                    workload.native_state(theirs.optimizer),
+                    bitwise=True,
+                    grad_dtype=self.dtype,
+                )
+            )
         return comparisons
 
     def _shadowed(self, ours, theirs) -> Comparisons:
@@ -213,18 +301,31 @@ class LongCase:
         for p in native_compare.exact_problems(expected, theirs.states[-1], codebook_exact=False):
             comparisons.problem(f"after {last} steps: {p}")
         codebook = theirs.states[1]["gefen_codebook"]
-        comparisons.add(codebook_quality.compare("codebook", expected["gefen_codebook"], codebook,
-                                                 _first_step_histogram(ours, expected)))
-        changed = sum(not native_compare._same_value(codebook, sd["gefen_codebook"]) for sd in theirs.states[2:])
-        frozen = Comparison("long trajectory: codebook frozen after the first step", "bitwise", differing=changed,
-                            total=len(theirs.states) - 2)
+        comparisons.add(
+            codebook_quality.compare(
+                "codebook", expected["gefen_codebook"], codebook, _first_step_histogram(ours, expected)
+            )
+        )
+        changed = sum(
+            not native_compare._same_value(codebook, sd["gefen_codebook"]) for sd in theirs.states[2:]
+        )
+        frozen = Comparison(
+            "long trajectory: codebook frozen after the first step",
+            "bitwise",
+            differing=changed,
+            total=len(theirs.states) - 2,
+        )
         if changed:
-            frozen.problems.append(f"the codebook changed in {changed} of {len(theirs.states) - 2} steps after the "
-                                   "first (SPEC 1.6.1: it is learned once and frozen)")
+            frozen.problems.append(
+                f"the codebook changed in {changed} of {len(theirs.states) - 2} steps after the "
+                "first (SPEC 1.6.1: it is learned once and frozen)"
+            )
         comparisons.add(frozen)
         if comparisons.ok:
             factored = bool(self.options.get("factored_v_2d", False))
-            comparisons.merge(shadowing.check_runs(workload.param_runs(theirs, factored_v_2d=factored), codebook))
+            comparisons.merge(
+                shadowing.check_runs(workload.param_runs(theirs, factored_v_2d=factored), codebook)
+            )
         return comparisons
 
     def _free_running(self, ours, theirs) -> Comparisons:
@@ -236,7 +337,9 @@ class LongCase:
         for name, history in ours.history.items():
             beta1, beta2 = groups[name]["beta1"], groups[name]["beta2"]
             factor = free_running.momentum_factor(len(self.grads), beta1, gap, self.dtype)
-            comparison, moved = free_running.trajectory(name, self.dtype, history, theirs.history[name][-1], factor)
+            comparison, moved = free_running.trajectory(
+                name, self.dtype, history, theirs.history[name][-1], factor
+            )
             comparisons.add(comparison)
             displacements.append(moved)
             bound = kernel_bounds.second_moment(history[0].numel(), self.dtype, beta2)
@@ -247,21 +350,36 @@ class LongCase:
         return comparisons
 
     def payload(self) -> dict:
-        return {"kind": self.kind, "dtype": _dtype_name(self.dtype), "start": self.start, "grads": self.grads,
-                "hypers": list(self.hypers), "options": dict(self.options), "native": self.native,
-                "steps": list(self.steps), "groups": [list(g) for g in self.groups]}
+        return {
+            "kind": self.kind,
+            "dtype": _dtype_name(self.dtype),
+            "start": self.start,
+            "grads": self.grads,
+            "hypers": list(self.hypers),
+            "options": dict(self.options),
+            "native": self.native,
+            "steps": list(self.steps),
+            "groups": [list(g) for g in self.groups],
+        }
 
     def describe(self) -> str:
         how = "shadowed step by step" if self.native else "at the free-running bounds"
-        return (f"long trajectory ({_short(self.dtype)}, {len(self.grads)} steps, {how} under tolerance; "
-                f"{_options(self)})")
+        return (
+            f"long trajectory ({_short(self.dtype)}, {len(self.grads)} steps, {how} under tolerance; "
+            f"{_options(self)})"
+        )
 
 
 def _first_step_histogram(run, state_dict: dict) -> torch.Tensor:
     """The reference's step-1 histogram (SPEC 1.6.4) of the run's first gradients at the periods."""
-    names = {pid: name for g in state_dict["param_groups"] for pid, name in zip(g["params"], g["param_names"])}
-    pieces = [(run.grads[names[pid]][0], entry["automatic_period"]) for pid, entry in state_dict["state"].items()
-              if run.grads[names[pid]][0] is not None and "automatic_period" in entry]
+    names = {
+        pid: name for g in state_dict["param_groups"] for pid, name in zip(g["params"], g["param_names"])
+    }
+    pieces = [
+        (run.grads[names[pid]][0], entry["automatic_period"])
+        for pid, entry in state_dict["state"].items()
+        if run.grads[names[pid]][0] is not None and "automatic_period" in entry
+    ]
     return codebook_quality.histogram(pieces)
 
 
@@ -279,29 +397,67 @@ def _value(v) -> str:
     return f"tensor({v.item()!r})" if torch.is_tensor(v) and v.numel() == 1 else repr(v)
 
 
-def pinned(dtype: torch.dtype, pin_at: int, state_dict: dict, *, tensor_lr: bool = False, weight_decay: float = 0.0,
-           **options) -> PinnedCase:
+def pinned(
+    dtype: torch.dtype,
+    pin_at: int,
+    state_dict: dict,
+    *,
+    tensor_lr: bool = False,
+    weight_decay: float = 0.0,
+    **options,
+) -> PinnedCase:
     """The pinned step of :func:`gefen_conformance.workload.runs.pinned_step` as a case."""
-    return PinnedCase(dtype, state_dict, workload.pinned_start(dtype),
-                      {n: workload.gradient(workload.OPTIMIZER, n, pin_at, dtype=dtype) for n in workload.OPTIMIZER.shapes},
-                      workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), dict(options),
-                      about=f"gradient of step {pin_at}")
+    return PinnedCase(
+        dtype,
+        state_dict,
+        workload.pinned_start(dtype),
+        {n: workload.gradient(workload.OPTIMIZER, n, pin_at, dtype=dtype) for n in workload.OPTIMIZER.shapes},
+        workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        dict(options),
+        about=f"gradient of step {pin_at}",
+    )
 
 
-def trajectory(dtype: torch.dtype, steps: int, *, judge: str = "parameters", tensor_lr: bool = False,
-               weight_decay: float = 0.0, **options) -> TrajectoryCase:
+def trajectory(
+    dtype: torch.dtype,
+    steps: int,
+    *,
+    judge: str = "parameters",
+    tensor_lr: bool = False,
+    weight_decay: float = 0.0,
+    **options,
+) -> TrajectoryCase:
     """The free-running training of :func:`gefen_conformance.workload.runs.trajectory` as a case."""
-    return TrajectoryCase(dtype, workload.initial(workload.OPTIMIZER, dtype=dtype),
-                          workload.trajectory_gradients(dtype, steps),
-                          workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), dict(options),
-                          judge=judge)
+    return TrajectoryCase(
+        dtype,
+        workload.initial(workload.OPTIMIZER, dtype=dtype),
+        workload.trajectory_gradients(dtype, steps),
+        workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        dict(options),
+        judge=judge,
+    )
 
 
-def long_trajectory(dtype: torch.dtype, hypers, *, native: bool, model: workload.Model = workload.LONG,
-                    steps: int = workload.LONG_STEPS, **options) -> LongCase:
+def long_trajectory(
+    dtype: torch.dtype,
+    hypers,
+    *,
+    native: bool,
+    model: workload.Model = workload.LONG,
+    steps: int = workload.LONG_STEPS,
+    **options,
+) -> LongCase:
     """``model`` trained ``steps`` steps in ``dtype`` with ``hypers`` as a case (SPEC 4.3.11)."""
-    return LongCase(dtype, workload.initial(model, dtype=dtype), workload.trajectory_gradients(dtype, steps, model),
-                    tuple(hypers), dict(options), native=native, steps=list(range(steps)), groups=model.groups)
+    return LongCase(
+        dtype,
+        workload.initial(model, dtype=dtype),
+        workload.trajectory_gradients(dtype, steps, model),
+        tuple(hypers),
+        dict(options),
+        native=native,
+        steps=list(range(steps)),
+        groups=model.groups,
+    )
 
 
 def from_payload(payload: dict):
@@ -311,18 +467,36 @@ def from_payload(payload: dict):
     dtype = _DTYPES.get(payload.get("dtype"))
     if dtype is None:
         raise ValueError(f"unknown dtype {payload.get('dtype')!r}")
-    common = dict(hypers=tuple(payload["hypers"]), options=dict(payload.get("options") or {}),
-                  groups=tuple(tuple(g) for g in payload["groups"]))
+    common = dict(
+        hypers=tuple(payload["hypers"]),
+        options=dict(payload.get("options") or {}),
+        groups=tuple(tuple(g) for g in payload["groups"]),
+    )
     if kind == PinnedCase.kind:
-        return PinnedCase(dtype, payload["state_dict"], dict(payload["start"]), dict(payload["grads"]),
-                          about=payload.get("about", ""), **common)
+        return PinnedCase(
+            dtype,
+            payload["state_dict"],
+            dict(payload["start"]),
+            dict(payload["grads"]),
+            about=payload.get("about", ""),
+            **common,
+        )
     if kind == TrajectoryCase.kind:
         judge = payload.get("judge", "parameters")
         if judge not in ("parameters", "state"):
             raise ValueError(f"unknown trajectory judge {judge!r}")
-        return TrajectoryCase(dtype, dict(payload["start"]), [dict(g) for g in payload["grads"]], judge=judge,
-                              **common)
+        return TrajectoryCase(
+            dtype, dict(payload["start"]), [dict(g) for g in payload["grads"]], judge=judge, **common
+        )
     if kind == LongCase.kind:
-        return LongCase(dtype, dict(payload["start"]), [dict(g) for g in payload["grads"]],
-                        native=bool(payload.get("native", True)), steps=list(payload.get("steps") or []), **common)
-    raise ValueError(f"unknown case kind {kind!r} (known: {PinnedCase.kind}, {TrajectoryCase.kind}, {LongCase.kind})")
+        return LongCase(
+            dtype,
+            dict(payload["start"]),
+            [dict(g) for g in payload["grads"]],
+            native=bool(payload.get("native", True)),
+            steps=list(payload.get("steps") or []),
+            **common,
+        )
+    raise ValueError(
+        f"unknown case kind {kind!r} (known: {PinnedCase.kind}, {TrajectoryCase.kind}, {LongCase.kind})"
+    )

@@ -30,14 +30,18 @@ from gefen_conformance import workload
 STEPS = 6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trajectory(dtype: torch.dtype, steps: int, options: tuple) -> workload.Trained:
-    return workload.trajectory(workload.REFERENCE, dtype, steps, states_after=range(1, steps + 1), **dict(options))
+    return workload.trajectory(
+        workload.REFERENCE, dtype, steps, states_after=range(1, steps + 1), **dict(options)
+    )
 
 
 def trajectory(dtype: torch.dtype, steps: int = STEPS, **options) -> workload.Trained:
     """The reference's free-running trajectory (read-only: shared by every caller)."""
-    options = dict({"tensor_lr": False, "weight_decay": 0.0}, **options)  # the defaults of workload.trajectory
+    options = dict(
+        {"tensor_lr": False, "weight_decay": 0.0}, **options
+    )  # the defaults of workload.trajectory
     return _trajectory(dtype, steps, tuple(sorted(options.items())))
 
 

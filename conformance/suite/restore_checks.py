@@ -33,8 +33,11 @@ FP32_RTOL = 1e-6
 
 
 def load_failures(restore: Restore) -> list[str]:
-    return [f"rank {r}: the load raised {rep.load_error}"
-            for r, rep in enumerate(restore.reports) if rep.load_error is not None]
+    return [
+        f"rank {r}: the load raised {rep.load_error}"
+        for r, rep in enumerate(restore.reports)
+        if rep.load_error is not None
+    ]
 
 
 def model_problems(restore: Restore) -> list[str]:
@@ -62,12 +65,21 @@ def continuation_problems(restore: Restore) -> list[str]:
     worst = max(e for rep in restore.reports for e in rep.continuation.values())
     observations.margin("continuation after reshard (max-abs)", error=worst, bound=CONTINUATION_BOUND)
     if not worst <= CONTINUATION_BOUND:
-        where = [(r, n, e) for r, rep in enumerate(restore.reports) for n, e in rep.continuation.items()
-                 if e > CONTINUATION_BOUND]
-        problems.append(f"continuation max-abs error {worst:.3e} exceeds {CONTINUATION_BOUND} at (rank, param, error) {where}")
+        where = [
+            (r, n, e)
+            for r, rep in enumerate(restore.reports)
+            for n, e in rep.continuation.items()
+            if e > CONTINUATION_BOUND
+        ]
+        problems.append(
+            f"continuation max-abs error {worst:.3e} exceeds {CONTINUATION_BOUND} at (rank, param, "
+            f"error) {where}"
+        )
     blank = max(e for rep in restore.reports for e in rep.unrestored.values())
     if not blank > CONTINUATION_BOUND:
-        problems.append(f"workload too weak: an optimizer that restored nothing is within the bound too ({blank:.3e})")
+        problems.append(
+            f"workload too weak: an optimizer that restored nothing is within the bound too ({blank:.3e})"
+        )
     return problems
 
 
@@ -88,7 +100,9 @@ def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]
     before = len(problems)
     for key in HEADER_SCALARS:
         if _scalar(original.get(key)) != _scalar(resaved.get(key)):
-            problems.append(f"{key}: {_scalar(resaved.get(key))} after the restore, {_scalar(original.get(key))} saved")
+            problems.append(
+                f"{key}: {_scalar(resaved.get(key))} after the restore, {_scalar(original.get(key))} saved"
+            )
     for key in ("param_identities", "param_group_hypers"):
         if original.get(key) != resaved.get(key):
             problems.append(f"{key}: {resaved.get(key)!r} after the restore, {original.get(key)!r} saved")
@@ -100,13 +114,21 @@ def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]
             a, b = _scalar(original.get(key)), _scalar(resaved.get(key))
             if a != b:
                 problems.append(f"{slot}: {field} {b} after the restore, {a} saved")
-    margins.exact("re-save after restore: header, identities, hyperparameters, counters", len(problems) - before,
-                  len(HEADER_SCALARS) + 2 + len(SLOT_SCALARS) * len(identities))
+    margins.exact(
+        "re-save after restore: header, identities, hyperparameters, counters",
+        len(problems) - before,
+        len(HEADER_SCALARS) + 2 + len(SLOT_SCALARS) * len(identities),
+    )
     for i, identity in enumerate(identities):
         slot = f"slot {i} ({identity['name']})"
-        m0, m1 = original.get(gefen_schema.slot_key(i, "momentum")), resaved.get(gefen_schema.slot_key(i, "momentum"))
-        v0, v1 = (original.get(gefen_schema.slot_key(i, "second_moment")),
-                  resaved.get(gefen_schema.slot_key(i, "second_moment")))
+        m0, m1 = (
+            original.get(gefen_schema.slot_key(i, "momentum")),
+            resaved.get(gefen_schema.slot_key(i, "momentum")),
+        )
+        v0, v1 = (
+            original.get(gefen_schema.slot_key(i, "second_moment")),
+            resaved.get(gefen_schema.slot_key(i, "second_moment")),
+        )
         if not all(torch.is_tensor(t) and t.shape == m0.shape for t in (m0, m1, v0, v1)):
             continue  # reported by the schema check
         problems += _dense_problems(slot, m0.double(), m1.double(), v0.double(), v1.double(), bit_exact)
@@ -123,32 +145,50 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
             out.append(f"{slot}: fresh when saved, carries dense history after the restore")
         return out
     error = float((m1 - m0).abs().max())
-    observations.margin("re-save after restore: momentum re-quantization (of max|m|)", error=error / top,
-                        bound=MOMENTUM_BOUND)
+    observations.margin(
+        "re-save after restore: momentum re-quantization (of max|m|)", error=error / top, bound=MOMENTUM_BOUND
+    )
     if error > MOMENTUM_BOUND * top:
-        out.append(f"{slot}: momentum re-quantization error {error:.3e} exceeds {MOMENTUM_BOUND:.3e} x max|m| = "
-                   f"{MOMENTUM_BOUND * top:.3e}")
+        out.append(
+            f"{slot}: momentum re-quantization error {error:.3e} exceeds {MOMENTUM_BOUND:.3e} x max|m| = "
+            f"{MOMENTUM_BOUND * top:.3e}"
+        )
     new_top = float(m1.abs().max())
     if bit_exact:
         margins.exact("re-save after restore: largest momentum magnitude", int(new_top != top), 1)
     else:
-        observations.margin("re-save after restore: largest momentum magnitude (relative)",
-                            error=abs(new_top - top) / top, bound=FP32_RTOL)
+        observations.margin(
+            "re-save after restore: largest momentum magnitude (relative)",
+            error=abs(new_top - top) / top,
+            bound=FP32_RTOL,
+        )
     if (new_top != top) if bit_exact else abs(new_top - top) > FP32_RTOL * top:
-        out.append(f"{slot}: largest momentum magnitude {new_top!r} after the restore, {top!r} saved "
-                   "(a block's largest element is the codeword +-1 times the block magnitude)")
+        out.append(
+            f"{slot}: largest momentum magnitude {new_top!r} after the restore, {top!r} saved "
+            "(a block's largest element is the codeword +-1 times the block magnitude)"
+        )
     s0, s1 = float(v0.sum()), float(v1.sum())
-    observations.margin("re-save after restore: second-moment sum (relative)",
-                        error=abs(s1 - s0) / abs(s0) if s0 else abs(s1), bound=SECOND_MOMENT_SUM_RTOL)
+    observations.margin(
+        "re-save after restore: second-moment sum (relative)",
+        error=abs(s1 - s0) / abs(s0) if s0 else abs(s1),
+        bound=SECOND_MOMENT_SUM_RTOL,
+    )
     if abs(s1 - s0) > SECOND_MOMENT_SUM_RTOL * abs(s0):
-        out.append(f"{slot}: second-moment sum {s1!r} after the restore, {s0!r} saved (block means keep block sums)")
+        out.append(
+            f"{slot}: second-moment sum {s1!r} after the restore, {s0!r} saved (block means keep block sums)"
+        )
     lo, hi = float(v0.min()), float(v0.max())
     outside = max(lo - float(v1.min()), float(v1.max()) - hi, 0.0) / max(hi, torch.finfo(torch.float64).tiny)
-    observations.margin("re-save after restore: second moment within the saved range (relative)", error=outside,
-                        bound=FP32_RTOL)
+    observations.margin(
+        "re-save after restore: second moment within the saved range (relative)",
+        error=outside,
+        bound=FP32_RTOL,
+    )
     if float(v1.min()) < lo * (1 - FP32_RTOL) or float(v1.max()) > hi * (1 + FP32_RTOL):
-        out.append(f"{slot}: second moment leaves the saved range [{lo!r}, {hi!r}]: "
-                   f"[{float(v1.min())!r}, {float(v1.max())!r}]")
+        out.append(
+            f"{slot}: second moment leaves the saved range [{lo!r}, {hi!r}]: "
+            f"[{float(v1.min())!r}, {float(v1.max())!r}]"
+        )
     return out
 
 
@@ -165,8 +205,11 @@ def restore_problems(restore: Restore, bit_exact: bool, resave: bool = True) -> 
 
 def resave_failures(restore: Restore) -> list[str]:
     """Why ``restore`` has no re-save to compare: its load failures, else each rank whose re-save raised."""
-    return load_failures(restore) or [f"rank {r}: re-saving the restored state raised {rep.resave_error}"
-                                      for r, rep in enumerate(restore.reports) if rep.resave_error is not None]
+    return load_failures(restore) or [
+        f"rank {r}: re-saving the restored state raised {rep.resave_error}"
+        for r, rep in enumerate(restore.reports)
+        if rep.resave_error is not None
+    ]
 
 
 def resave_only_problems(restore: Restore, bit_exact: bool) -> list[str]:
@@ -176,8 +219,9 @@ def resave_only_problems(restore: Restore, bit_exact: bool) -> list[str]:
     original = read_nested(restore.source)
     resaved = read_nested(restore.resave)
     problems = resave_problems(original["optimizer"], resaved["optimizer"], bit_exact)
-    return problems + model_resave_problems(original, resaved, "re-save after restore",
-                                            "re-saved value differs from the restored checkpoint's")
+    return problems + model_resave_problems(
+        original, resaved, "re-save after restore", "re-saved value differs from the restored checkpoint's"
+    )
 
 
 def model_resave_problems(checkpoint: dict, resaved: dict, what: str, differs: str) -> list[str]:

@@ -4,7 +4,8 @@
 returns and before the background write may start (the writer is held until then). The
 checkpoint must hold the state as of the call: its content digests equal those of a synchronous
 save taken just before that step (the payload layout may differ, SPEC 2.6.1). Both are saves of one
-state by one implementation, so the comparison is exact in both numeric profiles (SPEC 5.6.11). With DCP's default
+state by one implementation, so the comparison is exact in both numeric profiles (SPEC 5.6.11). With DCP's
+default
 ``FileSystemWriter``, which cannot snapshot the adapter's deferred slots, the save is refused
 before any byte is written (SPEC 2.6.2).
 """
@@ -18,13 +19,12 @@ import threading
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.harness import deadlines, world
 from gefen_conformance import workload
-from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
+from gefen_conformance.harness import deadlines, world
 from gefen_conformance.harness.sharding import world_mesh
-from gefen_oracles.digests import content_digests
-
+from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
 from gefen_conformance.suite import checkpoints, margins
+from gefen_oracles.digests import content_digests
 
 WORLD = 2
 GATE_S = 30.0  # how long the held writer waits for the step before giving up
@@ -70,8 +70,12 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     # its own collectives on the scenario's group while the step is taken.
     workload.set_gradients(model, params, workload.DCP_STEPS + 1)
     planner = impl.save_planner() if impl.save_planner is not None else None
-    response = dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=writer, planner=planner,
-                              process_group=world.current().group)
+    response = dcp.async_save(
+        {"optimizer": impl.dcp_state(optimizer)},
+        storage_writer=writer,
+        planner=planner,
+        process_group=world.current().group,
+    )
     try:
         optimizer.step()
     finally:
@@ -86,8 +90,13 @@ def async_with_default_writer(impl: Implementation, path: str):
     ``FileSystemWriter``; the error on this rank (None if it was accepted)."""
     _, optimizer = workload.trained(impl, workload.BASE, world_mesh())
     try:
-        _wait(dcp.async_save({"optimizer": impl.dcp_state(optimizer)}, storage_writer=dcp.FileSystemWriter(path),
-                             process_group=world.current().group))
+        _wait(
+            dcp.async_save(
+                {"optimizer": impl.dcp_state(optimizer)},
+                storage_writer=dcp.FileSystemWriter(path),
+                process_group=world.current().group,
+            )
+        )
     except Exception as exc:  # the outcome is the result
         return checkpoints.RaisedError.of(exc)
     return None
@@ -102,7 +111,9 @@ def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl, gefen_check
     before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
     assert set(landed) == set(before), sorted(set(landed) ^ set(before))
     differs = sorted(k for k in before if landed[k] != before[k])
-    margins.exact("async save against a synchronous save at the call (content digests)", len(differs), len(before))
+    margins.exact(
+        "async save against a synchronous save at the call (content digests)", len(differs), len(before)
+    )
     assert not differs, f"the async checkpoint differs from the state at the call in {differs}"
     # the step after the call did change the state, so the comparison above can tell
     moved = [k for k in before if after.get(k) != before[k]]

@@ -24,21 +24,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import torch
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance import workload
-from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
+from gefen_conformance.suite import checkpoints, margins, restore_checks
 from gefen_oracles import checkpoint_compare, shadowing
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.gefen_schema import slot_key
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
-
-from gefen_conformance.suite import checkpoints, margins, restore_checks
 
 MODEL = "wide"
 MODELS = {MODEL: workload.WIDE}
@@ -59,7 +57,8 @@ HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
 
 def save_reference(impl: Implementation, model: str, dtype: str, path: str) -> None:
-    """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and optimizer."""
+    """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and
+    optimizer."""
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
     optimizer = impl.make_optimizer(workload.param_groups(layout, params), factored_v_2d=False)
@@ -72,9 +71,9 @@ class ContinuationReport:
     """One rank's account of :func:`restore_and_continue`: the load's error, or the first re-save's
     error and after how many continuation steps it came (all None: everything succeeded)."""
 
-    load_error: Optional[checkpoints.RaisedError] = None
-    save_error: Optional[checkpoints.RaisedError] = None
-    save_error_after: Optional[int] = None
+    load_error: checkpoints.RaisedError | None = None
+    save_error: checkpoints.RaisedError | None = None
+    save_error_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,13 +86,16 @@ class Continued:
     reports: list
 
 
-def restore_and_continue(impl: Implementation, model: str, dtype: str, path: str, out: str) -> ContinuationReport:
+def restore_and_continue(
+    impl: Implementation, model: str, dtype: str, path: str, out: str
+) -> ContinuationReport:
     """A stepped optimizer of ``impl`` restores ``path``, re-saves to ``out/after0``, then steps
     ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
-    optimizer = impl.make_optimizer(workload.param_groups(layout, params, workload.TARGET_HYPERS),
-                                    factored_v_2d=False)
+    optimizer = impl.make_optimizer(
+        workload.param_groups(layout, params, workload.TARGET_HYPERS), factored_v_2d=False
+    )
     workload.train(workload.other_stream(layout), optimizer, params, STEPPED_BEFORE)
     try:
         workload.load(impl, optimizer, path, params=params)
@@ -122,14 +124,16 @@ def _checkpoint(saved: checkpoints.Checkpoints, reference: Implementation, dtype
     return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
 
 
-def _continued(saved: checkpoints.Checkpoints, impl: Implementation, reference: Implementation, dtype: str,
-               target: int) -> Continued:
+def _continued(
+    saved: checkpoints.Checkpoints, impl: Implementation, reference: Implementation, dtype: str, target: int
+) -> Continued:
     source = _checkpoint(saved, reference, dtype)
     out = saved.directory("continued", impl, MODEL, dtype, f"w{SOURCE}", f"w{target}")
 
     def make():
-        reports = checkpoints.run(restore_and_continue, target, (impl, MODEL, dtype, str(source), str(out)),
-                                  timeout=TIMEOUT)
+        reports = checkpoints.run(
+            restore_and_continue, target, (impl, MODEL, dtype, str(source), str(out)), timeout=TIMEOUT
+        )
         return Continued(source, out, reports)
 
     return saved.once(("continued", impl.spec, MODEL, dtype, SOURCE, target), make)
@@ -141,7 +145,9 @@ def _failures(continued: Continued) -> list[str]:
         if report.load_error is not None:
             out.append(f"rank {rank}: the load raised {report.load_error}")
         elif report.save_error is not None:
-            out.append(f"rank {rank}: the re-save after {report.save_error_after} steps raised {report.save_error}")
+            out.append(
+                f"rank {rank}: the re-save after {report.save_error_after} steps raised {report.save_error}"
+            )
     return out
 
 
@@ -159,8 +165,12 @@ def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
 
 
 def _model_problems(checkpoint: dict, resaved: dict) -> list[str]:
-    return restore_checks.model_resave_problems(checkpoint, resaved, "restore into a stepped optimizer",
-                                      "restored value differs from the checkpoint's (SPEC 3.7.1)")
+    return restore_checks.model_resave_problems(
+        checkpoint,
+        resaved,
+        "restore into a stepped optimizer",
+        "restored value differs from the checkpoint's (SPEC 3.7.1)",
+    )
 
 
 def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -> None:
@@ -172,13 +182,28 @@ def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -
         if torch.is_tensor(e) and e.is_floating_point() and e.dim() > 0:
             continue
         total += 1
-        same = (torch.is_tensor(a) and torch.is_tensor(e) and a.dtype == e.dtype and a.shape == e.shape
-                and torch.equal(a, e)) if torch.is_tensor(e) else e == a
+        same = (
+            (
+                torch.is_tensor(a)
+                and torch.is_tensor(e)
+                and a.dtype == e.dtype
+                and a.shape == e.shape
+                and torch.equal(a, e)
+            )
+            if torch.is_tensor(e)
+            else e == a
+        )
         if not same:
             differing += 1
             out.problem(f"{where}: {key} is {a!r}, the reference's restore-then-step has {e!r}")
-    out.add(Comparison("continuation: header, identities, hyperparameters, counters", "bitwise",
-                       differing=differing, total=total))
+    out.add(
+        Comparison(
+            "continuation: header, identities, hyperparameters, counters",
+            "bitwise",
+            differing=differing,
+            total=total,
+        )
+    )
 
 
 def _local(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -206,7 +231,9 @@ def _periods(checkpoint: dict, target: int) -> dict:
     return out
 
 
-def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype) -> list[str]:
+def _shadow_problems(
+    saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype
+) -> list[str]:
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
     saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
@@ -215,7 +242,9 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
     for rank in range(target):
         mine = sorted(i for r, i in periods if r == rank)
         momenta = [_local(s["optimizer"][slot_key(i, "momentum")], rank, target) for s in saves for i in mine]
-        codewords, problems = shadowing.codewords_in_use(momenta, [periods[rank, i] for s in saves for i in mine])
+        codewords, problems = shadowing.codewords_in_use(
+            momenta, [periods[rank, i] for s in saves for i in mine]
+        )
         for p in problems:
             comparisons.problem(f"rank {rank}: {p}")
         for k in range(1, CONTINUATION + 1):
@@ -226,25 +255,33 @@ def _shadow_problems(saved: checkpoints.Checkpoints, continued: dict, target: in
                 name = identity["name"]
                 hypers = before["optimizer"]["param_group_hypers"][identity["group"]]
                 grad = workload.gradient(layout, name, workload.DCP_STEPS + k, dtype=dtype)
-                slots.append(dict(
-                    name=f"rank {rank} step {k} {name}", period=periods[rank, i],
-                    p0=_local(before["model"][name], rank, target), p1=_local(after["model"][name], rank, target),
-                    grad=_local(grad, rank, target),
-                    m0=_local(before["optimizer"][slot_key(i, "momentum")], rank, target),
-                    v0=_local(before["optimizer"][slot_key(i, "second_moment")], rank, target),
-                    m1=_local(after["optimizer"][slot_key(i, "momentum")], rank, target),
-                    v1=_local(after["optimizer"][slot_key(i, "second_moment")], rank, target),
-                    step=int(before["optimizer"][slot_key(i, "step")]),
-                    vmean_step=int(before["optimizer"][slot_key(i, "vmean_step")]),
-                    **{key: float(hypers[key]) for key in HYPERPARAMETERS}))
+                slots.append(
+                    dict(
+                        name=f"rank {rank} step {k} {name}",
+                        period=periods[rank, i],
+                        p0=_local(before["model"][name], rank, target),
+                        p1=_local(after["model"][name], rank, target),
+                        grad=_local(grad, rank, target),
+                        m0=_local(before["optimizer"][slot_key(i, "momentum")], rank, target),
+                        v0=_local(before["optimizer"][slot_key(i, "second_moment")], rank, target),
+                        m1=_local(after["optimizer"][slot_key(i, "momentum")], rank, target),
+                        v1=_local(after["optimizer"][slot_key(i, "second_moment")], rank, target),
+                        step=int(before["optimizer"][slot_key(i, "step")]),
+                        vmean_step=int(before["optimizer"][slot_key(i, "vmean_step")]),
+                        **{key: float(hypers[key]) for key in HYPERPARAMETERS},
+                    )
+                )
             comparisons.merge(shadowing.dense_steps(slots, codewords))
     return margins.record(comparisons)
 
 
 def _every_restore(test):
     """Needs DCP; once per restore path and dtype."""
-    for mark in (pytest.mark.parametrize("dtype", list(DTYPES)), pytest.mark.parametrize("target", PATHS),
-                 pytest.mark.gefen_requires(DCP_RESHARD)):
+    for mark in (
+        pytest.mark.parametrize("dtype", list(DTYPES)),
+        pytest.mark.parametrize("target", PATHS),
+        pytest.mark.gefen_requires(DCP_RESHARD),
+    ):
         test = mark(test)
     return test
 
@@ -266,10 +303,16 @@ def _continued_by_both(checkpoints, impl: Implementation, reference: Implementat
 def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_reference, gefen_checkpoints, dtype, target):
     theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
     if not problems:
-        problems = _model_problems(_read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0))
-        expected, actual = _read(gefen_checkpoints, ours, 0)["optimizer"], _read(gefen_checkpoints, theirs, 0)["optimizer"]
-        problems += margins.record(checkpoint_compare.compare_restores(expected, actual,
-                                                                       bitwise=numeric_profile.bitwise(gefen_impl)))
+        problems = _model_problems(
+            _read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0)
+        )
+        expected, actual = (
+            _read(gefen_checkpoints, ours, 0)["optimizer"],
+            _read(gefen_checkpoints, theirs, 0)["optimizer"],
+        )
+        problems += margins.record(
+            checkpoint_compare.compare_restores(expected, actual, bitwise=numeric_profile.bitwise(gefen_impl))
+        )
     assert not problems, "\n".join(problems[:20])
 
 
@@ -284,11 +327,20 @@ def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints,
         expected, actual = _read(gefen_checkpoints, ours, k), _read(gefen_checkpoints, theirs, k)
         _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
         if numeric_profile.bitwise(gefen_impl):
-            comparisons.merge(checkpoint_compare.compare_restores(expected["optimizer"], actual["optimizer"],
-                                                                  bitwise=True, where=f"after {k} steps"))
+            comparisons.merge(
+                checkpoint_compare.compare_restores(
+                    expected["optimizer"], actual["optimizer"], bitwise=True, where=f"after {k} steps"
+                )
+            )
             for name, value in expected["model"].items():
-                comparisons.add(bitwise_comparison(f"continuation: model parameters ({dtype})", value,
-                                                   actual["model"].get(name), label=f"after {k} steps: {name}"))
+                comparisons.add(
+                    bitwise_comparison(
+                        f"continuation: model parameters ({dtype})",
+                        value,
+                        actual["model"].get(name),
+                        label=f"after {k} steps: {name}",
+                    )
+                )
     problems = margins.record(comparisons)
     if not problems and not numeric_profile.bitwise(gefen_impl):
         problems = _shadow_problems(gefen_checkpoints, theirs, target, DTYPES[dtype])

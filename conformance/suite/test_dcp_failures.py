@@ -12,12 +12,11 @@ import torch.distributed.checkpoint as dcp
 
 from gefen_conformance import workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
+from gefen_conformance.suite import checkpoints, margins
 from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
 from gefen_oracles.digests import content_digests, payload_md5s
-
-from gefen_conformance.suite import checkpoints, margins
 
 # The bound within which every surviving rank must have raised: a healthy rank waiting on a failed
 # peer gets the gloo error after about half of it (the launcher sets the collective timeout).
@@ -42,8 +41,12 @@ def save_with_divergent_layout(impl: Implementation, path: str, how: str, odd_ra
     groups = workload.param_groups(model, params)
     if world.current().rank == odd_rank:
         if how == "renamed":
-            groups = [dict(g, params=[(f"{n}.rank{odd_rank}" if n == "dec.weight" else n, p) for n, p in g["params"]])
-                      for g in groups]
+            groups = [
+                dict(
+                    g, params=[(f"{n}.rank{odd_rank}" if n == "dec.weight" else n, p) for n, p in g["params"]]
+                )
+                for g in groups
+            ]
         elif how == "unnamed":
             groups = [dict(g, params=[p for _, p in g["params"]]) for g in groups]
     optimizer = impl.make_optimizer(groups, factored_v_2d=False)
@@ -62,8 +65,11 @@ def failing_load(impl: Implementation, path: str, before_dir: str, after_dir: st
     the load's error."""
     model = workload.BASE
     params = workload.parameters(model, mesh=world_mesh(), salt="target")
-    optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
-                                    factored_v_2d=False, deterministic=world.current().rank == odd_rank)
+    optimizer = impl.make_optimizer(
+        workload.param_groups(model, params, workload.TARGET_HYPERS),
+        factored_v_2d=False,
+        deterministic=world.current().rank == odd_rank,
+    )
     workload.train(model, optimizer, params, [7])
     workload.save(impl, optimizer, before_dir, params=params)
     error = None
@@ -106,15 +112,19 @@ def load_and_continue(impl: Implementation, path: str) -> dict:
     """Restore ``path`` into a fresh optimizer and take one more step (collective)."""
     model = workload.BASE
     params = workload.parameters(model, mesh=world_mesh(), salt="target")
-    optimizer = impl.make_optimizer(workload.param_groups(model, params, workload.TARGET_HYPERS),
-                                    factored_v_2d=False)
+    optimizer = impl.make_optimizer(
+        workload.param_groups(model, params, workload.TARGET_HYPERS), factored_v_2d=False
+    )
     workload.load(impl, optimizer, path, params=params)
     restored = workload.full_params(params)
     workload.train(model, optimizer, params, [workload.DCP_STEPS + 1])
     stepped = workload.full_params(params)
     finite = all(bool(torch.isfinite(v).all()) for v in stepped.values())
-    return {"restored": restored, "moved": any(not torch.equal(restored[n], stepped[n]) for n in restored),
-            "finite": finite}
+    return {
+        "restored": restored,
+        "moved": any(not torch.equal(restored[n], stepped[n]) for n in restored),
+        "finite": finite,
+    }
 
 
 # ----------------------------------------------------------------------------------- checks
@@ -129,22 +139,33 @@ def _raised(rank: int, error: checkpoints.RaisedError | None, expected: type, pa
     if error is None:
         return f"rank {rank}: did not raise; expected {expected.__name__} naming {part!r}"
     if not error.is_a(expected) or part not in error.message:
-        return f"rank {rank}: raised {error.type}: {error.message!r}; expected {expected.__name__} naming {part!r}"
+        return (
+            f"rank {rank}: raised {error.type}: {error.message!r}; expected {expected.__name__} "
+            f"naming {part!r}"
+        )
     return None
 
 
 @pytest.mark.gefen_clause("4.3.3", "2.3.4", "2.3.5", "2.4.1")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("how,own_error,part", [
-    ("renamed", RuntimeError, "different parameter layouts"),
-    ("unnamed", RuntimeError, "synthesized"),
-], ids=["renamed", "unnamed"])
-def test_save_with_one_rank_layout_differing_writes_nothing(gefen_impl, gefen_checkpoints, how, own_error, part):
+@pytest.mark.parametrize(
+    "how,own_error,part",
+    [
+        ("renamed", RuntimeError, "different parameter layouts"),
+        ("unnamed", RuntimeError, "synthesized"),
+    ],
+    ids=["renamed", "unnamed"],
+)
+def test_save_with_one_rank_layout_differing_writes_nothing(
+    gefen_impl, gefen_checkpoints, how, own_error, part
+):
     """Rank 1 names one parameter differently (same slot count: the layout digest, SPEC 2.3.5,
     every rank raises it) or passes unnamed parameters (rank 1's own check, SPEC 2.4.1; the
     others raise the abort naming "another rank", SPEC 2.3.4). Nothing is written."""
     path = gefen_checkpoints.scratch(f"divergent-{how}") / "checkpoint"
-    errors = checkpoints.run(save_with_divergent_layout, WORLD, (gefen_impl, str(path), how, ODD_RANK), timeout=TIMEOUT)
+    errors = checkpoints.run(
+        save_with_divergent_layout, WORLD, (gefen_impl, str(path), how, ODD_RANK), timeout=TIMEOUT
+    )
     problems = []
     for rank, error in enumerate(errors):
         if how == "renamed" or rank == ODD_RANK:
@@ -166,18 +187,24 @@ def test_load_refused_by_one_rank_changes_no_rank(gefen_impl, gefen_checkpoints)
     source, _ = gefen_checkpoints.saved(gefen_impl, "base", WORLD)
     scratch = gefen_checkpoints.scratch("refused-load")
     before, after = scratch / "before", scratch / "after"
-    errors = checkpoints.run(failing_load, WORLD, (gefen_impl, str(source), str(before), str(after), ODD_RANK),
-                             timeout=TIMEOUT)
+    errors = checkpoints.run(
+        failing_load, WORLD, (gefen_impl, str(source), str(before), str(after), ODD_RANK), timeout=TIMEOUT
+    )
     problems = []
     for rank, error in enumerate(errors):
         expected, part = (ValueError, "deterministic") if rank == ODD_RANK else (RuntimeError, "another rank")
         problems.append(_raised(rank, error, expected, part))
     problems = [p for p in problems if p]
     digests_before, digests_after = content_digests(before), content_digests(after)
-    changed = sorted(k for k in set(digests_before) | set(digests_after) if digests_before.get(k) != digests_after.get(k))
+    changed = sorted(
+        k for k in set(digests_before) | set(digests_after) if digests_before.get(k) != digests_after.get(k)
+    )
     # the live state of one implementation saved twice: exact in every profile (SPEC 5.6.11)
-    margins.exact("live state before and after a refused load (content digests)", len(changed),
-                  len(set(digests_before) | set(digests_after)))
+    margins.exact(
+        "live state before and after a refused load (content digests)",
+        len(changed),
+        len(set(digests_before) | set(digests_after)),
+    )
     if changed:
         problems.append(f"live state changed by the refused load: {changed}")
     assert not problems, "\n".join(problems)
@@ -193,8 +220,9 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen
     earlier, killed = parent / "earlier", parent / "killed"
     checkpoints.run(checkpoints.save_trained, WORLD, (gefen_impl, "base", str(earlier)), timeout=TIMEOUT)
     md5s = payload_md5s(earlier)
-    outcomes = checkpoints.run(killed_save, WORLD, (gefen_impl, str(killed), ODD_RANK), timeout=TIMEOUT,
-                               allow_failure=True)
+    outcomes = checkpoints.run(
+        killed_save, WORLD, (gefen_impl, str(killed), ODD_RANK), timeout=TIMEOUT, allow_failure=True
+    )
     statuses = [o.status for o in outcomes]
     assert statuses == ["raised", "died"], "\n".join(o.headline() for o in outcomes)
     assert outcomes[ODD_RANK].exitcode == KILLED_EXIT_CODE, outcomes[ODD_RANK].headline()
@@ -202,8 +230,11 @@ def test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads(gefen
     with pytest.raises(CheckpointError, match="did not commit"):
         read_metadata(killed)
     after = payload_md5s(earlier)
-    margins.exact("earlier checkpoint after a killed save (payload md5)",
-                  sum(after.get(k) != v for k, v in md5s.items()), len(md5s))
+    margins.exact(
+        "earlier checkpoint after a killed save (payload md5)",
+        sum(after.get(k) != v for k, v in md5s.items()),
+        len(md5s),
+    )
     assert after == md5s
     reports = checkpoints.run(load_and_continue, WORLD, (gefen_impl, str(earlier)), timeout=TIMEOUT)
     for rank, report in enumerate(reports):

@@ -12,12 +12,16 @@ import torch.distributed.checkpoint as dcp
 
 from gefen_conformance import workload
 from gefen_conformance.harness import world
-from gefen_conformance.implementations.contract import DCP_RESHARD, DCP_SAVE_PLANNER, FACTORED_V, Implementation
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations.contract import (
+    DCP_RESHARD,
+    DCP_SAVE_PLANNER,
+    FACTORED_V,
+    Implementation,
+)
+from gefen_conformance.suite import checkpoints, margins
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
-
-from gefen_conformance.suite import checkpoints, margins
 
 KiB = 1024
 # SPEC 5.4.2: twice the largest slot's dense form plus 64 KiB. Informative: the reference and
@@ -39,8 +43,9 @@ MEMORY = workload.Model(
 )
 
 #: A 2-D parameter (block or factored second moment) and a 1-D one, plain tensors.
-IN_PLACE = workload.Model(shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=workload.one_stream,
-                          salt=5403)
+IN_PLACE = workload.Model(
+    shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=workload.one_stream, salt=5403
+)
 
 
 def planned_save_peak(impl: Implementation, root: str) -> dict:
@@ -86,20 +91,27 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
     for name in ("planned", "default"):
         digests = content_digests(root / name)
         # one state saved three ways by one implementation: byte identity in every profile (SPEC 5.6.11)
-        margins.exact("one state saved with a file per item (content digests)",
-                      sum(digests.get(k) != v for k, v in standard.items()) + len(set(digests) - set(standard)),
-                      len(standard))
+        margins.exact(
+            "one state saved with a file per item (content digests)",
+            sum(digests.get(k) != v for k, v in standard.items()) + len(set(digests) - set(standard)),
+            len(standard),
+        )
         assert digests == standard, f"the {name} save's content differs from a standard save"
     assert peaks["planned"] <= bound, (
         f"peak extra bytes {peaks['planned']} with the planner exceed twice the largest slot's dense form "
-        f"2 x {max(slots)} + {SLACK} (all slots: {sum(slots)}; with DCP's default planner: {peaks['default']})")
+        f"2 x {max(slots)} + {SLACK} (all slots: {sum(slots)}; with DCP's default planner: "
+        f"{peaks['default']})"
+    )
 
 
 @pytest.mark.gefen_clause("5.4.3", "5.4.1")
-@pytest.mark.parametrize("factored", [
-    pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
-])
+@pytest.mark.parametrize(
+    "factored",
+    [
+        pytest.param(False, id="block"),
+        pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
+    ],
+)
 def test_step_updates_state_in_place(gefen_impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain
     (non-DTensor) parameters: this is the optimizer's own step, no DCP capability is involved."""

@@ -9,7 +9,8 @@ implementation rounds the same way, so byte identity is a legitimate demand of a
 (SPEC 5.6.11). For the comparison with the reference, both are trained on identical gradients
 from identical parameters; under ``cpu-bit-exact`` their compact states are then bitwise equal, so
 their payloads must be too; otherwise the metadata (structure) stays exact and the content is
-compared by the rules of SPEC 5.6.11. ``w4-empty-shards`` holds a parameter with empty shards on ranks 2-3, the
+compared by the rules of SPEC 5.6.11. ``w4-empty-shards`` holds a parameter with empty shards on ranks 2-3,
+the
 one case where SPEC 2.2.5 lets the three scalars of that slot differ from gefen-x 0.5.0's.
 """
 
@@ -21,16 +22,20 @@ import os
 import pytest
 import torch
 
-from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
-from gefen_conformance.implementations.contract import CPU_BIT_EXACT, DCP_RESHARD, DCP_SAVE_PLANNER, Implementation
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import (
+    CPU_BIT_EXACT,
+    DCP_RESHARD,
+    DCP_SAVE_PLANNER,
+    Implementation,
+)
+from gefen_conformance.suite import checkpoints, margins
 from gefen_oracles import checkpoint_compare, codebook_quality
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
-
-from gefen_conformance.suite import checkpoints, margins
 
 WORLDS = [
     pytest.param("base", 1, id="w1"),
@@ -81,12 +86,17 @@ def _payload_differences(a, b, what: str) -> list[str]:
         problems.append(f"{a.name}: no payload files")
     if sorted(ma) != sorted(mb):
         problems.append(f"payload files differ: {sorted(ma)} vs {sorted(mb)}")
-    problems += [f"{name}: md5 {ma[name]} ({a.name}) vs {mb[name]} ({b.name})"
-                 for name in sorted(set(ma) & set(mb)) if ma[name] != mb[name]]
+    problems += [
+        f"{name}: md5 {ma[name]} ({a.name}) vs {mb[name]} ({b.name})"
+        for name in sorted(set(ma) & set(mb))
+        if ma[name] != mb[name]
+    ]
     if problems:
         ca, cb = content_digests(a), content_digests(b)
         keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
-        problems.append(f"content differs in: {keys}" if keys else "the content is the same; only the bytes differ")
+        problems.append(
+            f"content differs in: {keys}" if keys else "the content is the same; only the bytes differ"
+        )
     return problems
 
 
@@ -96,11 +106,15 @@ def _metadata_differences(a, b, what: str) -> list[str]:
     return [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
 
 
-def _assert_byte_identical(checkpoints, impl: Implementation, model: str, world: int, first: str, second: str, what: str):
+def _assert_byte_identical(
+    checkpoints, impl: Implementation, model: str, world: int, first: str, second: str, what: str
+):
     """Two saves of one state: payload md5s and metadata digest, both exact."""
     root = _payloads(checkpoints, impl, model, world)
     a, b = root / first, root / second
-    problems = _payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(a, b, f"{what} (metadata digest)")
+    problems = _payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(
+        a, b, f"{what} (metadata digest)"
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -108,15 +122,30 @@ def _assert_byte_identical(checkpoints, impl: Implementation, model: str, world:
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_same_state_saved_twice_is_byte_identical(gefen_impl, gefen_checkpoints, model, world):
-    _assert_byte_identical(gefen_checkpoints, gefen_impl, model, world, "impl_planned", "impl_planned_again", "one state saved twice")
+    _assert_byte_identical(
+        gefen_checkpoints,
+        gefen_impl,
+        model,
+        world,
+        "impl_planned",
+        "impl_planned_again",
+        "one state saved twice",
+    )
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, model, world):
-    _assert_byte_identical(gefen_checkpoints, gefen_impl, model, world, "impl_planned", "impl_default",
-                           "planned and default saves of one state")
+    _assert_byte_identical(
+        gefen_checkpoints,
+        gefen_impl,
+        model,
+        world,
+        "impl_planned",
+        "impl_default",
+        "planned and default saves of one state",
+    )
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")
@@ -124,7 +153,9 @@ def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, model,
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_payload_md5s_match_the_reference(gefen_impl, gefen_checkpoints, model, world):
     root = _payloads(gefen_checkpoints, gefen_impl, model, world)
-    problems = _payload_differences(root / "impl_planned", root / "reference", "payload against the reference (md5)")
+    problems = _payload_differences(
+        root / "impl_planned", root / "reference", "payload against the reference (md5)"
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -139,8 +170,13 @@ def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, mo
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
-    comparisons = checkpoint_compare.compare(expected, actual, bitwise=numeric_profile.bitwise(gefen_impl),
-                                             param_dtype=torch.float32, largest_gap=max(gaps, default=2.0))
+    comparisons = checkpoint_compare.compare(
+        expected,
+        actual,
+        bitwise=numeric_profile.bitwise(gefen_impl),
+        param_dtype=torch.float32,
+        largest_gap=max(gaps, default=2.0),
+    )
     problems = margins.record(comparisons)
     assert not problems, "\n".join(problems)
 
@@ -150,5 +186,7 @@ def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, mo
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_metadata_digest_matches_the_reference(gefen_impl, gefen_checkpoints, model, world):
     root = _payloads(gefen_checkpoints, gefen_impl, model, world)
-    problems = _metadata_differences(root / "impl_planned", root / "reference", "metadata against the reference (digest)")
+    problems = _metadata_differences(
+        root / "impl_planned", root / "reference", "metadata against the reference (digest)"
+    )
     assert not problems, "\n".join(problems)

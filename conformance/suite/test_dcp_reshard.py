@@ -21,7 +21,6 @@ import pytest
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import DCP_RESHARD
-
 from gefen_conformance.suite import restore_checks
 
 PATHS = [
@@ -30,15 +29,21 @@ PATHS = [
     pytest.param("base", 2, 1, id="2->1"),
     pytest.param("base", 1, 2, id="1->2"),
     pytest.param("base", 3, 2, id="3->2"),
-    pytest.param("empty", 2, 4, id="2->4-empty-target-shards", marks=pytest.mark.gefen_clause("3.4.5", "3.6.3")),
-    pytest.param("empty", 4, 2, id="4->2-empty-source-shards", marks=pytest.mark.gefen_clause("2.4.5", "3.4.4")),
+    pytest.param(
+        "empty", 2, 4, id="2->4-empty-target-shards", marks=pytest.mark.gefen_clause("3.4.5", "3.6.3")
+    ),
+    pytest.param(
+        "empty", 4, 2, id="4->2-empty-source-shards", marks=pytest.mark.gefen_clause("2.4.5", "3.4.4")
+    ),
 ]
 
 
 @pytest.mark.gefen_clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_restores_model_and_continues_within_bound(gefen_impl, gefen_checkpoints, model, source, target):
+def test_reshard_restores_model_and_continues_within_bound(
+    gefen_impl, gefen_checkpoints, model, source, target
+):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
     problems = restore_checks.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
     assert not problems, "\n".join(problems)

@@ -11,10 +11,9 @@ import torch
 
 from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.suite import margins, restore_checks
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested
-
-from gefen_conformance.suite import margins, restore_checks
 
 CHECKPOINTS = [
     pytest.param("base", 1, id="w1"),
@@ -33,23 +32,34 @@ def _expected_values(model: str, state: dict) -> list[str]:
     if state.get("param_identities") != identities:
         problems.append(f"param_identities: {state.get('param_identities')!r}, trained {identities!r}")
     if state.get("param_group_hypers") != workload.SAVED_HYPERS:
-        problems.append(f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {workload.SAVED_HYPERS!r}")
-    expected = {"format_version": 2, "global_step": workload.DCP_STEPS, "deterministic": 0,
-                "slot_count": len(layout.shapes), "group_count": 2}
+        problems.append(
+            f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {workload.SAVED_HYPERS!r}"
+        )
+    expected = {
+        "format_version": 2,
+        "global_step": workload.DCP_STEPS,
+        "deterministic": 0,
+        "slot_count": len(layout.shapes),
+        "group_count": 2,
+    }
     for key, value in expected.items():
         got = state.get(key)
         if not torch.is_tensor(got) or got.item() != value:
             problems.append(f"{key}: {got!r}, expected {value}")
     for i, name in enumerate(layout.shapes):
         fresh = name in layout.frozen
-        for field, value in zip(restore_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)):
+        for field, value in zip(
+            restore_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)
+        ):
             got = state.get(gefen_schema.slot_key(i, field))
             if not torch.is_tensor(got) or got.item() != value:
                 problems.append(f"{gefen_schema.slot_key(i, field)} ({name}): {got!r}, expected {value}")
         momentum = state.get(gefen_schema.slot_key(i, "momentum"))
         if torch.is_tensor(momentum) and bool(momentum.any()) == fresh:
-            problems.append(f"{gefen_schema.slot_key(i, 'momentum')} ({name}): "
-                            f"{'non-zero for a fresh slot' if fresh else 'all zero for a trained slot'}")
+            problems.append(
+                f"{gefen_schema.slot_key(i, 'momentum')} ({name}): "
+                f"{'non-zero for a fresh slot' if fresh else 'all zero for a trained slot'}"
+            )
     return problems
 
 

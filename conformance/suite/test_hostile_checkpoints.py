@@ -18,13 +18,12 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
-from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
+from gefen_conformance.suite import margins
 from gefen_oracles.checkpoint_reader import read_nested
-
-from gefen_conformance.suite import checkpoints, margins
 
 
 def _gradient_seed(name: str, index: int, step: int) -> int:
@@ -82,10 +81,10 @@ def _poke(key, index, value):
 
 
 BYTE_LEVEL = {
-    "aborted-save-no-metadata": lambda nested: (lambda p: os.remove(os.path.join(p, ".metadata"))),
-    "truncated-payload": lambda nested: (lambda p: open(_payload(p), "r+b").truncate(1000)),
-    "missing-payload": lambda nested: (lambda p: os.remove(_payload(p))),
-    "flipped-archive-header": lambda nested: (lambda p: open(_payload(p), "r+b").write(b"XX")),
+    "aborted-save-no-metadata": lambda nested: lambda p: os.remove(os.path.join(p, ".metadata")),
+    "truncated-payload": lambda nested: lambda p: open(_payload(p), "r+b").truncate(1000),
+    "missing-payload": lambda nested: lambda p: os.remove(_payload(p)),
+    "flipped-archive-header": lambda nested: lambda p: open(_payload(p), "r+b").write(b"XX"),
     "flipped-sign-bit-in-second-moment": _flip_sign_in_second_moment,
 }
 
@@ -139,14 +138,23 @@ def snapshot(params, opt) -> list:
     out = []
     for name, p in params.items():
         out.append(("param", name, p.to_local().clone()))
-    for p, entry in opt.state.items():
+    for entry in opt.state.values():
         for key, value in sorted(entry.items()):
             if torch.is_tensor(value):
                 out.append(("state", key, value.clone(), id(value), value._version))
             else:
                 out.append(("state", key, value))
     for group in opt.param_groups:
-        out.append(("group", sorted((k, v if not torch.is_tensor(v) else ("t", v.item(), id(v))) for k, v in group.items() if k != "params")))
+        out.append(
+            (
+                "group",
+                sorted(
+                    (k, v if not torch.is_tensor(v) else ("t", v.item(), id(v)))
+                    for k, v in group.items()
+                    if k != "params"
+                ),
+            )
+        )
     return out
 
 
@@ -210,9 +218,13 @@ def test_refused_without_mutation(gefen_impl, variants, case):
 
 @pytest.mark.gefen_clause("3.10.1", "3.10.2", "3.2.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("case", ["aborted-save-no-metadata", "flipped-archive-header", "nan-momentum", "renamed-parameter"])
+@pytest.mark.parametrize(
+    "case", ["aborted-save-no-metadata", "flipped-archive-header", "nan-momentum", "renamed-parameter"]
+)
 def test_refused_on_every_rank(gefen_impl, gefen_ranks, variants, case):
-    outcomes = gefen_ranks(load_attempt_on_rank, 2, (gefen_impl, variants[case]), timeout=30.0, allow_failure=True)
+    outcomes = gefen_ranks(
+        load_attempt_on_rank, 2, (gefen_impl, variants[case]), timeout=30.0, allow_failure=True
+    )
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"

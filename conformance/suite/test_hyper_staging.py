@@ -22,23 +22,26 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from gefen_conformance.implementations import registry
 from gefen_conformance import workload
-from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
-from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.harness.sharding import WorldOfOne
+from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 
 KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 #: Two groups of one parameter each; the optimizer never steps.
-MODEL = workload.Model(shapes={"a.weight": (4, 2), "b.weight": (2, 2)}, groups=(("a.weight",), ("b.weight",)),
-                       init=workload.zeros)
+MODEL = workload.Model(
+    shapes={"a.weight": (4, 2), "b.weight": (2, 2)},
+    groups=(("a.weight",), ("b.weight",)),
+    init=workload.zeros,
+)
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
 
@@ -50,11 +53,11 @@ INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, to
 class Destination:
     """A group's live entry for one key before the load: a number or a one-element tensor."""
 
-    dtype: Optional[torch.dtype]  # None: a Python float
+    dtype: torch.dtype | None  # None: a Python float
     value: float
     shape: tuple = ()
     requires_grad: bool = False
-    alias: Optional[str] = None  # destinations with the same alias tag are one tensor object
+    alias: str | None = None  # destinations with the same alias tag are one tensor object
 
     def build(self, shared: dict) -> Any:
         if self.dtype is None:
@@ -72,7 +75,7 @@ class Destination:
 @dataclass
 class Outcome:
     accepted: bool
-    error: Optional[BaseException]
+    error: BaseException | None
     values: list  # per group, per key: ("float", hex) or ("tensor", dtype, shape, bits, requires_grad)
     identities_kept: bool
     versions: list
@@ -120,8 +123,9 @@ def _describe(value: Any):
     return (type(value).__name__, repr(value))
 
 
-def load_outcome(impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list,
-                 reference_side: bool = False) -> Outcome:
+def load_outcome(
+    impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list, reference_side: bool = False
+) -> Outcome:
     """Load ``checkpoint`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``
     (``reference_side``: the reference's side of the comparison, see :func:`_optimizer`)."""
     opt = _optimizer(impl, world, reference_side)
@@ -140,7 +144,10 @@ def load_outcome(impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destin
     except Exception as exc:  # the property compares acceptance, so every failure is data
         error = exc
     identities = all(
-        (group[key] is row[key]) for group, row in zip(opt.param_groups, live) for key in KEYS if torch.is_tensor(row[key])
+        (group[key] is row[key])
+        for group, row in zip(opt.param_groups, live)
+        for key in KEYS
+        if torch.is_tensor(row[key])
     )
     values = [[_describe(group[key]) for key in KEYS] for group in opt.param_groups]
     if error is not None:
@@ -163,9 +170,13 @@ def ulps_below_one(n: int) -> float:
 ordinary = st.floats(1e-6, 1.0)
 tiny = st.sampled_from([5e-324, 1e-310, 1e-45, 1.4e-45, 1e-40, 6e-8, 5.96e-8, 1e-30, 1e-8])
 huge = st.sampled_from([65504.0, 65520.0, 70000.0, 3.4e38, 3.5e38, 1e39, 1e300])
-integral = st.sampled_from([0.0, 1.0, 2.0, 3.0, 127.0, 128.0, 255.0, 256.0, 32767.0, 32768.0, 2.0**31, 2.0**63])
+integral = st.sampled_from(
+    [0.0, 1.0, 2.0, 3.0, 127.0, 128.0, 255.0, 256.0, 32767.0, 32768.0, 2.0**31, 2.0**63]
+)
 fractional = st.sampled_from([0.5, 1.5, 2.25, 1e-3, 0.1, 3e-4])
-near_one = st.integers(1, 12).map(ulps_below_one) | st.sampled_from([0.9999, 0.99951, 0.9995, 0.999, 0.996, 0.998])
+near_one = st.integers(1, 12).map(ulps_below_one) | st.sampled_from(
+    [0.9999, 0.99951, 0.9995, 0.999, 0.996, 0.998]
+)
 any_nonneg = ordinary | tiny | huge | integral | fractional
 
 
@@ -221,7 +232,9 @@ def destination(draw, key, open_cases: bool):
 
 
 def destination_groups(open_cases: bool):
-    return st.lists(st.fixed_dictionaries({k: destination(k, open_cases) for k in KEYS}), min_size=2, max_size=2)
+    return st.lists(
+        st.fixed_dictionaries({k: destination(k, open_cases) for k in KEYS}), min_size=2, max_size=2
+    )
 
 
 def _lr_group(lr):
@@ -236,7 +249,10 @@ _FLOAT_DESTS = {k: Destination(None, 0.0) for k in KEYS}
 #: failure cannot hide the others.
 REGRESSIONS = {
     # an lr restored into an integer tensor would truncate to 0 and freeze training
-    "lr-into-int64": ([_lr_group(3e-4), _lr_group(1e-3)], [dict(_FLOAT_DESTS, lr=Destination(torch.int64, 0.0)), _FLOAT_DESTS]),
+    "lr-into-int64": (
+        [_lr_group(3e-4), _lr_group(1e-3)],
+        [dict(_FLOAT_DESTS, lr=Destination(torch.int64, 0.0)), _FLOAT_DESTS],
+    ),
     # a beta that rounds to 1.0 in bf16 divides by zero at the next bias correction
     "beta2-rounds-to-one-in-bf16": (
         [dict(_lr_group(1e-3), beta2=0.9999), _lr_group(1e-3)],
@@ -245,14 +261,18 @@ REGRESSIONS = {
     # one tensor aliased by two groups that the checkpoint gives different values
     "aliased-lr-different-values": (
         [_lr_group(1e-3), _lr_group(2e-3)],
-        [dict(_FLOAT_DESTS, lr=Destination(torch.float32, 1e-3, alias="x")),
-         dict(_FLOAT_DESTS, lr=Destination(torch.float32, 1e-3, alias="x"))],
+        [
+            dict(_FLOAT_DESTS, lr=Destination(torch.float32, 1e-3, alias="x")),
+            dict(_FLOAT_DESTS, lr=Destination(torch.float32, 1e-3, alias="x")),
+        ],
     ),
     # the same aliased tensor receiving equal values is fine
     "aliased-lr-same-value": (
         [_lr_group(1e-3), _lr_group(1e-3)],
-        [dict(_FLOAT_DESTS, lr=Destination(torch.float32, 5e-3, alias="x")),
-         dict(_FLOAT_DESTS, lr=Destination(torch.float32, 5e-3, alias="x"))],
+        [
+            dict(_FLOAT_DESTS, lr=Destination(torch.float32, 5e-3, alias="x")),
+            dict(_FLOAT_DESTS, lr=Destination(torch.float32, 5e-3, alias="x")),
+        ],
     ),
     # a leaf tensor that requires grad is filled under no_grad
     "lr-requires-grad": (
@@ -260,7 +280,10 @@ REGRESSIONS = {
         [dict(_FLOAT_DESTS, lr=Destination(torch.float32, 5e-3, requires_grad=True)), _FLOAT_DESTS],
     ),
     # a huge lr overflows float16
-    "lr-overflows-fp16": ([_lr_group(7e4), _lr_group(1e-3)], [dict(_FLOAT_DESTS, lr=Destination(torch.float16, 1e-3)), _FLOAT_DESTS]),
+    "lr-overflows-fp16": (
+        [_lr_group(7e4), _lr_group(1e-3)],
+        [dict(_FLOAT_DESTS, lr=Destination(torch.float16, 1e-3)), _FLOAT_DESTS],
+    ),
     # a tiny eps underflows to zero in bf16? (bf16 shares fp32's exponent: it does not) and in fp16 (it does)
     "eps-underflows-fp16": (
         [dict(_lr_group(1e-3), eps=1e-8), _lr_group(1e-3)],
@@ -275,11 +298,26 @@ REGRESSIONS = {
 #: subnormal and a quarter of it (underflow), the largest value below 1 and one that rounds to 1
 #: (a beta); for each integer dtype and bool its largest value, the next integer (out of range)
 #: and a fraction (truncation); one-element tensors of shape () and (1,).
-_BELOW_ONE = {torch.float16: 1 - 2.0 ** -11, torch.bfloat16: 1 - 2.0 ** -8, torch.float32: 1 - 2.0 ** -24,
-              torch.float64: 1 - 2.0 ** -53}
-_SMALLEST = {torch.float16: 2.0 ** -24, torch.bfloat16: 2.0 ** -133, torch.float32: 2.0 ** -149, torch.float64: 2.0 ** -1074}
-_LARGEST_INT = {torch.int8: 127.0, torch.int16: 32767.0, torch.int32: 2.0 ** 31 - 1, torch.int64: 2.0 ** 63 - 1024,
-                torch.uint8: 255.0, torch.bool: 1.0}
+_BELOW_ONE = {
+    torch.float16: 1 - 2.0**-11,
+    torch.bfloat16: 1 - 2.0**-8,
+    torch.float32: 1 - 2.0**-24,
+    torch.float64: 1 - 2.0**-53,
+}
+_SMALLEST = {
+    torch.float16: 2.0**-24,
+    torch.bfloat16: 2.0**-133,
+    torch.float32: 2.0**-149,
+    torch.float64: 2.0**-1074,
+}
+_LARGEST_INT = {
+    torch.int8: 127.0,
+    torch.int16: 32767.0,
+    torch.int32: 2.0**31 - 1,
+    torch.int64: 2.0**63 - 1024,
+    torch.uint8: 255.0,
+    torch.bool: 1.0,
+}
 _PLAIN_GROUP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -287,7 +325,9 @@ def _at_limit(key: str, value: float, dtype: torch.dtype, shape: tuple = (), gro
     saved = [dict(_PLAIN_GROUP), dict(_PLAIN_GROUP)]
     saved[group][key] = value
     dests = [dict(_FLOAT_DESTS), dict(_FLOAT_DESTS)]
-    dests[group] = dict(dests[group], **{key: Destination(dtype, 1.0 if dtype.is_floating_point else 0.0, shape)})
+    dests[group] = dict(
+        dests[group], **{key: Destination(dtype, 1.0 if dtype.is_floating_point else 0.0, shape)}
+    )
     return saved, dests
 
 
@@ -298,16 +338,22 @@ def _limits() -> dict:
         largest = torch.finfo(dtype).max
         cases[f"{name}-largest"] = _at_limit("lr", largest, dtype, shape, group)
         if dtype != torch.float64:  # above fp64's largest is not a finite saved value
-            cases[f"{name}-above-largest"] = _at_limit("weight_decay", math.nextafter(largest, math.inf), dtype, shape)
+            cases[f"{name}-above-largest"] = _at_limit(
+                "weight_decay", math.nextafter(largest, math.inf), dtype, shape
+            )
             cases[f"{name}-quarter-subnormal"] = _at_limit("eps", _SMALLEST[dtype] / 4, dtype, (), 1 - group)
-            cases[f"{name}-beta-rounds-to-one"] = _at_limit("beta2", 1 - (1 - _BELOW_ONE[dtype]) / 4, dtype, shape)
+            cases[f"{name}-beta-rounds-to-one"] = _at_limit(
+                "beta2", 1 - (1 - _BELOW_ONE[dtype]) / 4, dtype, shape
+            )
         cases[f"{name}-smallest-subnormal"] = _at_limit("eps", _SMALLEST[dtype], dtype, shape, group)
         cases[f"{name}-beta-below-one"] = _at_limit("beta1", _BELOW_ONE[dtype], dtype, (), 1 - group)
     for i, dtype in enumerate(INT_DTYPES):
         name, shape, group = str(dtype).replace("torch.", ""), ((), (1,))[i % 2], i % 2
         largest = _LARGEST_INT[dtype]
         cases[f"{name}-largest"] = _at_limit("weight_decay", largest, dtype, shape, group)
-        cases[f"{name}-past-largest"] = _at_limit("lr", 2.0 ** 63 if dtype == torch.int64 else largest + 1, dtype, shape)
+        cases[f"{name}-past-largest"] = _at_limit(
+            "lr", 2.0**63 if dtype == torch.int64 else largest + 1, dtype, shape
+        )
         cases[f"{name}-fraction"] = _at_limit("lr", 0.5, dtype, (), 1 - group)
     return cases
 
@@ -319,15 +365,27 @@ def _open_limits() -> dict:
     grad = Destination(torch.float32, 1e-3, requires_grad=True)
     plain = [dict(_PLAIN_GROUP), dict(_PLAIN_GROUP)]
     return {
-        "alias-two-keys-equal": ([dict(_PLAIN_GROUP, weight_decay=1e-3), dict(_PLAIN_GROUP)],
-                                 [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS]),
-        "alias-two-keys-different": (plain, [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS]),
+        "alias-two-keys-equal": (
+            [dict(_PLAIN_GROUP, weight_decay=1e-3), dict(_PLAIN_GROUP)],
+            [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS],
+        ),
+        "alias-two-keys-different": (
+            plain,
+            [dict(_FLOAT_DESTS, lr=shared, weight_decay=shared), _FLOAT_DESTS],
+        ),
         "alias-two-groups-equal": (plain, [dict(_FLOAT_DESTS, eps=shared), dict(_FLOAT_DESTS, eps=shared)]),
-        "alias-two-groups-different": ([dict(_PLAIN_GROUP), dict(_PLAIN_GROUP, beta1=0.8)],
-                                       [dict(_FLOAT_DESTS, beta1=shared), dict(_FLOAT_DESTS, beta1=shared)]),
+        "alias-two-groups-different": (
+            [dict(_PLAIN_GROUP), dict(_PLAIN_GROUP, beta1=0.8)],
+            [dict(_FLOAT_DESTS, beta1=shared), dict(_FLOAT_DESTS, beta1=shared)],
+        ),
         "requires-grad-every-key": (plain, [{k: grad for k in KEYS}, {k: grad for k in KEYS}]),
-        "requires-grad-aliased": (plain, [dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g")),
-                                          dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g"))]),
+        "requires-grad-aliased": (
+            plain,
+            [
+                dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g")),
+                dict(_FLOAT_DESTS, lr=Destination(torch.bfloat16, 1.0, (1,), True, "g")),
+            ],
+        ),
     }
 
 
@@ -344,12 +402,17 @@ EXAMPLE_SHARE = 3
 def _staging_property(cases: dict, *, open_cases: bool):
     """A staging property over two saved groups and drawn destinations: needs DCP, runs a third of
     the profile's examples after the explicit ``cases`` (the boundaries), each an ``@example``."""
+
     def decorate(test):
-        test = given(saved=st.lists(saved_group, min_size=2, max_size=2), dests=destination_groups(open_cases=open_cases))(test)
+        test = given(
+            saved=st.lists(saved_group, min_size=2, max_size=2),
+            dests=destination_groups(open_cases=open_cases),
+        )(test)
         for saved, dests in reversed(list(cases.values())):
             test = example(saved=saved, dests=dests)(test)
         test = settings(max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE))(test)
         return pytest.mark.gefen_requires(DCP_RESHARD)(test)
+
     return decorate
 
 
@@ -392,6 +455,8 @@ def test_staging_matches_reference(gefen_impl, gefen_one_rank, saved, dests):
 
 @pytest.mark.gefen_clause("3.5.3", "3.5.4", "4.3.9")
 @_staging_property(OPEN_LIMITS, open_cases=True)
-def test_staging_matches_reference_with_autograd_and_aliased_destinations(gefen_impl, gefen_one_rank, saved, dests):
+def test_staging_matches_reference_with_autograd_and_aliased_destinations(
+    gefen_impl, gefen_one_rank, saved, dests
+):
     """Adds destinations that require grad and tensors shared across groups and keys."""
     _check_and_tally(gefen_impl, gefen_one_rank, saved, dests)

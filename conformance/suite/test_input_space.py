@@ -35,15 +35,22 @@ from hypothesis import strategies as st
 
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
+from gefen_conformance.suite import margins
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
-    CODEBOOK, DTYPES, OPTIONS, GroupCase, InputCase, ParamCase, divisors, factored, layouts_for,
+    CODEBOOK,
+    DTYPES,
+    OPTIONS,
+    GroupCase,
+    InputCase,
+    ParamCase,
+    divisors,
+    factored,
+    layouts_for,
 )
 from gefen_conformance.workload.space_driver import run, starting_state
 from gefen_oracles import native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
-
-from gefen_conformance.suite import margins
 
 #: Each property runs this share of the hypothesis profile's examples (``gefen-certify``: 300 -> 25;
 #: ``gefen-fuzz``: 5000 -> 416), after its explicit examples: one example drives two optimizers
@@ -58,10 +65,39 @@ def _share_of_profile():
 
 # ------------------------------------------------------------------------------- strategies
 
-SHAPES = [(), (1,), (2,), (7,), (8,), (37,), (64,), (100,), (256,), (1024,), (2047,), (2048,), (2049,),
-          (1, 1), (1, 16), (16, 1), (1, 300), (300, 1), (4, 4), (3, 24), (24, 3), (7, 11), (48, 40), (64, 32),
-          (2, 3, 4, 5), (8, 3, 3, 3), (4, 2, 1, 6), (0,), (0, 4), (3, 0, 2)]
-COUNTERS = [1, 2, 3, 10, 254, 255, 256, 257, 999, 1000, 4096, 65535, 65536, 10 ** 6, 2 ** 31 - 1, 2 ** 32]
+SHAPES = [
+    (),
+    (1,),
+    (2,),
+    (7,),
+    (8,),
+    (37,),
+    (64,),
+    (100,),
+    (256,),
+    (1024,),
+    (2047,),
+    (2048,),
+    (2049,),
+    (1, 1),
+    (1, 16),
+    (16, 1),
+    (1, 300),
+    (300, 1),
+    (4, 4),
+    (3, 24),
+    (24, 3),
+    (7, 11),
+    (48, 40),
+    (64, 32),
+    (2, 3, 4, 5),
+    (8, 3, 3, 3),
+    (4, 2, 1, 6),
+    (0,),
+    (0, 4),
+    (3, 0, 2),
+]
+COUNTERS = [1, 2, 3, 10, 254, 255, 256, 257, 999, 1000, 4096, 65535, 65536, 10**6, 2**31 - 1, 2**32]
 LRS = [1e-3, 3e-3, 1e-2, 1e-4]
 BETAS = [(0.9, 0.999), (0.8, 0.99), (0.5, 0.9), (0.95, 0.9999), (0.0, 0.999)]
 EPS = [1e-8, 1e-6, 1e-3]
@@ -72,8 +108,14 @@ _GRADIENT_DRAWS = ["normal"] * 5 + ["zero", "zero-half", "tiny", "huge", "none",
 _shape = st.sampled_from(SHAPES)
 _dtype = st.sampled_from(list(DTYPES))
 _gradient = st.sampled_from(_GRADIENT_DRAWS)
-_group = st.builds(GroupCase, lr=st.sampled_from(LRS), tensor_lr=st.booleans(), betas=st.sampled_from(BETAS),
-                   eps=st.sampled_from(EPS), weight_decay=st.sampled_from(WEIGHT_DECAYS))
+_group = st.builds(
+    GroupCase,
+    lr=st.sampled_from(LRS),
+    tensor_lr=st.booleans(),
+    betas=st.sampled_from(BETAS),
+    eps=st.sampled_from(EPS),
+    weight_decay=st.sampled_from(WEIGHT_DECAYS),
+)
 
 
 @st.composite
@@ -85,7 +127,9 @@ def param_cases(draw, group: int, counter: int, frozen_share: int):
         period = draw(st.sampled_from(divisors(n)))
     frozen = draw(st.integers(0, frozen_share - 1)) == 0
     gradient = "none" if frozen and draw(st.integers(0, 3)) > 0 else draw(_gradient)
-    return ParamCase(shape, draw(_dtype), group, draw(st.sampled_from(layouts_for(shape))), gradient, frozen, period)
+    return ParamCase(
+        shape, draw(_dtype), group, draw(st.sampled_from(layouts_for(shape))), gradient, frozen, period
+    )
 
 
 @st.composite
@@ -95,18 +139,26 @@ def input_cases(draw, protocols=("plain",), frozen_share: int = 8):
     groups = draw(st.integers(1, 3))
     count = draw(st.integers(groups, 5))
     counter = draw(st.sampled_from([0] * len(COUNTERS) + COUNTERS))
-    params = [draw(param_cases(i if i < groups else draw(st.integers(0, groups - 1)), counter, frozen_share))
-              for i in range(count)]
+    params = [
+        draw(param_cases(i if i < groups else draw(st.integers(0, groups - 1)), counter, frozen_share))
+        for i in range(count)
+    ]
     params = [params[i] for i in draw(st.permutations(range(count)))]
     protocol = draw(st.sampled_from(protocols))
     calls = draw(st.integers(2 if protocol == "found-inf" else 1, 3))
     moment = draw(st.sampled_from([None, None, None, 1, counter // 2])) if counter > 1 else None
     return InputCase(
-        params=tuple(params), groups=tuple(draw(_group) for _ in range(groups)), factored=draw(st.booleans()),
-        options=tuple(o for o in OPTIONS if draw(st.integers(0, 5)) == 0), counter=counter,
-        moment_counter=moment or None, calls=calls,
+        params=tuple(params),
+        groups=tuple(draw(_group) for _ in range(groups)),
+        factored=draw(st.booleans()),
+        options=tuple(o for o in OPTIONS if draw(st.integers(0, 5)) == 0),
+        counter=counter,
+        moment_counter=moment or None,
+        calls=calls,
         schedule=draw(st.sampled_from(["constant", "lr", "lr-in-place", "all"])) if calls > 1 else "constant",
-        protocol=protocol, seed=draw(st.integers(0, 2 ** 16)))
+        protocol=protocol,
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 # -------------------------------------------------------------------- explicit examples
@@ -114,8 +166,12 @@ def input_cases(draw, protocols=("plain",), frozen_share: int = 8):
 P = ParamCase
 #: Every dtype in one optimizer, bf16 first (a per-dtype table a kernel builds once must not be
 #: the first parameter's).
-_MIX = (P((256,), "bf16", 0, period=64), P((48, 40), "fp32", 0, period=40), P((24, 3), "fp16", 0, period=8),
-        P((7, 11), "fp64", 0, period=7))
+_MIX = (
+    P((256,), "bf16", 0, period=64),
+    P((48, 40), "fp32", 0, period=40),
+    P((24, 3), "fp16", 0, period=8),
+    P((7, 11), "fp64", 0, period=7),
+)
 
 
 def _case(*params, **kw) -> InputCase:
@@ -128,86 +184,213 @@ def _case(*params, **kw) -> InputCase:
 BOUNDARIES = {
     # shapes and routing: just under and over each tile limit, fresh (the period is searched,
     # falls back or is 1: SPEC 1.5) and from synthesized state
-    "sizes-2048-16384-65536-fresh": _case(P((2047,)), P((2049,)), P((16383,)), P((16385,)), P((128, 512)),
-                                          P((65535,)), P((65537,)), P((257, 256), "bf16")),
-    "sizes-past-65536-state": _case(P((65537,), period=1), P((67584,), "bf16", period=2048),
-                                    P((257, 256), "fp16", period=256), counter=7, factored=True),
+    "sizes-2048-16384-65536-fresh": _case(
+        P((2047,)),
+        P((2049,)),
+        P((16383,)),
+        P((16385,)),
+        P((128, 512)),
+        P((65535,)),
+        P((65537,)),
+        P((257, 256), "bf16"),
+    ),
+    "sizes-past-65536-state": _case(
+        P((65537,), period=1),
+        P((67584,), "bf16", period=2048),
+        P((257, 256), "fp16", period=256),
+        counter=7,
+        factored=True,
+    ),
     "size-past-2^20-block": _case(P((1050624,), period=2048), counter=1000),
     "size-past-2^20-factored": _case(P((1025, 1024), "bf16", period=1024), counter=3, factored=True),
-    "routing-options": _case(P((64,)), P((48, 40)), P((1,)), P((37,)), P((16, 8), group=1), P((8, 3, 3, 3), group=1),
-                             groups=(GroupCase(), GroupCase()), factored=True,
-                             options=("force_1d_period_one", "period_one_substrings")),
+    "routing-options": _case(
+        P((64,)),
+        P((48, 40)),
+        P((1,)),
+        P((37,)),
+        P((16, 8), group=1),
+        P((8, 3, 3, 3), group=1),
+        groups=(GroupCase(), GroupCase()),
+        factored=True,
+        options=("force_1d_period_one", "period_one_substrings"),
+    ),
     "routing-2d-period-one": _case(P((48, 40)), P((64,)), P((0, 4)), P(()), options=("force_2d_period_one",)),
     # layouts: every one, two views sharing one flat buffer, fresh and from state
-    "layouts-state": _case(P((48, 40), layout="transposed", period=40), P((8, 3, 3, 3), layout="channels-last", period=27),
-                           P((64,), layout="flat-view", period=16), P((7, 11), layout="flat-view", period=11),
-                           P((24, 3), layout="strided-grad", period=3), P((37,), layout="strided-grad", period=37),
-                           counter=5, calls=2),
-    "layouts-fresh-factored": _case(P((40, 48), layout="transposed"), P((4, 6, 5, 5), "bf16", layout="channels-last"),
-                                    P((16, 8), layout="flat-view"), P((64,), layout="flat-view"),
-                                    P((48, 40), "fp16", layout="strided-grad"), factored=True),
+    "layouts-state": _case(
+        P((48, 40), layout="transposed", period=40),
+        P((8, 3, 3, 3), layout="channels-last", period=27),
+        P((64,), layout="flat-view", period=16),
+        P((7, 11), layout="flat-view", period=11),
+        P((24, 3), layout="strided-grad", period=3),
+        P((37,), layout="strided-grad", period=37),
+        counter=5,
+        calls=2,
+    ),
+    "layouts-fresh-factored": _case(
+        P((40, 48), layout="transposed"),
+        P((4, 6, 5, 5), "bf16", layout="channels-last"),
+        P((16, 8), layout="flat-view"),
+        P((64,), layout="flat-view"),
+        P((48, 40), "fp16", layout="strided-grad"),
+        factored=True,
+    ),
     # dtypes: all four in one group, and one per group
     "dtype-mix-one-group": _case(*_MIX, counter=4),
-    "dtype-mix-per-group": _case(*(P(p.shape, p.dtype, i, period=p.period) for i, p in enumerate(_MIX)),
-                                 groups=(GroupCase(), GroupCase(lr=3e-3), GroupCase(betas=(0.8, 0.99), eps=1e-6),
-                                         GroupCase(weight_decay=0.1)), counter=4, factored=True),
+    "dtype-mix-per-group": _case(
+        *(P(p.shape, p.dtype, i, period=p.period) for i, p in enumerate(_MIX)),
+        groups=(
+            GroupCase(),
+            GroupCase(lr=3e-3),
+            GroupCase(betas=(0.8, 0.99), eps=1e-6),
+            GroupCase(weight_decay=0.1),
+        ),
+        counter=4,
+        factored=True,
+    ),
     # groups: grad-less first and in the middle, weight decay only in a later group, per-group
     # betas / eps / lr, 2-D parameters with a dimension of 1
-    "groups-gradless-anywhere": _case(P((64,), gradient="none", period=16), P((48, 40), period=40),
-                                      P((24, 3), group=1), P((37,), group=1, gradient="none"), P((7, 11), group=1),
-                                      groups=(GroupCase(), GroupCase(lr=3e-3, betas=(0.8, 0.99), eps=1e-6,
-                                                                     weight_decay=0.05)), counter=3, calls=2),
-    "groups-decay-later-only": _case(P((256,), period=64), P((48, 40), group=1, period=40), P((64,), group=2),
-                                     groups=(GroupCase(), GroupCase(weight_decay=0.1, tensor_lr=True),
-                                             GroupCase(lr=1e-2, betas=(0.5, 0.9), weight_decay=0.01)), counter=3),
-    "groups-dimension-of-one": _case(P((1, 64), period=16), P((64, 1), period=8), P((1, 1), period=1),
-                                     P((1, 300), "bf16"), P((300, 1), "fp16"), counter=2, factored=True),
+    "groups-gradless-anywhere": _case(
+        P((64,), gradient="none", period=16),
+        P((48, 40), period=40),
+        P((24, 3), group=1),
+        P((37,), group=1, gradient="none"),
+        P((7, 11), group=1),
+        groups=(GroupCase(), GroupCase(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
+        counter=3,
+        calls=2,
+    ),
+    "groups-decay-later-only": _case(
+        P((256,), period=64),
+        P((48, 40), group=1, period=40),
+        P((64,), group=2),
+        groups=(
+            GroupCase(),
+            GroupCase(weight_decay=0.1, tensor_lr=True),
+            GroupCase(lr=1e-2, betas=(0.5, 0.9), weight_decay=0.01),
+        ),
+        counter=3,
+    ),
+    "groups-dimension-of-one": _case(
+        P((1, 64), period=16),
+        P((64, 1), period=8),
+        P((1, 1), period=1),
+        P((1, 300), "bf16"),
+        P((300, 1), "fp16"),
+        counter=2,
+        factored=True,
+    ),
     # schedules: lr replaced, a tensor lr scaled in place, every hyperparameter replaced
-    "schedule-lr-replaced": _case(P((256,), period=64), P((48, 40), group=1, period=40),
-                                  groups=(GroupCase(), GroupCase(tensor_lr=True)), counter=10, calls=3, schedule="lr"),
-    "schedule-tensor-lr-in-place": _case(P((256,), period=64), P((24, 3), "bf16", period=3),
-                                         groups=(GroupCase(tensor_lr=True, weight_decay=0.1),), counter=10, calls=3,
-                                         schedule="lr-in-place"),
-    "schedule-every-hyperparameter": _case(P((256,), period=64), P((48, 40), period=40), counter=10, calls=2,
-                                           schedule="all", factored=True),
+    "schedule-lr-replaced": _case(
+        P((256,), period=64),
+        P((48, 40), group=1, period=40),
+        groups=(GroupCase(), GroupCase(tensor_lr=True)),
+        counter=10,
+        calls=3,
+        schedule="lr",
+    ),
+    "schedule-tensor-lr-in-place": _case(
+        P((256,), period=64),
+        P((24, 3), "bf16", period=3),
+        groups=(GroupCase(tensor_lr=True, weight_decay=0.1),),
+        counter=10,
+        calls=3,
+        schedule="lr-in-place",
+    ),
+    "schedule-every-hyperparameter": _case(
+        P((256,), period=64), P((48, 40), period=40), counter=10, calls=2, schedule="all", factored=True
+    ),
     # step counters: 1, 255 -> 256, 256, 1000 and past 16 and 32 bits; a re-warmed second moment
-    **{f"counter-{c}": _case(P((256,), period=64), P((48, 40), "bf16", period=40), P((37,), "fp16", period=1),
-                             counter=c, factored=True)
-       for c in (1, 255, 256, 1000, 32767, 65535, 65536, 2 ** 31 - 1, 2 ** 32)},
-    "counter-1000-moment-rewarmed": _case(P((256,), period=64), P((48, 40), period=40), counter=1000,
-                                          moment_counter=1, factored=True),
+    **{
+        f"counter-{c}": _case(
+            P((256,), period=64),
+            P((48, 40), "bf16", period=40),
+            P((37,), "fp16", period=1),
+            counter=c,
+            factored=True,
+        )
+        for c in (1, 255, 256, 1000, 32767, 65535, 65536, 2**31 - 1, 2**32)
+    },
+    "counter-1000-moment-rewarmed": _case(
+        P((256,), period=64), P((48, 40), period=40), counter=1000, moment_counter=1, factored=True
+    ),
     # gradient patterns: a block whose gradient goes to zero after being nonzero, all-zero 2-D
     # gradients (fresh and from state), tiny and huge scales
-    "gradient-zero-blocks": _case(P((256,), gradient="zero-half", period=16), P((48, 40), gradient="zero-half", period=40),
-                                  P((64,), gradient="zero-half"), counter=5, calls=2),
-    "gradient-all-zero-2d": _case(P((48, 40), gradient="zero"), P((24, 3), gradient="zero", period=3),
-                                  P((1, 16), gradient="zero"), counter=4, factored=True, calls=2),
-    "gradient-tiny-and-huge": _case(P((256,), gradient="tiny", period=64), P((48, 40), gradient="huge", period=40),
-                                    P((64,), "fp16", gradient="tiny"), P((24, 3), "bf16", gradient="huge"),
-                                    counter=3, factored=True),
+    "gradient-zero-blocks": _case(
+        P((256,), gradient="zero-half", period=16),
+        P((48, 40), gradient="zero-half", period=40),
+        P((64,), gradient="zero-half"),
+        counter=5,
+        calls=2,
+    ),
+    "gradient-all-zero-2d": _case(
+        P((48, 40), gradient="zero"),
+        P((24, 3), gradient="zero", period=3),
+        P((1, 16), gradient="zero"),
+        counter=4,
+        factored=True,
+        calls=2,
+    ),
+    "gradient-tiny-and-huge": _case(
+        P((256,), gradient="tiny", period=64),
+        P((48, 40), gradient="huge", period=40),
+        P((64,), "fp16", gradient="tiny"),
+        P((24, 3), "bf16", gradient="huge"),
+        counter=3,
+        factored=True,
+    ),
 }
 
 #: Protocols (SPEC 1.10.1, 1.10.3, 1.10.4, 1.2.6): each with frozen parameters first, in the middle
 #: and last, in every group, with and without synthesized state.
-_FROZEN = (P((64,), frozen=True, gradient="none", period=16), P((48, 40), period=40), P((7, 11), frozen=True, gradient="none"),
-           P((24, 3), group=1, frozen=True, gradient="none", period=3), P((256,), "bf16", group=1, period=64),
-           P((37,), "fp16", group=1, frozen=True, gradient="none"))
+_FROZEN = (
+    P((64,), frozen=True, gradient="none", period=16),
+    P((48, 40), period=40),
+    P((7, 11), frozen=True, gradient="none"),
+    P((24, 3), group=1, frozen=True, gradient="none", period=3),
+    P((256,), "bf16", group=1, period=64),
+    P((37,), "fp16", group=1, frozen=True, gradient="none"),
+)
 _TWO_GROUPS = (GroupCase(), GroupCase(lr=3e-3, eps=1e-6, weight_decay=0.05))
 PROTOCOL_BOUNDARIES = {
     "closure-zero-grad-inside": _case(*_FROZEN, groups=_TWO_GROUPS, counter=3, calls=2, protocol="closure"),
-    "closure-fresh": _case(P((48, 40)), P((64,), frozen=True, gradient="none"), P((256,), "bf16"), calls=2,
-                           protocol="closure", factored=True),
+    "closure-fresh": _case(
+        P((48, 40)),
+        P((64,), frozen=True, gradient="none"),
+        P((256,), "bf16"),
+        calls=2,
+        protocol="closure",
+        factored=True,
+    ),
     "grad-scale-unscales": _case(*_FROZEN, groups=_TWO_GROUPS, counter=3, calls=2, protocol="grad-scale"),
-    "grad-scale-eps-scale-gradients": _case(P((256,), gradient="tiny", period=64), P((64,), "fp16", gradient="tiny"),
-                                            P((48, 40), period=40), counter=3, protocol="grad-scale"),
-    "found-inf-changes-nothing": _case(*_FROZEN, groups=_TWO_GROUPS, counter=3, calls=2, protocol="found-inf"),
+    "grad-scale-eps-scale-gradients": _case(
+        P((256,), gradient="tiny", period=64),
+        P((64,), "fp16", gradient="tiny"),
+        P((48, 40), period=40),
+        counter=3,
+        protocol="grad-scale",
+    ),
+    "found-inf-changes-nothing": _case(
+        *_FROZEN, groups=_TWO_GROUPS, counter=3, calls=2, protocol="found-inf"
+    ),
     "found-inf-fresh": _case(P((48, 40)), P((256,), "bf16"), calls=3, protocol="found-inf", factored=True),
-    "frozen-with-a-gradient": _case(P((64,), frozen=True, period=16), P((48, 40), frozen=True),
-                                    P((24, 3), group=1, frozen=True, gradient="none"), P((37,), group=1),
-                                    groups=_TWO_GROUPS, counter=3, calls=2),
-    "frozen-first-in-each-group": _case(P((256,), frozen=True, gradient="none", period=64), P((48, 40), period=40),
-                                        P((64,), group=1, frozen=True, gradient="none"), P((24, 3), group=1, period=3),
-                                        groups=_TWO_GROUPS, counter=3, calls=2),
+    "frozen-with-a-gradient": _case(
+        P((64,), frozen=True, period=16),
+        P((48, 40), frozen=True),
+        P((24, 3), group=1, frozen=True, gradient="none"),
+        P((37,), group=1),
+        groups=_TWO_GROUPS,
+        counter=3,
+        calls=2,
+    ),
+    "frozen-first-in-each-group": _case(
+        P((256,), frozen=True, gradient="none", period=64),
+        P((48, 40), period=40),
+        P((64,), group=1, frozen=True, gradient="none"),
+        P((24, 3), group=1, period=3),
+        groups=_TWO_GROUPS,
+        counter=3,
+        calls=2,
+    ),
 }
 
 
@@ -216,20 +399,27 @@ def _with_examples(cases: dict):
         for case in reversed(list(cases.values())):
             test = example(case=case)(test)
         return test
+
     return decorate
 
 
 # ------------------------------------------------------------------------------------ checks
 
 
-def _unchanged(comparisons: Comparisons, what: str, name: str, before_p, after_p, before_entry, after_entry) -> None:
+def _unchanged(
+    comparisons: Comparisons, what: str, name: str, before_p, after_p, before_entry, after_entry
+) -> None:
     """A parameter that did not step: value and state entry bit for bit as before (both profiles)."""
     comparisons.add(bitwise_comparison(what, before_p, after_p, label=f"parameter {name}"))
     for key, value in before_entry.items():
         if torch.is_tensor(value):
-            comparisons.add(bitwise_comparison(what, value, after_entry.get(key), label=f"state[{name}].{key}"))
+            comparisons.add(
+                bitwise_comparison(what, value, after_entry.get(key), label=f"state[{name}].{key}")
+            )
         elif after_entry.get(key) != value:
-            comparisons.problem(f"state[{name}].{key}: {after_entry.get(key)!r}, expected {value!r} (unchanged)")
+            comparisons.problem(
+                f"state[{name}].{key}: {after_entry.get(key)!r}, expected {value!r} (unchanged)"
+            )
 
 
 def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
@@ -245,7 +435,9 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
         exact = native_compare.exact_problems(o.state_dict, t.state_dict, codebook_exact=True)
         for problem in exact:
             comparisons.problem(f"{where}: {problem}")
-        if case.protocol == "closure" and not (torch.is_tensor(t.loss) and torch.equal(t.loss, t.expected_loss)):
+        if case.protocol == "closure" and not (
+            torch.is_tensor(t.loss) and torch.equal(t.loss, t.expected_loss)
+        ):
             comparisons.problem(f"{where}: step(closure) returned {t.loss!r}, not the closure's loss")
         if exact:
             break
@@ -256,7 +448,9 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
             grad = t.grads[i]
             if case.params[i].numel == 0:  # no elements: skipped entirely, no state (SPEC 1.5.2 row 0)
                 if entry_after != {"name": name}:
-                    comparisons.problem(f"{where}: state[{name}] of an empty parameter is {sorted(entry_after)}")
+                    comparisons.problem(
+                        f"{where}: state[{name}] of an empty parameter is {sorted(entry_after)}"
+                    )
                 continue
             if t.skipped or grad is None:
                 what = "found_inf: nothing changes" if t.skipped else "input space: no gradient, no change"
@@ -267,11 +461,22 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
                 comparisons.add(bitwise_comparison(what, o.after[i], t.after[i], label=f"parameter {name}"))
                 for key, value in o.state_dict["state"][pid].items():
                     if torch.is_tensor(value):
-                        comparisons.add(bitwise_comparison(what, value, entry_after[key], label=f"state[{name}].{key}"))
+                        comparisons.add(
+                            bitwise_comparison(what, value, entry_after[key], label=f"state[{name}].{key}")
+                        )
                 continue
-            steps.append(pinned_step.ParamStep(
-                name=name, p0=t.before[i], p1=t.after[i], grad=grad, before=entry_before, after=entry_after,
-                factored=factored(case, i), **o.hypers[case.params[i].group]))
+            steps.append(
+                pinned_step.ParamStep(
+                    name=name,
+                    p0=t.before[i],
+                    p1=t.after[i],
+                    grad=grad,
+                    before=entry_before,
+                    after=entry_after,
+                    factored=factored(case, i),
+                    **o.hypers[case.params[i].group],
+                )
+            )
         if steps:
             checked = pinned_step.check_step(steps, CODEBOOK)
             comparisons.merge(checked)
@@ -303,7 +508,9 @@ def test_inputs_match_reference(gefen_impl, case):
     _check(gefen_impl, case)
 
 
-@pytest.mark.gefen_clause("4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13")
+@pytest.mark.gefen_clause(
+    "4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13"
+)
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(PROTOCOL_BOUNDARIES)

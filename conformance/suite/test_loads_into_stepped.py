@@ -32,13 +32,12 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance import workload
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
+from gefen_conformance.suite import margins
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
-
-from gefen_conformance.suite import margins
 
 DTYPE = torch.float32
 #: The checkpoint: the reference after steps 0-2 of the pinned workload, weight decay 0.05.
@@ -49,8 +48,10 @@ CHECKPOINT_HYPERS = dict(weight_decay=0.05)
 LIVE_STEPS = range(2)
 CONTINUATION = 3
 PHASE_STEPS = 2
-MIGRATIONS = [pytest.param(False, id="block-to-factored-and-back"),
-              pytest.param(True, id="factored-to-block-and-back")]
+MIGRATIONS = [
+    pytest.param(False, id="block-to-factored-and-back"),
+    pytest.param(True, id="factored-to-block-and-back"),
+]
 
 
 @functools.lru_cache(maxsize=2)
@@ -60,12 +61,15 @@ def _checkpoint(factored: bool) -> dict:
 
 
 def _live(make_optimizer, factored: bool, params=None):
-    """``(params, optimizer)`` over the pinned workload's start (or ``params``' values), the live hyperparameters."""
+    """``(params, optimizer)`` over the pinned workload's start (or ``params``' values), the live
+    hyperparameters."""
     values = workload.pinned_start(DTYPE) if params is None else params
     device = workload.device_for(make_optimizer)
     params = {n: torch.nn.Parameter(workload.to_cpu(t).to(device)) for n, t in values.items()}
     hypers = workload.optimizer_hypers(tensor_lr=True, weight_decay=0.0)
-    return params, make_optimizer(workload.param_groups(workload.OPTIMIZER, params, hypers), factored_v_2d=factored)
+    return params, make_optimizer(
+        workload.param_groups(workload.OPTIMIZER, params, hypers), factored_v_2d=factored
+    )
 
 
 def _loaded_exactly(label: str, loaded: dict, observed: dict) -> list[str]:
@@ -75,13 +79,22 @@ def _loaded_exactly(label: str, loaded: dict, observed: dict) -> list[str]:
     for p in native_compare.exact_problems(loaded, observed, codebook_exact=True):
         comparisons.problem(p)
     what = "state dict right after a load (bitwise)"
-    comparisons.add(bitwise_comparison(what, loaded["gefen_codebook"], observed.get("gefen_codebook"),
-                                       label="gefen_codebook"))
+    comparisons.add(
+        bitwise_comparison(
+            what, loaded["gefen_codebook"], observed.get("gefen_codebook"), label="gefen_codebook"
+        )
+    )
     for pid, entry in loaded["state"].items():
         for key, value in entry.items():
             if torch.is_tensor(value):
-                comparisons.add(bitwise_comparison(what, value, observed["state"].get(pid, {}).get(key),
-                                                   label=f"state[{entry.get('name', pid)}].{key}"))
+                comparisons.add(
+                    bitwise_comparison(
+                        what,
+                        value,
+                        observed["state"].get(pid, {}).get(key),
+                        label=f"state[{entry.get('name', pid)}].{key}",
+                    )
+                )
     return [f"right after the {label}: {p}" for p in margins.record(comparisons)]
 
 
@@ -97,16 +110,24 @@ def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label
     if numeric_profile.bitwise(impl):
         comparisons = native_compare.compare(expected, observed, bitwise=True, grad_dtype=DTYPE)
         for name, history in ours.history.items():
-            comparisons.add(bitwise_comparison("continuation after a load: parameters (fp32, every step)",
-                                               torch.stack(history), torch.stack(theirs.history[name]),
-                                               label=f"{label}: {name} (step, element)"))
+            comparisons.add(
+                bitwise_comparison(
+                    "continuation after a load: parameters (fp32, every step)",
+                    torch.stack(history),
+                    torch.stack(theirs.history[name]),
+                    label=f"{label}: {name} (step, element)",
+                )
+            )
         return [f"{label}: {p}" for p in margins.record(comparisons)]
     comparisons = Comparisons()
     for p in native_compare.exact_problems(expected, observed, codebook_exact=True):
         comparisons.problem(f"after {len(theirs.steps)} steps: {p}")
     if comparisons.ok:
-        comparisons.merge(shadowing.check_runs(workload.param_runs(theirs, factored_v_2d=factored),
-                                               theirs.states[0]["gefen_codebook"]))
+        comparisons.merge(
+            shadowing.check_runs(
+                workload.param_runs(theirs, factored_v_2d=factored), theirs.states[0]["gefen_codebook"]
+            )
+        )
     return [f"{label}: {p}" for p in margins.record(comparisons)]
 
 
@@ -121,10 +142,13 @@ def test_load_into_a_stepped_optimizer(gefen_impl):
         workload.train(workload.other_stream(workload.OPTIMIZER), optimizer, params, LIVE_STEPS)
         _load(optimizer, checkpoint)
         if side == "implementation":
-            problems += _loaded_exactly("load into a stepped optimizer", checkpoint, workload.native_state(optimizer))
+            problems += _loaded_exactly(
+                "load into a stepped optimizer", checkpoint, workload.native_state(optimizer)
+            )
         steps = range(CHECKPOINT_STEPS, CHECKPOINT_STEPS + CONTINUATION)
-        runs[side] = workload.run_steps(workload.OPTIMIZER, optimizer, params, steps,
-                                        record_states=shadow and side == "implementation")
+        runs[side] = workload.run_steps(
+            workload.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "implementation"
+        )
     if not problems:
         problems += _judge(gefen_impl, runs["reference"], runs["implementation"], False, "after the load")
     assert not problems, "\n".join(problems[:20])
@@ -147,8 +171,13 @@ def test_mode_migration(gefen_impl, first_mode_factored):
             _load(optimizer, start[side])
             if side == "implementation":
                 problems += _loaded_exactly(f"load of {label}", start[side], workload.native_state(optimizer))
-            runs[side] = workload.run_steps(workload.OPTIMIZER, optimizer, params, range(step, step + PHASE_STEPS),
-                                            record_states=shadow and side == "implementation")
+            runs[side] = workload.run_steps(
+                workload.OPTIMIZER,
+                optimizer,
+                params,
+                range(step, step + PHASE_STEPS),
+                record_states=shadow and side == "implementation",
+            )
             start[side] = workload.native_state(optimizer)
             values[side] = {n: workload.to_cpu(p) for n, p in params.items()}
         if problems:

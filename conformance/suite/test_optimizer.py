@@ -18,13 +18,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance import workload
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
+from gefen_conformance.suite import margins, optimizer_cases, reference_side
 from gefen_oracles import pinned_step
 from gefen_oracles.numeric import bitwise_comparison
-
-from gefen_conformance.suite import margins, optimizer_cases, reference_side
 
 STEPS = reference_side.STEPS
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -35,15 +34,23 @@ def _judged(gefen_impl, case) -> list[str]:
     """Run ``case`` (:mod:`gefen_conformance.suite.optimizer_cases`) against the implementation in
     the run's profile and record its comparisons; a failing case is the test's reproducer (SPEC 4.5.6)."""
     bitwise = numeric_profile.bitwise(gefen_impl)
-    return margins.record(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise)
+    return margins.record(
+        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
+    )
 
 
 @pytest.mark.gefen_clause("1.8", "1.10.1", "1.4", "5.6.10")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
+@pytest.mark.parametrize(
+    "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"]
+)
 def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr):
-    problems = _judged(gefen_impl, optimizer_cases.trajectory(dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay,
-                                                        factored_v_2d=False))
+    problems = _judged(
+        gefen_impl,
+        optimizer_cases.trajectory(
+            dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
+        ),
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -51,7 +58,9 @@ def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr
 @pytest.mark.gefen_requires(FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(gefen_impl, dtype):
-    problems = _judged(gefen_impl, optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True))
+    problems = _judged(
+        gefen_impl, optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True)
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -59,16 +68,23 @@ def _pinned(gefen_impl, dtype, pin_at, **kw) -> list[str]:
     """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
     arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
     in both profiles."""
-    return _judged(gefen_impl, optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw))
+    return _judged(
+        gefen_impl,
+        optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw),
+    )
 
 
 @pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("pin_at", PIN_POINTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"])
+@pytest.mark.parametrize(
+    "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"]
+)
 def test_pinned_block_step(gefen_impl, dtype, pin_at, weight_decay, tensor_lr):
-    problems = _pinned(gefen_impl, dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
+    problems = _pinned(
+        gefen_impl, dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -82,14 +98,19 @@ def test_pinned_factored_step(gefen_impl, dtype):
 
 @pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-@pytest.mark.parametrize("factored", [
-    pytest.param(False, id="block"),
-    pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
-])
+@pytest.mark.parametrize(
+    "factored",
+    [
+        pytest.param(False, id="block"),
+        pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
+    ],
+)
 def test_state_matches_reference(gefen_impl, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
-    problems = _judged(gefen_impl, optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored))
+    problems = _judged(
+        gefen_impl, optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored)
+    )
     assert not problems, "\n".join(map(str, problems))
 
 
@@ -112,8 +133,16 @@ def test_global_step_counts_every_step_call(gefen_impl):
 @pytest.mark.gefen_clause("1.1.2", "1.1.3")
 @pytest.mark.parametrize(
     "kwargs",
-    [{"lr": -1.0}, {"lr": float("nan")}, {"betas": (1.0, 0.9)}, {"betas": (0.9, -0.5)}, {"eps": 0.0},
-     {"eps": float("inf")}, {"weight_decay": -1.0}, {"lr": torch.tensor([1.0, 2.0])}],
+    [
+        {"lr": -1.0},
+        {"lr": float("nan")},
+        {"betas": (1.0, 0.9)},
+        {"betas": (0.9, -0.5)},
+        {"eps": 0.0},
+        {"eps": float("inf")},
+        {"weight_decay": -1.0},
+        {"lr": torch.tensor([1.0, 2.0])},
+    ],
     ids=["lr-neg", "lr-nan", "beta1-one", "beta2-neg", "eps-zero", "eps-inf", "wd-neg", "lr-two-elements"],
 )
 def test_invalid_hyperparameters_are_rejected(gefen_impl, kwargs):
@@ -128,10 +157,20 @@ def test_names_and_provenance(gefen_impl):
     device = workload.device_for(gefen_impl.make_optimizer)
     a, b, c, d, e = (torch.nn.Parameter(torch.zeros(4, device=device)) for _ in range(5))
     opt = gefen_impl.make_optimizer(
-        [{"params": [a, b]}, {"params": [("A", c)], "lr": 1e-4}, {"params": [d], "name": "Emb"}, {"params": [e], "name": "emb"}]
+        [
+            {"params": [a, b]},
+            {"params": [("A", c)], "lr": 1e-4},
+            {"params": [d], "name": "Emb"},
+            {"params": [e], "name": "emb"},
+        ]
     )
     groups = opt.state_dict()["param_groups"]
-    assert [g["param_names"] for g in groups] == [["group_0_param_0", "group_0_param_1"], ["a"], ["emb"], ["emb_1"]]
+    assert [g["param_names"] for g in groups] == [
+        ["group_0_param_0", "group_0_param_1"],
+        ["a"],
+        ["emb"],
+        ["emb_1"],
+    ]
     assert [g["param_names_synthesized"] for g in groups] == [[True, True], [False], [False], [True]]
 
 
@@ -144,13 +183,20 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl):
     The indices are compared exactly in both profiles: every value here is exact in any
     arithmetic (a zero gradient and a zero momentum give exactly 0, a block's one nonzero element
     normalizes to exactly 1), so no rounding can excuse another choice (SPEC 5.6.6)."""
+
     def run(make):
         device = workload.device_for(make)
         p = torch.nn.Parameter(torch.ones(4, 8, device=device))
         opt = make([("w", p)], factored_v_2d=False)
-        state = {"name": "w", "automatic_period": 8, "step": 1, "vmean_step": 1,
-                 "m_codebook": torch.zeros(4, 8, dtype=torch.uint8), "m_magnitude": torch.zeros(4, 1),
-                 "vmean": torch.full((4, 1), 1e-4)}
+        state = {
+            "name": "w",
+            "automatic_period": 8,
+            "step": 1,
+            "vmean_step": 1,
+            "m_codebook": torch.zeros(4, 8, dtype=torch.uint8),
+            "m_magnitude": torch.zeros(4, 1),
+            "vmean": torch.full((4, 1), 1e-4),
+        }
         sd = opt.state_dict()
         sd["state"] = {0: state}
         sd["gefen_codebook"] = torch.linspace(-1, 1, 256)
@@ -163,20 +209,26 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl):
         p.grad = grad.to(device)
         opt.step()
         after = workload.state_to_cpu(opt.state_dict())
-        hyper = {k: float(after["param_groups"][0][k]) for k in ("lr", "beta1", "beta2", "eps", "weight_decay")}
-        step = pinned_step.ParamStep("w", torch.ones(4, 8), workload.to_cpu(p), grad, state, after["state"][0],
-                                     factored=False, **hyper)
+        hyper = {
+            k: float(after["param_groups"][0][k]) for k in ("lr", "beta1", "beta2", "eps", "weight_decay")
+        }
+        step = pinned_step.ParamStep(
+            "w", torch.ones(4, 8), workload.to_cpu(p), grad, state, after["state"][0], factored=False, **hyper
+        )
         return step, after["state"][0]["m_codebook"].clone()
 
     ours, ours_idx = run(workload.REFERENCE)
     theirs, theirs_idx = run(gefen_impl.make_optimizer)
     assert int(ours_idx[0, 1]) == 127
-    differing = int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
+    differing = (
+        int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
+    )
     margins.exact("nearest-codeword ties (indices)", differing, ours_idx.numel())
     assert differing == 0, "indices differ from the tie rule (ties go to the lower index)"
     if numeric_profile.bitwise(gefen_impl):
-        problems = margins.record(bitwise_comparison("pinned step: parameter update (fp32)", ours.p1, theirs.p1,
-                                                     label="parameter"))
+        problems = margins.record(
+            bitwise_comparison("pinned step: parameter update (fp32)", ours.p1, theirs.p1, label="parameter")
+        )
     else:
         problems = margins.record(pinned_step.check_step([theirs], torch.linspace(-1, 1, 256)))
     assert not problems, "\n".join(problems)

@@ -3,7 +3,8 @@
 * **Long trajectories.** :data:`gefen_conformance.workload.models.LONG` trained ``LONG_STEPS`` steps in
   bf16 (past 256, where a counter kept in bf16 or in 8 bits stops counting); its 2-D parameter
   takes the factored path when the implementation claims ``factored-v`` (one run then covers both
-  paths), the block path otherwise. Under ``cpu-bit-exact`` every step's parameters and the final native state are compared with the
+  paths), the block path otherwise. Under ``cpu-bit-exact`` every step's parameters and the final native state
+  are compared with the
   reference's bit for bit. Otherwise trajectories legitimately drift apart (SPEC 5.6.10), so every
   step is judged from the implementation's own state before it ("shadowing", SPEC 5.6.20): the
   pinned step's stage bounds and update bias, counters, periods and inactive moments exact; the
@@ -27,10 +28,9 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance import workload
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-
 from gefen_conformance.suite import margins, optimizer_cases
 
 DTYPE = torch.bfloat16
@@ -40,8 +40,8 @@ HYPERS = workload.optimizer_hypers(weight_decay=0.05)
 #: ``(step, vmean_step)`` written into every state of the pinned state after three steps; None
 #: removes ``vmean_step`` (a legacy state, repaired to ``step``, SPEC 1.8.2).
 COUNTERS = [
-    pytest.param((2 ** 24, 2 ** 24), id="fp32-exact-limit"),
-    pytest.param((2 ** 31 - 1, 2 ** 31 - 1), id="int32-limit"),
+    pytest.param((2**24, 2**24), id="fp32-exact-limit"),
+    pytest.param((2**31 - 1, 2**31 - 1), id="int32-limit"),
     pytest.param((1000, 3), id="second-moment-lags"),
     pytest.param((1000, None), id="legacy-without-vmean-step"),
 ]
@@ -56,7 +56,9 @@ def test_long_trajectory(gefen_impl):
     # run would leave no displacement visible to the bias statistic (SPEC 5.6.21)
     dtype = DTYPE if native or bitwise else UNSHADOWED_DTYPE
     case = optimizer_cases.long_trajectory(dtype, HYPERS, native=native, factored_v_2d=factored)
-    problems = margins.record(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise)
+    problems = margins.record(
+        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
+    )
     assert not problems, "\n".join(problems[:20])
 
 
@@ -91,5 +93,7 @@ def test_pinned_step_at_synthesized_counters(gefen_impl, counters):
     kw = dict(weight_decay=0.05, factored_v_2d=False)
     case = optimizer_cases.pinned(dtype, 3, _with_counters(_pinned_after_three(), *counters), **kw)
     bitwise = numeric_profile.bitwise(gefen_impl)
-    problems = margins.record(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise)
+    problems = margins.record(
+        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
+    )
     assert not problems, "\n".join(problems)

@@ -10,9 +10,9 @@ side through a case; and
 writes.
 """
 
+from gefen_conformance.workload import models, runs, saving
 from gefen_conformance.workload.models import *  # noqa: F401,F403
 from gefen_conformance.workload.runs import *  # noqa: F401,F403
 from gefen_conformance.workload.saving import *  # noqa: F401,F403
-from gefen_conformance.workload import models, runs, saving
 
 __all__ = [*models.__all__, *runs.__all__, *saving.__all__]

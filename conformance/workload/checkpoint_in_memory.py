@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -32,7 +39,9 @@ class InMemoryCheckpoint:
     """One checkpoint: ``writer()`` fills it (once), ``reader()`` reads it (any number of times)."""
 
     def __init__(self) -> None:
-        self.metadata: Optional[bytes] = None  # pickled, as the filesystem keeps it: every reader gets its own copy
+        self.metadata: bytes | None = (
+            None  # pickled, as the filesystem keeps it: every reader gets its own copy
+        )
         self.items: dict[int, Any] = {}  # storage key -> bytes (BYTE_IO) or a CPU tensor of its own
 
     def writer(self) -> StorageWriter:
@@ -88,7 +97,7 @@ class _Writer(StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
         return False
 
-    def storage_meta(self) -> Optional[StorageMeta]:
+    def storage_meta(self) -> StorageMeta | None:
         return None
 
 
@@ -127,8 +136,10 @@ class _Reader(StorageReader):
                 piece = piece.narrow(dim, offset, length)
             target = planner.resolve_tensor(request).detach()
             if target.size() != piece.size():
-                raise RuntimeError(f"{request.storage_index}: stored piece {tuple(piece.size())} does not fit "
-                                   f"the target {tuple(target.size())}")
+                raise RuntimeError(
+                    f"{request.storage_index}: stored piece {tuple(piece.size())} does not fit "
+                    f"the target {tuple(target.size())}"
+                )
             target.copy_(piece)
             planner.commit_tensor(request, target)
         return _done()

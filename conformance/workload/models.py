@@ -24,18 +24,46 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from gefen_conformance.harness import devices, world
 
 __all__ = [
-    "BASE", "DCP_MODELS", "DCP_STEPS", "EMPTY", "FRESH", "GROUP_HYPERS", "LONG", "LONG_STEPS", "OPTIMIZER",
-    "REFERENCE", "SAVED_HYPERS", "TARGET_HYPERS", "WIDE", "Model", "crc32_seed", "device_for", "full_params",
-    "gradient", "initial", "linspace", "one_stream", "other_stream", "param_groups", "parameters", "per_name",
-    "scaled", "set_gradients", "state_to_cpu", "to_cpu", "train", "zeros",
+    "BASE",
+    "DCP_MODELS",
+    "DCP_STEPS",
+    "EMPTY",
+    "FRESH",
+    "GROUP_HYPERS",
+    "LONG",
+    "LONG_STEPS",
+    "OPTIMIZER",
+    "REFERENCE",
+    "SAVED_HYPERS",
+    "TARGET_HYPERS",
+    "WIDE",
+    "Model",
+    "crc32_seed",
+    "device_for",
+    "full_params",
+    "gradient",
+    "initial",
+    "linspace",
+    "one_stream",
+    "other_stream",
+    "param_groups",
+    "parameters",
+    "per_name",
+    "scaled",
+    "set_gradients",
+    "state_to_cpu",
+    "to_cpu",
+    "train",
+    "zeros",
 ]
 
 
@@ -52,13 +80,14 @@ class Model:
     the generator that draws the gradient of ``name`` (the ``index`` -th parameter) at ``step``.
     A gradient is ``randn`` of the shape, times ``1 + column % column_period`` when ``structured``
     (structure for the period search), its first ``zero_rows`` rows zeroed, times ``scales``,
-    rounded to a multiple of ``quantum`` when one is given (few distinct values); ``frozen`` parameters never get one (a fresh slot), nor does a parameter before its
+    rounded to a multiple of ``quantum`` when one is given (few distinct values); ``frozen`` parameters never
+    get one (a fresh slot), nor does a parameter before its
     ``first_step``.
     """
 
     shapes: Mapping[str, tuple]
     groups: tuple
-    init: Callable[["Model", Any], dict]
+    init: Callable[[Model, Any], dict]
     seed: Callable[[str, int, int], int] = None  # default (set below): crc32_seed("{name}:{step}")
     hypers: tuple = ()
     salt: Any = 0  # the init salt when none is given
@@ -75,12 +104,17 @@ class Model:
             object.__setattr__(self, "seed", crc32_seed("{name}:{step}"))
         grouped = [n for names in self.groups for n in names]
         if sorted(grouped) != sorted(self.shapes):
-            raise ValueError(f"a model's groups must list each parameter once: {self.groups} vs {list(self.shapes)}")
+            raise ValueError(
+                f"a model's groups must list each parameter once: {self.groups} vs {list(self.shapes)}"
+            )
 
-    def without(self, *names: str) -> "Model":
+    def without(self, *names: str) -> Model:
         """The same model without ``names`` (every other number unchanged)."""
-        return replace(self, shapes={n: s for n, s in self.shapes.items() if n not in names},
-                       groups=tuple(tuple(n for n in g if n not in names) for g in self.groups))
+        return replace(
+            self,
+            shapes={n: s for n, s in self.shapes.items() if n not in names},
+            groups=tuple(tuple(n for n in g if n not in names) for g in self.groups),
+        )
 
 
 def one_stream(model: Model, salt: int) -> dict:
@@ -91,8 +125,10 @@ def one_stream(model: Model, salt: int) -> dict:
 
 def per_name(model: Model, salt) -> dict:
     """Initial values from one generator per parameter, seeded by ``crc32("name:salt")``."""
-    return {n: torch.randn(s, generator=torch.Generator().manual_seed(_crc32(f"{n}:{salt}")))
-            for n, s in model.shapes.items()}
+    return {
+        n: torch.randn(s, generator=torch.Generator().manual_seed(_crc32(f"{n}:{salt}")))
+        for n, s in model.shapes.items()
+    }
 
 
 def zeros(model: Model, salt) -> dict:
@@ -181,8 +217,14 @@ def initial(model: Model, *, dtype: torch.dtype = torch.float32, salt=None) -> d
     return {n: v.to(dtype) for n, v in values.items()}
 
 
-def parameters(model: Model, *, dtype: torch.dtype = torch.float32, salt=None, mesh=None,
-               device: torch.device | None = None) -> dict:
+def parameters(
+    model: Model,
+    *,
+    dtype: torch.dtype = torch.float32,
+    salt=None,
+    mesh=None,
+    device: torch.device | None = None,
+) -> dict:
     """``{name: nn.Parameter}``: plain, or ``Shard(0)`` DTensors on ``mesh``; on ``device``
     (default: the implementation's, :func:`device_for`)."""
     device = device_for() if device is None else device
@@ -196,7 +238,9 @@ def parameters(model: Model, *, dtype: torch.dtype = torch.float32, salt=None, m
     return out
 
 
-def gradient(model: Model, name: str, step: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+def gradient(
+    model: Model, name: str, step: int, *, dtype: torch.dtype = torch.float32
+) -> torch.Tensor | None:
     """The full gradient of ``name`` at ``step`` (on CPU), or None when it gets none."""
     if name in model.frozen or step < model.first_step.get(name, step):
         return None
@@ -233,7 +277,10 @@ def param_groups(model: Model, params: dict, hypers=None) -> list:
     in ``params``, with ``hypers`` (default: the model's) per group."""
     hypers = model.hypers if hypers is None else hypers
     hypers = tuple(hypers) + ({},) * (len(model.groups) - len(hypers))
-    return [dict(h, params=[(n, params[n]) for n in names if n in params]) for names, h in zip(model.groups, hypers)]
+    return [
+        dict(h, params=[(n, params[n]) for n in names if n in params])
+        for names, h in zip(model.groups, hypers)
+    ]
 
 
 def train(model: Model, optimizer, params: dict, steps: Iterable[int]) -> None:
@@ -263,7 +310,13 @@ TARGET_HYPERS = (
     dict(lr=8.8e-9, betas=(0.3, 0.4), eps=6e-7, weight_decay=0.25),
 )
 SAVED_HYPERS = [
-    {"lr": g["lr"], "beta1": g["betas"][0], "beta2": g["betas"][1], "eps": g["eps"], "weight_decay": g["weight_decay"]}
+    {
+        "lr": g["lr"],
+        "beta1": g["betas"][0],
+        "beta2": g["betas"][1],
+        "eps": g["eps"],
+        "weight_decay": g["weight_decay"],
+    }
     for g in GROUP_HYPERS
 ]
 #: Training steps 1..DCP_STEPS make a DCP scenario's saved state.
@@ -286,8 +339,11 @@ BASE = Model(
     frozen=frozenset({FRESH}),
 )
 #: ``BASE`` plus ``tiny.weight`` (2, 8), whose shard is empty on ranks 2-3 of 4.
-EMPTY = replace(BASE, shapes=dict(BASE.shapes, **{"tiny.weight": (2, 8)}),
-                groups=(BASE.groups[0], BASE.groups[1] + ("tiny.weight",)))
+EMPTY = replace(
+    BASE,
+    shapes=dict(BASE.shapes, **{"tiny.weight": (2, 8)}),
+    groups=(BASE.groups[0], BASE.groups[1] + ("tiny.weight",)),
+)
 DCP_MODELS = {"base": BASE, "empty": EMPTY}
 
 
@@ -298,8 +354,17 @@ DCP_MODELS = {"base": BASE, "empty": EMPTY}
 #: (1e-6, representable in fp16), so that ``eps`` changes the stepsize; ``late`` gets its first
 #: gradient at step 3.
 OPTIMIZER = Model(
-    shapes={"weight": (48, 40), "vector": (256,), "conv": (8, 3, 3, 3), "prime": (37,), "faint": (64,),
-            "big_prime": (2053,), "narrow": (24, 3), "late": (7, 11), "scalar": (1,)},
+    shapes={
+        "weight": (48, 40),
+        "vector": (256,),
+        "conv": (8, 3, 3, 3),
+        "prime": (37,),
+        "faint": (64,),
+        "big_prime": (2053,),
+        "narrow": (24, 3),
+        "late": (7, 11),
+        "scalar": (1,),
+    },
     groups=(("weight", "vector", "conv", "prime"), ("faint", "big_prime", "narrow", "late", "scalar")),
     init=one_stream,
     seed=crc32_seed("{name}:{step}"),
@@ -311,6 +376,7 @@ OPTIMIZER = Model(
 
 
 # ------------------------------------------------- state across time and loads (SPEC 4.3.11)
+
 
 #: Long trajectories (SPEC 4.3.11): three small parameters, a searched period (``w``, structured),
 #: a fallback period (``v``) and period 1 (``s``, fewer than 8 elements), in two groups with the

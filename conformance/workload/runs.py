@@ -11,20 +11,47 @@ to an implementation, every parameter and state recorded.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 
 from gefen_conformance.workload.models import (
-    OPTIMIZER, REFERENCE, Model, device_for, gradient, initial, param_groups, parameters, set_gradients, state_to_cpu,
+    OPTIMIZER,
+    REFERENCE,
+    Model,
+    device_for,
+    gradient,
+    initial,
+    param_groups,
+    parameters,
+    set_gradients,
+    state_to_cpu,
     to_cpu,
 )
 
 __all__ = [
-    "PINNED_SALT", "PINNED_START_SCALE", "PinnedStep", "Run", "Trained", "built", "built_from", "first_step_pieces",
-    "native_state", "optimizer_hypers", "param_runs", "param_steps", "pinned_from", "pinned_start", "pinned_state",
-    "pinned_step", "pinned_step_from", "run_steps", "run_steps_from", "trajectory", "trajectory_from",
+    "PINNED_SALT",
+    "PINNED_START_SCALE",
+    "PinnedStep",
+    "Run",
+    "Trained",
+    "built",
+    "built_from",
+    "first_step_pieces",
+    "native_state",
+    "optimizer_hypers",
+    "param_runs",
+    "param_steps",
+    "pinned_from",
+    "pinned_start",
+    "pinned_state",
+    "pinned_step",
+    "pinned_step_from",
+    "run_steps",
+    "run_steps_from",
+    "trajectory",
+    "trajectory_from",
     "trajectory_gradients",
 ]
 
@@ -32,8 +59,17 @@ __all__ = [
 #: Starting scale of each parameter in a pinned step: half at 1e-3 of unit scale, so that 16-bit
 #: parameters show the update above their rounding, half at unit scale, so that weight decay
 #: shows in fp32.
-PINNED_START_SCALE = {"weight": 1e-3, "vector": 1.0, "conv": 1e-3, "prime": 1.0, "faint": 1e-3,
-                      "big_prime": 1e-3, "narrow": 1.0, "late": 1e-3, "scalar": 1.0}
+PINNED_START_SCALE = {
+    "weight": 1e-3,
+    "vector": 1.0,
+    "conv": 1e-3,
+    "prime": 1.0,
+    "faint": 1e-3,
+    "big_prime": 1e-3,
+    "narrow": 1.0,
+    "late": 1e-3,
+    "scalar": 1.0,
+}
 PINNED_SALT = 7
 
 
@@ -52,15 +88,21 @@ class Trained:
     states: dict = field(default_factory=dict)  # k -> deep copy of the native state dict after k steps
 
 
-def trajectory(make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_decay=0.0, states_after=(),
-               **options) -> Trained:
+def trajectory(
+    make_optimizer, dtype, steps: int, *, tensor_lr=False, weight_decay=0.0, states_after=(), **options
+) -> Trained:
     """Free-running training of :data:`OPTIMIZER` (SPEC 5.6.10): the optimizer ``make_optimizer``
     builds (:data:`REFERENCE` for the reference's side) over the common start, ``steps`` steps
     (indices 0..steps-1), every parameter recorded after every step, and a deep copy of the
     native state dict after each step count in ``states_after`` (``Trained.states``)."""
-    return trajectory_from(make_optimizer, initial(OPTIMIZER, dtype=dtype), trajectory_gradients(dtype, steps),
-                           optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), states_after=states_after,
-                           **options)
+    return trajectory_from(
+        make_optimizer,
+        initial(OPTIMIZER, dtype=dtype),
+        trajectory_gradients(dtype, steps),
+        optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        states_after=states_after,
+        **options,
+    )
 
 
 def trajectory_gradients(dtype: torch.dtype, steps: int, model: Model = OPTIMIZER) -> list:
@@ -68,8 +110,9 @@ def trajectory_gradients(dtype: torch.dtype, steps: int, model: Model = OPTIMIZE
     return [{n: gradient(model, n, step, dtype=dtype) for n in model.shapes} for step in range(steps)]
 
 
-def trajectory_from(make_optimizer, start: dict, grads: list, hypers, *, model: Model = OPTIMIZER, states_after=(),
-                    **options) -> Trained:
+def trajectory_from(
+    make_optimizer, start: dict, grads: list, hypers, *, model: Model = OPTIMIZER, states_after=(), **options
+) -> Trained:
     """:func:`trajectory` from explicit inputs (a reproducer's, SPEC 4.5.6): parameters ``start``
     (``{name: value}``, copied to the side's device), one ``{name: gradient or None}`` per step,
     the groups of ``model`` with ``hypers`` (copied: the two sides never share a tensor)."""
@@ -89,10 +132,16 @@ def trajectory_from(make_optimizer, start: dict, grads: list, hypers, *, model: 
 def first_step_pieces(state_dict: dict, dtype: torch.dtype, first_grads: dict | None = None) -> list:
     """``(gradient, period)`` of every parameter that had a gradient at step 1 (codebook learning);
     ``first_grads`` (``{name: gradient}``) the gradients of that step, by default :data:`OPTIMIZER`'s."""
-    names = {pid: name for g in state_dict["param_groups"] for pid, name in zip(g["params"], g["param_names"])}
+    names = {
+        pid: name for g in state_dict["param_groups"] for pid, name in zip(g["params"], g["param_names"])
+    }
     pieces = []
     for pid, entry in state_dict["state"].items():
-        grad = gradient(OPTIMIZER, names[pid], 0, dtype=dtype) if first_grads is None else first_grads.get(names[pid])
+        grad = (
+            gradient(OPTIMIZER, names[pid], 0, dtype=dtype)
+            if first_grads is None
+            else first_grads.get(names[pid])
+        )
         if grad is not None and "automatic_period" in entry:
             pieces.append((grad, entry["automatic_period"]))
     return pieces
@@ -102,8 +151,15 @@ def pinned_state(dtype: torch.dtype, pin_at: int, *, tensor_lr=False, weight_dec
     """The reference's native state dict after ``pin_at`` steps (a deep copy). ``pin_at == 0``: the
     codebook the reference learned at its first step, every parameter's state fresh."""
     steps = max(pin_at, 1)
-    ran = trajectory(REFERENCE, dtype, steps, tensor_lr=tensor_lr, weight_decay=weight_decay, states_after=(steps,),
-                     **options)
+    ran = trajectory(
+        REFERENCE,
+        dtype,
+        steps,
+        tensor_lr=tensor_lr,
+        weight_decay=weight_decay,
+        states_after=(steps,),
+        **options,
+    )
     return pinned_from(ran.states[steps], pin_at)
 
 
@@ -131,17 +187,25 @@ def pinned_start(dtype: torch.dtype) -> dict:
     return {n: (t.double() * PINNED_START_SCALE[n]).to(dtype) for n, t in start.items()}
 
 
-def pinned_step(make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_lr=False, weight_decay=0.0,
-                **options) -> PinnedStep:
+def pinned_step(
+    make_optimizer, dtype, pin_at: int, state_dict: dict, *, tensor_lr=False, weight_decay=0.0, **options
+) -> PinnedStep:
     """Load ``state_dict`` into an optimizer built by ``make_optimizer`` over :func:`pinned_start`
     parameters, set gradient ``pin_at`` and take one step."""
     grads = {n: gradient(OPTIMIZER, n, pin_at, dtype=dtype) for n in OPTIMIZER.shapes}
-    return pinned_step_from(make_optimizer, state_dict, pinned_start(dtype), grads,
-                            optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay), **options)
+    return pinned_step_from(
+        make_optimizer,
+        state_dict,
+        pinned_start(dtype),
+        grads,
+        optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        **options,
+    )
 
 
-def pinned_step_from(make_optimizer, state_dict: dict, start: dict, grads: dict, hypers, *,
-                     model: Model = OPTIMIZER, **options) -> PinnedStep:
+def pinned_step_from(
+    make_optimizer, state_dict: dict, start: dict, grads: dict, hypers, *, model: Model = OPTIMIZER, **options
+) -> PinnedStep:
     """:func:`pinned_step` from explicit inputs (a reproducer's, SPEC 4.5.6): the optimizer over
     parameters ``start`` in the groups of ``model`` with ``hypers`` (copied: the two sides never
     share a tensor), ``state_dict`` loaded, gradients ``grads`` (``{name: gradient or None}``), one step."""
@@ -149,15 +213,24 @@ def pinned_step_from(make_optimizer, state_dict: dict, start: dict, grads: dict,
     opt.load_state_dict(copy.deepcopy(state_dict))
     _set_gradients(params, grads)
     opt.step()
-    return PinnedStep(start, {n: to_cpu(p) for n, p in params.items()}, {n: grads.get(n) for n in params},
-                      state_to_cpu(copy.deepcopy(opt.state_dict())))
+    return PinnedStep(
+        start,
+        {n: to_cpu(p) for n, p in params.items()},
+        {n: grads.get(n) for n in params},
+        state_to_cpu(copy.deepcopy(opt.state_dict())),
+    )
 
 
 def _group_hypers(group: dict) -> dict:
     """A state dict's param group's hyperparameters as floats (a tensor lr included)."""
     lr = group["lr"]
-    return dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(group["beta1"]),
-                beta2=float(group["beta2"]), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]))
+    return dict(
+        lr=float(lr.item()) if torch.is_tensor(lr) else float(lr),
+        beta1=float(group["beta1"]),
+        beta2=float(group["beta2"]),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+    )
 
 
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
@@ -170,10 +243,18 @@ def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
         for pid, name in zip(g["params"], g["param_names"]):
             if result.grads[name] is None:
                 continue
-            out.append(ParamStep(
-                name=name, p0=result.start[name], p1=result.after[name], grad=result.grads[name],
-                before=pinned_sd["state"].get(pid, {}), after=result.state_dict["state"].get(pid, {}),
-                factored=factored and result.start[name].ndim == 2, **hyper))
+            out.append(
+                ParamStep(
+                    name=name,
+                    p0=result.start[name],
+                    p1=result.after[name],
+                    grad=result.grads[name],
+                    before=pinned_sd["state"].get(pid, {}),
+                    after=result.state_dict["state"].get(pid, {}),
+                    factored=factored and result.start[name].ndim == 2,
+                    **hyper,
+                )
+            )
     return out
 
 
@@ -197,7 +278,9 @@ def native_state(optimizer) -> dict:
     return state_to_cpu(copy.deepcopy(optimizer.state_dict()))
 
 
-def _stepped(optimizer, params: dict, steps: list, give_gradients: Callable[[int], None], record_states: bool) -> Run:
+def _stepped(
+    optimizer, params: dict, steps: list, give_gradients: Callable[[int], None], record_states: bool
+) -> Run:
     """Step once per entry of ``steps`` after ``give_gradients(i)`` set the ``i``-th step's
     gradients, recording every parameter and gradient (and the native state, when asked)."""
     history = {n: [to_cpu(p)] for n, p in params.items()}
@@ -266,11 +349,17 @@ def param_runs(run: Run, *, factored_v_2d: bool) -> list:
         hyper = _group_hypers(g)
         for pid, name in zip(g["params"], g["param_names"]):
             taken = [t for t, grad in enumerate(run.grads[name]) if grad is not None]
-            out.append(ParamRun(
-                name=name, p0=[run.history[name][t] for t in taken], p1=[run.history[name][t + 1] for t in taken],
-                grads=[run.grads[name][t] for t in taken],
-                before=[run.states[t]["state"].get(pid, {}) for t in taken],
-                after=[run.states[t + 1]["state"].get(pid, {}) for t in taken],
-                factored=bool(factored_v_2d) and run.history[name][0].ndim == 2,
-                steps=[run.steps[t] for t in taken], **hyper))
+            out.append(
+                ParamRun(
+                    name=name,
+                    p0=[run.history[name][t] for t in taken],
+                    p1=[run.history[name][t + 1] for t in taken],
+                    grads=[run.grads[name][t] for t in taken],
+                    before=[run.states[t]["state"].get(pid, {}) for t in taken],
+                    after=[run.states[t + 1]["state"].get(pid, {}) for t in taken],
+                    factored=bool(factored_v_2d) and run.history[name][0].ndim == 2,
+                    steps=[run.steps[t] for t in taken],
+                    **hyper,
+                )
+            )
     return out

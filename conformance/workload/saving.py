@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -40,8 +40,16 @@ def _dcp_options(dcp_collectives: bool):
         yield {"no_dist": True}
 
 
-def save(impl, optimizer, path=None, *, params: dict | None = None, planner: bool = True, writer=None,
-         dcp_collectives: bool = True) -> None:
+def save(
+    impl,
+    optimizer,
+    path=None,
+    *,
+    params: dict | None = None,
+    planner: bool = True,
+    writer=None,
+    dcp_collectives: bool = True,
+) -> None:
     """``dcp.save`` of the optimizer through ``impl.dcp_state`` (and the model when ``params`` is
     given) to ``path`` or ``writer``, with ``impl.save_planner()`` when ``planner`` (DCP's
     default otherwise), on the current World's group. Without ``dcp_collectives`` (a World of one
@@ -58,7 +66,9 @@ def save(impl, optimizer, path=None, *, params: dict | None = None, planner: boo
         dcp.save(state, planner=chosen, process_group=group(), **options, **target)
 
 
-def load(impl, optimizer, path=None, *, params: dict | None = None, reader=None, dcp_collectives: bool = True) -> None:
+def load(
+    impl, optimizer, path=None, *, params: dict | None = None, reader=None, dcp_collectives: bool = True
+) -> None:
     """``dcp.load`` of ``path`` or ``reader`` into the optimizer through ``impl.dcp_state`` (and
     into the model when ``params`` is given), on the current World's group; ``dcp_collectives``
     as for :func:`save`."""

@@ -19,13 +19,27 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 
 __all__ = [
-    "CODEBOOK", "DTYPES", "GRADIENTS", "LAYOUTS", "OPTIONS", "PROTOCOLS", "SCHEDULES", "GroupCase", "InputCase",
-    "ParamCase", "codebook", "divisors", "factored", "gradient", "initial", "layouts_for", "synthesized_entry",
+    "CODEBOOK",
+    "DTYPES",
+    "GRADIENTS",
+    "LAYOUTS",
+    "OPTIONS",
+    "PROTOCOLS",
+    "SCHEDULES",
+    "GroupCase",
+    "InputCase",
+    "ParamCase",
+    "codebook",
+    "divisors",
+    "factored",
+    "gradient",
+    "initial",
+    "layouts_for",
+    "synthesized_entry",
 ]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
@@ -63,7 +77,7 @@ _SCALES = {"tiny": {}, "huge": {torch.float16: 1e2}}
 _DEFAULT_SCALES = {"tiny": 1e-6, "huge": 1e6}
 #: The largest power of two the GradScaler protocols scale gradients by (less when a gradient
 #: would overflow its dtype).
-GRAD_SCALE = 2.0 ** 10
+GRAD_SCALE = 2.0**10
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,7 @@ class ParamCase:
     layout: str = "contiguous"
     gradient: str = "normal"
     frozen: bool = False
-    period: Optional[int] = None
+    period: int | None = None
 
     @property
     def numel(self) -> int:
@@ -113,7 +127,7 @@ class InputCase:
     factored: bool = False
     options: tuple = ()
     counter: int = 0
-    moment_counter: Optional[int] = None
+    moment_counter: int | None = None
     calls: int = 1
     schedule: str = "constant"
     protocol: str = "plain"
@@ -138,7 +152,7 @@ class InputCase:
     def name(self, i: int) -> str:
         return f"p{i}.weight" if len(self.params[i].shape) >= 2 else f"p{i}.bias"
 
-    def without_factored(self) -> "InputCase":
+    def without_factored(self) -> InputCase:
         return replace(self, factored=False)
 
 
@@ -189,7 +203,7 @@ def _scale(p: ParamCase) -> float:
     return 1.0
 
 
-def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> Optional[torch.Tensor]:
+def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torch.Tensor | None:
     """Parameter ``i`` 's gradient at ``call`` (1-based; CPU, its dtype), or None. ``stale``: the
     different gradient a closure protocol leaves in place before the call."""
     p = case.params[i]
@@ -217,7 +231,9 @@ def initial(case: InputCase, i: int) -> torch.Tensor:
     above its own rounding)."""
     p = case.params[i]
     start = 1.0 if p.torch_dtype in (torch.float32, torch.float64) and i % 2 == 0 else 1e-3
-    return (torch.randn(p.shape, generator=_generator(case, "init", i), dtype=torch.float64) * start).to(p.torch_dtype)
+    return (torch.randn(p.shape, generator=_generator(case, "init", i), dtype=torch.float64) * start).to(
+        p.torch_dtype
+    )
 
 
 def synthesized_entry(case: InputCase, i: int) -> dict:
@@ -228,9 +244,13 @@ def synthesized_entry(case: InputCase, i: int) -> dict:
     blocks = p.numel // p.period
     scale = _scale(p)
     entry = {
-        "name": case.name(i), "automatic_period": p.period, "step": case.counter,
+        "name": case.name(i),
+        "automatic_period": p.period,
+        "step": case.counter,
         "m_codebook": torch.randint(0, 256, (blocks, p.period), generator=gen, dtype=torch.uint8),
-        "m_magnitude": (torch.rand(blocks, 1, generator=gen, dtype=torch.float64) * 1.3 + 0.2).mul(scale).float(),
+        "m_magnitude": (torch.rand(blocks, 1, generator=gen, dtype=torch.float64) * 1.3 + 0.2)
+        .mul(scale)
+        .float(),
     }
     moment = case.counter if case.moment_counter is None else case.moment_counter
 

@@ -22,7 +22,14 @@ import torch
 
 from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
 from gefen_conformance.workload.space import (
-    CODEBOOK, GRAD_SCALE, PERIOD_ONE_SUBSTRING, GroupCase, InputCase, synthesized_entry, gradient, initial,
+    CODEBOOK,
+    GRAD_SCALE,
+    PERIOD_ONE_SUBSTRING,
+    GroupCase,
+    InputCase,
+    gradient,
+    initial,
+    synthesized_entry,
 )
 
 __all__ = ["Built", "Call", "Run", "build", "grad_scale", "placed", "run", "starting_state"]
@@ -56,7 +63,9 @@ def build(case: InputCase, make_optimizer, device) -> Built:
             offsets[i] = start
             flat_sizes[p.torch_dtype] = start + p.numel + 5
     buffers = {dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()}
-    grad_buffers = {dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()}
+    grad_buffers = {
+        dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()
+    }
     params = {}
     for i, p in enumerate(case.params):
         value = initial(case, i).to(device)
@@ -65,7 +74,7 @@ def build(case: InputCase, make_optimizer, device) -> Built:
         elif p.layout == "channels-last":
             param = torch.nn.Parameter(value.contiguous(memory_format=torch.channels_last))
         elif p.layout == "flat-view":
-            view = buffers[p.torch_dtype][offsets[i]:offsets[i] + p.numel].view(p.shape)
+            view = buffers[p.torch_dtype][offsets[i] : offsets[i] + p.numel].view(p.shape)
             view.copy_(value)
             param = torch.nn.Parameter(view)
         else:
@@ -75,9 +84,15 @@ def build(case: InputCase, make_optimizer, device) -> Built:
     built = Built(params, grad_buffers, offsets)
     groups = []
     for g, group in enumerate(case.groups):
-        groups.append({"params": [(case.name(i), params[i]) for i in case.order() if case.params[i].group == g],
-                       "lr": _lr(group, device), "betas": group.betas, "eps": group.eps,
-                       "weight_decay": group.weight_decay})
+        groups.append(
+            {
+                "params": [(case.name(i), params[i]) for i in case.order() if case.params[i].group == g],
+                "lr": _lr(group, device),
+                "betas": group.betas,
+                "eps": group.eps,
+                "weight_decay": group.weight_decay,
+            }
+        )
     built.optimizer = make_optimizer(groups, **_options(case))
     return built
 
@@ -89,7 +104,7 @@ def placed(case: InputCase, built: Built, i: int, value: torch.Tensor, device) -
     value = value.to(device)
     if p.layout == "flat-view":
         buffer = built.grad_buffers[p.torch_dtype]
-        return buffer[built.offsets[i]:built.offsets[i] + p.numel].view(p.shape).copy_(value)
+        return buffer[built.offsets[i] : built.offsets[i] + p.numel].view(p.shape).copy_(value)
     if p.layout == "strided-grad":
         wide = torch.zeros(*p.shape, 2, dtype=value.dtype, device=device)
         return wide[..., 0].copy_(value)
@@ -104,8 +119,10 @@ def starting_state(case: InputCase) -> dict:
     built = build(case, REFERENCE, torch.device("cpu"))
     sd = built.optimizer.state_dict()
     ids = {i: pid for pid, i in enumerate(case.order())}
-    sd["state"] = {ids[i]: (synthesized_entry(case, i) if p.period is not None else {"name": case.name(i)})
-                   for i, p in enumerate(case.params)}
+    sd["state"] = {
+        ids[i]: (synthesized_entry(case, i) if p.period is not None else {"name": case.name(i)})
+        for i, p in enumerate(case.params)
+    }
     sd["gefen_codebook"] = CODEBOOK.clone()
     sd["gefen_global_step"] = case.counter
     for group in sd["param_groups"]:
@@ -160,9 +177,15 @@ def _hypers(optimizer) -> list:
     out = []
     for group in optimizer.param_groups:
         lr = group["lr"]
-        out.append(dict(lr=float(lr.item()) if torch.is_tensor(lr) else float(lr), beta1=float(group["beta1"]),
-                        beta2=float(group["beta2"]), eps=float(group["eps"]),
-                        weight_decay=float(group["weight_decay"])))
+        out.append(
+            dict(
+                lr=float(lr.item()) if torch.is_tensor(lr) else float(lr),
+                beta1=float(group["beta1"]),
+                beta2=float(group["beta2"]),
+                eps=float(group["eps"]),
+                weight_decay=float(group["weight_decay"]),
+            )
+        )
     return out
 
 
@@ -172,7 +195,9 @@ def grad_scale(case: InputCase, call: int) -> float:
     scale = GRAD_SCALE
     for i in range(len(case.params)):
         g = gradient(case, i, call)
-        while g is not None and scale > 1.0 and not bool(torch.isfinite((g.double() * scale).to(g.dtype)).all()):
+        while (
+            g is not None and scale > 1.0 and not bool(torch.isfinite((g.double() * scale).to(g.dtype)).all())
+        ):
             scale /= 2.0
     return scale
 
@@ -200,7 +225,9 @@ def run(make_optimizer, case: InputCase, state_dict: dict) -> Run:
         def assign():
             for i, p in params.items():
                 g = grads[i]
-                p.grad = None if g is None else placed(case, built, i, (g.double() * scale).to(g.dtype), device)
+                p.grad = (
+                    None if g is None else placed(case, built, i, (g.double() * scale).to(g.dtype), device)
+                )
 
         if case.protocol == "closure":
             for i, p in params.items():  # what a previous iteration left behind

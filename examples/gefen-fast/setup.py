@@ -41,8 +41,11 @@ class BuildKernels(build_ext):
         try:
             result = _build.compile_library(target)
         except _build.NoCompiler as exc:
-            print(f"WARNING gefen-fast: {exc}; the kernels are not built and the optimizer will use "
-                  "the reference's torch step", file=sys.stderr)
+            print(
+                f"WARNING gefen-fast: {exc}; the kernels are not built and the optimizer will use "
+                "the reference's torch step",
+                file=sys.stderr,
+            )
             return
         except _build.BuildError as exc:
             raise SystemExit(f"error: gefen-fast: {exc}") from None

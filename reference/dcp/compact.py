@@ -51,9 +51,7 @@ def step_counters(state) -> tuple:
 def check_expandable(codebook, local: torch.Tensor, state) -> None:
     """Prove that an initialized slot's dense expansion cannot fail mid-write."""
     if codebook is None:
-        raise RuntimeError(
-            "Gefen DCP save requires an initialized codebook, but this rank has none"
-        )
+        raise RuntimeError("Gefen DCP save requires an initialized codebook, but this rank has none")
     # Indices are uint8, so a one-dimensional codebook with at least 256 entries
     # can address every index that can occur; no pass over the indices is needed.
     if codebook.dim() != 1 or codebook.numel() < 256:
@@ -64,8 +62,7 @@ def check_expandable(codebook, local: torch.Tensor, state) -> None:
     indices = state["m_codebook"]
     if indices.dtype != torch.uint8:
         raise ValueError(
-            f"Gefen momentum index dtype is invalid: m_codebook must be uint8, got "
-            f"{indices.dtype}"
+            f"Gefen momentum index dtype is invalid: m_codebook must be uint8, got {indices.dtype}"
         )
     for key in BLOCK_TENSORS:
         if state[key].device != local.device:

@@ -24,8 +24,9 @@ process group), so a property-based fuzzer can drive it directly::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class StagedValue:
 
     key: str
     value: float
-    destination: Optional[torch.Tensor] = None
+    destination: torch.Tensor | None = None
     stored: float = 0.0
 
     @property
@@ -164,7 +165,9 @@ def stage_hyperparameter(destination: Any, saved_value: Any, *, key: str) -> Sta
         largest = torch.finfo(dtype).max
         if abs(value) > largest:
             raise _refuse(
-                key, value, destination,
+                key,
+                value,
+                destination,
                 f"outside the representable range [-{largest!r}, {largest!r}]; the in-place "
                 "fill would overflow to inf",
             )
@@ -173,7 +176,9 @@ def stage_hyperparameter(destination: Any, saved_value: Any, *, key: str) -> Sta
             raise _refuse(key, value, destination, "the in-place fill would underflow to 0")
     if key in BETA_KEYS and not 0.0 <= stored < 1.0:
         raise _refuse(
-            key, value, destination,
+            key,
+            value,
+            destination,
             f"it rounds to {stored!r}, outside [0, 1); a beta of 1 would make the next bias "
             "correction 1 - beta**t divide by zero",
         )

@@ -90,8 +90,7 @@ def collect_slots(optimizer) -> tuple:
     for group_index, group in enumerate(optimizer.param_groups):
         if group.get("sharded_mode") is not None:
             raise RuntimeError(
-                "GefenDCPState does not handle groups in a Muon sharded mode "
-                f"(group {group_index})"
+                f"GefenDCPState does not handle groups in a Muon sharded mode (group {group_index})"
             )
         params = group["params"]
         names = group.get("param_names")

@@ -62,8 +62,7 @@ class _DeferredDenseShard(torch.Tensor):
         # would hand out a reference to live optimizer state; refuse it here.
         if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
             raise RuntimeError(
-                "A Gefen DCP placeholder cannot be moved or copied to another "
-                "device. " + _MISUSE_HINT
+                "A Gefen DCP placeholder cannot be moved or copied to another device. " + _MISUSE_HINT
             )
         return super().__torch_function__(func, types, args, kwargs or {})
 
@@ -142,7 +141,7 @@ class _DeferredDenseShard(torch.Tensor):
         del built
         return host
 
-    def snapshot(self) -> "_DeferredDenseShard":
+    def snapshot(self) -> _DeferredDenseShard:
         """A CPU placeholder frozen at the current state, with the same geometry."""
         frozen = self.fresh_host_copy()
         return _DeferredDenseShard(self._owner, lambda: frozen, device=frozen.device)

@@ -18,7 +18,7 @@ Nothing here touches an optimizer; every function returns new tensors.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ def period_for(rules: PeriodRules, name: str, global_shape, second: torch.Tensor
     return period
 
 
-def relearn_codebook(pieces: Sequence[tuple], device) -> Optional[torch.Tensor]:
+def relearn_codebook(pieces: Sequence[tuple], device) -> torch.Tensor | None:
     """One codebook for this rank from ``(momentum, period)`` pieces, in slot order (SPEC 3.6.3).
 
     Returns None when there is no piece (the rank holds no initialized, non-empty

@@ -11,7 +11,6 @@ two, ``GefenDCPState`` makes every rank agree that every rank staged successfull
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -54,7 +53,7 @@ class RestorePlan:
     new_state: dict  # parameter -> its complete new state dict
     hypers: list  # one {key: StagedValue} per group
     global_step: int
-    codebook: Optional[torch.Tensor]
+    codebook: torch.Tensor | None
 
 
 # ------------------------------------------------------------------------- header
@@ -92,9 +91,7 @@ def _check_header(state_dict, optimizer, slots) -> None:
         if isinstance(saved, list):
             for index, (got, want) in enumerate(zip(saved, expected)):
                 if got != want:
-                    where = (
-                        f" (first difference at slot {index}: checkpoint {got!r}, optimizer {want!r})"
-                    )
+                    where = f" (first difference at slot {index}: checkpoint {got!r}, optimizer {want!r})"
                     break
             else:
                 where = f" ({len(saved)} saved identities for {len(expected)} slots)"
@@ -143,8 +140,7 @@ def _read_slot(state_dict, slot) -> SlotReading:
     absent = [key for key in keys.values() if key not in state_dict]
     if absent:
         raise ValueError(
-            f"Gefen DCP checkpoint is missing state for slot {slot.index} ({slot.name}): "
-            f"{', '.join(absent)}"
+            f"Gefen DCP checkpoint is missing state for slot {slot.index} ({slot.name}): {', '.join(absent)}"
         )
     flag = schema.as_counter(state_dict[keys["initialized"]], keys["initialized"])
     if flag not in (0, 1):
@@ -164,9 +160,7 @@ def _read_slot(state_dict, slot) -> SlotReading:
             f"shard {tuple(local.shape)}"
         )
     if not bool(torch.isfinite(momentum).all()) or not bool(torch.isfinite(second).all()):
-        raise ValueError(
-            f"Gefen DCP checkpoint contains non-finite state in slot {slot.index} ({slot.name})"
-        )
+        raise ValueError(f"Gefen DCP checkpoint contains non-finite state in slot {slot.index} ({slot.name})")
     if bool((second < 0).any()):
         raise ValueError(
             f"Gefen DCP second moment must be nonnegative, but slot {slot.index} ({slot.name}) "

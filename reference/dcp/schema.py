@@ -47,12 +47,7 @@ def as_counter(value, what: str) -> int:
         if value.numel() != 1:
             raise ValueError(f"{what} must be a single number, got {value.numel()} elements")
         value = value.item()
-    if (
-        type(value) not in (int, float)
-        or not math.isfinite(value)
-        or value < 0
-        or int(value) != value
-    ):
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0 or int(value) != value:
         raise ValueError(f"{what} must be a nonnegative integer, got {value!r}")
     return int(value)
 

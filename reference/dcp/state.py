@@ -30,7 +30,8 @@ class GefenDCPState:
         if not optimizer_view.is_supported(optimizer):
             raise TypeError(
                 "GefenDCPState supports gefen_reference.Gefen and classes that declare its state layout "
-                f"(gefen_state_layout = gefen_reference.dcp.STATE_LAYOUT in the class body), got {type(optimizer).__name__}"
+                "(gefen_state_layout = gefen_reference.dcp.STATE_LAYOUT in the class body), got "
+                f"{type(optimizer).__name__}"
             )
         _require_process_group()
         self.optimizer = optimizer
@@ -106,8 +107,12 @@ class GefenDCPState:
             out[schema.slot_key(slot.index, "step")] = schema.int64_scalar(step)
             out[schema.slot_key(slot.index, "vmean_step")] = schema.int64_scalar(vmean_step)
             momentum_build, second_build = _builders(codebook, local, state, initialized)
-            out[schema.slot_key(slot.index, "momentum")] = placeholder.deferred(slot.parameter, momentum_build)
-            out[schema.slot_key(slot.index, "second_moment")] = placeholder.deferred(slot.parameter, second_build)
+            out[schema.slot_key(slot.index, "momentum")] = placeholder.deferred(
+                slot.parameter, momentum_build
+            )
+            out[schema.slot_key(slot.index, "second_moment")] = placeholder.deferred(
+                slot.parameter, second_build
+            )
         return out
 
     # -- load ---------------------------------------------------------------------------

@@ -125,8 +125,12 @@ def compile_library(target: Path, extra_flags: tuple = ()) -> dict:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return {"path": str(target), "openmp": openmp, "seconds": time.perf_counter() - started,
-            "compiler": " ".join(cc)}
+    return {
+        "path": str(target),
+        "openmp": openmp,
+        "seconds": time.perf_counter() - started,
+        "compiler": " ".join(cc),
+    }
 
 
 def remove_other_builds(directory: Path, keep: str) -> None:
@@ -157,7 +161,9 @@ class _Lock:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise BuildError(f"waited {self.timeout:.0f} s for another process's build ({self.path})")
+                    raise BuildError(
+                        f"waited {self.timeout:.0f} s for another process's build ({self.path})"
+                    ) from None
                 time.sleep(0.05)
 
     def __exit__(self, *exc):

@@ -12,7 +12,7 @@ running sum (the reference solver decides, or raises as the reference does).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _NOT_FINITE = -2
 
 
-def _kernel_input(flat: torch.Tensor) -> Optional[torch.Tensor]:
+def _kernel_input(flat: torch.Tensor) -> torch.Tensor | None:
     if flat.device.type != "cpu" or not torch.is_floating_point(flat) or not kernels.available():
         return None
     if flat.dtype not in _SUFFIX or (flat.dtype == torch.float16 and not kernels.native_half()):
@@ -33,7 +33,7 @@ def _kernel_input(flat: torch.Tensor) -> Optional[torch.Tensor]:
     return flat.contiguous()
 
 
-def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> Optional[torch.Tensor]:
+def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> torch.Tensor | None:
     """int64 counts over the 4096 bins for ``(flat local gradient, period)`` pieces (SPEC 1.6.3-1.6.5);
     None when no element was seen. Equal to ``reference.codebook.histogram_counts``."""
     counts = np.zeros(reference_codebook.HISTOGRAM_BINS, dtype=np.int64)
@@ -57,7 +57,8 @@ def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> Optional[tor
 
 
 def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
-    """The codebook of SPEC 1.6.5-1.6.8 for int64 bin counts; ``reference.codebook.codebook_from_counts``'s bits."""
+    """The codebook of SPEC 1.6.5-1.6.8 for int64 bin counts; ``reference.codebook.codebook_from_counts``'s
+    bits."""
     weights = counts.to(torch.float32)
     active = weights > 0
     m = int(active.sum())
@@ -67,14 +68,17 @@ def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
     centers = np.ascontiguousarray(reference_codebook.bin_centers()[active].numpy().astype(np.float64))
     w = np.ascontiguousarray(weights[active].numpy().astype(np.float64))
     out = np.empty(k, dtype=np.float32)
-    status = native.library().gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, m, k, out.ctypes.data,
-                                                torch.get_num_threads())
+    status = native.library().gefen_codebook_dp(
+        centers.ctypes.data, w.ctypes.data, m, k, out.ctypes.data, torch.get_num_threads()
+    )
     if status != 0:
         return reference_codebook.codebook_from_counts(counts)
     return torch.from_numpy(out)
 
 
-def learn_codebook(pieces: Iterable[tuple[torch.Tensor, int]], device: torch.device | str = "cpu") -> Optional[torch.Tensor]:
+def learn_codebook(
+    pieces: Iterable[tuple[torch.Tensor, int]], device: torch.device | str = "cpu"
+) -> torch.Tensor | None:
     """The fp32[256] codebook for the gradient pieces, or None when they are all empty (SPEC 1.6.2)."""
     counts = histogram_counts(pieces)
     if counts is None:

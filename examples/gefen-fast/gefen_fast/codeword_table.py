@@ -54,11 +54,11 @@ def cell_of(values: np.ndarray) -> np.ndarray:
 class CodewordTable:
     """The structure of one codebook's cell table (the decoded values depend on the gradient dtype)."""
 
-    codebook: np.ndarray    # fp32[256], the search codebook
-    threshold: np.ndarray   # fp32[CELLS + 2]: the change point inside each cell, +inf if none
-    lo: np.ndarray          # int32[CELLS + 2]: the code at or below the change point
-    hi: np.ndarray          # int32[CELLS + 2]: the code above it
-    use_cells: bool         # False: some cell holds two change points, the kernels must search
+    codebook: np.ndarray  # fp32[256], the search codebook
+    threshold: np.ndarray  # fp32[CELLS + 2]: the change point inside each cell, +inf if none
+    lo: np.ndarray  # int32[CELLS + 2]: the code at or below the change point
+    hi: np.ndarray  # int32[CELLS + 2]: the code above it
+    use_cells: bool  # False: some cell holds two change points, the kernels must search
 
     def indices(self, values: np.ndarray) -> np.ndarray:
         """The table's answer for fp32 ``values`` in [-1, 1], as the kernels compute it."""
@@ -124,7 +124,8 @@ def decision_thresholds(c_left: np.ndarray, c_right: np.ndarray) -> np.ndarray:
 
 
 def change_points(codebook: np.ndarray) -> tuple[list, list]:
-    """``(thresholds, results)``: the rule gives ``results[j]`` for ``thresholds[j-1] < u <= thresholds[j]``."""
+    """``(thresholds, results)``: the rule gives ``results[j]`` for ``thresholds[j-1] < u <=
+    thresholds[j]``."""
     cb = np.asarray(codebook, dtype=np.float32)
     starts = np.flatnonzero(np.concatenate([[True], cb[1:] != cb[:-1]]))
     ends = np.concatenate([starts[1:], [CODEBOOK_SIZE]]) - 1

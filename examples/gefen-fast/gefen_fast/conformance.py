@@ -9,6 +9,7 @@ reference's: ``gefen_fast.Gefen`` declares the reference's state layout
 
 from __future__ import annotations
 
+import gefen_fast
 from gefen_conformance import (
     DCP_ASYNC_SAVE,
     DCP_RESHARD,
@@ -17,8 +18,6 @@ from gefen_conformance import (
     NATIVE_STATE_DICT,
     Implementation,
 )
-
-import gefen_fast
 
 
 def _make_optimizer(params, **hyperparameters):

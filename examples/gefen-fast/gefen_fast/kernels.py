@@ -34,8 +34,11 @@ def available() -> bool:
     try:
         native.library()
     except native.BuildError as exc:
-        warnings.warn(f"gefen_fast: C kernels unavailable, using the reference's torch step instead: {exc}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"gefen_fast: C kernels unavailable, using the reference's torch step instead: {exc}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return False
     return True
 
@@ -63,8 +66,10 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def handles(param: torch.Tensor, grad: torch.Tensor) -> bool:
     """True when a CPU kernel updates this (local) parameter."""
     return (
-        param.is_cpu and grad.is_cpu
-        and param.dtype in KERNEL_DTYPES and grad.dtype == param.dtype
+        param.is_cpu
+        and grad.is_cpu
+        and param.dtype in KERNEL_DTYPES
+        and grad.dtype == param.dtype
         and param.numel() == grad.numel()
         and available()
         and not _overlap(param, grad)
@@ -99,10 +104,22 @@ class CodewordTables:
             cells = self._table.cells(decode)
             search = self._table.codebook
             planes = codeword_table.byte_planes(decode)
-            struct = native.Table(cells.ctypes.data, decode.ctypes.data, search.ctypes.data,
-                                  planes.ctypes.data, int(self._table.use_cells))
+            struct = native.Table(
+                cells.ctypes.data,
+                decode.ctypes.data,
+                search.ctypes.data,
+                planes.ctypes.data,
+                int(self._table.use_cells),
+            )
             # arrays live with the struct
-            entry = self._structs[grad_dtype] = (struct, cells, decode, search, ctypes.addressof(struct), planes)
+            entry = self._structs[grad_dtype] = (
+                struct,
+                cells,
+                decode,
+                search,
+                ctypes.addressof(struct),
+                planes,
+            )
         return entry
 
 
@@ -172,8 +189,15 @@ def _decay(hyper) -> float:
     return 1 - hyper.lr * hyper.weight_decay if hyper.weight_decay > 0.0 else 1.0
 
 
-def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: CodewordTables,
-            codebook: torch.Tensor, hyper, factored: bool):
+def prepare(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict,
+    tables: CodewordTables,
+    codebook: torch.Tensor,
+    hyper,
+    factored: bool,
+):
     """The kernel work for SPEC 1.8 (block) or 1.9 (factored) of one CPU parameter (its local
     tensor, state initialised), or None when the state's layout does not fit the kernels (then
     the torch step takes it). Nothing changes until :func:`run` commits it."""
@@ -202,10 +226,29 @@ def prepare(param: torch.Tensor, grad: torch.Tensor, state: dict, tables: Codewo
     decay = _decay(hyper)
     buffers = _Buffers(param, grad, decay)
     fields = (
-        buffers.staged.data_ptr(), buffers.grad.data_ptr(), indices, magnitude, vmean, v_row, v_col,
-        tables.address(codebook, grad.dtype), blocks, period, rows, cols,
-        1 - hyper.beta1, hyper.beta2, 1 - hyper.beta2, bc2 if factored else math.sqrt(bc2), hyper.eps,
-        1.0 / bc1, hyper.lr, decay, int(buffers.apply_decay), buffers.dtype_code, int(factored),
+        buffers.staged.data_ptr(),
+        buffers.grad.data_ptr(),
+        indices,
+        magnitude,
+        vmean,
+        v_row,
+        v_col,
+        tables.address(codebook, grad.dtype),
+        blocks,
+        period,
+        rows,
+        cols,
+        1 - hyper.beta1,
+        hyper.beta2,
+        1 - hyper.beta2,
+        bc2 if factored else math.sqrt(bc2),
+        hyper.eps,
+        1.0 / bc1,
+        hyper.lr,
+        decay,
+        int(buffers.apply_decay),
+        buffers.dtype_code,
+        int(factored),
     )
     return Pending(_pack_work(fields), buffers, state, counter)
 
@@ -222,8 +265,12 @@ def _check_layout() -> None:
     hyper = native.Work.h.offset
     expected = [8 * i for i in range(8)] + [64 + 8 * i for i in range(4)] + [hyper + 36, hyper + 40]
     hyper_offsets = [getattr(native.Hyper, name).offset for name, _ in native.Hyper._fields_]
-    if (_WORK.size != ctypes.sizeof(native.Work) or offsets != expected or hyper != 96
-            or hyper_offsets != [4 * i for i in range(9)]):
+    if (
+        _WORK.size != ctypes.sizeof(native.Work)
+        or offsets != expected
+        or hyper != 96
+        or hyper_offsets != [4 * i for i in range(9)]
+    ):
         raise AssertionError("gefen_fast: native.Work does not have the packed layout")
 
 
@@ -236,9 +283,26 @@ def _pack_work(fields: tuple) -> bytes:
     try:
         return _WORK.pack(*fields)
     except (struct.error, OverflowError):
-        (p, g, idx, mag, vmean, v_row, v_col, tab, blocks, period, rows, cols, *hyper, dtype, factored) = fields
-        work = native.Work(p, g, idx, mag, vmean, v_row, v_col, ctypes.cast(tab, ctypes.POINTER(native.Table)),
-                           blocks, period, rows, cols, native.Hyper(*hyper), dtype, factored)
+        (p, g, idx, mag, vmean, v_row, v_col, tab, blocks, period, rows, cols, *hyper, dtype, factored) = (
+            fields
+        )
+        work = native.Work(
+            p,
+            g,
+            idx,
+            mag,
+            vmean,
+            v_row,
+            v_col,
+            ctypes.cast(tab, ctypes.POINTER(native.Table)),
+            blocks,
+            period,
+            rows,
+            cols,
+            native.Hyper(*hyper),
+            dtype,
+            factored,
+        )
         return bytes(work)
 
 

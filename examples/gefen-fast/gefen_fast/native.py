@@ -35,16 +35,25 @@ CAP_AVX2, CAP_HALF, CAP_AVX512, CAP_BYTE_DECODE = 1, 2, 4, 8
 
 class Table(ctypes.Structure):
     _fields_ = [
-        ("cells", ctypes.c_void_p), ("decode", ctypes.c_void_p), ("codebook", ctypes.c_void_p),
-        ("planes", ctypes.c_void_p), ("use_cells", ctypes.c_int32),
+        ("cells", ctypes.c_void_p),
+        ("decode", ctypes.c_void_p),
+        ("codebook", ctypes.c_void_p),
+        ("planes", ctypes.c_void_p),
+        ("use_cells", ctypes.c_int32),
     ]
 
 
 class Hyper(ctypes.Structure):
     _fields_ = [
-        ("w", ctypes.c_float), ("beta2", ctypes.c_float), ("one_minus_beta2", ctypes.c_float),
-        ("bias2", ctypes.c_float), ("eps", ctypes.c_float), ("inv_bias1", ctypes.c_float),
-        ("lr", ctypes.c_float), ("decay", ctypes.c_float), ("apply_decay", ctypes.c_int32),
+        ("w", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("one_minus_beta2", ctypes.c_float),
+        ("bias2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("inv_bias1", ctypes.c_float),
+        ("lr", ctypes.c_float),
+        ("decay", ctypes.c_float),
+        ("apply_decay", ctypes.c_int32),
     ]
 
 
@@ -52,11 +61,21 @@ class Work(ctypes.Structure):
     """One parameter's step (``Work`` in csrc/step_kernels.c)."""
 
     _fields_ = [
-        ("p", ctypes.c_void_p), ("g", ctypes.c_void_p), ("idx", ctypes.c_void_p),
-        ("magnitude", ctypes.c_void_p), ("vmean", ctypes.c_void_p),
-        ("v_row", ctypes.c_void_p), ("v_col", ctypes.c_void_p), ("tab", ctypes.POINTER(Table)),
-        ("blocks", ctypes.c_int64), ("period", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-        ("h", Hyper), ("dtype", ctypes.c_int32), ("factored", ctypes.c_int32),
+        ("p", ctypes.c_void_p),
+        ("g", ctypes.c_void_p),
+        ("idx", ctypes.c_void_p),
+        ("magnitude", ctypes.c_void_p),
+        ("vmean", ctypes.c_void_p),
+        ("v_row", ctypes.c_void_p),
+        ("v_col", ctypes.c_void_p),
+        ("tab", ctypes.POINTER(Table)),
+        ("blocks", ctypes.c_int64),
+        ("period", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("h", Hyper),
+        ("dtype", ctypes.c_int32),
+        ("factored", ctypes.c_int32),
     ]
 
 
@@ -88,7 +107,8 @@ def library_path() -> Path:
         warnings.warn(
             f"gefen_fast: the installed kernels do not match these sources or this CPU; built "
             f"{path} in {built['seconds']:.1f} s (reinstall gefen-fast to build them at install time)",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
     return path
 

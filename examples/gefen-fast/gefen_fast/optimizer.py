@@ -28,7 +28,8 @@ from . import codebook_learning, kernels, period_search
 
 
 class Gefen(reference.Gefen):
-    """Gefen with fused kernels; the reference's constructor, step order, state format and checkpoint rules."""
+    """Gefen with fused kernels; the reference's constructor, step order, state format and checkpoint
+    rules."""
 
     #: Declares the reference's state layout protocol, so ``gefen_reference.dcp.GefenDCPState`` accepts it.
     gefen_state_layout = STATE_LAYOUT
@@ -46,8 +47,11 @@ class Gefen(reference.Gefen):
         try:
             for u in updates:
                 local = local_tensor(u.param)
-                pending = (kernels.prepare(local, u.grad, u.state, tables, self.codebook, u.hyper, u.factored)
-                           if kernels.handles(local, u.grad) else None)
+                pending = (
+                    kernels.prepare(local, u.grad, u.state, tables, self.codebook, u.hyper, u.factored)
+                    if kernels.handles(local, u.grad)
+                    else None
+                )
                 if pending is None:
                     self.update_parameter(u.param, u.grad, u.state, u.hyper, u.factored)
                 else:
@@ -56,7 +60,8 @@ class Gefen(reference.Gefen):
             kernels.run(batch)
 
     def choose_period(self, name: str, global_shape: tuple, local_grad) -> int:
-        """The reference's period (SPEC 1.5.2) by the C search (:func:`gefen_fast.period_search.choose_period`)."""
+        """The reference's period (SPEC 1.5.2) by the C search
+        (:func:`gefen_fast.period_search.choose_period`)."""
         return period_search.choose_period(self.period_rules, name, tuple(global_shape), local_grad)
 
     def learn_codebook(self, pieces, device):

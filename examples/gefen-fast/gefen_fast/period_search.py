@@ -28,26 +28,28 @@ never underflows here (nonzero ``x >= 2**-149 squared``) nor overflows (``x <= 2
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from gefen_reference.periods import (
     FIRST_CANDIDATE_SCORE,
-    block_spread,
     SMALLEST_SEARCHED_PERIOD,
     PeriodRules,
+    block_spread,
     fallback_period,
     proper_divisors,
-    search_period as reference_search_period,
     squared_gradient,
+)
+from gefen_reference.periods import (
+    search_period as reference_search_period,
 )
 
 from . import kernels, native
 
-_U = 2.0 ** -53
+_U = 2.0**-53
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 #: How each search was decided, for tests and profiles: "bounds" (the enclosures alone), "refined"
 #: (numpy's own scores for the contested candidates, "refined_scores" of them in all) or "reference"
@@ -55,7 +57,9 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 decisions = {"bounds": 0, "refined": 0, "refined_scores": 0, "reference": 0}
 
 
-def choose_period(rules: PeriodRules, name: str, global_shape: Sequence[int], local_grad: torch.Tensor) -> int:
+def choose_period(
+    rules: PeriodRules, name: str, global_shape: Sequence[int], local_grad: torch.Tensor
+) -> int:
     """SPEC 1.5.2's routing with the search below: the reference's ``choose_period`` for the same gradient."""
     n = local_grad.numel()
     if n == 0:
@@ -66,7 +70,7 @@ def choose_period(rules: PeriodRules, name: str, global_shape: Sequence[int], lo
     return fallback_period(n, global_shape) if period == 1 else period
 
 
-def _kernel_input(grad: torch.Tensor) -> Optional[torch.Tensor]:
+def _kernel_input(grad: torch.Tensor) -> torch.Tensor | None:
     """The gradient as the kernels read it (flat, contiguous, fp32/bf16/fp16), or None."""
     if grad.device.type != "cpu" or not torch.is_floating_point(grad) or not kernels.available():
         return None
@@ -115,7 +119,7 @@ def _plan(periods: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
     return order, sources, last_use
 
 
-def statistics(flat: torch.Tensor, periods: list[int]) -> Optional[tuple[np.ndarray, float]]:
+def statistics(flat: torch.Tensor, periods: list[int]) -> tuple[np.ndarray, float] | None:
     """``(G, T)`` for the periods (each dividing ``flat.numel()``), or None for a non-finite gradient."""
     lib = native.library()
     order, sources, last_use = _plan(periods)
@@ -123,14 +127,24 @@ def statistics(flat: torch.Tensor, periods: list[int]) -> Optional[tuple[np.ndar
     g_out = np.zeros(len(periods), dtype=np.float64)
     t_out = np.zeros(1, dtype=np.float64)
     status = getattr(lib, f"gefen_period_statistics_{_SUFFIX[flat.dtype]}")(
-        flat.data_ptr(), flat.numel(), p.ctypes.data, sources.ctypes.data, last_use.ctypes.data,
-        len(periods), g_out.ctypes.data, t_out.ctypes.data, torch.get_num_threads(),
+        flat.data_ptr(),
+        flat.numel(),
+        p.ctypes.data,
+        sources.ctypes.data,
+        last_use.ctypes.data,
+        len(periods),
+        g_out.ctypes.data,
+        t_out.ctypes.data,
+        torch.get_num_threads(),
     )
     if status == -2:
         return None
     if status != 0:
-        raise MemoryError("gefen_fast: the period search could not allocate its block sums") if status == -1 \
+        raise (
+            MemoryError("gefen_fast: the period search could not allocate its block sums")
+            if status == -1
             else RuntimeError(f"gefen_fast: period statistics failed with status {status}")
+        )
     by_period = dict(zip(order, g_out))
     return np.asarray([by_period[q] for q in periods]), float(t_out[0])
 
@@ -146,21 +160,27 @@ def intervals(n: int, candidates: list[int], G: np.ndarray, T: float) -> tuple[l
     for p, g in zip(candidates[1:], G):
         nb = n // p
         v = (T - float(g) / p) / n
-        radius = 2.0 * (((n + 2 * p + nb + 6) * 1.02 + (p + nb + 3) * 1.03) * _U * Q + 1.1 * (p * _U) ** 2 * Q)
+        radius = 2.0 * (
+            ((n + 2 * p + nb + 6) * 1.02 + (p + nb + 3) * 1.03) * _U * Q + 1.1 * (p * _U) ** 2 * Q
+        )
         lo_e.append(math.sqrt(max(v - radius, 0.0)) * (1.0 - 4 * _U))
         hi_e.append(math.sqrt(max(v + radius, 0.0)) * (1.0 + 4 * _U))
     return lo_e, hi_e
 
 
-def _winner(candidates: list[int], lo_e: list[float], hi_e: list[float],
-            exact: frozenset = frozenset()) -> tuple[Optional[int], list[int]]:
+def _winner(
+    candidates: list[int], lo_e: list[float], hi_e: list[float], exact: frozenset = frozenset()
+) -> tuple[int | None, list[int]]:
     """``(index of the winner, [])`` if the enclosures prove numpy's choice, else ``(None, contested)``.
 
     Indices in ``exact`` hold numpy's own ``E`` (``lo_e[i] == hi_e[i]``): a score of two exact
     neighbours is numpy's float64 difference itself. ``contested``: the provisional winner and every
     index whose score might beat it (SPEC 1.5.5: the lowest score wins, a tie goes to the smaller period).
     """
-    lo_w, hi_w = [FIRST_CANDIDATE_SCORE], [FIRST_CANDIDATE_SCORE]  # numpy: w(c_0) = 1e-12, w(c_i) = fl(E_i - E_{i-1})
+    lo_w, hi_w = (
+        [FIRST_CANDIDATE_SCORE],
+        [FIRST_CANDIDATE_SCORE],
+    )  # numpy: w(c_0) = 1e-12, w(c_i) = fl(E_i - E_{i-1})
     for i in range(1, len(candidates)):
         if i in exact and (i - 1) in exact:
             w = hi_e[i] - hi_e[i - 1]
@@ -171,18 +191,23 @@ def _winner(candidates: list[int], lo_e: list[float], hi_e: list[float],
         lo_w.append(lo_e[i] - hi_e[i - 1] - slack)
         hi_w.append(hi_e[i] - lo_e[i - 1] + slack)
     best = min(range(len(candidates)), key=lambda i: (hi_w[i], i))
-    contested = [j for j in range(len(candidates))
-                 if (j < best and not lo_w[j] > hi_w[best]) or (j > best and not lo_w[j] >= hi_w[best])]
+    contested = [
+        j
+        for j in range(len(candidates))
+        if (j < best and not lo_w[j] > hi_w[best]) or (j > best and not lo_w[j] >= hi_w[best])
+    ]
     return (None, [best] + contested) if contested else (best, [])
 
 
-def decide(n: int, candidates: list[int], G: np.ndarray, T: float) -> Optional[int]:
+def decide(n: int, candidates: list[int], G: np.ndarray, T: float) -> int | None:
     """The search's winner (SPEC 1.5.5 steps 1-2) if the error bounds prove numpy picks it, else None."""
     index, _ = _winner(candidates, *intervals(n, candidates, G, T))
     return None if index is None else candidates[index]
 
 
-def refine(squared: np.ndarray, candidates: list[int], lo_e: list[float], hi_e: list[float]) -> tuple[int, int]:
+def refine(
+    squared: np.ndarray, candidates: list[int], lo_e: list[float], hi_e: list[float]
+) -> tuple[int, int]:
     """The winner when the bounds cannot decide: numpy's own ``E(p)`` for the contested candidates only.
 
     Each round replaces the enclosures of the contested scores' two ends by the reference's

@@ -1,4 +1,5 @@
-"""The tests never write into the user's kernel cache: a runtime build (tests/test_build.py) goes to a private one.
+"""The tests never write into the user's kernel cache: a runtime build (tests/test_build.py) goes to a private
+one.
 Kernel variants built with extra compiler flags (narrower CPUs, test hooks) are built once per session."""
 
 from __future__ import annotations

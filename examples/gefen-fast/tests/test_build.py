@@ -42,8 +42,10 @@ def fresh_loader(monkeypatch, tmp_path):
 def _counting_compiler(tmp_path: Path, log: Path, fail: bool = False) -> str:
     """A $CC that records each call (and sleeps, so concurrent builds overlap), then runs cc or fails."""
     script = tmp_path / "cc-wrapper"
-    body = "echo 'error: this compiler always fails' >&2; exit 1" if fail else f'exec {shutil.which("cc")} "$@"'
-    script.write_text(f"#!/bin/sh\necho \"$$\" >> {log}\nsleep 0.5\n{body}\n")
+    body = (
+        "echo 'error: this compiler always fails' >&2; exit 1" if fail else f'exec {shutil.which("cc")} "$@"'
+    )
+    script.write_text(f'#!/bin/sh\necho "$$" >> {log}\nsleep 0.5\n{body}\n')
     script.chmod(0o755)
     return str(script)
 
@@ -92,8 +94,10 @@ def test_ranks_starting_together_build_once(fresh_loader, monkeypatch):
         print("built" if built else "loaded")
     """)
     env = dict(os.environ, CC=cc)
-    procs = [subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     outputs = [p.communicate(timeout=300)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert sorted(outputs) == ["built", "loaded", "loaded", "loaded"]
@@ -108,7 +112,9 @@ def test_failed_build_is_a_clear_error_and_leaves_nothing(fresh_loader, monkeypa
     with pytest.raises(_build.BuildError, match="this compiler always fails"):
         native.library_path()
     cache = fresh_loader / "cache"
-    assert not list(cache.glob("gefen_kernels-*")) and not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert not list(cache.glob("gefen_kernels-*")) and not [
+        p for p in cache.iterdir() if p.name.endswith(".tmp")
+    ]
 
 
 def test_without_a_compiler_the_torch_step_is_used(fresh_loader, monkeypatch):
@@ -133,15 +139,23 @@ def test_without_a_compiler_the_torch_step_is_used(fresh_loader, monkeypatch):
 
 def _package_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "gefen-fast"
-    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__", "build", "*.egg-info"))
+    shutil.copytree(
+        PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__", "build", "*.egg-info")
+    )
     return copy
 
 
 def test_setup_build_fails_clearly_when_the_compiler_fails(tmp_path):
     copy = _package_copy(tmp_path)
     cc = _counting_compiler(tmp_path, tmp_path / "calls.log", fail=True)
-    result = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy,
-                            env=dict(os.environ, CC=cc), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=copy,
+        env=dict(os.environ, CC=cc),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "gefen-fast" in result.stderr and "this compiler always fails" in result.stderr
     assert not list((copy / "gefen_fast").glob("gefen_kernels-*.so"))
@@ -149,8 +163,13 @@ def test_setup_build_fails_clearly_when_the_compiler_fails(tmp_path):
 
 def test_setup_build_without_a_compiler_warns_and_installs(tmp_path):
     copy = _package_copy(tmp_path)
-    result = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy,
-                            env=dict(os.environ, CC=str(tmp_path / "no-such-cc")), capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=copy,
+        env=dict(os.environ, CC=str(tmp_path / "no-such-cc")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "no C compiler" in result.stderr

@@ -8,9 +8,8 @@ import torch
 
 import gefen_reference as reference
 import gefen_reference.codebook as rc
-from gefen_reference.codebook_solver import solve_codebook_plain
-
 from gefen_fast import codebook_learning, native
+from gefen_reference.codebook_solver import solve_codebook_plain
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -20,9 +19,22 @@ def _gradient(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, generator=g) * (1.0 + torch.arange(n) % 5)
 
 
-@pytest.mark.parametrize("n,period", [(2048, 2048), (2048 * 7, 2048), (16384, 8), (16384, 16384), (65536, 256),
-                                      (65536, 32768), ((1 << 20), 2048), ((1 << 20), 1 << 19), (37, 37), (12, 3),
-                                      (4096, 1)])
+@pytest.mark.parametrize(
+    "n,period",
+    [
+        (2048, 2048),
+        (2048 * 7, 2048),
+        (16384, 8),
+        (16384, 16384),
+        (65536, 256),
+        (65536, 32768),
+        ((1 << 20), 2048),
+        ((1 << 20), 1 << 19),
+        (37, 37),
+        (12, 3),
+        (4096, 1),
+    ],
+)
 def test_histogram_equals_the_reference(n, period):
     for dtype in DTYPES:
         grad = _gradient(n, n + period).to(dtype)
@@ -33,8 +45,8 @@ def test_histogram_equals_the_reference(n, period):
 def test_histogram_of_special_values():
     """Zero blocks, a block whose maximum is negative, values at +-max, subnormals; empty pieces."""
     x = torch.zeros(8 * 512)
-    x[512:1024] = -torch.rand(512) * 3          # maximum magnitude on the negative side
-    x[1024] = 1e-40                               # a subnormal block maximum
+    x[512:1024] = -torch.rand(512) * 3  # maximum magnitude on the negative side
+    x[1024] = 1e-40  # a subnormal block maximum
     x[1536:2048] = torch.tensor([5.0, -5.0] * 256)  # u = +-1 exactly: bins 0 and 4095 (clamped)
     pieces = [(x, 512), (torch.zeros(0), 1)]
     assert torch.equal(codebook_learning.histogram_counts(pieces), rc.histogram_counts(pieces))
@@ -83,8 +95,12 @@ def _dp(lib, counts: torch.Tensor, threads: int) -> np.ndarray:
     centers = np.ascontiguousarray(rc.bin_centers()[active].numpy().astype(np.float64))
     w = np.ascontiguousarray(weights[active].numpy().astype(np.float64))
     out = np.empty(256, dtype=np.float32)
-    assert lib.gefen_codebook_dp(centers.ctypes.data, w.ctypes.data, int(active.sum()), 256, out.ctypes.data,
-                                 threads) == 0
+    assert (
+        lib.gefen_codebook_dp(
+            centers.ctypes.data, w.ctypes.data, int(active.sum()), 256, out.ctypes.data, threads
+        )
+        == 0
+    )
     return out
 
 
@@ -127,7 +143,9 @@ def four_lane_library(kernel_variant):
 def test_codebook_from_the_four_lane_scan(four_lane_library, threads):
     """Where the default build scans eight ends at once, the four-lane scan (other CPUs) is checked here."""
     for counts in _dp_histograms():
-        assert np.array_equal(_dp(four_lane_library, counts, threads), rc.codebook_from_counts(counts).numpy())
+        assert np.array_equal(
+            _dp(four_lane_library, counts, threads), rc.codebook_from_counts(counts).numpy()
+        )
 
 
 def test_codebook_equals_the_plain_recurrence():
@@ -138,13 +156,15 @@ def test_codebook_equals_the_plain_recurrence():
         counts[torch.randperm(4096, generator=g)[:active]] = torch.randint(1, 4, (active,), generator=g)
         weights = counts.to(torch.float32)
         mask = weights > 0
-        plain = solve_codebook_plain(rc.bin_centers()[mask].numpy().astype(np.float64),
-                                     weights[mask].numpy().astype(np.float64), 256)
+        plain = solve_codebook_plain(
+            rc.bin_centers()[mask].numpy().astype(np.float64), weights[mask].numpy().astype(np.float64), 256
+        )
         assert np.array_equal(codebook_learning.codebook_from_counts(counts).numpy(), plain)
 
 
 def test_padding_and_premise_cases_use_the_reference():
-    """Fewer active bins than codewords: the padding rule; counts the monotone search cannot prove: the plain DP."""
+    """Fewer active bins than codewords: the padding rule; counts the monotone search cannot prove: the plain
+    DP."""
     few = torch.zeros(4096, dtype=torch.int64)
     few[[5, 900, 2048, 2049, 4000]] = torch.tensor([3, 1, 50, 2, 9])
     assert torch.equal(codebook_learning.codebook_from_counts(few), rc.codebook_from_counts(few))
@@ -165,10 +185,14 @@ def test_optimizer_codebook_equals_the_reference():
             books = []
             for cls in (reference.Gefen, gefen_fast.Gefen):
                 g = torch.Generator().manual_seed(4)
-                params = [(f"p{i}", torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)))
-                          for i, s in enumerate([(128, 96), (4096,), (3, 5, 7)])]
+                params = [
+                    (f"p{i}", torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)))
+                    for i, s in enumerate([(128, 96), (4096,), (3, 5, 7)])
+                ]
                 for _, p in params:
-                    p.grad = (torch.randn(p.shape, generator=g) * (1.0 + torch.arange(p.shape[-1]) % 5)).to(dtype)
+                    p.grad = (torch.randn(p.shape, generator=g) * (1.0 + torch.arange(p.shape[-1]) % 5)).to(
+                        dtype
+                    )
                 opt = cls(params, factored_v_2d=factored)
                 opt.step()
                 books.append(opt.codebook)

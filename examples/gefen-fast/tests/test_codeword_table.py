@@ -1,4 +1,5 @@
-"""The codeword table answers exactly as the nearest-codeword rule (SPEC 1.7), in numpy and in the C lookups."""
+"""The codeword table answers exactly as the nearest-codeword rule (SPEC 1.7), in numpy and in the C
+lookups."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import pytest
 import torch
 
 import gefen_reference as reference
-from gefen_reference.codewords import nearest_codeword_indices
-
 from gefen_fast import codeword_table, kernels, native
+from gefen_reference.codewords import nearest_codeword_indices
 
 
 def _learned_codebook(seed: int) -> torch.Tensor:
@@ -36,8 +36,17 @@ def _probes(codebook: torch.Tensor) -> torch.Tensor:
     up, down = torch.nextafter(t, torch.tensor(2.0)), torch.nextafter(t, torch.tensor(-2.0))
     g = torch.Generator().manual_seed(7)
     edges = torch.tensor([-1.0, -0.0, 0.0, 1.0, 1 / 4096, 0.0003, 0.5, -0.5])
-    return torch.cat([torch.rand(200_000, generator=g) * 2 - 1, edges, codebook, t, up, down,
-                      (codebook[1:] + codebook[:-1]) / 2]).clamp(-1, 1)
+    return torch.cat(
+        [
+            torch.rand(200_000, generator=g) * 2 - 1,
+            edges,
+            codebook,
+            t,
+            up,
+            down,
+            (codebook[1:] + codebook[:-1]) / 2,
+        ]
+    ).clamp(-1, 1)
 
 
 @pytest.mark.parametrize("name", list(CODEBOOKS))
@@ -53,8 +62,10 @@ def test_table_matches_the_rule(name):
 def test_rule_in_numpy_matches_the_reference():
     codebook = _learned_codebook(3)
     values = _probes(codebook)
-    assert np.array_equal(codeword_table.rule_indices(codebook.numpy(), values.numpy()),
-                          nearest_codeword_indices(codebook, values).numpy())
+    assert np.array_equal(
+        codeword_table.rule_indices(codebook.numpy(), values.numpy()),
+        nearest_codeword_indices(codebook, values).numpy(),
+    )
 
 
 def test_crowded_codebook_uses_the_search():

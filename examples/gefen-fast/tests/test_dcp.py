@@ -25,8 +25,10 @@ def world():
 
 def _optimizer(cls, mesh, seed=0):
     g = torch.Generator().manual_seed(seed)
-    params = {"enc.weight": sharded_parameter(torch.randn(16, 24, generator=g), mesh),
-              "enc.bias": sharded_parameter(torch.randn(24, generator=g), mesh)}
+    params = {
+        "enc.weight": sharded_parameter(torch.randn(16, 24, generator=g), mesh),
+        "enc.bias": sharded_parameter(torch.randn(24, generator=g), mesh),
+    }
     return cls(list(params.items()), factored_v_2d=False), params
 
 

@@ -7,7 +7,6 @@ the order of fp32 sums and the IEEE square root only, a few ulp.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -17,17 +16,21 @@ from gefen_fast import kernels, native
 
 STEPS = 6
 SHAPES = {
-    "weight": (48, 40),      # searched or fallback period, factored in factored mode
-    "wide": (6, 1000),       # blocks that span rows (factored segments)
+    "weight": (48, 40),  # searched or fallback period, factored in factored mode
+    "wide": (6, 1000),  # blocks that span rows (factored segments)
     "vector": (256,),
     "conv": (8, 3, 3, 3),
-    "prime": (37,),          # one block
-    "scalar": (1,),          # period 1
-    "late": (7, 11),         # first gradient at step 3
+    "prime": (37,),  # one block
+    "scalar": (1,),  # period 1
+    "late": (7, 11),  # first gradient at step 3
 }
 #: Parameters within rounding of the reference after STEPS steps (rtol, atol) per dtype.
-CLOSE = {torch.float32: (1e-5, 1e-7), torch.float64: (0.0, 0.0), torch.bfloat16: (1e-2, 1e-2),
-         torch.float16: (2e-3, 1e-4)}
+CLOSE = {
+    torch.float32: (1e-5, 1e-7),
+    torch.float64: (0.0, 0.0),
+    torch.bfloat16: (1e-2, 1e-2),
+    torch.float16: (2e-3, 1e-4),
+}
 
 
 def _gradient(name, shape, step, dtype):
@@ -113,7 +116,9 @@ def narrower_library(request, kernel_variant):
 def test_narrower_builds_match_reference(narrower_library, monkeypatch, dtype, factored):
     """Where the default build runs wider loops, the narrower ones (other CPUs) are checked here."""
     monkeypatch.setattr(native, "library", lambda: narrower_library)
-    kw = dict(factored_v_2d=factored, shapes={**SHAPES, "big": (2, 65536 + 512)}, periods={"big": 65536 + 512})
+    kw = dict(
+        factored_v_2d=factored, shapes={**SHAPES, "big": (2, 65536 + 512)}, periods={"big": 65536 + 512}
+    )
     _compare(_run(reference.Gefen, dtype, **kw), _run(gefen_fast.Gefen, dtype, **kw), dtype)
 
 
@@ -121,7 +126,9 @@ def test_narrower_builds_match_reference(narrower_library, monkeypatch, dtype, f
 def test_small_beta1_takes_the_other_lerp_branch(factored):
     """beta1 < 0.5 makes the lerp weight >= 0.5: torch's second formula (SPEC 1.8.8 step 2)."""
     kw = dict(betas=(0.3, 0.99), factored_v_2d=factored)
-    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+    _compare(
+        _run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32
+    )
 
 
 @pytest.mark.parametrize("factored", [False, True], ids=["block", "factored"])
@@ -130,7 +137,9 @@ def test_blocks_larger_than_the_kept_scratch(factored):
     pieces over the threads, a maximum and a sum across the pieces between the passes."""
     shapes = {"big": (2, 65536 + 512), "other": (64,)}
     kw = dict(shapes=shapes, periods={"big": 65536 + 512, "other": 64}, steps=2, factored_v_2d=factored)
-    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+    _compare(
+        _run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32
+    )
 
 
 @pytest.fixture(scope="module", params=["default", *NARROWER_BUILDS])
@@ -162,13 +171,16 @@ def test_crowded_codebook_uses_the_search():
     crowded = torch.linspace(-1, 1, 256)
     crowded[120:136] = crowded[120] + torch.arange(16) * 1e-5
     kw = dict(codebook=crowded, factored_v_2d=False)
-    _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+    _compare(
+        _run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32
+    )
 
 
 def test_non_contiguous_parameter():
     def transpose(params):
         params["weight"] = torch.nn.Parameter(params["weight"].detach().t().contiguous().t())
         return params
+
     shapes = {"weight": (48, 40), "vector": (256,)}
     for factored in (False, True):
         kw = dict(shapes=shapes, params_fn=transpose, factored_v_2d=factored)
@@ -191,7 +203,11 @@ def test_state_is_updated_in_place():
 
 def test_kernels_handle_cpu_float_types_only():
     x, y = torch.zeros(4), torch.zeros(4)
-    assert kernels.handles(x, y) and kernels.handles(x.bfloat16(), y.bfloat16()) and kernels.handles(x.half(), y.half())
+    assert (
+        kernels.handles(x, y)
+        and kernels.handles(x.bfloat16(), y.bfloat16())
+        and kernels.handles(x.half(), y.half())
+    )
     assert not kernels.handles(x.double(), y.double())
     assert not kernels.handles(x, y.bfloat16())
 
@@ -214,29 +230,38 @@ def test_large_blocks_in_16_bit(dtype, factored):
 
 def test_parameters_that_are_views_of_one_flat_buffer():
     """FSDP-style flat parameters: each parameter a contiguous view at an offset of one buffer."""
+
     def views(params):
         flat = torch.cat([p.detach().reshape(-1) for p in params.values()])
         out, at = {}, 0
         for name, p in params.items():
-            out[name] = torch.nn.Parameter(flat[at:at + p.numel()].view(p.shape))
+            out[name] = torch.nn.Parameter(flat[at : at + p.numel()].view(p.shape))
             at += p.numel()
         return out
+
     for factored in (False, True):
         kw = dict(params_fn=views, factored_v_2d=factored)
-        _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+        _compare(
+            _run(reference.Gefen, torch.float32, **kw),
+            _run(gefen_fast.Gefen, torch.float32, **kw),
+            torch.float32,
+        )
 
 
 def test_non_contiguous_gradients():
     """Gradients that are transposed views or strided slices are read in logical order."""
+
     class Strided(gefen_fast.Gefen):
         pass
 
     def run(cls):
         g = torch.Generator().manual_seed(8)
-        params = {"w": torch.nn.Parameter(torch.randn(40, 48, generator=g)),
-                  "v": torch.nn.Parameter(torch.randn(96, generator=g))}
+        params = {
+            "w": torch.nn.Parameter(torch.randn(40, 48, generator=g)),
+            "v": torch.nn.Parameter(torch.randn(96, generator=g)),
+        }
         opt = cls(list(params.items()), factored_v_2d=True)
-        for step in range(4):
+        for _step in range(4):
             params["w"].grad = torch.randn(48, 40, generator=g).t()
             params["v"].grad = torch.randn(192, generator=g)[::2]
             opt.step()
@@ -251,11 +276,14 @@ def test_zero_frozen_and_non_finite_gradients():
     """An all-zero gradient (zero magnitude: the whole block normalises to 0), a frozen parameter,
     and an infinite gradient (outside the conformance domain, but the momentum still follows the
     reference: SPEC 1.8.8 step 4 on a NaN or infinite magnitude)."""
+
     def run(cls):
         g = torch.Generator().manual_seed(9)
-        params = {"zero": torch.nn.Parameter(torch.randn(64, 32, generator=g)),
-                  "frozen": torch.nn.Parameter(torch.randn(16, generator=g), requires_grad=False),
-                  "inf": torch.nn.Parameter(torch.randn(128, generator=g))}
+        params = {
+            "zero": torch.nn.Parameter(torch.randn(64, 32, generator=g)),
+            "frozen": torch.nn.Parameter(torch.randn(16, generator=g), requires_grad=False),
+            "inf": torch.nn.Parameter(torch.randn(128, generator=g)),
+        }
         opt = cls(list(params.items()), factored_v_2d=False)
         for step in range(3):
             params["zero"].grad = torch.zeros(64, 32) if step else torch.randn(64, 32, generator=g)
@@ -280,8 +308,14 @@ def test_thread_counts_give_the_reference_momentum(threads):
     torch.set_num_threads(threads)
     try:
         shapes = {"big": (4, 65536), "mid": (256, 512), "small": (300,)}
-        kw = dict(shapes=shapes, periods={"big": 131072, "mid": 2048, "small": 300}, steps=2, factored_v_2d=True)
-        _compare(_run(reference.Gefen, torch.float32, **kw), _run(gefen_fast.Gefen, torch.float32, **kw), torch.float32)
+        kw = dict(
+            shapes=shapes, periods={"big": 131072, "mid": 2048, "small": 300}, steps=2, factored_v_2d=True
+        )
+        _compare(
+            _run(reference.Gefen, torch.float32, **kw),
+            _run(gefen_fast.Gefen, torch.float32, **kw),
+            torch.float32,
+        )
     finally:
         torch.set_num_threads(previous)
 
@@ -289,6 +323,7 @@ def test_thread_counts_give_the_reference_momentum(threads):
 def test_a_failed_orchestration_still_updates_the_parameters_it_reached():
     """The kernels run after the reference's orchestration; if it raises part-way, the parameters
     it had reached are updated, as the reference would have left them."""
+
     def run(cls):
         g = torch.Generator().manual_seed(10)
         a = torch.nn.Parameter(torch.randn(64, generator=g))
@@ -299,7 +334,7 @@ def test_a_failed_orchestration_still_updates_the_parameters_it_reached():
         opt.state[b]["step"] = 5  # as if restored
         del opt.state[b]["m_codebook"]  # b's state is now malformed: the orchestration fails on it
         a.grad, b.grad = torch.randn(64, generator=g), torch.randn(64, generator=g)
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - whichever error the orchestration raises
             opt.step()
         return a.detach().clone(), opt.state[a]["step"]
 
@@ -317,9 +352,20 @@ def test_results_do_not_depend_on_the_thread_count():
             torch.set_num_threads(threads)
             shapes = {"big": (4, 65536), "mid": (256, 512), "small": (300,)}
             for factored in (False, True):
-                results.append((threads, factored, _run(gefen_fast.Gefen, torch.float32, shapes=shapes, steps=2,
-                                                         periods={"big": 131072, "mid": 2048, "small": 300},
-                                                         factored_v_2d=factored)))
+                results.append(
+                    (
+                        threads,
+                        factored,
+                        _run(
+                            gefen_fast.Gefen,
+                            torch.float32,
+                            shapes=shapes,
+                            steps=2,
+                            periods={"big": 131072, "mid": 2048, "small": 300},
+                            factored_v_2d=factored,
+                        ),
+                    )
+                )
     finally:
         torch.set_num_threads(previous)
     for factored in (False, True):
@@ -339,15 +385,17 @@ def test_subnormal_bf16_values_round_as_the_reference(factored):
     too, round as the reference rounds them (rbf16 and rP of SPEC 1.8.3 and 1.8.8), not flushed to
     zero as a conversion instruction with DAZ/FTZ semantics would: each parameter within 2 bf16
     subnormal steps of the reference's, and the second moments within 1% with no absolute slack."""
-    step_2_133 = 2.0 ** -133  # bf16's subnormal spacing
+    step_2_133 = 2.0**-133  # bf16's subnormal spacing
 
     def run(cls):
         g = torch.Generator().manual_seed(5)
         shapes = {"weight": (48, 40), "vector": (4096,)}
-        params = {n: torch.nn.Parameter((torch.randn(s, generator=g) * 2.0 ** -129).to(torch.bfloat16))
-                  for n, s in shapes.items()}
+        params = {
+            n: torch.nn.Parameter((torch.randn(s, generator=g) * 2.0**-129).to(torch.bfloat16))
+            for n, s in shapes.items()
+        }
         opt = cls(list(params.items()), lr=1e-39, factored_v_2d=factored)
-        for step in range(4):
+        for _step in range(4):
             for n, p in params.items():
                 scale = 3e-20 if n == "vector" else 1e-3  # the vector's squares are subnormal
                 p.grad = (torch.randn(p.shape, generator=g) * scale).to(torch.bfloat16)
@@ -357,7 +405,7 @@ def test_subnormal_bf16_values_round_as_the_reference(factored):
     (p_ref, o_ref), (p_fast, o_fast) = run(reference.Gefen), run(gefen_fast.Gefen)
     for n in p_ref:
         ref, fast = p_ref[n].detach().float(), p_fast[n].detach().float()
-        assert (ref.abs() < 2.0 ** -126).float().mean() > 0.9 and (ref != 0).any(), n  # the test's premise
+        assert (ref.abs() < 2.0**-126).float().mean() > 0.9 and (ref != 0).any(), n  # the test's premise
         assert torch.equal(o_fast.state[p_fast[n]]["m_codebook"], o_ref.state[p_ref[n]]["m_codebook"]), n
         torch.testing.assert_close(fast, ref, rtol=0.0, atol=2 * step_2_133, msg=n)
         for key in ("vmean", "v_row", "v_col"):

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import gefen_reference as reference
+from gefen_fast import period_search
 from gefen_reference.periods import PeriodRules, choose_period, search_period, squared_gradient
 
-from gefen_fast import period_search
-
-SIZES = [2, 3, 7, 8, 37, 2047, 2048, 2049, 4096 * 3, 16383, 16384, 16385, 65535, 65536, 65537,
-         45045, 720720 // 8, (1 << 20) - 1, 1 << 20, (1 << 20) + 4]
+SIZES = [
+    2,
+    3,
+    7,
+    8,
+    37,
+    2047,
+    2048,
+    2049,
+    4096 * 3,
+    16383,
+    16384,
+    16385,
+    65535,
+    65536,
+    65537,
+    45045,
+    720720 // 8,
+    (1 << 20) - 1,
+    1 << 20,
+    (1 << 20) + 4,
+]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
@@ -65,7 +83,8 @@ def test_ordinary_gradients_are_decided_by_the_bounds():
 
 
 def test_near_ties_are_decided_by_numpys_own_scores():
-    """A constant gradient has all variances at rounding noise: the bounds cannot decide, numpy's scores do."""
+    """A constant gradient has all variances at rounding noise: the bounds cannot decide, numpy's scores
+    do."""
     before = dict(period_search.decisions)
     grad = _gradient("constant", 4096, 0)
     assert period_search.search_period(grad) == search_period(squared_gradient(grad))
@@ -109,20 +128,34 @@ def test_non_contiguous_gradients_follow_logical_order(layout):
         grad = torch.randn(16, 32, 8, 8, generator=g).to(memory_format=torch.channels_last)
     else:
         flat = torch.randn(5000, generator=g)
-        grad = flat[904:904 + 4096].view(64, 64) * (1.0 + torch.arange(64) % 4)
+        grad = flat[904 : 904 + 4096].view(64, 64) * (1.0 + torch.arange(64) % 4)
     rules = PeriodRules()
     shape = tuple(grad.shape)
-    assert period_search.choose_period(rules, "w", shape, grad) == choose_period(rules, "w", shape, squared_gradient(grad))
+    assert period_search.choose_period(rules, "w", shape, grad) == choose_period(
+        rules, "w", shape, squared_gradient(grad)
+    )
 
 
 def test_routing_rules_match_the_reference():
-    """SPEC 1.5.2: single elements, the forcing options and the substring rule; fallback after a search of 1."""
+    """SPEC 1.5.2: single elements, the forcing options and the substring rule; fallback after a search of
+    1."""
     grad = torch.randn(64, 48)
-    for rules in (PeriodRules(), PeriodRules(force_2d_period_one=True), PeriodRules(period_one_substrings=("w",)),
-                  PeriodRules(force_1d_period_one=True)):
-        for name, g in (("w", grad), ("bias", torch.randn(48)), ("one", torch.randn(1)), ("prime", torch.randn(4099))):
+    for rules in (
+        PeriodRules(),
+        PeriodRules(force_2d_period_one=True),
+        PeriodRules(period_one_substrings=("w",)),
+        PeriodRules(force_1d_period_one=True),
+    ):
+        for name, g in (
+            ("w", grad),
+            ("bias", torch.randn(48)),
+            ("one", torch.randn(1)),
+            ("prime", torch.randn(4099)),
+        ):
             shape = tuple(g.shape)
-            assert period_search.choose_period(rules, name, shape, g) == choose_period(rules, name, shape, squared_gradient(g))
+            assert period_search.choose_period(rules, name, shape, g) == choose_period(
+                rules, name, shape, squared_gradient(g)
+            )
     with pytest.raises(ValueError, match="empty shard"):
         period_search.choose_period(PeriodRules(), "e", (0,), torch.zeros(0))
 
@@ -151,19 +184,25 @@ def test_statistics_are_the_block_sums():
 
 
 def test_optimizer_periods_equal_the_reference():
-    """Through the optimizer: every parameter's period (codebook step and a late parameter) is the reference's."""
+    """Through the optimizer: every parameter's period (codebook step and a late parameter) is the
+    reference's."""
     import gefen_fast
 
     def run(cls):
         g = torch.Generator().manual_seed(3)
-        params = {"a.weight": torch.nn.Parameter(torch.randn(96, 160, generator=g)),
-                  "b.weight": torch.nn.Parameter(torch.randn(4096, generator=g)),
-                  "late": torch.nn.Parameter(torch.randn(45, 7, generator=g))}
+        params = {
+            "a.weight": torch.nn.Parameter(torch.randn(96, 160, generator=g)),
+            "b.weight": torch.nn.Parameter(torch.randn(4096, generator=g)),
+            "late": torch.nn.Parameter(torch.randn(45, 7, generator=g)),
+        }
         opt = cls(list(params.items()), factored_v_2d=False)
         for step in range(3):
             for name, p in params.items():
-                p.grad = None if (name == "late" and step == 0) else \
-                    torch.randn(p.shape, generator=g) * (1.0 + torch.arange(p.shape[-1]) % 5)
+                p.grad = (
+                    None
+                    if (name == "late" and step == 0)
+                    else torch.randn(p.shape, generator=g) * (1.0 + torch.arange(p.shape[-1]) % 5)
+                )
             opt.step()
         return {n: opt.state[p]["automatic_period"] for n, p in params.items()}
 
