@@ -141,7 +141,7 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
         if dense.group(2) == "second_moment":
             out.add(
                 relative_comparison(
-                    "restored state: second moment", ed, ad, (e.numel() + 4) * kb.U, label=label
+                    "restored state: second moment", ed, ad, kb.restore_second_moment(e.numel()), label=label
                 )
             )
             continue
@@ -158,8 +158,13 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
             )
         )
         worst = float(err.max()) / top
-        c = Comparison("restored state: momentum (of the slot's largest magnitude)", "tolerance", worst, 2.0)
-        if not worst <= 2.0:
+        c = Comparison(
+            "restored state: momentum (of the slot's largest magnitude)",
+            "tolerance",
+            worst,
+            kb.RESTORE_MOMENTUM_RANGE,
+        )
+        if not worst <= kb.RESTORE_MOMENTUM_RANGE:
             c.problems.append(f"{label}: an element deviates by {worst:.3e} of the slot's largest magnitude")
         out.add(c)
     return out

@@ -30,7 +30,7 @@ from .pinned_step import DTYPE_NAMES, update_bias
 
 def momentum_factor(steps: int, beta1: float, largest_gap: float, grad_dtype: torch.dtype) -> float:
     """SPEC 5.6.10: the largest relative momentum deviation ``T`` free-running steps can build up."""
-    per_step = largest_gap + 4.0 * (kb.codeword_rounding(grad_dtype) + 1e-5)
+    per_step = kb.free_running_momentum_per_step(largest_gap, grad_dtype)
     return per_step * (1.0 - beta1**steps) / (1.0 - beta1) if beta1 < 1.0 else math.inf
 
 
@@ -80,7 +80,7 @@ def second_moment(
     steps: int,
 ) -> Comparison:
     """SPEC 5.6.10: relative, at the pinned bound for means of ``count`` squares plus 3U per step."""
-    rtol = kb.second_moment(count, grad_dtype, beta2) + 3 * kb.U * steps
+    rtol = kb.free_running_second_moment(count, grad_dtype, beta2, steps)
     if torch.is_tensor(actual) and actual.dtype != expected.dtype:
         return Comparison(
             what,

@@ -7,8 +7,16 @@ into relative error bounds per stage, with ``U`` the fp32 unit roundoff ``2**-24
 bounds; the constant terms are generous multiples of ``U`` so that second-order terms and
 torch's 1-ulp square root are covered). Each function names its SPEC clause.
 
-Nothing here compares anything; :mod:`oracles.pinned_step`, :mod:`oracles.free_running`,
-:mod:`oracles.codebook_quality` and :mod:`oracles.checkpoint_compare` apply these bounds.
+This module is the one source of every numeric bound the suite applies, in both profiles: the
+rounding allowances of SPEC 5.6, the continuation bound of SPEC 5.3.3, the self-consistency
+bounds of a reshard's re-save (SPEC 5.6.14) and the bounded save's memory (SPEC 5.4.2). Every
+named bound is listed in :data:`STATED` with its clause and the profiles that apply it, and the
+certificate's ``profile`` states them all (:func:`describe`, :func:`stated`); no other module
+defines a tolerance (``tests/test_bounds_one_source.py``).
+
+Nothing here compares anything; :mod:`gefen_oracles.pinned_step`, :mod:`gefen_oracles.free_running`,
+:mod:`gefen_oracles.shadowing`, :mod:`gefen_oracles.codebook_quality`,
+:mod:`gefen_oracles.checkpoint_compare` and the suite's checks apply these bounds.
 """
 
 from __future__ import annotations
@@ -30,9 +38,41 @@ SIGNIFICAND_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, tor
 
 #: SPEC 3.7.3 / 5.3.3: one step after a reshard, max-abs against a native run (both profiles).
 CONTINUATION_MAX_ABS = 5e-3
+#: SPEC 5.6.14: a reshard's re-save against the checkpoint it restored (both profiles). Each dense
+#: momentum element moves to its nearest codeword times its new block's magnitude: at most half the
+#: mean gap of 256 levels over [-1, 1] (1/255) of the slot's largest magnitude.
+RESHARD_MOMENTUM_REQUANTIZATION = 1.0 / 255.0
+#: ... a slot's second-moment sum is kept by block means, up to fp32 summation (relative);
+RESHARD_SECOND_MOMENT_SUM_RTOL = 1e-5
+#: ... and every second-moment element (and, under tolerance, the slot's largest momentum magnitude)
+#: stays within the saved values' range up to one fp32 rounding of a mean (relative).
+RESHARD_RANGE_RTOL = 1e-6
+#: SPEC 5.4.2: a planned save's peak extra memory: this many times the largest slot's dense form ...
+SAVE_MEMORY_SLOTS = 2
+#: ... plus this many bytes for the scalars and DCP's bookkeeping.
+SAVE_MEMORY_SLACK_BYTES = 64 * 1024
+#: SPEC 5.6.4: the block magnitude's own rounding, relative to it, beyond its block's largest
+#: momentum error.
+MAGNITUDE_ROUNDING = 2 * U
+#: SPEC 5.6.6: the normalization's rounding (relative), and the tie rule's fp32 distances (absolute).
+NORMALIZATION_ROUNDING = 4 * U
+CODEWORD_DISTANCE_ROUNDING = 4 * U
+#: SPEC 5.6.10: what a flip-free free-running step may add to the momentum's deviation per unit of
+#: the grad dtype's codeword rounding and this floor, in block magnitudes ...
+FREE_RUNNING_ROUNDINGS = 4.0
+FREE_RUNNING_FLOOR = 1e-5
+#: ... and to a second moment's relative error per step.
+FREE_RUNNING_SECOND_MOMENT_PER_STEP = 3 * U
+#: SPEC 5.6.11: a restore re-saved by two implementations: every momentum element within this many
+#: times the slot's largest magnitude however its codeword flipped (a flip moves it within [-1, 1]).
+RESTORE_MOMENTUM_RANGE = 2.0
+#: SPEC 5.6.22: normalized dense momenta within this relative distance are one codeword in use.
+CODEWORDS_IN_USE_MERGE = 8 * U
 #: SPEC 5.6.9: the mean signed relative error of the updates may exceed the systematic bound by at
 #: most this many standard errors of that mean.
 BIAS_STANDARD_ERRORS = 4.0
+#: SPEC 5.6.9: the statistic is formed only over at least this many distinct inputs.
+BIAS_MIN_INPUTS = 16
 #: SPEC 5.6.9: an element enters the bias statistic only when its update is at least this many
 #: times its parameter's rounding allowance (an update lost to rounding is biased by construction).
 VISIBLE_UPDATE_FACTOR = 8.0
@@ -55,10 +95,128 @@ RESTORE_FLIP_SHARE = 0.01
 RESTORE_MIN_FLIPS = 8
 
 
+_BOTH = ("torch-exact", "tolerance")
+_TOLERANCE = ("tolerance",)
+#: Every named bound of this module: ``name -> (SPEC clause, the profiles that apply it, what it
+#: bounds)``. The certificate's profile states each with its value (:func:`stated`).
+STATED = {
+    "CONTINUATION_MAX_ABS": ("5.3.3", _BOTH, "one step after a reshard against a native run: max-abs"),
+    "RESHARD_MOMENTUM_REQUANTIZATION": (
+        "5.6.14",
+        _BOTH,
+        "a reshard's re-saved dense momentum against the checkpoint's: of the slot's largest magnitude",
+    ),
+    "RESHARD_SECOND_MOMENT_SUM_RTOL": (
+        "5.6.14",
+        _BOTH,
+        "a reshard's re-saved second-moment sum per slot against the checkpoint's: relative",
+    ),
+    "RESHARD_RANGE_RTOL": (
+        "5.6.14",
+        _BOTH,
+        "a reshard's re-saved second moment within the saved range, and (tolerance) the slot's largest "
+        "momentum magnitude: relative",
+    ),
+    "SAVE_MEMORY_SLOTS": (
+        "5.4.2",
+        _BOTH,
+        "a planned save's peak extra memory: times the largest slot's dense form",
+    ),
+    "SAVE_MEMORY_SLACK_BYTES": ("5.4.2", _BOTH, "a planned save's peak extra memory: plus these bytes"),
+    "MAGNITUDE_ROUNDING": ("5.6.4", _TOLERANCE, "a block magnitude's own rounding: relative"),
+    "NORMALIZATION_ROUNDING": ("5.6.6", _TOLERANCE, "the normalized momentum's own rounding: relative"),
+    "CODEWORD_DISTANCE_ROUNDING": ("5.6.6", _TOLERANCE, "the tie rule's fp32 distances: absolute"),
+    "FREE_RUNNING_ROUNDINGS": ("5.6.10", _TOLERANCE, "momentum roundings per free-running step: factor"),
+    "FREE_RUNNING_FLOOR": ("5.6.10", _TOLERANCE, "momentum rounding floor per free-running step"),
+    "FREE_RUNNING_SECOND_MOMENT_PER_STEP": (
+        "5.6.10",
+        _TOLERANCE,
+        "a free-running second moment's added relative error per step",
+    ),
+    "RESTORE_MOMENTUM_RANGE": (
+        "5.6.11",
+        _TOLERANCE,
+        "a restore's momentum against the reference's restore: of the slot's largest magnitude",
+    ),
+    "CODEWORDS_IN_USE_MERGE": (
+        "5.6.22",
+        _TOLERANCE,
+        "normalized dense momenta merged into one codeword: relative",
+    ),
+    "BIAS_STANDARD_ERRORS": (
+        "5.6.9",
+        _TOLERANCE,
+        "the update bias beyond its systematic bound: standard errors",
+    ),
+    "BIAS_MIN_INPUTS": ("5.6.9", _TOLERANCE, "the update bias: fewest distinct inputs it is formed over"),
+    "VISIBLE_UPDATE_FACTOR": (
+        "5.6.9",
+        _TOLERANCE,
+        "elements in the bias statistic: update over its rounding",
+    ),
+    "CODEBOOK_MOVED_SHARE": (
+        "5.6.7",
+        _TOLERANCE,
+        "the learned codebook's cost: share of elements moved one bin",
+    ),
+    "CODEBOOK_MIN_MOVED": ("5.6.7", _TOLERANCE, "the learned codebook's cost: fewest elements moved one bin"),
+    "HISTOGRAM_BIN_WIDTH": ("5.6.7", _TOLERANCE, "the learned codebook's cost: the histogram's bin width"),
+    "RESTORE_ROUNDING": (
+        "5.6.11",
+        _TOLERANCE,
+        "a restore's momentum elements against the reference's: relative",
+    ),
+    "RESTORE_FLIP_SHARE": (
+        "5.6.11",
+        _TOLERANCE,
+        "a restore's momentum elements beyond rounding: share of a slot",
+    ),
+    "RESTORE_MIN_FLIPS": ("5.6.11", _TOLERANCE, "a restore's momentum elements beyond rounding: never fewer"),
+}
+
+
+def stated(profile: str) -> dict:
+    """Every named bound the profile ``profile`` (``"torch-exact"`` or ``"tolerance"``) applies:
+    ``{name: {"value", "clause", "bounds"}}``, for the certificate."""
+    return {
+        name: {"value": globals()[name], "clause": clause, "bounds": what}
+        for name, (clause, profiles, what) in STATED.items()
+        if profile in profiles
+    }
+
+
 def restore_flips_allowed(elements: int) -> float:
     """SPEC 5.6.11: the share of a slot's momentum elements a restore may move to another codeword:
     RESTORE_FLIP_SHARE, or RESTORE_MIN_FLIPS elements when that is more."""
     return max(RESTORE_FLIP_SHARE, RESTORE_MIN_FLIPS / elements) if elements else RESTORE_FLIP_SHARE
+
+
+def restore_second_moment(elements: int) -> float:
+    """SPEC 5.6.11: a restored slot's dense second moment against the reference's restore: a block
+    mean of ``elements`` values and one rounding, ``(n + 4) U`` relative."""
+    return (elements + 4) * U
+
+
+def factored_v_hat(rows: int, row_error: float, col_error: float) -> float:
+    """SPEC 5.6.5: relative error of ``V = v_row v_col^T / mean(v_row)`` from its rows' and columns'
+    errors: their sum, the mean over ``rows`` values (its own error plus ``(rows + 1) U``) and 3U."""
+    return row_error + col_error + (row_error + (rows + 1) * U) + 3 * U
+
+
+def free_running_momentum_per_step(largest_gap: float, grad_dtype: torch.dtype) -> float:
+    """SPEC 5.6.10: the momentum deviation, in block magnitudes, one free-running step may add: a
+    codeword flip of at most ``largest_gap`` plus the step's roundings."""
+    return largest_gap + FREE_RUNNING_ROUNDINGS * (codeword_rounding(grad_dtype) + FREE_RUNNING_FLOOR)
+
+
+def free_running_second_moment(count: int, grad_dtype: torch.dtype, beta2: float, steps: int) -> float:
+    """SPEC 5.6.10: a second moment after ``steps`` free-running steps: the pinned bound plus 3U per step."""
+    return second_moment(count, grad_dtype, beta2) + FREE_RUNNING_SECOND_MOMENT_PER_STEP * steps
+
+
+def save_memory_bound(largest_slot_bytes: int) -> int:
+    """SPEC 5.4.2: the most extra bytes a planned save may hold at once."""
+    return SAVE_MEMORY_SLOTS * int(largest_slot_bytes) + SAVE_MEMORY_SLACK_BYTES
 
 
 def roundoff(dtype: torch.dtype) -> float:
@@ -220,6 +378,7 @@ def describe() -> dict:
             f"{RESTORE_MIN_FLIPS} (SPEC 5.6.11)",
         },
         "continuation_after_reshard": {"max_abs": CONTINUATION_MAX_ABS, "clause": "5.3.3"},
+        "bounds": stated("tolerance"),
         "shadowing": {
             "long_runs_and_loads": "every step of a long run and every step after a load is a pinned "
             "step from the "

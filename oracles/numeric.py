@@ -338,5 +338,6 @@ def profile_description(profile: Profile | str) -> dict:
             "compares "
             "with the reference, and md5 identity of checkpoint payloads (SPEC 5.3.1, 5.2)",
             "continuation_after_reshard": {"max_abs": kernel_bounds.CONTINUATION_MAX_ABS, "clause": "5.3.3"},
+            "bounds": kernel_bounds.stated("torch-exact"),
         }
     return dict(name=profile.value, **kernel_bounds.describe())

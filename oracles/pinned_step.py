@@ -166,7 +166,7 @@ def _factored_moment(s: ParamStep, out: Comparisons):
     v_hat = torch.outer(v_row, v_col) / mean
     bc1, bc2 = _bias_corrections(s, "factored_step")
     stepsize = (1.0 / bc1) / ((v_hat / bc2).sqrt() + s.eps)
-    v_hat_error = row_error + col_error + (row_error + (rows + 1) * kb.U) + 3 * kb.U
+    v_hat_error = kb.factored_v_hat(rows, row_error, col_error)
     return stepsize.reshape(-1), kb.stepsize(v_hat_error)
 
 
@@ -192,7 +192,7 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     exact = beta1 * current + w * g
     upd_error = kb.momentum(s.grad.dtype, beta1) * (current.abs() + w * g.abs())
     magnitude = exact.abs().amax(dim=1, keepdim=True)
-    magnitude_error = upd_error.amax(dim=1, keepdim=True) + 2 * kb.U * magnitude
+    magnitude_error = upd_error.amax(dim=1, keepdim=True) + kb.MAGNITUDE_ROUNDING * magnitude
     got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
     scale = magnitude.clamp_min(torch.finfo(torch.float64).tiny)
     out.add(
@@ -214,12 +214,12 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     normalized_error = torch.where(
         safe,
         (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny)
-        + 4 * kb.U,
+        + kb.NORMALIZATION_ROUNDING,
         torch.full_like(exact, math.inf),
     )
     nearest = _nearest_distance(cb, normalized)
     excess = (chosen - normalized).abs() - nearest
-    allowed = 2 * normalized_error + 4 * kb.U
+    allowed = 2 * normalized_error + kb.CODEWORD_DISTANCE_ROUNDING
     judged = (got_magnitude > 0).expand(blocks, period)
     excess = torch.where(judged, excess.clamp_min(0.0), torch.zeros_like(excess))
     # as elements: the chosen codeword against the exact normalized momentum, which it may miss by
@@ -319,14 +319,14 @@ def update_bias(
 
     The standard error models the parameter's final rounding as independent from element to
     element, which holds for distinct inputs only: elements with the same start value and the same
-    expected change round identically, so each such input counts once. None when fewer than 16
-    distinct inputs are available."""
+    expected change round identically, so each such input counts once. None when fewer than
+    ``BIAS_MIN_INPUTS`` distinct inputs are available."""
     if expected.numel():
         first = torch.from_numpy(
             _first_of_each_pair(start.double().reshape(-1).numpy(), expected.double().reshape(-1).numpy())
         )
         observed, expected = observed.reshape(-1)[first], expected.reshape(-1)[first]
-    if observed.numel() < 16:
+    if observed.numel() < kb.BIAS_MIN_INPUTS:
         return None
     signed = (observed - expected) * expected.sign()
     scale = float(expected.abs().mean())

@@ -202,7 +202,7 @@ def _factored_moment(s: ps.ParamStep, steps, counters, out: Comparisons):
     v_hat = v_row.reshape(count, rows, 1) * v_col.reshape(count, 1, cols) / mean
     bc1, bc2 = (b.reshape(count, 1, 1) for b in _bias_corrections(s, steps, counters))
     stepsize = (1.0 / bc1) / ((v_hat / bc2).sqrt() + s.eps)
-    v_hat_error = row_error + col_error + (row_error + (rows + 1) * kb.U) + 3 * kb.U
+    v_hat_error = kb.factored_v_hat(rows, row_error, col_error)
     return stepsize.reshape(-1), kb.stepsize(v_hat_error)
 
 
@@ -270,7 +270,7 @@ def codewords_in_use(momenta: list, periods: list) -> tuple[torch.Tensor, list[s
         return torch.tensor([-1.0, 1.0], dtype=torch.float64), problems
     merged = []
     for v in torch.cat(values).unique(sorted=True).tolist():
-        if merged and abs(v - merged[-1]) <= 8 * kb.U * max(abs(v), abs(merged[-1])):
+        if merged and abs(v - merged[-1]) <= kb.CODEWORDS_IN_USE_MERGE * max(abs(v), abs(merged[-1])):
             continue
         merged.append(v)
     if len(merged) > 256:
@@ -299,7 +299,10 @@ def compact_from_dense(
         normalized.reshape(-1) - codewords[index]
     ).abs()
     index = torch.where(closer, lower, index)
-    off = (codewords[index] - normalized.reshape(-1)).abs() > 8 * kb.U * normalized.reshape(-1).abs() + 1e-300
+    tiny = torch.finfo(torch.float64).tiny
+    off = (codewords[index] - normalized.reshape(-1)).abs() > (
+        kb.CODEWORDS_IN_USE_MERGE * normalized.reshape(-1).abs() + tiny
+    )
     zero = (magnitude.reshape(-1, 1).expand_as(blocks) == 0).reshape(-1)
     if bool((off & ~zero).any()):
         problems.append(

@@ -111,9 +111,13 @@ def tolerance_table() -> str:
     described.get("pinned_step", {}).pop(
         "examples_period_64_beta2_0.999", None
     )  # numbers the certificate lists
+    bounds = described.pop("bounds", {})
     rows: list = []
     for key, value in described.items():
         _flatten(key, value, rows)
+    for name, bound in bounds.items():  # one row per named bound: value, clause, what it bounds
+        value = f"{bound['value']:g}" if isinstance(bound["value"], float) else bound["value"]
+        rows.append((f"bounds.{name}", f"{value}: {bound['bounds']} (SPEC {bound['clause']})"))
     return _table(
         ["what", "rule or bound"], [[f"`{k}`", f"{v:g}" if isinstance(v, float) else v] for k, v in rows]
     )

@@ -15,21 +15,8 @@ from gefen_conformance.plugin import observations
 from gefen_conformance.suite import margins
 from gefen_conformance.suite.checkpoints import Restore
 from gefen_oracles import checkpoint_compare, gefen_schema
+from gefen_oracles import kernel_bounds as kb
 from gefen_oracles.checkpoint_reader import read_nested
-
-CONTINUATION_BOUND = 5e-3  # SPEC 3.7.3, 5.3.3
-# Re-quantized momentum (SPEC 3.7.2): the restore learns a new codebook from the momentum it
-# restores, so each element moves to its nearest codeword times its new block's magnitude. We
-# assert at most half of the mean gap of 256 levels over [-1, 1] (1/255 ~ 2^-8) of the slot's
-# largest magnitude; measured on this workload: at most 2.5e-4 of it.
-MOMENTUM_BOUND = 1.0 / 255.0
-# The second moment is re-aggregated into block means (SPEC 3.6.4): elementwise it is exact only
-# in the aligned and coarsening regimes (SPEC 3.7.2, lossy otherwise, measured up to 0.66
-# relative here), but in every regime a block mean keeps its block's sum, and lies within the
-# range of the values it averages. Asserted: each slot's sum within this relative bound, and
-# every element within the original slot's [min, max] (up to fp32 rounding).
-SECOND_MOMENT_SUM_RTOL = 1e-5
-FP32_RTOL = 1e-6
 
 
 def load_failures(restore: Restore) -> list[str]:
@@ -63,20 +50,20 @@ def model_problems(restore: Restore) -> list[str]:
 def continuation_problems(restore: Restore) -> list[str]:
     problems = []
     worst = max(e for rep in restore.reports for e in rep.continuation.values())
-    observations.margin("continuation after reshard (max-abs)", error=worst, bound=CONTINUATION_BOUND)
-    if not worst <= CONTINUATION_BOUND:
+    observations.margin("continuation after reshard (max-abs)", error=worst, bound=kb.CONTINUATION_MAX_ABS)
+    if not worst <= kb.CONTINUATION_MAX_ABS:
         where = [
             (r, n, e)
             for r, rep in enumerate(restore.reports)
             for n, e in rep.continuation.items()
-            if e > CONTINUATION_BOUND
+            if e > kb.CONTINUATION_MAX_ABS
         ]
         problems.append(
-            f"continuation max-abs error {worst:.3e} exceeds {CONTINUATION_BOUND} at (rank, param, "
+            f"continuation max-abs error {worst:.3e} exceeds {kb.CONTINUATION_MAX_ABS} at (rank, param, "
             f"error) {where}"
         )
     blank = max(e for rep in restore.reports for e in rep.unrestored.values())
-    if not blank > CONTINUATION_BOUND:
+    if not blank > kb.CONTINUATION_MAX_ABS:
         problems.append(
             f"workload too weak: an optimizer that restored nothing is within the bound too ({blank:.3e})"
         )
@@ -94,7 +81,7 @@ SLOT_SCALARS = ("initialized", "step", "vmean_step")
 def resave_problems(original: dict, resaved: dict, bit_exact: bool) -> list[str]:
     """A checkpoint saved right after a restore, against the one restored (both nested optimizer
     dicts read by the oracle). Counters, identities and hyperparameters exact; dense state within
-    the documented bounds (``MOMENTUM_BOUND``, ``SECOND_MOMENT_SUM_RTOL``); both schema-clean."""
+    the bounds of SPEC 5.6.14 (``kernel_bounds.RESHARD_*``); both schema-clean."""
     problems = [f"original: {p}" for p in gefen_schema.problems(original)]
     problems += [f"re-saved: {p}" for p in gefen_schema.problems(resaved)]
     before = len(problems)
@@ -146,12 +133,15 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
         return out
     error = float((m1 - m0).abs().max())
     observations.margin(
-        "re-save after restore: momentum re-quantization (of max|m|)", error=error / top, bound=MOMENTUM_BOUND
+        "re-save after restore: momentum re-quantization (of max|m|)",
+        error=error / top,
+        bound=kb.RESHARD_MOMENTUM_REQUANTIZATION,
     )
-    if error > MOMENTUM_BOUND * top:
+    if error > kb.RESHARD_MOMENTUM_REQUANTIZATION * top:
         out.append(
-            f"{slot}: momentum re-quantization error {error:.3e} exceeds {MOMENTUM_BOUND:.3e} x max|m| = "
-            f"{MOMENTUM_BOUND * top:.3e}"
+            f"{slot}: momentum re-quantization error {error:.3e} exceeds "
+            f"{kb.RESHARD_MOMENTUM_REQUANTIZATION:.3e} x max|m| = "
+            f"{kb.RESHARD_MOMENTUM_REQUANTIZATION * top:.3e}"
         )
     new_top = float(m1.abs().max())
     if bit_exact:
@@ -160,9 +150,9 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
         observations.margin(
             "re-save after restore: largest momentum magnitude (relative)",
             error=abs(new_top - top) / top,
-            bound=FP32_RTOL,
+            bound=kb.RESHARD_RANGE_RTOL,
         )
-    if (new_top != top) if bit_exact else abs(new_top - top) > FP32_RTOL * top:
+    if (new_top != top) if bit_exact else abs(new_top - top) > kb.RESHARD_RANGE_RTOL * top:
         out.append(
             f"{slot}: largest momentum magnitude {new_top!r} after the restore, {top!r} saved "
             "(a block's largest element is the codeword +-1 times the block magnitude)"
@@ -171,9 +161,9 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
     observations.margin(
         "re-save after restore: second-moment sum (relative)",
         error=abs(s1 - s0) / abs(s0) if s0 else abs(s1),
-        bound=SECOND_MOMENT_SUM_RTOL,
+        bound=kb.RESHARD_SECOND_MOMENT_SUM_RTOL,
     )
-    if abs(s1 - s0) > SECOND_MOMENT_SUM_RTOL * abs(s0):
+    if abs(s1 - s0) > kb.RESHARD_SECOND_MOMENT_SUM_RTOL * abs(s0):
         out.append(
             f"{slot}: second-moment sum {s1!r} after the restore, {s0!r} saved (block means keep block sums)"
         )
@@ -182,9 +172,11 @@ def _dense_problems(slot, m0, m1, v0, v1, bit_exact) -> list[str]:
     observations.margin(
         "re-save after restore: second moment within the saved range (relative)",
         error=outside,
-        bound=FP32_RTOL,
+        bound=kb.RESHARD_RANGE_RTOL,
     )
-    if float(v1.min()) < lo * (1 - FP32_RTOL) or float(v1.max()) > hi * (1 + FP32_RTOL):
+    if float(v1.min()) < lo * (1 - kb.RESHARD_RANGE_RTOL) or float(v1.max()) > hi * (
+        1 + kb.RESHARD_RANGE_RTOL
+    ):
         out.append(
             f"{slot}: second moment leaves the saved range [{lo!r}, {hi!r}]: "
             f"[{float(v1.min())!r}, {float(v1.max())!r}]"

@@ -20,15 +20,10 @@ from gefen_conformance.implementations.contract import (
     Implementation,
 )
 from gefen_conformance.suite import checkpoints, margins
+from gefen_oracles import kernel_bounds
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
 
-KiB = 1024
-# SPEC 5.4.2: twice the largest slot's dense form plus 64 KiB. Informative: the reference and
-# gefen-x 0.5.0 both peak at 16 bytes per element of the largest slot while expanding its
-# momentum (the output, the indices widened to int64, the gathered codewords), twice one slot's
-# dense form of 8 bytes per element.
-SLACK = 64 * KiB
 _LAYERS = tuple(f"layer{i}.weight" for i in range(8))
 #: Eight equal slots, large enough that a save holding all of them at once exceeds the bound;
 #: gradients are multiples of 1/8 so codebook learning sees few distinct values (cheap).
@@ -85,7 +80,7 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
     root = gefen_checkpoints.scratch("memory")
     [peaks] = checkpoints.run(planned_save_peak, 1, (gefen_impl, str(root)))
     slots = [2 * 4 * torch.Size(s).numel() for s in MEMORY.shapes.values()]
-    bound = 2 * max(slots) + SLACK
+    bound = kernel_bounds.save_memory_bound(max(slots))  # SPEC 5.4.2
     assert sum(slots) > bound, "the workload cannot tell a bounded save from one holding every slot"
     standard = content_digests(root / "standard")
     for name in ("planned", "default"):
@@ -98,8 +93,9 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
         )
         assert digests == standard, f"the {name} save's content differs from a standard save"
     assert peaks["planned"] <= bound, (
-        f"peak extra bytes {peaks['planned']} with the planner exceed twice the largest slot's dense form "
-        f"2 x {max(slots)} + {SLACK} (all slots: {sum(slots)}; with DCP's default planner: "
+        f"peak extra bytes {peaks['planned']} with the planner exceed {bound} = "
+        f"{kernel_bounds.SAVE_MEMORY_SLOTS} x {max(slots)} (the largest slot's dense form) + "
+        f"{kernel_bounds.SAVE_MEMORY_SLACK_BYTES} (all slots: {sum(slots)}; with DCP's default planner: "
         f"{peaks['default']})"
     )
 
