@@ -268,6 +268,7 @@ def torchrun_command(args, pytest_args: list[str], result_file: str) -> list[str
         if args.node_rank is not None:
             command += ["--node-rank", str(args.node_rank)]
     command += ["-m", "gefen_conformance.harness.torchrun", "--impl", args.impl, "--result-file", result_file]
+    command += ["--prepare", "gefen_conformance.plugin.warmup:prepare_rank"]  # the suite's rank preparation
     if args.certificate is not None:
         command += ["--certificate", str(Path(args.certificate).absolute())]
     if args.checkpoint_dir is not None:

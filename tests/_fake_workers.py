@@ -1,4 +1,4 @@
-"""Stand-ins for ``gefen_conformance.harness.pool_worker.worker_main`` that fail during start-up.
+"""Stand-ins for ``gefen_conformance.harness.pool.worker.worker_main`` that fail during start-up.
 
 A module of its own, importing nothing heavy, so that a forked worker reaches its failure within
 milliseconds (tests/test_launch.py installs them as the pool's worker entry point).

@@ -16,9 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, launch, pool_worker, world
+from gefen_conformance.harness import deadlines, launch, world
 from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure
+from gefen_conformance.harness.pool import worker as pool_worker
 from gefen_conformance.harness.sharding import WorldOfOne, world_mesh
 from tests import _fake_workers
 from tests.support import deadline_wall_s

@@ -17,7 +17,7 @@ from gefen_conformance.plugin import rank_locations
 
 SUITE = "/opt/venv/lib/python3.11/site-packages/gefen_conformance/suite/test_dcp_reshard.py"
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
-HARNESS = "/opt/venv/lib/python3.11/site-packages/gefen_conformance/harness/pool_worker.py"
+HARNESS = "/opt/venv/lib/python3.11/site-packages/gefen_conformance/harness/pool/worker.py"
 KERNEL = "/home/me/fast/src/gefen_fast/kernels.py"
 
 RAISED = f'''Traceback (most recent call last):
@@ -77,7 +77,7 @@ def test_without_frames_of_the_code_under_test_the_innermost_frame_is_given():
     text = (
         f'Traceback (most recent call last):\n  File "{HARNESS}", line 9, in _prepare\n    x()\nOSError: no\n'
     )
-    assert rank_locations.location(text) == "gefen_conformance/harness/pool_worker.py:9 in _prepare"
+    assert rank_locations.location(text) == "gefen_conformance/harness/pool/worker.py:9 in _prepare"
     assert (
         rank_locations.location(
             "rank 1 (pid 3) ended without reporting a result: SIGKILL\n(no Python stack was dumped)"

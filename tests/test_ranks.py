@@ -22,9 +22,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance.harness import deadlines, pool_processes
+from gefen_conformance.harness import deadlines
 from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
+from gefen_conformance.harness.pool import processes as pool_processes
 
 from .interrupt_probe import default_signals
 from .support import deadline_wall_s

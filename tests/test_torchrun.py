@@ -22,7 +22,10 @@ import pytest
 import torch
 
 from gefen_conformance import cli
-from gefen_conformance.harness import launch, torchrun, torchrun_job, torchrun_launcher
+from gefen_conformance.harness import launch, torchrun
+from gefen_conformance.harness.torchrun import entry as torchrun_entry
+from gefen_conformance.harness.torchrun import job as torchrun_job
+from gefen_conformance.harness.torchrun import launcher as torchrun_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "tests/torchrun_probe.py"
@@ -183,7 +186,7 @@ def _job(rank, world_size):
 def test_a_checkpoint_directory_that_a_rank_does_not_see_is_named_before_any_scenario(tmp_path):
     store = _DictStore()
     store.add("markers", 1)  # rank 1 wrote its marker: somewhere rank 0 does not see
-    problem = torchrun._check_run_dir(_job(0, 2), store, str(tmp_path))
+    problem = torchrun_entry._check_run_dir(_job(0, 2), store, str(tmp_path))
     assert (tmp_path / ".rank-0").exists()
     assert "rank 0 on " in problem and "does not see the markers of rank(s) 1" in problem
     assert "--checkpoint-dir must be one filesystem shared by every node" in problem
@@ -194,11 +197,11 @@ def test_every_rank_seeing_every_marker_passes_the_check(tmp_path):
     for rank in (1, 2):
         (tmp_path / f".rank-{rank}").write_text("elsewhere")
         store.add("markers", 1)
-    assert torchrun._check_run_dir(_job(0, 3), store, str(tmp_path)) is None
+    assert torchrun_entry._check_run_dir(_job(0, 3), store, str(tmp_path)) is None
 
 
 def test_a_checkpoint_directory_a_rank_cannot_write_is_named(tmp_path):
-    problem = torchrun._check_run_dir(_job(3, 4), _DictStore(), str(tmp_path / "absent"))
+    problem = torchrun_entry._check_run_dir(_job(3, 4), _DictStore(), str(tmp_path / "absent"))
     assert problem.startswith("rank 3 on ") and "cannot write in" in problem
 
 

@@ -177,8 +177,8 @@ def test_the_rank_fixtures_are_the_suites_own():
     name the warm-up looks for is a fixture the suite defines, and the multi-rank scenarios take it."""
     import inspect
 
-    from gefen_conformance.plugin import warmup
-    from gefen_conformance.suite import fixtures, test_dcp_reshard
+    from gefen_conformance.plugin import fixtures, warmup
+    from gefen_conformance.suite import test_dcp_reshard
 
     for name in warmup.RANK_FIXTURES:
         assert callable(getattr(fixtures, name, None)), f"{name} is not a fixture of the suite"

@@ -25,7 +25,7 @@ import re
 
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES
-from gefen_conformance.certificate.report import (
+from gefen_conformance.certificate.report_model import (
     OUTCOME_HEADINGS,
     ChartRow,
     chart_rows,

@@ -6,7 +6,7 @@ A scenario calls :func:`run` with the arguments of a
 :class:`~gefen_conformance.harness.outcomes.RankFailure` under every launcher. A
 :class:`Launcher` is an object with ``run`` and ``execution()``: :class:`PoolLauncher` (the
 default, :mod:`gefen_conformance.harness.pool`) or torchrun's
-(:mod:`gefen_conformance.harness.torchrun_launcher`). :func:`execution` describes the active one
+(:mod:`gefen_conformance.harness.torchrun.launcher`). :func:`execution` describes the active one
 for the certificate, :func:`unfit_reason` says why a scenario is too large for it (the caller
 skips it, :func:`skip_unless_fits`), and :func:`drain_world_sizes` hands over the sizes of the
 calls made since it was last asked (SPEC 4.6.5).

@@ -1,7 +1,7 @@
 """What every launcher does inside a rank process (SPEC 4.2.1-4.2.4, 4.7.3-4.7.4).
 
-A rank of either launcher (a pool worker, :mod:`~gefen_conformance.harness.pool_worker`; a
-torchrun rank, :mod:`~gefen_conformance.harness.torchrun_rank`) runs its part in a call with
+A rank of either launcher (a pool worker, :mod:`~gefen_conformance.harness.pool.worker`; a
+torchrun rank, :mod:`~gefen_conformance.harness.torchrun.rank`) runs its part in a call with
 :func:`run_body`: unpickle ``fn``, form the call's default process group and wait until every
 rank has it, bind the :class:`~gefen_conformance.harness.world.World`, run ``fn``, release the
 group, and report a plain dict (``status`` and the fields of

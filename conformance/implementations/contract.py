@@ -161,15 +161,14 @@ class Implementation:
         """The ``--impl`` spec this implementation was resolved under (its name when built directly)."""
         return self.__dict__.get("_spec") or self.name
 
-    def resolved_as(self, spec: str) -> None:
-        """Remember the spec ``registry.resolve`` found this implementation under: it then pickles
-        as that spec, and unpickles as the receiving process's own resolution of it."""
+    def resolved_as(self, spec: str, resolve) -> None:
+        """Remember the spec ``resolve`` (``registry.resolve``) found this implementation under: it
+        then pickles as that spec, and unpickles as the receiving process's own ``resolve(spec)``."""
         object.__setattr__(self, "_spec", spec)
+        object.__setattr__(self, "_resolve", resolve)
 
     def __reduce_ex__(self, protocol):
         spec = self.__dict__.get("_spec")
         if spec is None:
             return super().__reduce_ex__(protocol)
-        from gefen_conformance.implementations.registry import resolve
-
-        return (resolve, (spec,))
+        return (self.__dict__["_resolve"], (spec,))

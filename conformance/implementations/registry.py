@@ -151,6 +151,6 @@ def resolve(spec: str) -> Implementation:
         raise ImplementationError(
             spec, module_name, f"{target} is a {type(obj).__name__}, not a gefen_conformance.Implementation"
         )
-    obj.resolved_as(spec)
+    obj.resolved_as(spec, resolve)
     _RESOLVED[spec] = obj
     return obj

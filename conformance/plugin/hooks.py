@@ -10,7 +10,7 @@ The plugin is inert unless the suite is being run, that is ``--impl`` was given,
 names the suite, or suite modules were collected: otherwise it imports nothing beyond pytest and
 the standard library, loads no hypothesis profile, installs no signal handler, registers no
 fixture or marker and writes no file (SPEC 4.1.5). The suite's fixtures and its ``gefen_clause``
-and ``gefen_requires`` markers are registered by ``gefen_conformance.suite.fixtures`` when the
+and ``gefen_requires`` markers are registered by ``gefen_conformance.plugin.fixtures`` when the
 first suite module is collected.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from gefen_conformance.plugin import options
 from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
-from gefen_conformance.plugin.suite_module import SUITE_PACKAGE, SuiteModule
+from gefen_conformance.plugin.suite_module import SuiteModule
 
 if TYPE_CHECKING:
     from gefen_conformance.plugin.recorder import SuiteRun
@@ -138,7 +138,7 @@ def implementation_for(config):
     return _activate(config).impl
 
 
-_FIXTURES = f"{SUITE_PACKAGE}.fixtures"
+_FIXTURES = "gefen_conformance.plugin.fixtures"
 
 
 def pytest_collect_directory(path, parent):

@@ -3,7 +3,7 @@
 ``@pytest.mark.gefen_clause(*ids)`` names the SPEC clauses a suite test checks (a suite test
 without one is a collection error); ``@pytest.mark.gefen_requires(*capabilities)`` skips a test
 unless the implementation declares every capability (SPEC 4.1.3). They are registered only in a
-session that collects the suite (by ``gefen_conformance.suite.fixtures``), never in another
+session that collects the suite (by ``gefen_conformance.plugin.fixtures``), never in another
 project's.
 """
 

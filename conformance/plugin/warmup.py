@@ -12,7 +12,7 @@ suite run, before its first test:
   each, a tensor lr and weight decay, and the native state dict where declared), and times it
   (the certificate's ``execution.warm_up_s``);
 * for the pool's rank processes: has the fork server import the scenario modules and torch's
-  lazily imported parts (:mod:`gefen_conformance.harness.pool_preload`; it is started first, so
+  lazily imported parts (:mod:`gefen_conformance.plugin.rank_preload`; it is started first, so
   its imports overlap the test process's code paths above), starts the workers the
   largest scenario needs (none when no selected test runs rank bodies: :func:`runs_rank_bodies`),
   and has every rank run :func:`prepare_rank` (the implementation, resolved once in the rank
@@ -37,8 +37,8 @@ CODE_PATHS = tuple(
     for dtype in (torch.float32, torch.bfloat16, torch.float16)
     for factored in (False, True)
 )
-#: the module the rank processes preload (see :mod:`gefen_conformance.harness.pool_preload`)
-RANK_PRELOAD = ("gefen_conformance.harness.pool_preload",)
+#: the module the rank processes preload (see :mod:`gefen_conformance.plugin.rank_preload`)
+RANK_PRELOAD = ("gefen_conformance.plugin.rank_preload",)
 #: the largest scenario of the suite, in ranks: the pool starts this many workers in the warm-up
 LARGEST_SCENARIO = 4
 #: the fixture every suite test that runs rank bodies takes (a rank resolves the implementation from

@@ -1,7 +1,7 @@
 """The pool's worker processes, seen from the caller: starting, keeping and stopping them
 (SPEC 4.2.2-4.2.3, 4.2.8).
 
-A :class:`Worker` is one rank process (:func:`gefen_conformance.harness.pool_worker.worker_main`)
+A :class:`Worker` is one rank process (:func:`gefen_conformance.harness.pool.worker.worker_main`)
 with its pipe, its stack-dump file and its output file. A :class:`Pool` is one flat set of warm
 workers of this process, regrouped per call: :meth:`Pool.checkout` hands out idle workers first
 and starts the rest (a bounded start-up, supervised as a call is), :meth:`Pool.release` keeps at
@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gefen_conformance.harness import pool_worker
 from gefen_conformance.harness.outcomes import RankFailure, RankOutcome
-from gefen_conformance.harness.pool_supervision import supervise
+from gefen_conformance.harness.pool import worker as pool_worker
+from gefen_conformance.harness.pool.supervision import supervise
 from gefen_conformance.harness.rank_side import SINGLE_THREAD_ENV
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 :class:`TorchrunLauncher` lives in rank 0, the process that runs pytest, installed with
 :func:`gefen_conformance.harness.launch.set_launcher`. A call of ``k`` ranks is posted on the
-job's store (``cmd/<n>``, :mod:`~gefen_conformance.harness.torchrun_job`); global ranks
+job's store (``cmd/<n>``, :mod:`~gefen_conformance.harness.torchrun.job`); global ranks
 ``0..k-1`` take part (rank 0's part in the rank-0 server, a child process,
-:mod:`~gefen_conformance.harness.torchrun_serve`) and post their outcomes, which the launcher
+:mod:`~gefen_conformance.harness.torchrun.serve`) and post their outcomes, which the launcher
 polls against the call's deadline and ``failure_grace``. When either passes it posts an abort;
 participants still running report "hung" with their stacks, and since a hung thread cannot be
 stopped the job ends: later calls raise :class:`TorchrunJobEnded` and pytest stops after the
@@ -26,7 +26,7 @@ from gefen_conformance.harness import launch
 from gefen_conformance.harness.call import Call
 from gefen_conformance.harness.deadlines import Deadline, wall_bound
 from gefen_conformance.harness.outcomes import RankOutcome, from_report
-from gefen_conformance.harness.torchrun_job import Job, command_key, dumps
+from gefen_conformance.harness.torchrun.job import Job, command_key, dumps
 
 __all__ = ["REPORT_WAIT_S", "StopWhenJobEnds", "TorchrunJobEnded", "TorchrunLauncher"]
 

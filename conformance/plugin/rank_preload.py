@@ -1,9 +1,11 @@
-"""What a rank process imports before it reports ready (SPEC 4.2.11; private).
+"""What the suite's rank processes import before they report ready (SPEC 4.2.11; private).
 
-The pool's fork server imports this module once, so every rank worker forked from it starts with
+The plugin names this module as the pool's preload (``harness.pool.prepare_workers``), so the
+fork server imports it once and so every rank worker forked from it starts with
 the suite's scenario modules and the parts of torch their first DTensor and DCP calls would
 otherwise import inside a call's deadline (``torch._dynamo`` and ``torch._inductor`` modules from
-``distribute_tensor``, the DCP planners and writers). torchrun ranks import it at start-up.
+``distribute_tensor``, the DCP planners and writers). torchrun ranks import it at start-up
+(``--prepare gefen_conformance.plugin.warmup:prepare_rank``). The harness itself never imports it.
 
 Only imports, and none that starts a thread or touches an accelerator: a fork server must stay
 single-threaded. A module that fails to import is skipped here; the call that needs it reports
@@ -46,11 +48,7 @@ def modules() -> list[str]:
     names = list(TORCH_MODULES) + list(SUITE_MODULES)
     try:
         suite = importlib.import_module("gefen_conformance.suite")
-        names += [
-            f"gefen_conformance.suite.{info.name}"
-            for info in pkgutil.iter_modules(suite.__path__)
-            if info.name != "fixtures"
-        ]
+        names += [f"gefen_conformance.suite.{info.name}" for info in pkgutil.iter_modules(suite.__path__)]
     except Exception:  # noqa: BLE001
         pass
     return names

@@ -16,9 +16,9 @@ stdout and stderr are captured per rank and echoed into the caller's, the caller
 ``sys.path`` and directory apply, and the random generators are freshly seeded for every call;
 module globals of the scenario's own modules persist between calls of a warm worker.
 
-Where the rest lives: :mod:`~gefen_conformance.harness.pool_processes` starts, keeps and stops
-the workers; :mod:`~gefen_conformance.harness.pool_supervision` waits for them and dumps and kills
-hung ones; :mod:`~gefen_conformance.harness.pool_worker` is the rank side. This module holds the
+Where the rest lives: :mod:`~gefen_conformance.harness.pool.processes` starts, keeps and stops
+the workers; :mod:`~gefen_conformance.harness.pool.supervision` waits for them and dumps and kills
+hung ones; :mod:`~gefen_conformance.harness.pool.worker` is the rank side. This module holds the
 process's pool (started by the first call or :func:`start_workers`, ended by
 :func:`shutdown_pool`, also at interpreter exit) and the preparation set by
 :func:`prepare_workers`.
@@ -41,8 +41,8 @@ from typing import Any
 from gefen_conformance.harness.call import DEFAULT_FAILURE_GRACE_S, Call
 from gefen_conformance.harness.deadlines import wall_bound
 from gefen_conformance.harness.outcomes import RankFailure, RankOutcome, from_report
-from gefen_conformance.harness.pool_processes import Pool, Worker, fork_server_pid, startup_timeout_s
-from gefen_conformance.harness.pool_supervision import supervise
+from gefen_conformance.harness.pool.processes import Pool, Worker, fork_server_pid, startup_timeout_s
+from gefen_conformance.harness.pool.supervision import supervise
 
 __all__ = [
     "DEFAULT_FAILURE_GRACE_S",

@@ -6,7 +6,7 @@ call itself. A worker settles with a message (its outcome); one that exits first
 the faulthandler dump of a fatal signal when there is one; one still unsettled at the deadline,
 or ``failure_grace`` after the first failure, has every thread's Python stack dumped (SIGUSR1,
 which the worker's faulthandler writes to its dump file), is killed and reaped, and is "hung".
-The workers are :class:`gefen_conformance.harness.pool_processes.Worker` s.
+The workers are :class:`gefen_conformance.harness.pool.processes.Worker` s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One torchrun rank's part in one scenario call (SPEC 4.7.3-4.7.4; used by
-:mod:`gefen_conformance.harness.torchrun_serve`).
+:mod:`gefen_conformance.harness.torchrun.serve`).
 
 A scenario call of ``k`` ranks runs on global ranks ``0..k-1`` of the torchrun job (rank 0's part
 in the rank-0 server, a child of the process that runs pytest). Each of them runs ``fn`` in a
@@ -28,7 +28,7 @@ and its outcome is the same plain report dict:
 * ``"hung"``: ``fn`` was still running when the coordinator gave up on the call; every thread's
   stack is dumped with ``faulthandler`` into ``traceback``. The thread cannot be stopped, so the
   rank never takes part in a call again and the job ends
-  (:mod:`gefen_conformance.harness.torchrun_launcher`).
+  (:mod:`gefen_conformance.harness.torchrun.launcher`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _shut_down_connections(fds: set[int]) -> None:
 
 class Participation:
     """Rank ``rank``'s part in the call described by ``task`` (see
-    :mod:`gefen_conformance.harness.torchrun_serve`).
+    :mod:`gefen_conformance.harness.torchrun.serve`).
 
     ``pg_store`` is the store the call's process group rendezvouses on (a TCPStore client of this
     rank, not shared with the thread that watches the call). The rank takes the test process's

@@ -2,9 +2,9 @@
 (SPEC 4.7.3-4.7.4, 4.7.6).
 
 Ranks 1..W-1 and the rank-0 server run :func:`serve`: read ``cmd/<n>`` in order from the job's
-store (:mod:`~gefen_conformance.harness.torchrun_job`), skip calls of fewer ranks than their own
+store (:mod:`~gefen_conformance.harness.torchrun.job`), skip calls of fewer ranks than their own
 rank, run their part in the others in a thread
-(:class:`~gefen_conformance.harness.torchrun_rank.Participation`) while watching for rank 0's
+(:class:`~gefen_conformance.harness.torchrun.rank.Participation`) while watching for rank 0's
 abort, and post the outcome with what the rank printed during the call (the last
 :data:`OUTPUT_TAIL_BYTES`). A rank whose part hung, or whose preparation failed, reports that as
 its outcome of every later call it is asked to take part in.
@@ -18,8 +18,8 @@ import pickle
 import tempfile
 
 from gefen_conformance.harness.rank_side import flush_streams
-from gefen_conformance.harness.torchrun_job import Job, command_key, dumps, leave, wait
-from gefen_conformance.harness.torchrun_rank import Participation, hung_report
+from gefen_conformance.harness.torchrun.job import Job, command_key, dumps, leave, wait
+from gefen_conformance.harness.torchrun.rank import Participation, hung_report
 
 __all__ = ["CapturedOutput", "OUTPUT_TAIL_BYTES", "serve"]
 

@@ -5,15 +5,15 @@ gefen_conformance.harness.torchrun`` on every rank of a torchrun job (the rank's
 ``--impl``, ``--certificate``, ``--checkpoint-dir``, ``--device``, ``--result-file``, then the
 pytest arguments after ``--pytest-args``). :func:`main` gives each process its role:
 
-1. **Start-up** (bounded: :func:`~gefen_conformance.harness.torchrun_job.startup_timeout_s`).
+1. **Start-up** (bounded: :func:`~gefen_conformance.harness.torchrun.job.startup_timeout_s`).
    Every rank connects to the job's store, checks its device (one per rank) and says hello; rank
    0 makes the run directory (under ``--checkpoint-dir``, or a temporary one), and every rank
    proves it sees everyone's marker there; every serving rank prepares the implementation
    (SPEC 4.2.11). A problem is one clear error and exit status 4.
 2. **Rank 0 runs pytest in-process** with a
-   :class:`~gefen_conformance.harness.torchrun_launcher.TorchrunLauncher` installed and writes
+   :class:`~gefen_conformance.harness.torchrun.launcher.TorchrunLauncher` installed and writes
    the one certificate; ranks 1..W-1 serve scenario calls
-   (:mod:`~gefen_conformance.harness.torchrun_serve`), and so does the *rank-0 server*, a child
+   (:mod:`~gefen_conformance.harness.torchrun.serve`), and so does the *rank-0 server*, a child
    that takes rank 0's part in them (the test process may hold a default group of its own, a
    ``WorldOfOne``, while it runs a scenario).
 3. **The end.** Rank 0 posts ``exit`` after pytest returns and every rank leaves with
@@ -44,9 +44,9 @@ from typing import Any
 
 from gefen_conformance.harness import launch, rank_side
 from gefen_conformance.harness.rank_side import EXIT_PARENT_GONE, SINGLE_THREAD_ENV
-from gefen_conformance.harness.torchrun_job import Job, command_key, dumps, leave, startup_timeout_s, wait
-from gefen_conformance.harness.torchrun_launcher import StopWhenJobEnds, TorchrunLauncher
-from gefen_conformance.harness.torchrun_serve import serve
+from gefen_conformance.harness.torchrun.job import Job, command_key, dumps, leave, startup_timeout_s, wait
+from gefen_conformance.harness.torchrun.launcher import StopWhenJobEnds, TorchrunLauncher
+from gefen_conformance.harness.torchrun.serve import serve
 
 __all__ = ["PYTEST_ARGS", "USAGE_ERROR", "main", "pytest_arguments"]
 
@@ -107,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--device", default=None)
     parser.add_argument("--result-file", default=None)
+    parser.add_argument(
+        "--prepare",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="called as FUNCTION(implementation, device=device) once on every serving rank before any "
+        "scenario call (the suite's plugin names its rank preparation here)",
+    )
     return parser
 
 
@@ -216,18 +223,28 @@ def _prepare(job: Job, control, options, device) -> str | None:
     its time; what it raised, as text, or None."""
     from gefen_conformance.harness.exception_text import format_exception
     from gefen_conformance.implementations import registry
-    from gefen_conformance.plugin import warmup
 
     started = time.monotonic()
     error = None
     try:
-        warmup.prepare_rank(registry.resolve(options.impl), device=device)
+        if options.prepare:
+            _named_function(options.prepare)(registry.resolve(options.impl), device=device)
     except Exception as exc:  # noqa: BLE001 - every call this rank takes part in reports it
         error = (
             f"rank {job.rank}: preparing the implementation failed before any call:\n{format_exception(exc)}"
         )
     control.set(f"prepared/{job.rank}", dumps({"seconds": time.monotonic() - started, "error": error}))
     return error
+
+
+def _named_function(spec: str):
+    """The function ``MODULE:FUNCTION`` names (``--prepare``)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"--prepare {spec!r}: expected MODULE:FUNCTION")
+    return getattr(importlib.import_module(module), name)
 
 
 def _serve_until_exit(job: Job, control, pg_store, device, broken: str | None = None) -> None:
@@ -354,7 +371,3 @@ def _next_free_command(control) -> int:
     if isinstance(launcher, TorchrunLauncher):
         return launcher.next_command()
     return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
