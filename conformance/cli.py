@@ -396,7 +396,6 @@ def _check_golden(args) -> None:
 def _golden(args) -> int:
     _check_golden(args)
     from gefen_conformance import golden
-    from gefen_conformance.plugin import observations
     from gefen_oracles import golden_manifest
 
     if args.action == "generate":
@@ -406,9 +405,10 @@ def _golden(args) -> int:
     if args.action == "check":
         problems = golden_manifest.check(args.dir)
     else:
-        problems = golden.compare_with_goldens(args.impl, args.dir or golden.GOLDEN_DIR)
-        for note in observations.drain()["notes"]:
+        compared = golden.compare_goldens(args.impl, golden_root=args.dir or golden.GOLDEN_DIR)
+        for note in compared.notes:
             print(f"note: {note}")
+        problems = list(compared.problems)
     for line in problems:
         print(line)
     print("ok" if not problems else f"{len(problems)} problem(s)")

@@ -20,7 +20,6 @@ from gefen_conformance import workload
 from gefen_conformance.harness import launch
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
-from gefen_conformance.plugin import observations
 from gefen_oracles import golden_manifest
 from gefen_oracles.numeric import Comparison, Comparisons
 
@@ -224,7 +223,7 @@ def compare_goldens(
                 )
     if not same_torch:
         skipped = "md5s and metadata digests" if bitwise else "metadata digests"
-        observations.note(
+        out.note(
             f"golden {skipped} not compared: this torch {torch.__version__} is not "
             f"the goldens' {manifest['environment']['torch']}"
         )

@@ -10,7 +10,7 @@
 Checkers return :class:`Comparison` objects (what was compared, worst error, the bound at that
 place, how many elements differed, the problems found, and for a failing one its worst elements,
 :class:`Offender`) and never record anything themselves: the suite records them as margins
-(``conformance.observations``) and ``gefen-conformance repro`` prints the offenders (SPEC 4.5.6).
+(``gefen_conformance.judging``) and ``gefen-conformance repro`` prints the offenders (SPEC 4.5.6).
 :func:`profile_description` is what the certificate embeds: every rule and bound applied, in words and
 numbers.
 """
@@ -164,11 +164,14 @@ def _used(error: float, bound: float) -> float:
 
 
 class Comparisons:
-    """Comparisons merged by ``what``: the worst of each kept, every problem kept."""
+    """Comparisons merged by ``what``: the worst of each kept, every problem kept, and notes: facts
+    the certificate's reader must know about what was (not) compared."""
 
-    def __init__(self):
+    def __init__(self, comparisons: Iterable[Comparison] = ()):
         self._by_what: dict[str, Comparison] = {}
         self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.extend(comparisons)
 
     def add(self, comparison: Comparison) -> Comparison:
         self._keep(comparison)
@@ -180,6 +183,8 @@ class Comparisons:
         for comparison in other:
             self._keep(comparison)
         self.problems.extend(other.problems)
+        for text in other.notes:
+            self.note(text)
 
     def _keep(self, comparison: Comparison) -> None:
         old = self._by_what.get(comparison.what)
@@ -215,6 +220,18 @@ class Comparisons:
     def problem(self, message: str) -> None:
         """A violation of an exact rule that has no numeric margin (a missing key, a wrong dtype)."""
         self.problems.append(message)
+
+    def exact(self, what: str, differing: int, total: int, problems: Iterable[str] = ()) -> Comparison:
+        """An exact comparison of ``total`` items (counts, names, digests), ``differing`` of them wrong,
+        with one message per wrong item in ``problems``; exact in every profile."""
+        return self.add(
+            Comparison(what, "bitwise", differing=int(differing), total=int(total), problems=list(problems))
+        )
+
+    def note(self, text: str) -> None:
+        """A fact the certificate's reader must see (kept once)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def __iter__(self):
         return iter(self._by_what.values())

@@ -26,10 +26,10 @@ def facts(**overrides) -> RunFacts:
     return RunFacts(**{**base, **overrides})
 
 
-def run_of(*outcomes) -> certificate.Run:
-    run = certificate.Run(implementation={"name": "x", "version": "1", "capabilities": []})
+def run_of(*outcomes) -> certificate.RunRecord:
+    run = certificate.RunRecord(implementation={"name": "x", "version": "1", "capabilities": []})
     for i, outcome in enumerate(outcomes):
-        run.record(TestRecord(f"test_m.py::t{i}", ["1.8"], outcome))
+        run.add(TestRecord(f"test_m.py::t{i}", ["1.8"], outcome))
     return run
 
 
@@ -76,15 +76,13 @@ def test_complete_needs_every_expected_test_and_no_narrowing():
 
 
 def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
-    run = certificate.Run(implementation={"name": "x", "version": "1", "capabilities": []})
+    run = certificate.RunRecord(implementation={"name": "x", "version": "1", "capabilities": []})
     tol = [
         {"what": "param", "kind": "tolerance", "error": 1e-6, "bound": 1e-4, "used": 0.01},
         {"what": "state", "kind": "tolerance", "error": 1.0, "bound": 0.0, "used": None},
     ]
-    run.record(
-        TestRecord("test_a.py::t1", ["1.8", "1.4"], "passed", 0.5, "", tol, ["golden md5s not compared"])
-    )
-    run.record(
+    run.add(TestRecord("test_a.py::t1", ["1.8", "1.4"], "passed", 0.5, "", tol, ["golden md5s not compared"]))
+    run.add(
         TestRecord(
             "test_a.py::t2",
             ["1.8"],
@@ -98,7 +96,7 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
             ["golden md5s not compared"],
         )
     )
-    run.record(
+    run.add(
         TestRecord(
             "test_b.py::t3", ["1.9"], "skipped", 0.0, "x lacks capability factored-v", [], [], ["factored-v"]
         )
@@ -142,9 +140,9 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
 
 
 def test_setup_and_call_reports_of_one_test_collapse_worst_first():
-    run = certificate.Run(implementation={})
-    run.record(TestRecord("t", ["1"], "passed", 1.0, "", [{"what": "a"}], ["n1"]))
-    run.record(TestRecord("t", ["1"], "error", 0.5, "RuntimeError: teardown", [], ["n1", "n2"]))
+    run = certificate.RunRecord(implementation={})
+    run.add(TestRecord("t", ["1"], "passed", 1.0, "", [{"what": "a"}], ["n1"]))
+    run.add(TestRecord("t", ["1"], "error", 0.5, "RuntimeError: teardown", [], ["n1", "n2"]))
     rec = run.records["t"]
     assert (rec.outcome, rec.reason, rec.duration, rec.notes) == (
         "error",

@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import cli, repro, workload
+from gefen_conformance import cli, judging, repro, workload
 from gefen_conformance.certificate import repro_files
-from gefen_conformance.plugin import reproducers
 from gefen_conformance.suite import optimizer_cases
 from gefen_oracles import numeric
 
@@ -77,9 +76,9 @@ def _half_percent_high(params, **hp):
 def _blob(case, bitwise: bool, test_id: str, spec: str = "reference") -> tuple[bytes, list]:
     """A reproducer as the plugin makes it, of ``case`` judged against ``_half_percent_high``."""
     comparisons = case.compare(_half_percent_high, bitwise=bitwise)
-    reproducers.clear()
-    reproducers.offer(case, bitwise, list(comparisons), list(comparisons.problems))
-    blob = reproducers.drain(test_id, ["5.6"], {"name": "x", "version": "1", "spec": spec}, "cpu", keep=True)
+    judge = judging.Judge(None, bitwise=bitwise)
+    judge.record(comparisons, case=case)
+    blob = judge.reproducer(test_id, ["5.6"], {"name": "x", "version": "1", "spec": spec}, "cpu")
     return blob, comparisons
 
 
@@ -168,7 +167,7 @@ def test_a_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
     path = tmp_path / "r.pt"
     path.write_bytes(blob)
     payload = repro_files.load(path)  # weights_only: no code runs when it is read
-    assert payload["schema"] == reproducers.SCHEMA and payload["test_id"] == "test_optimizer.py::test_x[a]"
+    assert payload["schema"] == judging.REPRO_SCHEMA and payload["test_id"] == "test_optimizer.py::test_x[a]"
     (entry,) = payload["cases"]
     assert {f["what"] for f in entry["failing"]} == {c.what for c in comparisons if not c.ok}
     again = optimizer_cases.from_payload(entry["case"]).compare(_half_percent_high, bitwise=False)

@@ -118,7 +118,7 @@ class TestRecord:
 
 
 @dataclass
-class Run:
+class RunRecord:
     """What the plugin gathered about one run; :func:`build` turns it into the certificate."""
 
     implementation: dict
@@ -134,7 +134,7 @@ class Run:
         self.warm_up_s = max(self.warm_up_s or 0.0, float(seconds))
         self.notes += [n for n in notes if n not in self.notes]
 
-    def record(self, rec: TestRecord) -> None:
+    def add(self, rec: TestRecord) -> None:
         old = self.records.get(rec.nodeid)
         if old is None:
             self.records[rec.nodeid] = rec

@@ -1,7 +1,7 @@
 """Reproducer files beside a certificate (SPEC 4.5.6).
 
 A failed suite test that judged a replayable case (a pinned step or a free-running trajectory)
-carries its reproducer: the bytes :func:`gefen_conformance.plugin.reproducers.drain` made in the
+carries its reproducer: the bytes :meth:`gefen_conformance.judging.Judge.reproducer` made in the
 test process. The process that writes the certificate writes each, just before the certificate
 and only then, to ``<certificate stem>.repro/<safe test id>.pt`` beside it (so a run whose
 certificate goes to ``<stem>.partial.json`` writes ``<stem>.partial.repro/``), and records its
@@ -26,7 +26,7 @@ import re
 import tempfile
 from pathlib import Path
 
-SCHEMA = "gefen-conformance-repro/1"  # the same as gefen_conformance.plugin.reproducers.SCHEMA
+SCHEMA = "gefen-conformance-repro/1"  # the same as gefen_conformance.judging.REPRO_SCHEMA
 SUFFIX = ".pt"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

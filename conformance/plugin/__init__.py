@@ -2,9 +2,9 @@
 
 ``hooks`` is the ``pytest11`` entry point: it adds the ``--impl`` family of options (``options``,
 with their checks before anything runs) and stays inert until ``--impl`` is given; suite modules
-are imported by their installed names (``suite_module``). The rest is what a certifying session holds: which
-suite tests run
-(``selection``), what each produced (``recorder``, ``observations``), the hypothesis profiles
-(``hypothesis_profiles``), the implementation's warm-up before any deadline (``warmup``) and Ctrl-C
-(``interrupts``).
+are imported by their installed names (``suite_module``) and get their fixtures from ``fixtures``.
+The rest is what a certifying session holds: which suite tests run (``selection``), what each
+produced (one ``report_record`` per report, gathered by ``recorder``), the hypothesis profiles
+(``hypothesis_profiles``), what rank processes preload and prepare (``rank_preload``,
+``warmup``: the implementation's warm-up before any deadline) and Ctrl-C (``interrupts``).
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from gefen_conformance import judging
+from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness.sharding import WorldOfOne
 from gefen_conformance.implementations import registry
 from gefen_conformance.plugin import markers
@@ -27,6 +29,16 @@ def pytest_configure(config):
 def gefen_impl(request):
     """The implementation under test."""
     return implementation_for(request.config)
+
+
+@pytest.fixture
+def gefen_judge(request, gefen_impl) -> judging.Judge:
+    """This test's :class:`~gefen_conformance.judging.Judge`: it records the test's comparisons
+    (margins, notes, a reproducer) under the run's numeric profile and raises with the problems; the
+    plugin takes what it recorded into the test's report."""
+    judge = judging.Judge(gefen_impl, bitwise=numeric_profile.bitwise(gefen_impl))
+    request.node.stash[judging.JUDGE] = judge
+    return judge
 
 
 @pytest.fixture(scope="session")

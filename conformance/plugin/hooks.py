@@ -30,20 +30,9 @@ if TYPE_CHECKING:
 
 _RUN_KEY = pytest.StashKey["SuiteRun"]()
 _IMPL_KEY = pytest.StashKey[object]()
-_CLAUSES = "gefen_conformance_clauses"
-_SUITE_ID = "gefen_conformance_id"
-_OBSERVED = "gefen_conformance_observations"
-_REASON = "gefen_conformance_reason"
-_WORLDS = "gefen_conformance_world_sizes"
-_WARM_UP = "gefen_conformance_warm_up"
-_NOT_RUN = "gefen_conformance_not_run_here"
-_MISSING = "gefen_conformance_missing_capabilities"
 #: the capabilities a suite item requires and the implementation lacks (SPEC 4.1.3): the item is
 #: skipped, and its report carries them to the certificate's ``capability_skips``
 _MISSING_KEY = pytest.StashKey[list]()
-_WHERE = "gefen_conformance_where"
-# a report attribute, not a user property: the bytes of a reproducer stay out of junit XML and logs
-_REPRO = "gefen_conformance_repro"
 
 
 def pytest_addoption(parser):
@@ -182,7 +171,7 @@ def pytest_collection_modifyitems(session, config, items):
         if sid in impl.expected_failures:
             matched.add(sid)
             item.add_marker(pytest.mark.xfail(reason=impl.expected_failures[sid], strict=True))
-    run.run.stale_expected_failures = sorted(set(impl.expected_failures) - matched)
+    run.record.stale_expected_failures = sorted(set(impl.expected_failures) - matched)
     result = yield
     run.after_collection([item_id(i) for i in suite_items], [item_id(i) for i in items if in_suite(i.path)])
     return result
@@ -200,15 +189,6 @@ def pytest_runtestloop(session):
     if run is not None:
         run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
         run.warm_up(session)  # before the first test, outside every deadline (SPEC 4.2.11)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    if _run(item.config) is not None and in_suite(item.path):
-        from gefen_conformance.plugin import observations, reproducers
-
-        observations.drain()  # whatever an earlier test left behind is not this test's
-        reproducers.clear()
 
 
 def _reason(report, call) -> str:
@@ -243,50 +223,47 @@ def pytest_runtest_makereport(item, call):
     run = _run(item.config)
     if run is None or not in_suite(item.path):
         return report
+    from gefen_conformance import judging
     from gefen_conformance.harness import launch
-    from gefen_conformance.plugin import markers, observations
+    from gefen_conformance.plugin import markers
+    from gefen_conformance.plugin.report_record import REPRO, ReportRecord
 
-    # user_properties travel with the report, also from xdist workers to the controller
-    report.user_properties.append((_CLAUSES, markers.clauses(item)))
-    report.user_properties.append((_SUITE_ID, item_id(item)))
-    report.user_properties.append((_OBSERVED, observations.drain()))
-    report.user_properties.append((_REASON, _reason(report, call)))
-    report.user_properties.append((_WORLDS, launch.drain_world_sizes()))
+    judge = item.stash.get(judging.JUDGE, None)
+    observed = judge.observations.drain() if judge is not None else {"margins": [], "notes": []}
+    record = ReportRecord(
+        item_id(item),
+        markers.clauses(item),
+        _reason(report, call),
+        observed["margins"],
+        observed["notes"],
+        launch.drain_world_sizes(),
+    )
     missing = item.stash.get(_MISSING_KEY, None)
     if missing and report.skipped:
-        report.user_properties.append((_MISSING, [c.value for c in missing]))
+        record.missing = [c.value for c in missing]
     if report.failed and call.excinfo is not None:
         from gefen_conformance.plugin.rank_locations import where
 
-        report.user_properties.append(
-            (_WHERE, where(call.excinfo.value))
-        )  # the failed ranks' lines (SPEC 4.4.8)
-    if report.when == "call":
-        _attach_reproducer(item, report, run)
+        record.where = where(call.excinfo.value)  # the failed ranks' lines (SPEC 4.4.8)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
-        report.user_properties.append((_NOT_RUN, True))  # too few ranks or devices here (SPEC 4.4.2)
-    warm_up = run.take_warm_up_report()
-    if warm_up is not None:  # this process's warm-up travels with its first report
-        report.user_properties.append((_WARM_UP, warm_up))
+        record.not_run_here = True  # too few ranks or devices here (SPEC 4.4.2)
+    record.warm_up = run.take_warm_up_report()  # this process's warm-up travels with its first report
+    record.attach(report)
+    if report.when == "call" and judge is not None:
+        blob = _reproducer(item, judge, run) if report.failed and not hasattr(report, "wasxfail") else None
+        judge.forget_reproducers()
+        if blob is not None:
+            setattr(report, REPRO, blob)  # rides on the report, also from an xdist worker
     return report
 
 
-def _attach_reproducer(item, report, run) -> None:
-    """A failed test's reproducer (SPEC 4.5.6) rides on its report, also from an xdist worker."""
+def _reproducer(item, judge, run) -> bytes | None:
+    """A failed test's reproducer (SPEC 4.5.6), when its judge was offered a replayable case."""
     from gefen_conformance.harness import devices
-    from gefen_conformance.plugin import reproducers
 
     clauses = [str(c) for m in item.iter_markers("gefen_clause") for c in m.args]
     impl = {"name": run.impl.name, "version": run.impl.version, "spec": item.config.option.impl}
-    blob = reproducers.drain(
-        item_id(item),
-        clauses,
-        impl,
-        str(devices.selected()),
-        keep=report.failed and not hasattr(report, "wasxfail"),
-    )
-    if blob is not None:
-        setattr(report, _REPRO, blob)
+    return judge.reproducer(item_id(item), clauses, impl, str(devices.selected()))
 
 
 def _outcome(report):
@@ -308,18 +285,18 @@ class _SessionHooks:
         self.config = config
 
     def pytest_runtest_logreport(self, report):
-        props = dict(report.user_properties)
-        if _CLAUSES not in props:
+        from gefen_conformance.plugin.report_record import REPRO, ReportRecord
+
+        record = ReportRecord.of(report)
+        if record is None:
             return
         run = _activate(self.config)  # under xdist the controller learns here that the suite runs
         if run.is_worker:
             return
-        run.run.world_sizes.update(props.get(_WORLDS) or ())
-        warm_up = props.get(_WARM_UP)
-        if warm_up:  # an xdist worker's warm-up (a single process recorded its own already)
-            run.run.warmed_up(warm_up["seconds"], warm_up.get("notes", ()))
-        observed = props.get(_OBSERVED) or {}
-        if report.when != "call" and report.outcome == "passed" and not any(observed.values()):
+        run.record.world_sizes.update(record.world_sizes)
+        if record.warm_up:  # an xdist worker's warm-up (a single process recorded its own already)
+            run.record.warmed_up(record.warm_up["seconds"], record.warm_up.get("notes", ()))
+        if report.when != "call" and report.outcome == "passed" and not (record.margins or record.notes):
             return
         from gefen_conformance.certificate.build import TestRecord
         from gefen_conformance.certificate.outcomes import Outcome
@@ -328,19 +305,19 @@ class _SessionHooks:
             _outcome(report) if (report.when == "call" or report.outcome != "passed") else Outcome.PASSED
         )
         skipped = outcome == Outcome.SKIPPED
-        run.record(
+        run.add(
             TestRecord(
-                props[_SUITE_ID],
-                props[_CLAUSES],
+                record.id,
+                record.clauses,
                 outcome,
                 report.duration,
-                props.get(_REASON, ""),
-                list(observed.get("margins", [])),
-                list(observed.get("notes", [])),
-                list(props.get(_MISSING) or []) if skipped else [],
-                not_run=bool(props.get(_NOT_RUN)) and skipped,
-                where=list(props.get(_WHERE) or ()),
-                repro=getattr(report, _REPRO, None) if outcome == Outcome.FAILED else None,
+                record.reason,
+                list(record.margins),
+                list(record.notes),
+                list(record.missing) if skipped else [],
+                not_run=record.not_run_here and skipped,
+                where=list(record.where),
+                repro=getattr(report, REPRO, None) if outcome == Outcome.FAILED else None,
             )
         )
 

@@ -32,7 +32,7 @@ class SuiteRun:
         self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         # spec: the --impl value as given, so that the rerun commands of the reports name it (SPEC 4.5.5)
-        self.run = certificate.Run(
+        self.record = certificate.RunRecord(
             implementation={
                 "name": impl.name,
                 "version": impl.version,
@@ -112,7 +112,7 @@ class SuiteRun:
         from gefen_conformance.certificate import provenance
 
         provenance.kill_running()
-        self.run.notes.append("the suite's git state was not determined before the run was interrupted")
+        self.record.notes.append("the suite's git state was not determined before the run was interrupted")
         return {**certificate.suite_facts(git=False), "git": None}
 
     def close(self) -> None:
@@ -209,7 +209,7 @@ class SuiteRun:
         result.seconds = time.monotonic() - started
         result.seconds += float(getattr(active, "preparation_s", 0.0) or 0.0)  # torchrun ranks, at start-up
         self.warm_up_report = {"seconds": result.seconds, "notes": result.notes}
-        self.run.warmed_up(result.seconds, result.notes)
+        self.record.warmed_up(result.seconds, result.notes)
 
     def take_warm_up_report(self) -> dict | None:
         report, self.warm_up_report = self.warm_up_report, None
@@ -244,8 +244,8 @@ class SuiteRun:
 
     # -- results -----------------------------------------------------------------------------
 
-    def record(self, rec: certificate.TestRecord) -> None:
-        self.run.record(rec)
+    def add(self, rec: certificate.TestRecord) -> None:
+        self.record.add(rec)
 
     def _expected_ids(self, interrupted: bool) -> tuple[set | None, str | None]:
         if interrupted:
@@ -304,19 +304,19 @@ class SuiteRun:
         interrupted = self.guard.signal_name
         if interrupted is None and int(exitstatus) == int(pytest.ExitCode.INTERRUPTED):
             interrupted = "KeyboardInterrupt"
-        if not self.run.records and not interrupted:
+        if not self.record.records and not interrupted:
             self.census.cancel()  # nothing ran (--collect-only, an empty selection): nothing to certify
             return
         expected, _ = self._expected_ids(interrupted is not None)
-        executed = set(self.run.records)
+        executed = set(self.record.records)
         missing = (expected - executed) if expected is not None else set()
         not_run = [
             {"id": r.nodeid, "reason": r.reason}
-            for r in sorted(self.run.records.values(), key=lambda r: r.nodeid)
+            for r in sorted(self.record.records.values(), key=lambda r: r.nodeid)
             if r.not_run
         ]
         facts = certificate.RunFacts(
-            started=self.run.started,
+            started=self.record.started,
             finished=certificate.now(),
             interrupted=interrupted,
             narrowed_by=self._narrowed_by(missing, expected is not None, session, interrupted is not None),
@@ -327,12 +327,12 @@ class SuiteRun:
             not_run=not_run,
         )
         cert = certificate.build(
-            self.run,
+            self.record,
             facts,
             profile=certificate.profile_facts(self.impl.capabilities),
             suite=self.suite_facts(interrupted is not None),
             platform_=certificate.platform_facts(),
-            execution=certificate.execution_facts(self.run.world_sizes, self.run.warm_up_s),
+            execution=certificate.execution_facts(self.record.world_sizes, self.record.warm_up_s),
         )
         # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
         cert["run"]["exit_status"] = self.exit_status = certificate.EXIT_STATUS[cert["verdict"]]
@@ -347,7 +347,7 @@ class SuiteRun:
         from gefen_conformance.certificate import repro_files
 
         repro_files.write_beside(
-            cert, target, {r.nodeid: r.repro for r in self.run.records.values() if r.repro}
+            cert, target, {r.nodeid: r.repro for r in self.record.records.values() if r.repro}
         )
         certificate.write(cert, target)
         self.written = (target, requested if target != requested else None, cert)

@@ -6,7 +6,8 @@ groups and their hyperparameters, the constructor's other keywords. :meth:`compa
 sides on those inputs (the implementation's on the run's device, the reference's on CPU) and
 judges them, bitwise or by the stage bounds of SPEC 5.6, returning the oracles'
 :class:`~gefen_oracles.numeric.Comparisons`. The suite tests build their cases from the workload
-(:func:`pinned`, :func:`trajectory`) and record them with :func:`gefen_conformance.suite.margins.record`;
+(:func:`pinned`, :func:`trajectory`) and judge them with the test's judge
+(:meth:`gefen_conformance.judging.Judge.assert_comparisons`);
 a failing one is written as a reproducer (:meth:`payload`), and ``gefen-conformance repro``
 rebuilds it (:func:`from_payload`) and runs the same :meth:`compare`: the same inputs through the
 same code give the same numbers.

@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
-from gefen_conformance.suite import checkpoints, margins, restore_checks
+from gefen_conformance.judging import assert_no_problems
+from gefen_conformance.suite import checkpoints, restore_checks
 from gefen_oracles import checkpoint_compare, shadowing
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.gefen_schema import slot_key
@@ -164,8 +164,8 @@ def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
 # ------------------------------------------------------------------------------------ checks
 
 
-def _model_problems(checkpoint: dict, resaved: dict) -> list[str]:
-    return restore_checks.model_resave_problems(
+def _model(checkpoint: dict, resaved: dict) -> Comparisons:
+    return restore_checks.model_resaved(
         checkpoint,
         resaved,
         "restore into a stepped optimizer",
@@ -231,9 +231,9 @@ def _periods(checkpoint: dict, target: int) -> dict:
     return out
 
 
-def _shadow_problems(
+def _shadowed(
     saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype
-) -> list[str]:
+) -> Comparisons:
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
     saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
@@ -272,7 +272,7 @@ def _shadow_problems(
                     )
                 )
             comparisons.merge(shadowing.dense_steps(slots, codewords))
-    return margins.record(comparisons)
+    return comparisons
 
 
 def _every_restore(test):
@@ -300,48 +300,41 @@ def _continued_by_both(checkpoints, impl: Implementation, reference: Implementat
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
 @_every_restore
-def test_restore_into_a_stepped_optimizer(gefen_impl, gefen_reference, gefen_checkpoints, dtype, target):
+def test_restore_into_a_stepped_optimizer(
+    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target
+):
     theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
-    if not problems:
-        problems = _model_problems(
-            _read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0)
-        )
-        expected, actual = (
-            _read(gefen_checkpoints, ours, 0)["optimizer"],
-            _read(gefen_checkpoints, theirs, 0)["optimizer"],
-        )
-        problems += margins.record(
-            checkpoint_compare.compare_restores(expected, actual, bitwise=numeric_profile.bitwise(gefen_impl))
-        )
-    assert not problems, "\n".join(problems[:20])
+    assert_no_problems(problems)
+    checkpoint, resaved = _read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0)
+    compared = _model(checkpoint, resaved)
+    expected = _read(gefen_checkpoints, ours, 0)["optimizer"]
+    compared.merge(
+        checkpoint_compare.compare_restores(expected, resaved["optimizer"], bitwise=gefen_judge.bitwise)
+    )
+    gefen_judge.assert_comparisons(compared)
 
 
 @pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
 @_every_restore
-def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, dtype, target):
+def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target):
     theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
-    if problems:
-        pytest.fail("\n".join(problems))
-    comparisons = Comparisons()
+    assert_no_problems(problems)
+    compared = Comparisons()
     for k in range(1, CONTINUATION + 1):
         expected, actual = _read(gefen_checkpoints, ours, k), _read(gefen_checkpoints, theirs, k)
-        _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", comparisons)
-        if numeric_profile.bitwise(gefen_impl):
-            comparisons.merge(
+        _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", compared)
+        if gefen_judge.bitwise:  # every re-save and the model bit for bit (SPEC 3.8.2)
+            where = f"after {k} steps"
+            compared.merge(
                 checkpoint_compare.compare_restores(
-                    expected["optimizer"], actual["optimizer"], bitwise=True, where=f"after {k} steps"
+                    expected["optimizer"], actual["optimizer"], bitwise=True, where=where
                 )
             )
             for name, value in expected["model"].items():
-                comparisons.add(
-                    bitwise_comparison(
-                        f"continuation: model parameters ({dtype})",
-                        value,
-                        actual["model"].get(name),
-                        label=f"after {k} steps: {name}",
-                    )
+                what = f"continuation: model parameters ({dtype})"
+                compared.add(
+                    bitwise_comparison(what, value, actual["model"].get(name), label=f"{where}: {name}")
                 )
-    problems = margins.record(comparisons)
-    if not problems and not numeric_profile.bitwise(gefen_impl):
-        problems = _shadow_problems(gefen_checkpoints, theirs, target, DTYPES[dtype])
-    assert not problems, "\n".join(problems[:20])
+    gefen_judge.assert_comparisons(compared)
+    if not gefen_judge.bitwise:  # each step from the re-saves around it (SPEC 5.6.22)
+        gefen_judge.assert_comparisons(_shadowed(gefen_checkpoints, theirs, target, DTYPES[dtype]))

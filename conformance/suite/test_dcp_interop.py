@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness import devices
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
@@ -27,7 +26,7 @@ from gefen_conformance.suite import restore_checks
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
 @pytest.mark.parametrize("direction", ["impl-to-reference", "reference-to-impl"])
 def test_cross_implementation_restore(
-    gefen_impl, gefen_reference, gefen_checkpoints, direction, source, target
+    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, direction, source, target
 ):
     saver, loader = (
         (gefen_impl, gefen_reference) if direction == "impl-to-reference" else (gefen_reference, gefen_impl)
@@ -35,20 +34,16 @@ def test_cross_implementation_restore(
     restore = gefen_checkpoints.restored(loader, saver, "base", source, target)
     # the re-saved state is the loader's; its bit-exactness is the reference's or the impl's, and
     # bitwise only on CPU (SPEC 4.6.4)
-    bit_exact = numeric_profile.bitwise(gefen_impl) or (
-        loader is gefen_reference and devices.is_cpu(devices.selected())
-    )
-    problems = restore_checks.restore_problems(restore, bit_exact)
-    assert not problems, "\n".join(problems)
+    bitwise = gefen_judge.bitwise or (loader is gefen_reference and devices.is_cpu(devices.selected()))
+    gefen_judge.assert_comparisons(restore_checks.restore(restore, bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
 def test_restore_and_resave_match_the_reference(
-    gefen_impl, gefen_reference, gefen_checkpoints, source, target
+    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, source, target
 ):
     ours = gefen_checkpoints.restored(gefen_reference, gefen_reference, "base", source, target)
     theirs = gefen_checkpoints.restored(gefen_impl, gefen_reference, "base", source, target)
-    problems = restore_checks.restores_agree(ours, theirs, numeric_profile.bitwise(gefen_impl))
-    assert not problems, "\n".join(problems)
+    gefen_judge.assert_comparisons(restore_checks.restores_agree(ours, theirs, gefen_judge.bitwise))

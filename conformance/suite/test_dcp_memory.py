@@ -19,7 +19,7 @@ from gefen_conformance.implementations.contract import (
     FACTORED_V,
     Implementation,
 )
-from gefen_conformance.suite import checkpoints, margins
+from gefen_conformance.suite import checkpoints
 from gefen_oracles import kernel_bounds
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
@@ -70,7 +70,7 @@ def planned_save_peak(impl: Implementation, root: str) -> dict:
 
 @pytest.mark.gefen_clause("5.4.2", "2.5.2", "5.4.1")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
-def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
+def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints, gefen_judge):
     """At world size 1, the peak extra bytes of a save with ``impl.save_planner()`` stay within the
     twice the largest slot's dense momentum and second moment plus the slack. The slots are large enough
     that a save holding all of them at once would exceed the bound; a save with DCP's default
@@ -86,17 +86,20 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints):
     for name in ("planned", "default"):
         digests = content_digests(root / name)
         # one state saved three ways by one implementation: byte identity in every profile (SPEC 5.6.11)
-        margins.exact(
+        gefen_judge.assert_exact(
             "one state saved with a file per item (content digests)",
             sum(digests.get(k) != v for k, v in standard.items()) + len(set(digests) - set(standard)),
             len(standard),
+            [f"the {name} save's content differs from a standard save"],
         )
-        assert digests == standard, f"the {name} save's content differs from a standard save"
-    assert peaks["planned"] <= bound, (
+    gefen_judge.assert_within(
+        "planned save: peak extra bytes",
+        peaks["planned"],
+        bound,
         f"peak extra bytes {peaks['planned']} with the planner exceed {bound} = "
         f"{kernel_bounds.SAVE_MEMORY_SLOTS} x {max(slots)} (the largest slot's dense form) + "
         f"{kernel_bounds.SAVE_MEMORY_SLACK_BYTES} (all slots: {sum(slots)}; with DCP's default planner: "
-        f"{peaks['default']})"
+        f"{peaks['default']})",
     )
 
 

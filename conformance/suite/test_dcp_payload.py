@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import (
@@ -32,10 +31,11 @@ from gefen_conformance.implementations.contract import (
     DCP_SAVE_PLANNER,
     Implementation,
 )
-from gefen_conformance.suite import checkpoints, margins
-from gefen_oracles import checkpoint_compare, codebook_quality
+from gefen_conformance.suite import checkpoints
+from gefen_oracles import checkpoint_compare, codebook_quality, kernel_bounds
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
+from gefen_oracles.numeric import Comparisons
 
 WORLDS = [
     pytest.param("base", 1, id="w1"),
@@ -77,13 +77,11 @@ def _payloads(saved, impl: Implementation, model: str, world: int):
     return saved.once(("payloads", impl.spec, model, world), make)
 
 
-def _payload_differences(a, b, what: str) -> list[str]:
+def _payload_differences(a, b, what: str) -> Comparisons:
+    """The payload md5s of two checkpoints, exact; a content digest says where they differ."""
     ma, mb = payload_md5s(a), payload_md5s(b)
     names = sorted(set(ma) | set(mb))
-    margins.exact(what, sum(ma.get(n) != mb.get(n) for n in names), len(names))
-    problems = []
-    if not ma:
-        problems.append(f"{a.name}: no payload files")
+    problems = [] if ma else [f"{a.name}: no payload files"]
     if sorted(ma) != sorted(mb):
         problems.append(f"payload files differ: {sorted(ma)} vs {sorted(mb)}")
     problems += [
@@ -97,72 +95,59 @@ def _payload_differences(a, b, what: str) -> list[str]:
         problems.append(
             f"content differs in: {keys}" if keys else "the content is the same; only the bytes differ"
         )
-    return problems
+    out = Comparisons()
+    out.exact(what, sum(ma.get(n) != mb.get(n) for n in names), len(names), problems)
+    return out
 
 
-def _metadata_differences(a, b, what: str) -> list[str]:
+def _metadata_differences(a, b, what: str) -> Comparisons:
     da, db = metadata_digest(a), metadata_digest(b)
-    margins.exact(what, int(da != db), 1)
-    return [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
+    out = Comparisons()
+    out.exact(
+        what, int(da != db), 1, [] if da == db else [f"metadata digest {da} ({a.name}) vs {db} ({b.name})"]
+    )
+    return out
 
 
-def _assert_byte_identical(
+def _byte_identical(
     checkpoints, impl: Implementation, model: str, world: int, first: str, second: str, what: str
 ):
     """Two saves of one state: payload md5s and metadata digest, both exact."""
     root = _payloads(checkpoints, impl, model, world)
-    a, b = root / first, root / second
-    problems = _payload_differences(a, b, f"{what} (payload md5)") + _metadata_differences(
-        a, b, f"{what} (metadata digest)"
-    )
-    assert not problems, "\n".join(problems)
+    out = _payload_differences(root / first, root / second, f"{what} (payload md5)")
+    out.merge(_metadata_differences(root / first, root / second, f"{what} (metadata digest)"))
+    return out
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1", "5.2.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_same_state_saved_twice_is_byte_identical(gefen_impl, gefen_checkpoints, model, world):
-    _assert_byte_identical(
-        gefen_checkpoints,
-        gefen_impl,
-        model,
-        world,
-        "impl_planned",
-        "impl_planned_again",
-        "one state saved twice",
-    )
+def test_same_state_saved_twice_is_byte_identical(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
+    saves = ("impl_planned", "impl_planned_again", "one state saved twice")
+    gefen_judge.assert_comparisons(_byte_identical(gefen_checkpoints, gefen_impl, model, world, *saves))
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, model, world):
-    _assert_byte_identical(
-        gefen_checkpoints,
-        gefen_impl,
-        model,
-        world,
-        "impl_planned",
-        "impl_default",
-        "planned and default saves of one state",
-    )
+def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
+    saves = ("impl_planned", "impl_default", "planned and default saves of one state")
+    gefen_judge.assert_comparisons(_byte_identical(gefen_checkpoints, gefen_impl, model, world, *saves))
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")
 @pytest.mark.gefen_requires(DCP_RESHARD, CPU_BIT_EXACT)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_md5s_match_the_reference(gefen_impl, gefen_checkpoints, model, world):
+def test_payload_md5s_match_the_reference(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
     root = _payloads(gefen_checkpoints, gefen_impl, model, world)
-    problems = _payload_differences(
-        root / "impl_planned", root / "reference", "payload against the reference (md5)"
-    )
-    assert not problems, "\n".join(problems)
+    what = "payload against the reference (md5)"
+    gefen_judge.assert_comparisons(_payload_differences(root / "impl_planned", root / "reference", what))
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.1", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, model, world):
+def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
     """The checkpoint's content against the reference's trained on the same gradients, read back by
     the independent reader: every non-float value exactly; float state bitwise under
     ``cpu-bit-exact``, otherwise within the free-running bounds (SPEC 5.6.11)."""
@@ -170,23 +155,18 @@ def test_payload_content_matches_the_reference(gefen_impl, gefen_checkpoints, mo
     expected = read_nested(root / "reference")["optimizer"]
     actual = read_nested(root / "impl_planned")["optimizer"]
     gaps = [g for g in json.loads((root / "reference_codebook_gaps.json").read_text()) if g is not None]
-    comparisons = checkpoint_compare.compare(
-        expected,
-        actual,
-        bitwise=numeric_profile.bitwise(gefen_impl),
-        param_dtype=torch.float32,
-        largest_gap=max(gaps, default=2.0),
+    # without a measured gap, the whole codeword range
+    gap = max(gaps, default=kernel_bounds.RESTORE_MOMENTUM_RANGE)
+    compared = checkpoint_compare.compare(
+        expected, actual, bitwise=gefen_judge.bitwise, param_dtype=torch.float32, largest_gap=gap
     )
-    problems = margins.record(comparisons)
-    assert not problems, "\n".join(problems)
+    gefen_judge.assert_comparisons(compared)
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
-def test_metadata_digest_matches_the_reference(gefen_impl, gefen_checkpoints, model, world):
+def test_metadata_digest_matches_the_reference(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
     root = _payloads(gefen_checkpoints, gefen_impl, model, world)
-    problems = _metadata_differences(
-        root / "impl_planned", root / "reference", "metadata against the reference (digest)"
-    )
-    assert not problems, "\n".join(problems)
+    what = "metadata against the reference (digest)"
+    gefen_judge.assert_comparisons(_metadata_differences(root / "impl_planned", root / "reference", what))

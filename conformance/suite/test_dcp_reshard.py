@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pytest
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
 
@@ -42,17 +41,17 @@ PATHS = [
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
 def test_reshard_restores_model_and_continues_within_bound(
-    gefen_impl, gefen_checkpoints, model, source, target
+    gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    problems = restore_checks.restore_problems(restore, numeric_profile.bitwise(gefen_impl), resave=False)
-    assert not problems, "\n".join(problems)
+    gefen_judge.assert_comparisons(restore_checks.restore(restore, gefen_judge.bitwise, resave=False))
 
 
-@pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3")
+@pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3", "5.6.14")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,source,target", PATHS)
-def test_reshard_resaved_state_is_consistent(gefen_impl, gefen_checkpoints, model, source, target):
+def test_reshard_resaved_state_is_consistent(
+    gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
+):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    problems = restore_checks.resave_only_problems(restore, numeric_profile.bitwise(gefen_impl))
-    assert not problems, "\n".join(problems)
+    gefen_judge.assert_comparisons(restore_checks.resaved(restore, gefen_judge.bitwise))

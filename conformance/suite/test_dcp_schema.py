@@ -11,9 +11,10 @@ import torch
 
 from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD
-from gefen_conformance.suite import margins, restore_checks
+from gefen_conformance.suite import restore_checks
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested
+from gefen_oracles.numeric import Comparisons
 
 CHECKPOINTS = [
     pytest.param("base", 1, id="w1"),
@@ -66,20 +67,25 @@ def _expected_values(model: str, state: dict) -> list[str]:
 @pytest.mark.gefen_clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
-def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, model, world):
+def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
     path, saved_params = gefen_checkpoints.saved(gefen_impl, model, world)
     nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
-    problems = gefen_schema.problems(nested.get("optimizer", {}))
-    problems += _expected_values(model, nested.get("optimizer", {}))
-    differing = 0
-    for name, value in saved_params.items():
-        on_disk = nested.get("model", {}).get(name)
-        if not torch.is_tensor(on_disk) or on_disk.dtype != value.dtype or not torch.equal(on_disk, value):
-            differing += 1
-            problems.append(f"model.{name}: differs from the trained parameter")
-    # the saved model parameters are the implementation's own bytes: exact in every profile (SPEC 5.6.11)
-    margins.exact("saved model parameters against the trained ones", differing, len(saved_params))
+    optimizer = nested.get("optimizer", {})
+    checked = Comparisons()
+    for problem in gefen_schema.problems(optimizer) + _expected_values(model, optimizer):
+        checked.problem(problem)
     extra = sorted(set(nested) - {"model", "optimizer"})
     if extra:
-        problems.append(f"unexpected top-level keys {extra}")
-    assert not problems, "\n".join(problems)
+        checked.problem(f"unexpected top-level keys {extra}")
+    # the saved model parameters are the implementation's own bytes: exact in every profile (SPEC 5.6.11)
+    differs = [
+        f"model.{name}: differs from the trained parameter"
+        for name, value in saved_params.items()
+        if not _same(nested.get("model", {}).get(name), value)
+    ]
+    checked.exact("saved model parameters against the trained ones", len(differs), len(saved_params), differs)
+    gefen_judge.assert_comparisons(checked)
+
+
+def _same(on_disk, value) -> bool:
+    return torch.is_tensor(on_disk) and on_disk.dtype == value.dtype and torch.equal(on_disk, value)

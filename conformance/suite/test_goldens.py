@@ -7,23 +7,19 @@ from __future__ import annotations
 import pytest
 
 from gefen_conformance import golden
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness import launch
 from gefen_conformance.implementations.contract import DCP_RESHARD
-from gefen_conformance.suite import margins
 
 
 @pytest.mark.gefen_clause("5.5.3", "2.2.5", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-def test_saves_match_the_goldens(gefen_impl, gefen_ranks, request):
+def test_saves_match_the_goldens(gefen_impl, gefen_ranks, gefen_judge, request):
     launch.skip_unless_fits(max(case.world_size for case in golden.CASES.values()))
     if request.config.getoption("--golden-regen"):
         path = golden.generate_into(golden.GOLDEN_DIR, "reference")
         pytest.fail(
             f"goldens regenerated from the reference into {path.parent}; review and commit them, then rerun"
         )
-    comparisons = golden.compare_goldens(
-        gefen_impl, bitwise=numeric_profile.bitwise(gefen_impl), run=gefen_ranks
+    gefen_judge.assert_comparisons(
+        golden.compare_goldens(gefen_impl, bitwise=gefen_judge.bitwise, run=gefen_ranks)
     )
-    problems = margins.record(comparisons)
-    assert not problems, "\n".join(problems)

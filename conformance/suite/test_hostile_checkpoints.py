@@ -22,7 +22,6 @@ from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
-from gefen_conformance.suite import margins
 from gefen_oracles.checkpoint_reader import read_nested
 
 
@@ -209,11 +208,15 @@ def test_the_valid_checkpoint_loads(gefen_impl, variants):
 @pytest.mark.gefen_clause("3.10.1", "3.10.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("case", CASES)
-def test_refused_without_mutation(gefen_impl, variants, case):
+def test_refused_without_mutation(gefen_impl, gefen_judge, variants, case):
     outcome = load_attempt(gefen_impl, variants[case])
     assert outcome["error"] is not None, f"{case}: the load was accepted"
-    margins.exact("live state after a refused hostile load", int(not outcome["unchanged"]), 1)
-    assert outcome["unchanged"], f"{case}: refused, but live state changed ({outcome['error']})"
+    gefen_judge.assert_exact(
+        "live state after a refused hostile load",
+        int(not outcome["unchanged"]),
+        1,
+        [f"{case}: refused, but live state changed ({outcome['error']})"],
+    )
 
 
 @pytest.mark.gefen_clause("3.10.1", "3.10.2", "3.2.3")
@@ -221,12 +224,16 @@ def test_refused_without_mutation(gefen_impl, variants, case):
 @pytest.mark.parametrize(
     "case", ["aborted-save-no-metadata", "flipped-archive-header", "nan-momentum", "renamed-parameter"]
 )
-def test_refused_on_every_rank(gefen_impl, gefen_ranks, variants, case):
+def test_refused_on_every_rank(gefen_impl, gefen_ranks, gefen_judge, variants, case):
     outcomes = gefen_ranks(
         load_attempt_on_rank, 2, (gefen_impl, variants[case]), timeout=30.0, allow_failure=True
     )
     for o in outcomes:
         assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}\n{o.traceback}"
         assert o.value["error"] is not None, f"rank {o.rank} accepted {case}"
-        margins.exact("live state after a refused hostile load", int(not o.value["unchanged"]), 1)
-        assert o.value["unchanged"], f"rank {o.rank} changed live state"
+        gefen_judge.assert_exact(
+            "live state after a refused hostile load",
+            int(not o.value["unchanged"]),
+            1,
+            [f"rank {o.rank}: refused {case}, but live state changed"],
+        )

@@ -73,7 +73,7 @@ class Destination:
 
 
 @dataclass
-class Outcome:
+class StagingOutcome:
     accepted: bool
     error: BaseException | None
     values: list  # per group, per key: ("float", hex) or ("tensor", dtype, shape, bits, requires_grad)
@@ -125,7 +125,7 @@ def _describe(value: Any):
 
 def load_outcome(
     impl, world: WorldOfOne, checkpoint: InMemoryCheckpoint, destinations: list, reference_side: bool = False
-) -> Outcome:
+) -> StagingOutcome:
     """Load ``checkpoint`` into a fresh optimizer of ``impl`` whose groups hold ``destinations``
     (``reference_side``: the reference's side of the comparison, see :func:`_optimizer`)."""
     opt = _optimizer(impl, world, reference_side)
@@ -154,7 +154,7 @@ def load_outcome(
         # a rejected load must leave every destination as it was
         versions = [[v._version if torch.is_tensor(v) else None for v in row.values()] for row in live]
         identities = identities and values == before and versions == versions_before
-    return Outcome(error is None, error, values, identities, versions_before)
+    return StagingOutcome(error is None, error, values, identities, versions_before)
 
 
 def ulps_below_one(n: int) -> float:

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite import margins
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
     CODEBOOK,
@@ -60,7 +58,12 @@ EXAMPLE_SHARE = 12
 
 
 def _share_of_profile():
-    return settings(max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE))
+    """The share of the profile's examples, sharing the test's judge across them (it keeps each
+    comparison's worst margin over every example)."""
+    return settings(
+        max_examples=max(1, settings.default.max_examples // EXAMPLE_SHARE),
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
 
 
 # ------------------------------------------------------------------------------- strategies
@@ -422,9 +425,9 @@ def _unchanged(
             )
 
 
-def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
-    """Every comparison of SPEC 4.3.10 for one case; returns the problems (after recording margins)."""
-    bitwise = numeric_profile.bitwise(impl)
+def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> Comparisons:
+    """Every comparison of SPEC 4.3.10 for one case run by the implementation (``theirs``) and the
+    reference (``ours``) from the state ``start``."""
     comparisons = Comparisons()
     ids = {i: pid for pid, i in enumerate(case.order())}
     for problem in native_compare.exact_problems(ours.loaded, theirs.loaded, codebook_exact=True):
@@ -481,17 +484,16 @@ def judge(impl, case: InputCase, start: dict, theirs, ours) -> list[str]:
             checked = pinned_step.check_step(steps, CODEBOOK)
             comparisons.merge(checked)
         before_sd = t.state_dict
-    return margins.record(comparisons)
+    return comparisons
 
 
-def _check(impl, case: InputCase) -> None:
+def _check(impl, judge, case: InputCase) -> None:
     if case.factored and not impl.has(FACTORED_V):
         case = case.without_factored()
     start = starting_state(case)
     ours = run(REFERENCE, case, start)
     theirs = run(impl.make_optimizer, case, start)
-    problems = judge(impl, case, start, theirs, ours)
-    assert not problems, "\n".join(problems[:20])
+    judge.assert_comparisons(compare_case(case, start, theirs, ours, judge.bitwise))
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -502,10 +504,10 @@ def _check(impl, case: InputCase) -> None:
 @_share_of_profile()
 @_with_examples(BOUNDARIES)
 @given(case=input_cases())
-def test_inputs_match_reference(gefen_impl, case):
+def test_inputs_match_reference(gefen_impl, gefen_judge, case):
     """Shapes and routing, layouts, dtype mixes, group structures, schedules, step counters and
     gradient patterns, by plain ``step()`` calls."""
-    _check(gefen_impl, case)
+    _check(gefen_impl, gefen_judge, case)
 
 
 @pytest.mark.gefen_clause(
@@ -515,7 +517,7 @@ def test_inputs_match_reference(gefen_impl, case):
 @_share_of_profile()
 @_with_examples(PROTOCOL_BOUNDARIES)
 @given(case=input_cases(protocols=("closure", "grad-scale", "found-inf"), frozen_share=3))
-def test_protocols_match_reference(gefen_impl, case):
+def test_protocols_match_reference(gefen_impl, gefen_judge, case):
     """``step(closure)`` with ``zero_grad(set_to_none=True)`` inside the closure, the GradScaler
     protocol (``grad_scale`` unscales; ``found_inf`` changes nothing), frozen parameters anywhere."""
-    _check(gefen_impl, case)
+    _check(gefen_impl, gefen_judge, case)

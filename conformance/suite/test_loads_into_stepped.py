@@ -33,9 +33,8 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite import margins
+from gefen_conformance.judging import assert_no_problems
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -72,7 +71,7 @@ def _live(make_optimizer, factored: bool, params=None):
     )
 
 
-def _loaded_exactly(label: str, loaded: dict, observed: dict) -> list[str]:
+def _loaded_exactly(judge, label: str, loaded: dict, observed: dict) -> list[str]:
     """SPEC 1.12.8, 1.12.12: the state dict right after a load is the loaded one, bit for bit (every
     profile: a load copies)."""
     comparisons = Comparisons()
@@ -95,19 +94,21 @@ def _loaded_exactly(label: str, loaded: dict, observed: dict) -> list[str]:
                         label=f"state[{entry.get('name', pid)}].{key}",
                     )
                 )
-    return [f"right after the {label}: {p}" for p in margins.record(comparisons)]
+    return [f"right after the {label}: {p}" for p in judge.record(comparisons)]
 
 
 def _load(optimizer, state_dict: dict) -> None:
     optimizer.load_state_dict(copy.deepcopy(state_dict))
 
 
-def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label: str) -> list[str]:
+def _judge(
+    judge, ours: workload.TrainingRun, theirs: workload.TrainingRun, factored: bool, label: str
+) -> list[str]:
     """One continuation after a load: bitwise against the reference's, or shadowed (SPEC 5.6.20)
     with the exact rules against the reference's."""
     expected = workload.native_state(ours.optimizer)
     observed = theirs.states[-1] if theirs.states else workload.native_state(theirs.optimizer)
-    if numeric_profile.bitwise(impl):
+    if judge.bitwise:
         comparisons = native_compare.compare(expected, observed, bitwise=True, grad_dtype=DTYPE)
         for name, history in ours.history.items():
             comparisons.add(
@@ -118,7 +119,7 @@ def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label
                     label=f"{label}: {name} (step, element)",
                 )
             )
-        return [f"{label}: {p}" for p in margins.record(comparisons)]
+        return [f"{label}: {p}" for p in judge.record(comparisons)]
     comparisons = Comparisons()
     for p in native_compare.exact_problems(expected, observed, codebook_exact=True):
         comparisons.problem(f"after {len(theirs.steps)} steps: {p}")
@@ -128,14 +129,14 @@ def _judge(impl, ours: workload.Run, theirs: workload.Run, factored: bool, label
                 workload.param_runs(theirs, factored_v_2d=factored), theirs.states[0]["gefen_codebook"]
             )
         )
-    return [f"{label}: {p}" for p in margins.record(comparisons)]
+    return [f"{label}: {p}" for p in judge.record(comparisons)]
 
 
 @pytest.mark.gefen_clause("4.3.11", "1.12.8", "1.12.12", "2.3.6", "5.6.20")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-def test_load_into_a_stepped_optimizer(gefen_impl):
+def test_load_into_a_stepped_optimizer(gefen_impl, gefen_judge):
     checkpoint = _checkpoint(False)
-    shadow = not numeric_profile.bitwise(gefen_impl)
+    shadow = not gefen_judge.bitwise
     problems, runs = [], {}
     for side, make in (("reference", workload.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
         params, optimizer = _live(make, False)
@@ -143,22 +144,22 @@ def test_load_into_a_stepped_optimizer(gefen_impl):
         _load(optimizer, checkpoint)
         if side == "implementation":
             problems += _loaded_exactly(
-                "load into a stepped optimizer", checkpoint, workload.native_state(optimizer)
+                gefen_judge, "load into a stepped optimizer", checkpoint, workload.native_state(optimizer)
             )
         steps = range(CHECKPOINT_STEPS, CHECKPOINT_STEPS + CONTINUATION)
         runs[side] = workload.run_steps(
             workload.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "implementation"
         )
     if not problems:
-        problems += _judge(gefen_impl, runs["reference"], runs["implementation"], False, "after the load")
-    assert not problems, "\n".join(problems[:20])
+        problems += _judge(gefen_judge, runs["reference"], runs["implementation"], False, "after the load")
+    assert_no_problems(problems)
 
 
 @pytest.mark.gefen_clause("4.3.11", "1.10.8", "1.8.2", "1.9.2", "1.12.8", "5.6.20")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("first_mode_factored", MIGRATIONS)
-def test_mode_migration(gefen_impl, first_mode_factored):
-    shadow = not numeric_profile.bitwise(gefen_impl)
+def test_mode_migration(gefen_impl, gefen_judge, first_mode_factored):
+    shadow = not gefen_judge.bitwise
     problems = []
     start = {side: _checkpoint(first_mode_factored) for side in ("reference", "implementation")}
     values = {side: workload.pinned_start(DTYPE) for side in start}
@@ -170,7 +171,9 @@ def test_mode_migration(gefen_impl, first_mode_factored):
             params, optimizer = _live(make, factored, values[side])
             _load(optimizer, start[side])
             if side == "implementation":
-                problems += _loaded_exactly(f"load of {label}", start[side], workload.native_state(optimizer))
+                problems += _loaded_exactly(
+                    gefen_judge, f"load of {label}", start[side], workload.native_state(optimizer)
+                )
             runs[side] = workload.run_steps(
                 workload.OPTIMIZER,
                 optimizer,
@@ -182,6 +185,6 @@ def test_mode_migration(gefen_impl, first_mode_factored):
             values[side] = {n: workload.to_cpu(p) for n, p in params.items()}
         if problems:
             break
-        problems += _judge(gefen_impl, runs["reference"], runs["implementation"], factored, label)
+        problems += _judge(gefen_judge, runs["reference"], runs["implementation"], factored, label)
         step += PHASE_STEPS
-    assert not problems, "\n".join(problems[:20])
+    assert_no_problems(problems)

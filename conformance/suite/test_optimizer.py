@@ -10,7 +10,8 @@
 
 The implementation's tensors live on the run's device (``--gefen-device``, SPEC 4.6.2), the
 reference's on CPU; every comparison takes CPU copies. Bitwise means ``cpu-bit-exact`` declared
-*and* a CPU device (:func:`conformance.numeric_profile.bitwise`).
+*and* a CPU device (:func:`gefen_conformance.certificate.numeric_profile.bitwise`); the test's judge
+(``gefen_judge``) knows which.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite import margins, optimizer_cases, reference_side
+from gefen_conformance.suite import optimizer_cases, reference_side
 from gefen_oracles import pinned_step
 from gefen_oracles.numeric import bitwise_comparison
 
@@ -30,13 +30,11 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 PIN_POINTS = [pytest.param(0, id="pinned-codebook"), pytest.param(3, id="pinned-after-3")]
 
 
-def _judged(gefen_impl, case) -> list[str]:
+def _judge(gefen_impl, gefen_judge, case) -> None:
     """Run ``case`` (:mod:`gefen_conformance.suite.optimizer_cases`) against the implementation in
-    the run's profile and record its comparisons; a failing case is the test's reproducer (SPEC 4.5.6)."""
-    bitwise = numeric_profile.bitwise(gefen_impl)
-    return margins.record(
-        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
-    )
+    the run's profile and judge it; a failing case is the test's reproducer (SPEC 4.5.6)."""
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, case=case)
 
 
 @pytest.mark.gefen_clause("1.8", "1.10.1", "1.4", "5.6.10")
@@ -44,34 +42,26 @@ def _judged(gefen_impl, case) -> list[str]:
 @pytest.mark.parametrize(
     "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"]
 )
-def test_block_step_matches_reference(gefen_impl, dtype, weight_decay, tensor_lr):
-    problems = _judged(
-        gefen_impl,
-        optimizer_cases.trajectory(
-            dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
-        ),
+def test_block_step_matches_reference(gefen_impl, gefen_judge, dtype, weight_decay, tensor_lr):
+    case = optimizer_cases.trajectory(
+        dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
     )
-    assert not problems, "\n".join(problems)
+    _judge(gefen_impl, gefen_judge, case)
 
 
 @pytest.mark.gefen_clause("1.9", "5.6.10")
 @pytest.mark.gefen_requires(FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_factored_step_matches_reference(gefen_impl, dtype):
-    problems = _judged(
-        gefen_impl, optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True)
-    )
-    assert not problems, "\n".join(problems)
+def test_factored_step_matches_reference(gefen_impl, gefen_judge, dtype):
+    case = optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True)
+    _judge(gefen_impl, gefen_judge, case)
 
 
-def _pinned(gefen_impl, dtype, pin_at, **kw) -> list[str]:
+def _pinned(dtype, pin_at, **kw):
     """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
     arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
     in both profiles."""
-    return _judged(
-        gefen_impl,
-        optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw),
-    )
+    return optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw)
 
 
 @pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
@@ -81,19 +71,16 @@ def _pinned(gefen_impl, dtype, pin_at, **kw) -> list[str]:
 @pytest.mark.parametrize(
     "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"]
 )
-def test_pinned_block_step(gefen_impl, dtype, pin_at, weight_decay, tensor_lr):
-    problems = _pinned(
-        gefen_impl, dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
-    )
-    assert not problems, "\n".join(problems)
+def test_pinned_block_step(gefen_impl, gefen_judge, dtype, pin_at, weight_decay, tensor_lr):
+    case = _pinned(dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
+    _judge(gefen_impl, gefen_judge, case)
 
 
 @pytest.mark.gefen_clause("1.9", "1.7", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_pinned_factored_step(gefen_impl, dtype):
-    problems = _pinned(gefen_impl, dtype, 3, weight_decay=0.05, factored_v_2d=True)
-    assert not problems, "\n".join(problems)
+def test_pinned_factored_step(gefen_impl, gefen_judge, dtype):
+    _judge(gefen_impl, gefen_judge, _pinned(dtype, 3, weight_decay=0.05, factored_v_2d=True))
 
 
 @pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
@@ -105,13 +92,11 @@ def test_pinned_factored_step(gefen_impl, dtype):
         pytest.param(True, id="factored", marks=pytest.mark.gefen_requires(FACTORED_V)),
     ],
 )
-def test_state_matches_reference(gefen_impl, factored):
+def test_state_matches_reference(gefen_impl, gefen_judge, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
-    problems = _judged(
-        gefen_impl, optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored)
-    )
-    assert not problems, "\n".join(map(str, problems))
+    case = optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored)
+    _judge(gefen_impl, gefen_judge, case)
 
 
 @pytest.mark.gefen_clause("1.10.6")
@@ -176,7 +161,7 @@ def test_names_and_provenance(gefen_impl):
 
 @pytest.mark.gefen_clause("1.7", "1.8.8", "1.12", "5.6.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-def test_nearest_codeword_ties_follow_the_rule(gefen_impl):
+def test_nearest_codeword_ties_follow_the_rule(gefen_impl, gefen_judge):
     """With the codebook ``linspace(-1, 1, 256)`` a normalised momentum of exactly 0 lies halfway
     between codewords 127 and 128; the rule sends it to 127, which decides the update's sign.
 
@@ -223,12 +208,14 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl):
     differing = (
         int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
     )
-    margins.exact("nearest-codeword ties (indices)", differing, ours_idx.numel())
-    assert differing == 0, "indices differ from the tie rule (ties go to the lower index)"
-    if numeric_profile.bitwise(gefen_impl):
-        problems = margins.record(
-            bitwise_comparison("pinned step: parameter update (fp32)", ours.p1, theirs.p1, label="parameter")
-        )
+    gefen_judge.assert_exact(
+        "nearest-codeword ties (indices)",
+        differing,
+        ours_idx.numel(),
+        ["indices differ from the tie rule (ties go to the lower index)"],
+    )
+    if gefen_judge.bitwise:
+        label = "pinned step: parameter update (fp32)"
+        gefen_judge.assert_comparisons(bitwise_comparison(label, ours.p1, theirs.p1, label="parameter"))
     else:
-        problems = margins.record(pinned_step.check_step([theirs], torch.linspace(-1, 1, 256)))
-    assert not problems, "\n".join(problems)
+        gefen_judge.assert_comparisons(pinned_step.check_step([theirs], torch.linspace(-1, 1, 256)))

@@ -29,9 +29,8 @@ import pytest
 import torch
 
 from gefen_conformance import workload
-from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite import margins, optimizer_cases
+from gefen_conformance.suite import optimizer_cases
 
 DTYPE = torch.bfloat16
 UNSHADOWED_DTYPE = torch.float32
@@ -48,18 +47,15 @@ COUNTERS = [
 
 
 @pytest.mark.gefen_clause("4.3.11", "1.8.4", "1.8.5", "1.9.3", "1.10.6", "5.6.20", "5.6.21")
-def test_long_trajectory(gefen_impl):
+def test_long_trajectory(gefen_impl, gefen_judge):
     factored = gefen_impl.has(FACTORED_V)
     native = gefen_impl.has(NATIVE_STATE_DICT)
-    bitwise = numeric_profile.bitwise(gefen_impl)
+    bitwise = gefen_judge.bitwise
     # without a state to shadow from, fp32: bf16 rounding allows one ulp per step, which over the
     # run would leave no displacement visible to the bias statistic (SPEC 5.6.21)
     dtype = DTYPE if native or bitwise else UNSHADOWED_DTYPE
     case = optimizer_cases.long_trajectory(dtype, HYPERS, native=native, factored_v_2d=factored)
-    problems = margins.record(
-        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
-    )
-    assert not problems, "\n".join(problems[:20])
+    gefen_judge.assert_comparisons(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case)
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,12 +84,10 @@ def _with_counters(state_dict: dict, step: int, vmean_step) -> dict:
 @pytest.mark.gefen_clause("4.3.11", "1.8.2", "1.8.5", "1.12.4", "5.6.1", "5.6.20")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("counters", COUNTERS)
-def test_pinned_step_at_synthesized_counters(gefen_impl, counters):
+def test_pinned_step_at_synthesized_counters(gefen_impl, gefen_judge, counters):
     dtype = torch.float32
     kw = dict(weight_decay=0.05, factored_v_2d=False)
     case = optimizer_cases.pinned(dtype, 3, _with_counters(_pinned_after_three(), *counters), **kw)
-    bitwise = numeric_profile.bitwise(gefen_impl)
-    problems = margins.record(
-        case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case, bitwise=bitwise
+    gefen_judge.assert_comparisons(
+        case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise), case=case
     )
-    assert not problems, "\n".join(problems)

@@ -34,7 +34,7 @@ __all__ = [
     "PINNED_SALT",
     "PINNED_START_SCALE",
     "PinnedStep",
-    "Run",
+    "TrainingRun",
     "Trained",
     "built",
     "built_from",
@@ -259,7 +259,7 @@ def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
 
 
 @dataclass
-class Run:
+class TrainingRun:
     """Steps recorded one by one: ``history[name]`` the parameter before the first step and after
     each (CPU copies), ``grads[name]`` its gradient at each step (CPU, or None), ``states`` the
     native state dict before the first step and after each (CPU deep copies; empty when not
@@ -280,7 +280,7 @@ def native_state(optimizer) -> dict:
 
 def _stepped(
     optimizer, params: dict, steps: list, give_gradients: Callable[[int], None], record_states: bool
-) -> Run:
+) -> TrainingRun:
     """Step once per entry of ``steps`` after ``give_gradients(i)`` set the ``i``-th step's
     gradients, recording every parameter and gradient (and the native state, when asked)."""
     history = {n: [to_cpu(p)] for n, p in params.items()}
@@ -295,17 +295,21 @@ def _stepped(
             history[n].append(to_cpu(p))
         if record_states:
             states.append(native_state(optimizer))
-    return Run(params, optimizer, history, grads, states, steps)
+    return TrainingRun(params, optimizer, history, grads, states, steps)
 
 
-def run_steps(model: Model, optimizer, params: dict, steps: Iterable[int], *, record_states: bool) -> Run:
+def run_steps(
+    model: Model, optimizer, params: dict, steps: Iterable[int], *, record_states: bool
+) -> TrainingRun:
     """Set the gradients and step for each index in ``steps``, recording every parameter (and the
     native state, when ``record_states``) before the first step and after each."""
     steps = list(steps)
     return _stepped(optimizer, params, steps, lambda i: set_gradients(model, params, steps[i]), record_states)
 
 
-def run_steps_from(optimizer, params: dict, grads: list, steps: Iterable[int], *, record_states: bool) -> Run:
+def run_steps_from(
+    optimizer, params: dict, grads: list, steps: Iterable[int], *, record_states: bool
+) -> TrainingRun:
     """:func:`run_steps` from explicit gradients (a reproducer's, SPEC 4.5.6): one ``{name: gradient
     or None}`` per step (copied to each parameter's device); ``steps`` the step indices they belong to."""
     steps = list(steps)
@@ -337,7 +341,7 @@ def built(make_optimizer, model: Model, dtype: torch.dtype, hypers, *, salt=None
     return params, make_optimizer(param_groups(model, params, hypers), **options)
 
 
-def param_runs(run: Run, *, factored_v_2d: bool) -> list:
+def param_runs(run: TrainingRun, *, factored_v_2d: bool) -> list:
     """The oracle's view (:class:`oracles.shadowing.ParamRun`) of every parameter of a recorded
     run with native states: the steps in which it had a gradient, with its group's hyperparameters
     and routing (SPEC 1.9.1) as the state dict after the last step records them."""

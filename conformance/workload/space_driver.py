@@ -32,7 +32,7 @@ from gefen_conformance.workload.space import (
     synthesized_entry,
 )
 
-__all__ = ["Built", "Call", "Run", "build", "grad_scale", "placed", "run", "starting_state"]
+__all__ = ["Built", "CaseRun", "StepCall", "build", "grad_scale", "placed", "run", "starting_state"]
 
 
 def _lr(group: GroupCase, device):
@@ -134,7 +134,7 @@ def starting_state(case: InputCase) -> dict:
 
 
 @dataclass
-class Call:
+class StepCall:
     """One ``step()`` call of a run. ``grads[i]``: the (unscaled) gradient parameter ``i`` had to
     step with, or None; ``hypers[g]``: group ``g`` 's values as Python floats (lr by SPEC 1.4.2)
     when the call was made; ``skipped``: ``found_inf`` was set; ``loss``: what ``step`` returned
@@ -151,7 +151,7 @@ class Call:
 
 
 @dataclass
-class Run:
+class CaseRun:
     case: InputCase
     loaded: dict  # the native state dict right after the load (CPU copy)
     calls: list = field(default_factory=list)
@@ -206,20 +206,20 @@ def _skipped(case: InputCase, call: int) -> bool:
     return case.protocol == "found-inf" and call == case.calls - 1
 
 
-def run(make_optimizer, case: InputCase, state_dict: dict) -> Run:
+def run(make_optimizer, case: InputCase, state_dict: dict) -> CaseRun:
     """Drive one side through ``case`` from ``state_dict`` (:func:`starting_state`)."""
     device = device_for(make_optimizer)
     built = build(case, make_optimizer, device)
     opt, params = built.optimizer, built.params
     opt.load_state_dict(copy.deepcopy(state_dict))
-    out = Run(case, state_to_cpu(copy.deepcopy(opt.state_dict())))
+    out = CaseRun(case, state_to_cpu(copy.deepcopy(opt.state_dict())))
     for call in range(1, case.calls + 1):
         if call > 1 and case.schedule != "constant":
             _apply_schedule(case, opt, device)
         grads = {i: gradient(case, i, call) for i in params}
         before = {i: to_cpu(p) for i, p in params.items()}
         hypers = _hypers(opt)
-        record = Call(before, {}, grads, {}, hypers, skipped=_skipped(case, call))
+        record = StepCall(before, {}, grads, {}, hypers, skipped=_skipped(case, call))
         scale = grad_scale(case, call) if case.protocol in ("grad-scale", "found-inf") else 1.0
 
         def assign():
