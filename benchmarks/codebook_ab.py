@@ -1,4 +1,4 @@
-"""Old against new codebook DP of the ``fast`` backend, in one process (issue 23 item 2).
+"""Old against new codebook DP of the ``fast`` backend, in one process.
 
     python benchmarks/codebook_ab.py [--against REV] [--sizes 4.2M,16.8M] [--rounds 20]
 

@@ -1,4 +1,4 @@
-"""Old against new step kernels of the ``fast`` backend, in one process (issue 23 item 1).
+"""Old against new step kernels of the ``fast`` backend, in one process.
 
     python benchmarks/kernel_ab.py [--against REV|worktree] [--define NAME=VALUE ...] [--old-define NAME=VALUE
     ...]

@@ -1,5 +1,4 @@
-"""The Python side of a steady step, fast against AdamW fused, with the caches cold and warm (issue 23 item
-4).
+"""The Python side of a steady step, fast against AdamW fused, with the caches cold and warm.
 
     python benchmarks/python_side.py [--sizes 4.2M] [--dtypes bf16,fp32] [--steps 200]
 

@@ -24,10 +24,10 @@ copy bandwidth (measured in the same run, as in step_time.py); ``min`` is the le
 the figure least disturbed by other processes on a shared machine. Then the first step, split into
 its parts (best of 3).
 
-``--cache`` as in step_time.py: ``dirty`` (the default since 2026-12-02 17:03 UTC) writes 64 MiB
+``--cache`` as in step_time.py: ``dirty`` (the default) writes 64 MiB
 before every timed steady step (the first-step profile is unchanged), so the step starts with caches full of
 other data, the Python side's
-code and objects included, as after a backward pass; ``as-left`` (the runs before) starts each
+code and objects included, as after a backward pass; ``as-left`` starts each
 step from the cache the previous step left, so the Python side runs warm.
 """
 

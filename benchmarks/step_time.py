@@ -1,4 +1,4 @@
-"""Step time of Gefen implementations against AdamW, with the copy roofline, in one run (issue 23).
+"""Step time of Gefen implementations against AdamW, with the copy roofline, in one run.
 
     python benchmarks/step_time.py [--sizes 4.2M,16.8M] [--dtypes fp32,bf16] [--steps 20] [--slow-steps 3]
                                    [--scaling 4.2M,16.8M,67M] [--threads 1,2] [--only NAME,...]
@@ -10,7 +10,7 @@ alternately (no step pays for generating gradients), with a per-column scale (1 
 the conformance workloads so the period search finds structure. Parameters in fp32 and in bf16
 (gradients in the parameter's dtype).
 
-Optimizers, side by side: ``reference.Gefen``, gefen-x 0.5.0 ``fused=False`` (skipped if not
+Optimizers, side by side: ``gefen_reference.Gefen``, gefen-x 0.5.0 ``fused=False`` (skipped if not
 installed), the ``fast`` backend (``gefen_fast``), each in block mode (``factored_v_2d=False``) and
 factored mode; ``torch.optim.AdamW`` with ``foreach=True`` and ``fused=True``.
 
@@ -22,11 +22,10 @@ all alike. What the cache holds when a timed step starts is the same for every o
 (``--cache dirty``, the default): 64 MiB are written just before each timed step (not timed), as
 a training loop's backward pass leaves the cache full of its own dirty lines, and the order of the
 optimizers rotates every round, so no optimizer's step always follows the same other one.
-``--cache as-left`` is the method of the runs before 2026-12-02 14:00 UTC: a fixed order, each
-step starting with whatever the step before it left (its dirty lines, written back during the
-next step, and at 4.2M part of its data). Side by side (results file, 13:54-13:56), the two
-methods' ratios differed by no more than two runs of one method did: the machine's own swings
-dominate either way. The roofline: bytes a step must move / copy bandwidth, the bandwidth measured in the
+``--cache as-left``: a fixed order, each step starting with whatever the step before it left
+(its dirty lines, written back during the next step, and at 4.2M part of its data). The results
+file holds the two methods side by side. The roofline: bytes a step must move / copy bandwidth, the bandwidth
+measured in the
 same run (``copy_`` of 64 MiB, read + write); a Gefen step moves 3 bytes-per-parameter-dtype + 2
 per parameter (parameter read and written, gradient read, uint8 index read and written: 14 for
 fp32, 8 for bf16), AdamW 7 (parameter, gradient, both moments in the parameter's dtype: 28, 14).
@@ -448,7 +447,7 @@ def thread_scaling(args, makers, summary):
 
 def print_targets(summary):
     print(
-        "\nIssue 23 targets in this run (steady medians; in brackets by steady minima, the steps least "
+        "\nTargets in this run (steady medians; in brackets by steady minima, the steps least "
         "disturbed by other processes):"
     )
     for key, rows in summary.items():

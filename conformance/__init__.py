@@ -1,6 +1,6 @@
 """gefen-conformance: the conformance suite for Gefen implementations.
 
-``conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
+``gefen_conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
 ``gefen_conformance.plugin.hooks`` and the suite in ``gefen_conformance.suite``.
 """
 
@@ -25,11 +25,3 @@ __all__ = [
     "Capability",
     "Implementation",
 ]
-
-
-def __getattr__(name: str):
-    if name == "FACTORED_SECOND_MOMENT":  # renamed FACTORED_V; kept working, with a warning
-        from gefen_conformance.implementations import contract
-
-        return getattr(contract, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

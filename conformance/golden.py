@@ -46,7 +46,7 @@ class Case:
     groups: tuple = field(default=({}, {"lr": 2e-3, "betas": (0.8, 0.99), "weight_decay": 0.01}))
 
     def model(self) -> workload.Model:
-        """The case as a :class:`conformance.workload.Model`: per-parameter seeds ``name:0`` for the
+        """The case as a :class:`gefen_conformance.workload.Model`: per-parameter seeds ``name:0`` for the
         start and ``name:step`` for gradients, per-column scales ``1 + column % 4`` where
         ``structured``; a tensor lr (new for every call) in group 0 when ``tensor_lr``."""
         hypers = [dict(options) for options in self.groups]
@@ -159,7 +159,7 @@ def compare_goldens(
     profile (``bitwise``, by default whether the implementation declares ``cpu-bit-exact`` and the
     run's device is the CPU, SPEC 4.6.4):
     content digests and every element's bits, and file md5s under the goldens' torch. Tolerance
-    profile: float state by :func:`oracles.checkpoint_compare.compare`, never by digest: a kernel
+    profile: float state by :func:`gefen_oracles.checkpoint_compare.compare`, never by digest: a kernel
     that rounds differently writes other bytes for a correct state. What was not compared for
     want of the goldens' torch is noted (SPEC 4.4.8).
     """
@@ -247,11 +247,3 @@ def compare_goldens(
             )
         )
     return out
-
-
-def compare_with_goldens(
-    impl_spec: str, golden_root: Path = GOLDEN_DIR, bitwise: bool | None = None
-) -> list[str]:
-    """Differences between ``impl_spec``'s saves and the goldens (empty when they agree); see
-    :func:`compare_goldens`."""
-    return list(compare_goldens(impl_spec, golden_root, bitwise).problems)

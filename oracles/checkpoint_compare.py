@@ -2,7 +2,7 @@
 
 Used where a checkpoint written by the implementation is compared with one written by the
 reference from the same gradients (the goldens, SPEC 5.5.3; the payload against the reference's,
-SPEC 4.3.4). Both are nested optimizer dicts as :func:`oracles.checkpoint_reader.read_nested`
+SPEC 4.3.4). Both are nested optimizer dicts as :func:`gefen_oracles.checkpoint_reader.read_nested`
 assembles them.
 
 * exact in both profiles: the key set, every non-tensor value (identities, hyperparameters),
@@ -126,7 +126,7 @@ def compare_restores(expected: dict, actual: dict, *, bitwise: bool, where: str 
     bound; each momentum element within RESTORE_ROUNDING (relative) of the reference's, except
     where a nearest-codeword choice sat within rounding of a decision boundary (or the relearned
     codebook moved a codeword): at most RESTORE_FLIP_SHARE of a slot's elements, and never fewer than
-    RESTORE_MIN_FLIPS (:func:`oracles.kernel_bounds.restore_flips_allowed`; a flip moves an
+    RESTORE_MIN_FLIPS (:func:`gefen_oracles.kernel_bounds.restore_flips_allowed`; a flip moves an
     element to a neighbouring codeword, by at most the codebook's range, which is not bounded
     further: the restore's codebook is not saved). Bitwise profile: every bit.
     """

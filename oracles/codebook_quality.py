@@ -4,7 +4,7 @@ Under the tolerance profile a kernel whose block normalization rounds differentl
 gradient values across histogram bin edges, and the optimal codebook of its histogram may then
 differ from the reference's. The structure stays exact (fp32, 256 finite entries, sorted, -1 and
 +1 at the ends); the codewords are judged by their quantization cost on the *reference's*
-histogram: at most :func:`oracles.kernel_bounds.codebook_cost_allowance` above the reference
+histogram: at most :func:`gefen_oracles.kernel_bounds.codebook_cost_allowance` above the reference
 codebook's cost on it (the reference's is optimal there, SPEC 1.6.8).
 
 The histogram is restated from SPEC 1.6.4 (independently of the reference's code): each block of

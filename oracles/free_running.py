@@ -12,7 +12,7 @@ of its block magnitude (:func:`momentum_factor`), and a parameter by ``tau`` tim
 update scale plus one parameter ulp per step. These per-element bounds catch gross errors only;
 the sharp checks are the pinned step's (SPEC 5.6.2-5.6.9). What does not wash out under
 flips is a *bias*: the mean signed relative error of the displacement is held to the pinned
-step's systematic update bound plus four standard errors (:func:`oracles.pinned_step.update_bias`).
+step's systematic update bound plus four standard errors (:func:`gefen_oracles.pinned_step.update_bias`).
 Second moments do not depend on the momentum: a (block or row/column) mean of squares and its EMA
 keep their relative error, so they stay at the pinned bound plus three ``U`` per step.
 """

@@ -97,7 +97,7 @@ def compare(
     histogram: torch.Tensor | None = None,
 ) -> Comparisons:
     """Exact rules, then the float state (bitwise, or SPEC 5.6.7 / 5.6.10). ``histogram``: the
-    reference's step-1 histogram (:func:`oracles.codebook_quality.histogram`), needed only when
+    reference's step-1 histogram (:func:`gefen_oracles.codebook_quality.histogram`), needed only when
     the codebooks differ."""
     out = Comparisons()
     for p in exact_problems(expected, actual, codebook_exact=False):

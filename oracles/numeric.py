@@ -3,8 +3,8 @@
 * *bitwise* (``torch-exact`` profile, implementations declaring ``cpu-bit-exact``): dtype, shape
   and every element's bit pattern equal (:func:`bitwise_mismatch`, :func:`bitwise_comparison`);
 * *tolerance* (every other implementation): float results within the bounds of SPEC 5.6, which
-  :mod:`oracles.kernel_bounds` derives stage by stage and :mod:`oracles.pinned_step`,
-  :mod:`oracles.free_running` and :mod:`oracles.checkpoint_compare` apply. Integers, flags,
+  :mod:`gefen_oracles.kernel_bounds` derives stage by stage and :mod:`gefen_oracles.pinned_step`,
+  :mod:`gefen_oracles.free_running` and :mod:`gefen_oracles.checkpoint_compare` apply. Integers, flags,
   counters, names, identities, periods and hyperparameters stay exact in both profiles.
 
 Checkers return :class:`Comparison` objects (what was compared, worst error, the bound at that

@@ -4,7 +4,7 @@ The suite loads one state (codebook, periods, indices, magnitudes, second moment
 the implementation, sets the same parameters and gradient, and takes one step. This module
 recomputes that step in float64 from the same inputs, by the formulas of SPEC 1.8 and 1.9 without
 any rounding, and checks each result the implementation reports (its native state dict and its
-parameters) within the stage bounds of :mod:`oracles.kernel_bounds`:
+parameters) within the stage bounds of :mod:`gefen_oracles.kernel_bounds`:
 
 * second moment (block ``vmean``, factored ``v_row``/``v_col``): relative, per block / row / column;
 * momentum magnitude: within the block's worst pre-quantization error;

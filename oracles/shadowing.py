@@ -4,7 +4,7 @@ Under the tolerance profile two correct implementations drift apart as rounding 
 (SPEC 5.6.10), so after hundreds of steps their end states cannot be compared sharply. Each step
 can: given the state an implementation reports *before* a step (its native state dict, SPEC 1.11),
 the parameters and the gradient, the step's exact result is the pinned step of SPEC 5.6.1-5.6.9,
-with nothing accumulated. This module applies :mod:`oracles.pinned_step` to every step of a
+with nothing accumulated. This module applies :mod:`gefen_oracles.pinned_step` to every step of a
 recorded run at once: the steps of one parameter are stacked along the block dimension (blocks
 are independent in every stage of SPEC 1.8), so a run of ``T`` steps costs a few tensor operations,
 not ``T`` oracle calls. Only the bias corrections differ from step to step; they are formed per
@@ -123,7 +123,7 @@ def exact_problems(run: ParamRun) -> tuple[list[str], int]:
 
 
 def _stack(run: ParamRun) -> tuple[ps.ParamStep, torch.Tensor, torch.Tensor]:
-    """The run as one :class:`oracles.pinned_step.ParamStep` over ``T x blocks`` blocks (factored
+    """The run as one :class:`gefen_oracles.pinned_step.ParamStep` over ``T x blocks`` blocks (factored
     moments stacked as ``(T, rows)`` and ``(T, cols)``), and each step's ``step`` and
     active-moment counters before it (float64, one per step). A tensor missing before a step
     (a fresh state, or a moment the step creates) is zero, as the step creates it (SPEC 1.8.1,
@@ -331,7 +331,7 @@ def dense_steps(slots: list[dict], codewords: torch.Tensor) -> Comparisons:
     ``m1``, ``v1`` (this rank's rows), counters ``step`` and ``vmean_step`` before the step, and the
     group's hyperparameters. Each is turned into a pinned step (:func:`compact_from_dense`, the
     rank's codewords in use standing in for its codebook) and checked by
-    :func:`oracles.pinned_step.check_step`: second moment, magnitude, codeword choice among the
+    :func:`gefen_oracles.pinned_step.check_step`: second moment, magnitude, codeword choice among the
     codewords in use (a necessary condition: the true nearest codeword is at least as close), the
     update and its bias."""
     out = Comparisons()

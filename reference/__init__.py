@@ -4,8 +4,8 @@ with.
 Readable and strict rather than fast. Imports neither ``conformance`` nor ``oracles``
 and never imports the published ``gefen`` package.
 
-``reference.Gefen`` is the optimizer. The DCP adapter (``GefenDCPState``, ``GefenSavePlanner``,
-``GefenFileSystemWriter``, from :mod:`reference.dcp`) is also reachable here, loaded on first
+``gefen_reference.Gefen`` is the optimizer. The DCP adapter (``GefenDCPState``, ``GefenSavePlanner``,
+``GefenFileSystemWriter``, from :mod:`gefen_reference.dcp`) is also reachable here, loaded on first
 use, so that ``import reference`` does not import ``torch.distributed.checkpoint``.
 """
 

@@ -8,10 +8,6 @@ The flag travels with checkpoints: the DCP adapter only trusts names a caller ga
 
 from __future__ import annotations
 
-import re
-
-SYNTHESIZED_NAME_PATTERN = re.compile(r"^(group_\d+_param_\d+|param_\d+)$")
-
 
 def unique_name(base: str, taken: set[str]) -> str:
     """``base`` lowercased, or with the smallest ``_k`` suffix (k >= 1) that is not taken."""

@@ -1,4 +1,4 @@
-"""``reference.Gefen``: the readable, strict reference of the Gefen optimizer (SPEC Part 1).
+"""``gefen_reference.Gefen``: the readable, strict reference of the Gefen optimizer (SPEC Part 1).
 
 Public surface mirrors gefen-x 0.5.0's ``Gefen`` constructor, ``step``,
 ``state_dict`` and ``load_state_dict``. Optimizer-level state is public:

@@ -2,9 +2,9 @@
 
 Every public function is module level and picklable, so it runs on launched gloo ranks
 (``gefen_conformance.harness.launch.run``) and, at world size 1, in-process inside a
-``conformance.sharding.WorldOfOne``. Rank, mesh and group come from
+``gefen_conformance.harness.sharding.WorldOfOne``. Rank, mesh and group come from
 ``gefen_conformance.harness.world.current()``; the model, optimizers and saves are those of ``tests.support``
-and ``conformance.workload`` (``tests.support.DCP_MODEL``: on 3 and 4 ranks "dec.weight" splits
+and ``gefen_conformance.workload`` (``tests.support.DCP_MODEL``: on 3 and 4 ranks "dec.weight" splits
 unevenly and "tiny.weight" has empty shards; "head.weight" stays fresh).
 """
 

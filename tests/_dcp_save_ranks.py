@@ -2,9 +2,9 @@
 
 Every public function here is module level and picklable, so it can run on launched gloo ranks
 (``gefen_conformance.harness.launch.run``) as well as in-process at world size 1 (inside a
-``conformance.sharding.WorldOfOne``). Rank, mesh and group come from
+``gefen_conformance.harness.sharding.WorldOfOne``). Rank, mesh and group come from
 ``gefen_conformance.harness.world.current()``; the model, optimizers and saves are those of
-``tests.support`` and ``conformance.workload``.
+``tests.support`` and ``gefen_conformance.workload``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ arithmetic; a variant names only the stages it replaces, and each replacement ma
 line ``# kernel:``. Where a variant's change lies in one reference function outside the steps
 (the sums of squares, the codebook's block normalization), that function is replaced in the clone,
 marked the same way. The DCP adapter is the reference's, cloned so that it accepts the variant's
-optimizer class (it accepts exactly ``reference.Gefen`` otherwise, SPEC 2.3.1); where a variant's
+optimizer class (it accepts exactly ``gefen_reference.Gefen`` otherwise, SPEC 2.3.1); where a variant's
 rounding change also applies to the restore's re-blocking (SPEC 3.6.4), the re-blocking is
 cloned with it.
 """
@@ -100,7 +100,7 @@ class Stages:
 
 
 def _block_step(stages: Stages, param, grad, state, codebook, hyper):
-    """``reference.steps.block_vmean_step`` over ``stages`` (the decay, which touches only
+    """``gefen_reference.steps.block_vmean_step`` over ``stages`` (the decay, which touches only
     ``param``, moves after the momentum, as in the factored step)."""
     period = state["automatic_period"]
     grad_blocks = grad.reshape(-1).view(-1, period)
@@ -116,7 +116,7 @@ def _block_step(stages: Stages, param, grad, state, codebook, hyper):
 
 
 def _factored_step(stages: Stages, param, grad, state, codebook, hyper):
-    """``reference.steps.factored_step`` over ``stages``."""
+    """``gefen_reference.steps.factored_step`` over ``stages``."""
     period = state["automatic_period"]
     state["step"] += 1
     state["factored_step"] += 1
@@ -365,7 +365,7 @@ CATALOGUE = {
         _kernel("fp32-betas-in-ema", step_overrides=_staged(FP32_BETAS)),
         "EMA weights",
         "gefen-x's CUDA kernels form 1 - beta as 1.0f - float(beta); the groups keep and checkpoint the "
-        "user's betas exactly. Was the mutant 'beta-rounding' (issue 10): under the tolerance profile it "
+        "user's betas exactly. Was once a mutant ('beta-rounding'): under the tolerance profile it "
         "changes the second moment by 1.3e-5 relative at beta2 = 0.999, which is rounding, not a bug.",
     ),
     "separate-multiply-add": Variant(

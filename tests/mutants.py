@@ -1,6 +1,6 @@
 """The mutant catalogue: broken implementations derived from the reference, one bug each.
 
-Every mutant is a :class:`conformance.Implementation`; ``CATALOGUE`` says which SPEC clause
+Every mutant is a :class:`gefen_conformance.Implementation`; ``CATALOGUE`` says which SPEC clause
 must catch it and which suite tests exercise that clause (a ``-k`` selection, so the meta-test
 stays fast). Every mutant is judged in both numeric profiles (SPEC 0.4): as declared (with
 ``cpu-bit-exact`` where its base declares it) and as a kernel backend would declare it, without
@@ -436,16 +436,15 @@ CATALOGUE = {
     ),
 }
 
-# ================================================================ input space (issue 19)
+# ================================================================ input space
 #
 # Kernel backends written the way examples/gefen-fast is: a ``gefen_reference.Gefen`` subclass that
 # keeps the reference's constructor, step order, state format and DCP adapter (it declares the
 # reference's state layout, SPEC 2.3.6, so every capability is claimed) and replaces the
 # per-parameter update (``update_parameter``, SPEC 4.1.8), or, for a fused multi-tensor backend, ``step``
 # itself. Each
-# has one bug that real kernels have had and that fires only on an input the suite did not use
-# before issue 19 (SPEC 4.3.10): the suite of main 3005fb6 certifies every one of them; the input
-# space and protocol tests catch each in both profiles.
+# has one bug that real kernels have had and that fires only on an input of the input space
+# (SPEC 4.3.10): only the input space and protocol tests catch it, each in both profiles.
 
 
 class _Backend(reference.Gefen):
@@ -904,12 +903,12 @@ zero_eps = CATALOGUE["zero-eps"].implementation
 
 
 # =============================================================================================
-# Issue 19 item 3: state across time and loads (SPEC 4.3.11). Backends written as kernel teams
-# write them: a ``reference.Gefen`` subclass that replaces the per-parameter update (``update_parameter``,
+# State across time and loads (SPEC 4.3.11). Backends written as kernel teams write them: a
+# ``gefen_reference.Gefen`` subclass that replaces the per-parameter update (``update_parameter``,
 # as examples/gefen-fast does) or the state preparation around it, or the reference DCP adapter
-# with one step of its restore replaced. Each one passes the suite of main 3005fb6 (which never
-# runs past six steps, never loads into a stepped optimizer, never switches modes and restores only
-# small fp32 models) and fails the new modules in both profiles.
+# with one step of its restore replaced. Each one passes a suite that never runs past six steps,
+# never loads into a stepped optimizer, never switches modes and restores only small fp32 models,
+# and fails the time-and-load modules in both profiles.
 
 
 class _StepCountsInParameterDtype(reference.Gefen):

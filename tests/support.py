@@ -1,5 +1,5 @@
 """Shared builders for the project's own tests: their models (in the vocabulary of
-``conformance.workload``), optimizers over them, state snapshots, an in-process world of one."""
+``gefen_conformance.workload``), optimizers over them, state snapshots, an in-process world of one."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def deep_equal(a, b) -> bool:
 
 @contextlib.contextmanager
 def world_of_one():
-    """An in-process gloo group of one (``conformance.sharding.WorldOfOne``, closed on exit);
+    """An in-process gloo group of one (``gefen_conformance.harness.sharding.WorldOfOne``, closed on exit);
     skips the test when this process already has a default group."""
     import torch.distributed as dist
 

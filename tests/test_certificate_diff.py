@@ -269,7 +269,7 @@ def test_text_output_never_echoes_control_characters(capsys, tmp_path):
     assert status == 1 and "\x1b" not in out and "\x07" not in out and "?[2Jcleared?" in out
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_report_and_diff_of_real_suite_runs(narrow_certification, tmp_path, capsys):
     """End to end: the reference and a mutant certified on a narrow selection, reported and compared

@@ -1,5 +1,5 @@
 """``gefen-conformance certify --impl NAME [TEST_ID ...] [-- PYTEST_ARGS]`` (SPEC 4.5.5, 4.4.13), and
-what ``--impl-list`` and ``--impl`` say of an implementation that cannot be loaded here, as issue 22
+what ``--impl-list`` and ``--impl`` say of an implementation that cannot be loaded here,
 tried it: the ids the suite prints could not be rerun; ``--impl-list`` showed ``gefenx`` without
 gefen-x installed, and ``--impl gefenx`` then said "No module named 'gefen'".
 """
@@ -75,7 +75,7 @@ def _env() -> dict:
     )
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_the_rerun_command_the_summary_prints_reruns_exactly_that_test_from_another_directory(tmp_path):
     """A mutant fails one test; the summary's rerun command, run elsewhere through certify, runs that test

@@ -1,4 +1,4 @@
-"""``gefen-conformance``'s command line explains itself (SPEC 4.4.13, 4.4.9), as issue 22 tried it:
+"""``gefen-conformance``'s command line explains itself (SPEC 4.4.13, 4.4.9):
 certify's usage line did not show `-- PYTEST_ARGS`, an unknown option did not point to `--`, the
 torchrun example line was collapsed, "the exit status is pytest's" with no list, CERT, OLD, NEW,
 DIR and golden's --impl had no help, no --version, "--nproc-per-node only apply with", and

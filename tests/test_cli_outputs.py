@@ -1,5 +1,5 @@
 """A command that cannot write its output, or has nothing to read, is refused in one line with
-exit status 4 before anything runs (SPEC 4.4.10), as issue 20 tried it: ``certify --out`` into a
+exit status 4 before anything runs (SPEC 4.4.10): ``certify --out`` into a
 read-only directory (which used to run the whole suite for 220 s, then print an 85-line rank
 traceback), ``pytest --impl --certificate`` likewise, ``report --out``, ``golden generate``,
 ``golden check`` on a missing directory and ``golden compare --impl nosuch``.

@@ -1,4 +1,4 @@
-"""``report`` refuses an output it would not write as asked, and ``diff`` reads as issue 22 asked
+"""``report`` refuses an output it would not write as asked, and ``diff`` reads
 (SPEC 4.5.1, 4.5.3): ``report x.json --out r.pdf`` wrote Markdown into r.pdf; ``diff`` reference ->
 fast printed one profile line of about 3,500 characters; an interrupted run listed "Tests removed
 (127)"; a change in the notes (goldens not compared) was not shown; a fast comparison that the

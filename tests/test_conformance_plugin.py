@@ -67,8 +67,8 @@ def test_reference_selection_is_partial_and_its_certificate_says_what_ran(pytest
 @pytest.mark.parametrize(
     "mutant,clause,select",
     [
-        # the whole block-step module against a mutant: .ci/run runs it (issue 23: the default run under 5
-        # min)
+        # the whole block-step module against a mutant: .ci/run runs it (the default run stays
+        # under 5 minutes)
         pytest.param("tests.mutants:beta_rounding", "1.8", "block_step", marks=pytest.mark.slow),
         ("tests.mutants:global_step", "1.10.6", "global_step"),
         ("tests.mutants:zero_eps", "1.1.3", "invalid"),

@@ -1,6 +1,6 @@
 """Hyperparameter staging for DCP loads (SPEC 3.5), through its pure API.
 
-No optimizer and no process group: ``reference.dcp.hyper_staging`` is driven
+No optimizer and no process group: ``gefen_reference.dcp.hyper_staging`` is driven
 directly, as the later property-based fuzzer will drive it.
 """
 

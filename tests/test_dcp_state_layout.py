@@ -1,6 +1,6 @@
-"""SPEC 2.3.1, 2.3.6: which optimizer classes ``reference.dcp.GefenDCPState`` accepts.
+"""SPEC 2.3.1, 2.3.6: which optimizer classes ``gefen_reference.dcp.GefenDCPState`` accepts.
 
-``reference.Gefen`` always; another class only when it declares the reference's state layout
+``gefen_reference.Gefen`` always; another class only when it declares the reference's state layout
 (``gefen_state_layout = reference.dcp.STATE_LAYOUT``) in its own class body. A declared class
 is then saved and restored by the adapter exactly as the reference is.
 """

@@ -249,7 +249,7 @@ def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_e
     assert not [p.name for p in pytester.path.iterdir() if p.name.startswith("gefen-certificate")]
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 @needs_pool
 def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester, child_env):

@@ -1,4 +1,4 @@
-"""A slow machine gives a slow run, not a different verdict (SPEC 4.2.10, 4.2.11, 4.4.6), as issue 20
+"""A slow machine gives a slow run, not a different verdict (SPEC 4.2.10, 4.2.11, 4.4.6),
 tried it: with the machine oversubscribed (``benchmarks/load.py``: 4 busy processes per core, on
 top of whatever else runs), correct scenarios are not taken for hung ones, a rank that truly hangs
 is still reported within the stated bound, and Ctrl-C still ends a certification within 5 s with
@@ -95,7 +95,7 @@ def test_the_harness_bounds_hold_at_load(oversubscribed):
 
 
 def test_the_failure_scenarios_certify_at_load(oversubscribed, tmp_path):
-    """The scenarios issue 20 saw "hung" at load 10-20 (the killed save, the async save, the
+    """The scenarios most likely to read as hung at load 10-20 (the killed save, the async save, the
     refused load), with fresh rank workers replacing failed ones: all pass, as on a quiet machine."""
     cert_path = tmp_path / "c.json"
     result = subprocess.run(

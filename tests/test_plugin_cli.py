@@ -35,7 +35,7 @@ def test_help_says_pytest_arguments_go_after_the_double_dash(tmp_path):
     assert "--impl" in result.stdout
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["--out", "--certificate"])
 def test_both_spellings_of_the_certificate_path_and_pytest_args_after_the_double_dash(tmp_path, spelling):

@@ -162,7 +162,7 @@ _original = getattr(recorder.SuiteRun, "{method}")
 
 class ImportsAfterTheSignal:
     # writes down every module imported from now on: leaving must import nothing (an import of
-    # hypothesis while leaving took 5 s at 4x oversubscription)
+    # hypothesis while leaving takes seconds on a loaded machine)
 
     @staticmethod
     def find_spec(name, path=None, target=None):
@@ -186,12 +186,11 @@ setattr(recorder.SuiteRun, "{method}", interrupted)
 @needs_main_thread
 @pytest.mark.parametrize("method", ["__init__", "open"])  # before and after the suite run exists
 def test_ctrl_c_before_the_session_starts_says_so_and_leaves_at_once(pytester, default_sigint, method):
-    """CI, 2026-12-01: a certification interrupted 3-4.5 s in left with exit 2 and no output at all:
-    the interrupt landed in the suite's configure hook, which runs before pytest's terminal exists.
-    CI, 2026-12-02: at 4x oversubscription such a run took 5.9 s to leave when the suite run did
-    not exist yet (the interpreter's finalization of a heap holding torch); it now leaves at once.
-    CI, 2026-12-02 again: 5.1 s, the interrupt had landed in the suite's first import of hypothesis
-    and leaving imported it again to undo a profile never loaded; leaving now imports nothing."""
+    """A certification interrupted a few seconds in, while the suite's configure hook runs (before
+    pytest's terminal exists), says why it ended and leaves at once: it does not wait for the
+    interpreter's finalization of a heap holding torch, and leaving imports nothing (an interrupt
+    can land in the suite's first import of hypothesis; undoing a profile never loaded must not
+    import it again)."""
     pytester.makepyfile(early_interrupter=EARLY_INTERRUPTER.format(method=method))
     cert_path = pytester.path / "c.json"
     result = pytester.runpytest_subprocess(
@@ -276,13 +275,13 @@ default_planner.DefaultSavePlanner.create_local_plan = create_local_plan
 """
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 @needs_main_thread
 def test_ctrl_c_stops_the_run_within_5_s_and_writes_the_partial_certificate(pytester, default_sigint):
-    """Issue 20: Ctrl-C stopped a certification 16-23 s after the signal, and an interrupted run
-    with ``--out`` wrote ``--out`` itself. Now: gone within 5 s of the signal (SPEC 4.4.6), with
-    no process left, and the certificate at ``<stem>.partial.json`` (SPEC 4.4.5)."""
+    """Ctrl-C stops a certification within 5 s of the signal (SPEC 4.4.6), with no process left,
+    and an interrupted run with ``--out`` writes its certificate at ``<stem>.partial.json``, never at
+    ``--out`` itself (SPEC 4.4.5)."""
     pytester.makepyfile(interrupter=TIMED_INTERRUPTER)
     env = dict(
         os.environ,

@@ -26,7 +26,7 @@ def _backend_repository(pytester):
     return pytester
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_impl_without_paths_runs_the_suite_not_the_repositorys_testpaths(pytester):
     repo = _backend_repository(pytester)
@@ -52,7 +52,7 @@ def test_explicit_paths_run_only_themselves(pytester):
     assert not list(repo.path.glob("gefen-certificate*"))  # no suite test ran: no certificate
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     cert_path = pytester.path / "c.json"
@@ -73,7 +73,7 @@ def test_a_suite_module_by_path_is_partial_against_the_census(pytester):
     assert cert["run"]["expected_tests"] > 100 and cert["run"]["executed_tests"] == 2
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_another_hypothesis_profile_is_partial(pytester):
     cert_path = pytester.path / "c.json"
@@ -115,7 +115,7 @@ def pytest_runtest_call(item):
 """
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     """DCP's logger is at DEBUG with a NullHandler; pytest >= 9.1 captures non-propagating loggers,
@@ -129,7 +129,7 @@ def test_torch_distributed_loggers_stay_quiet_while_the_suite_runs(pytester):
     assert levels and min(levels) >= 30, levels
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_a_printed_test_id_reruns_that_test_from_any_directory(pytester):
     """SPEC 4.5.5: the id the terminal, certificate and reports print is a valid argument."""

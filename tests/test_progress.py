@@ -1,5 +1,5 @@
 """A progress line per suite module, with the elapsed time and an estimate of what is left
-(SPEC 4.4.11), as issue 22 asked: 35-40 s of silence after "collected 127 items"."""
+(SPEC 4.4.11): 35-40 s of silence after "collected 127 items"."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _run(pytester, *extra):
     return pytester.runpytest_subprocess("--impl=reference", "-p", "no:cacheprovider", *SELECTION, *extra)
 
 
-# the xdist run is a whole suite run in two workers: .ci/run runs it (issue 23: the default run under 5 min)
+# the xdist run is a whole suite run in two workers: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.parametrize(
     "workers",
     [pytest.param([], id="one-process"), pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)],

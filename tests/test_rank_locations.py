@@ -162,7 +162,7 @@ IMPLEMENTATION = dataclasses.replace(REFERENCE, name="broken-adapter", dcp_state
 """
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_a_suite_run_records_where_each_failed_rank_was(pytester, monkeypatch):
     """An adapter that raises on every rank of a DCP save: the certificate's test has a ``where``

@@ -1,5 +1,5 @@
 """The README's capability, gefen-x expected-failure and tolerance tables are the ones the code and
-the committed certificates give (tools/readme_tables.py; issue 21): a change to a capability, a
+the committed certificates give (tools/readme_tables.py): a change to a capability, a
 ``gefen_requires`` mark, an expected failure or a bound that leaves the README behind fails here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC, code and tests agree on clause ids (issue 21): every clause the code, the suite, the tests
+"""SPEC, code and tests agree on clause ids: every clause the code, the suite, the tests
 or the documents cite exists in SPEC.md, and the normative clauses that no test cites are listed
 here, so that a new clause without a test, or a stale entry, fails this test.
 

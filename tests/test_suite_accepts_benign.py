@@ -1,7 +1,7 @@
 """Proving the suite does not reject correct kernels: every variant of the benign catalogue
 (tests/benign.py: the reference with one stage rounded as a kernel backend rounds it, declaring
 every capability but ``cpu-bit-exact``) passes the FULL suite (no ``-k``) under the tolerance
-profile with zero failed and zero errored tests (SPEC 5.6; issue 10). A rejected benign variant
+profile with zero failed and zero errored tests (SPEC 5.6). A rejected benign variant
 is a suite defect, exactly as a surviving mutant is.
 
 Each run is a whole certification (about a minute of CPU), so every case is a ``proof``: the

@@ -1,5 +1,5 @@
 """Proving the suite: every mutant in the catalogue fails the clause it breaks, in both numeric
-profiles, and the reference passes the same selections (SPEC 4.3, 5.6; issue 10's mutation score).
+profiles, and the reference passes the same selections (SPEC 4.3, 5.6; the mutation score).
 
 Mutants are judged by the failing clauses, the reference by the certificate's failure counts
 (zero failed, zero errors), never by the verdict string.
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.proof
 
 
 #: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores
-#: (issue 19 item 3), or the input space with its 2^20-element boundary examples (item 1): the
+#:, or the input space with its 2^20-element boundary examples (item 1): the
 #: reference's run of their selections is slow.
 SLOW_IN_BOTH = frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS)
 

@@ -3,9 +3,9 @@ devices makes the run ``partial``, never ``conformant``; the terminal summary an
 with what did not run and why; each verdict has one exit status, the same from ``pytest --impl``
 and ``gefen-conformance certify``.
 
-Issue 20 tried ``certify --launcher torchrun --nproc-per-node 1``: "conformant: 127 of 127 suite
-tests ran", exit 0, with 50 tests skipped for lack of ranks. The slow test here re-tries exactly
-that; the fast ones run a launcher of one rank on a selection.
+A run of ``certify --launcher torchrun --nproc-per-node 1`` skips every scenario of more than one
+rank: it must not read "conformant" with exit 0. The slow test here runs exactly that; the fast
+ones run a launcher of one rank on a selection.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def pytest_configure(config):
 '''
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_partial(pytester):
     pytester.makepyfile(one_rank=ONE_RANK)
@@ -143,7 +143,7 @@ def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_parti
 
 @pytest.mark.slow
 def test_certify_under_a_torchrun_job_of_one_rank_is_partial_and_names_every_scenario_it_skipped(tmp_path):
-    """The row as issue 20 tried it: the whole suite on a torchrun job of one rank."""
+    """The whole suite on a torchrun job of one rank."""
     cert_path = tmp_path / "c.json"
     result = subprocess.run(
         [

@@ -135,10 +135,10 @@ SLOW_BUILD = textwrap.dedent('''
 ''')
 
 
-# a whole suite run in a subprocess: .ci/run runs it (issue 23: the default run under 5 min)
+# a whole suite run in a subprocess: .ci/run runs it (the default run stays under 5 minutes)
 @pytest.mark.slow
 def test_a_per_process_build_longer_than_the_deadlines_is_paid_before_them(pytester, monkeypatch):
-    """The row of issue 20: ranks "hung" at the deadline inside a kernel build. Here every
+    """Ranks "hung" at the deadline inside a kernel build. Here every
     process pays a 4 s build and the scenarios' deadlines are scaled down to 3 s (killed save)
     and 6 s: the certification still passes, because every build happens before any deadline."""
     pytester.makepyfile(slowbuild=SLOW_BUILD)

@@ -1,4 +1,4 @@
-"""The README's generated tables, from the code and the committed certificates (issue 21).
+"""The README's generated tables, from the code and the committed certificates.
 
     python tools/readme_tables.py --check   # exit 1 and name the stale tables when README.md differs
     python tools/readme_tables.py --write   # rewrite them in place

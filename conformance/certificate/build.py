@@ -311,7 +311,9 @@ def _worst_margin(records) -> dict | None:
     return worst
 
 
-def build(run: Run, facts: RunFacts, *, profile: dict, suite: dict, platform_: dict, execution: dict) -> dict:
+def build(
+    run: RunRecord, facts: RunFacts, *, profile: dict, suite: dict, platform_: dict, execution: dict
+) -> dict:
     records = sorted(run.records.values(), key=lambda r: r.nodeid)
     counts = Counter(r.outcome for r in records)
     by_clause: dict = defaultdict(list)

@@ -1,14 +1,14 @@
 """What changed between two certificates, and whether the newer run regressed (SPEC 4.5).
 
 :func:`compare` takes two checked schema-2 certificates (SPEC 4.4,
-:mod:`conformance.certificate_read`), OLD and NEW, and returns a :class:`Diff` holding:
+:mod:`gefen_conformance.certificate.read`), OLD and NEW, and returns a :class:`Diff` holding:
 
 * identity changes: implementation name, version and capabilities; numeric profile and its
   tolerances (each bound that changed within one profile; between two profiles, only that they
   differ: the report lists each profile's); suite version, content hash and git commit; torch,
   python, numpy and machine; execution target; hypothesis profile; how complete the run was;
 * the verdict change, and whether it got worse (verdicts ordered as
-  :data:`conformance.certificate_read.VERDICTS`);
+  :data:`gefen_conformance.certificate.read.VERDICTS`);
 * tests by outcome change: new failures (NEW failed, errored or passed unexpectedly where OLD did
   not, or the test is new), fixed tests, other outcome changes, added and removed tests; clauses
   whose outcome counts changed;

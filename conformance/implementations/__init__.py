@@ -15,7 +15,7 @@ from gefen_conformance.implementations.contract import KNOWN_CAPABILITIES, Imple
 def adapter_declared(
     name: str, version: str, make_optimizer: Callable[..., Any], adapter_module: str, **fields
 ) -> Implementation:
-    """An :class:`~conformance.Implementation` with every capability whose DCP adapter, save planner
+    """An :class:`~gefen_conformance.Implementation` with every capability whose DCP adapter, save planner
     and async writer are ``GefenDCPState``, ``GefenSavePlanner`` and ``GefenFileSystemWriter`` of
     ``adapter_module`` (imported on first use); ``fields`` adds or overrides the rest."""
 

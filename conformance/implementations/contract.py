@@ -9,7 +9,6 @@ fields and the public APIs they return (``torch.optim.Optimizer`` methods, DCP `
 from __future__ import annotations
 
 import enum
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,17 +74,6 @@ CAPABILITY_CLAIMS = {
     Capability.DCP_SAVE_PLANNER: "`save_planner()` returns a memory-bounded planner (SPEC 2.5)",
     Capability.DCP_ASYNC_SAVE: "`async_writer()` supports `dcp.async_save` (SPEC 2.6)",
 }
-
-
-def __getattr__(name: str):
-    if name == "FACTORED_SECOND_MOMENT":  # the constant's name before 0.2: one name per concept now
-        warnings.warn(
-            "FACTORED_SECOND_MOMENT is FACTORED_V (the tag factored-v, the keyword factored_v_2d)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return Capability.FACTORED_V
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_capabilities(values: Iterable[Capability | str]) -> frozenset:

@@ -45,7 +45,7 @@ def register() -> None:
     )
 
 
-class SuiteProfile:
+class HypothesisProfile:
     """Loads ``gefen-certify`` (unless ``--hypothesis-profile`` chose one) and undoes it afterwards."""
 
     def __init__(self, requested: str | None):

@@ -17,7 +17,7 @@ import pytest
 from gefen_conformance.certificate import build as certificate
 from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.plugin import selection
-from gefen_conformance.plugin.hypothesis_profiles import SuiteProfile
+from gefen_conformance.plugin.hypothesis_profiles import HypothesisProfile
 from gefen_conformance.plugin.interrupts import InterruptGuard, leave_process
 
 
@@ -29,7 +29,7 @@ class SuiteRun:
         self.impl = impl
         self.is_worker = hasattr(config, "workerinput")
         self.guard = guard  # installed already
-        self.profile = SuiteProfile(config.getoption("hypothesis_profile", None))
+        self.hypothesis_profile = HypothesisProfile(config.getoption("hypothesis_profile", None))
         self.census = selection.SuiteCensus()
         # spec: the --impl value as given, so that the rerun commands of the reports name it (SPEC 4.5.5)
         self.record = certificate.RunRecord(
@@ -82,7 +82,7 @@ class SuiteRun:
     # -- lifetime ----------------------------------------------------------------------------
 
     def open(self) -> None:
-        self.profile.enter()
+        self.hypothesis_profile.enter()
         if not self.is_worker and not self.config.option.collectonly:
             # the suite's identity (file hashes, git state: seconds of git on a loaded machine) is
             # taken as the run starts, off the main thread, so that finishing, interrupted or not,
@@ -112,7 +112,12 @@ class SuiteRun:
         from gefen_conformance.certificate import provenance
 
         provenance.kill_running()
-        self.record.notes.append("the suite's git state was not determined before the run was interrupted")
+        error = getattr(self, "_suite_facts_error", None)
+        self.record.notes.append(
+            f"the suite's git state could not be determined ({error})"
+            if error
+            else "the suite's git state was not determined before the run was interrupted"
+        )
         return {**certificate.suite_facts(git=False), "git": None}
 
     def close(self) -> None:
@@ -122,7 +127,7 @@ class SuiteRun:
             deadlines.set_scale(None)
         self.guard.uninstall()
         self.census.cancel()
-        self.profile.exit()
+        self.hypothesis_profile.exit()
         for logger, level in self._quieted:
             logger.setLevel(level)
         self._quieted = []

@@ -11,8 +11,8 @@ SUITE_PACKAGE = "gefen_conformance.suite"
 
 
 class SuiteModule(pytest.Module):
-    """A suite module imported by its installed name (``gefen_conformance.suite.test_x``), never
-    by pytest's path-derived one: in an editable install that would be ``conformance.suite.test_x``
+    """A suite module imported by its installed name (``gefen_conformance.suite.<module>``), never
+    by pytest's path-derived one: in an editable install that would be "conformance.suite.<module>"
     with the checkout put on ``sys.path``, which collides with a user's own ``conformance``
     package and makes rank bodies unpicklable in the ranks (SPEC 4.1.7)."""
 

@@ -12,7 +12,8 @@ Not collected. Several scenario modules use what is here, by name:
   :mod:`gefen_conformance.suite.restore_checks`.
 
 Everything written is read back through the independent oracles only
-(``oracles.checkpoint_reader``, ``oracles.gefen_schema``, ``oracles.digests``), never through
+(``gefen_oracles.checkpoint_reader``, ``gefen_oracles.gefen_schema``, ``gefen_oracles.digests``), never
+through
 an implementation's loader. Rank bodies receive the implementation itself (it travels to a rank
 as its ``--impl`` spec and is resolved there once per process, SPEC 4.2.4) and take their mesh and
 group from ``gefen_conformance.harness.world.current()``.

@@ -45,7 +45,7 @@ IN_PLACE = workload.Model(
 
 def planned_save_peak(impl: Implementation, root: str) -> dict:
     """Rank body (SPEC 5.4.2, world size 1): the peak extra bytes
-    (``oracles.memory.StorageTracker``) of a save of the adapter with ``impl.save_planner()``, and
+    (``gefen_oracles.memory.StorageTracker``) of a save of the adapter with ``impl.save_planner()``, and
     the same with DCP's default planner.
 
     DCP's ``FileSystemWriter`` keeps every tensor it wrote until the file it wrote it to is closed

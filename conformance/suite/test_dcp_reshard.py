@@ -1,6 +1,7 @@
 """Resharding: save on N ranks, restore on M (SPEC 4.3.2, Part 3).
 
-Each path trains the implementation on ``conformance.workload.BASE`` (or ``EMPTY``) at N ranks and saves model
+Each path trains the implementation on ``gefen_conformance.workload.BASE`` (or ``EMPTY``) at N ranks and saves
+model
 and optimizer; at M ranks a fresh optimizer (other hyperparameters, other parameter values) is
 restored with ``dcp.load``. Two tests per path:
 

@@ -4,7 +4,7 @@ One example = one checkpoint written by the reference with chosen saved hyperpar
 (world size 1, in this process) into a fresh optimizer of the implementation under test and into
 one of the reference, whose groups were given the same chosen *destinations* (Python numbers or
 one-element tensors, possibly aliased across groups and keys). The outcomes are then compared.
-The checkpoint is held in memory (:mod:`conformance.checkpoint_in_memory`) and DCP plans in
+The checkpoint is held in memory (:mod:`gefen_conformance.workload.checkpoint_in_memory`) and DCP plans in
 this process (SPEC 4.3.9): ``dcp.save`` and ``dcp.load`` call the adapters as always, without a
 file or an exchange of plans per example.
 
@@ -177,7 +177,6 @@ fractional = st.sampled_from([0.5, 1.5, 2.25, 1e-3, 0.1, 3e-4])
 near_one = st.integers(1, 12).map(ulps_below_one) | st.sampled_from(
     [0.9999, 0.99951, 0.9995, 0.999, 0.996, 0.998]
 )
-any_nonneg = ordinary | tiny | huge | integral | fractional
 
 
 def _edge_value(key):

@@ -8,7 +8,7 @@ Every case is judged over several steps after the load, in two ways (SPEC 5.6.20
   from before the load must not show;
 * each later step: under ``cpu-bit-exact`` the reference's same procedure bit for bit (states and
   every step's parameters); otherwise every step against exact arithmetic from the
-  implementation's own state before it (:mod:`oracles.shadowing`), plus the exact rules
+  implementation's own state before it (:mod:`gefen_oracles.shadowing`), plus the exact rules
   (counters, periods, names, hyperparameters, global step) against the reference's same
   procedure.
 

@@ -162,7 +162,7 @@ def crc32_seed(template: str) -> Callable:
 
 
 class _Reference:
-    """The oracle's optimizer (``reference.Gefen``), as the reference side of a comparison."""
+    """The oracle's optimizer (``gefen_reference.Gefen``), as the reference side of a comparison."""
 
     def __call__(self, groups, **options):
         import gefen_reference as reference
@@ -180,7 +180,8 @@ REFERENCE = _Reference()
 def device_for(make_optimizer=None) -> torch.device:
     """Where the tensors of the side that ``make_optimizer`` builds live: the reference's
     (:data:`REFERENCE`) on CPU, an implementation's on the current World's device, or outside a
-    scenario call on the run's device (``--gefen-device``, :func:`conformance.devices.selected`; CPU
+    scenario call on the run's device (``--gefen-device``, :func:`gefen_conformance.harness.devices.selected`;
+    CPU
     unless a suite run chose another). The one place that decides it (SPEC 4.6.2)."""
     if make_optimizer is REFERENCE:
         return torch.device("cpu")

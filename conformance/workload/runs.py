@@ -234,7 +234,7 @@ def _group_hypers(group: dict) -> dict:
 
 
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
-    """The oracle's view (:class:`oracles.pinned_step.ParamStep`) of every parameter that stepped."""
+    """The oracle's view (:class:`gefen_oracles.pinned_step.ParamStep`) of every parameter that stepped."""
     from gefen_oracles.pinned_step import ParamStep
 
     out = []
@@ -342,7 +342,7 @@ def built(make_optimizer, model: Model, dtype: torch.dtype, hypers, *, salt=None
 
 
 def param_runs(run: TrainingRun, *, factored_v_2d: bool) -> list:
-    """The oracle's view (:class:`oracles.shadowing.ParamRun`) of every parameter of a recorded
+    """The oracle's view (:class:`gefen_oracles.shadowing.ParamRun`) of every parameter of a recorded
     run with native states: the steps in which it had a gradient, with its group's hyperparameters
     and routing (SPEC 1.9.1) as the state dict after the last step records them."""
     from gefen_oracles.shadowing import ParamRun

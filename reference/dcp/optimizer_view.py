@@ -6,19 +6,19 @@ the rest of the adapter never names an attribute of a particular optimizer
 class.
 
 Which optimizers the adapter accepts (SPEC 2.3.1, 2.3.6): exactly
-:class:`reference.optimizer.Gefen`, and any class that declares the reference's
+:class:`gefen_reference.optimizer.Gefen`, and any class that declares the reference's
 state layout protocol by setting, in its own class body (an inherited value does
 not count, so a subclass that changes the layout is still refused)::
 
     gefen_state_layout = reference.dcp.STATE_LAYOUT
 
 The declaration is the class author's promise that its instances are, between
-calls to ``step()``, indistinguishable from a ``reference.Gefen`` as far as this
+calls to ``step()``, indistinguishable from a ``gefen_reference.Gefen`` as far as this
 module and the adapter can look:
 
 * public attributes ``codebook`` (fp32[256] or None), ``global_step`` (int),
   ``deterministic`` (bool), ``factored_v_2d``, ``period_rules`` (a
-  ``reference.periods.PeriodRules``) and, if it has one, ``capturable``;
+  ``gefen_reference.periods.PeriodRules``) and, if it has one, ``capturable``;
 * ``param_groups`` with ``param_names`` and ``param_names_synthesized`` (SPEC 1.3)
   and the hyperparameter keys of SPEC 1.11.2;
 * per-parameter ``state`` entries with the keys, dtypes, shapes and devices of
@@ -58,7 +58,7 @@ def declares_state_layout(cls) -> bool:
 
 
 def is_supported(optimizer) -> bool:
-    """Exactly ``reference.Gefen``, or a class that declares the state layout (SPEC 2.3.6).
+    """Exactly ``gefen_reference.Gefen``, or a class that declares the state layout (SPEC 2.3.6).
 
     Undeclared subclasses are refused: a subclass may change the state layout.
     """
@@ -106,7 +106,7 @@ def name_is_synthesized(group, position: int) -> bool:
 
 
 def period_rules_of(optimizer):
-    """The optimizer's force-period-one rules (a ``reference.periods.PeriodRules``)."""
+    """The optimizer's force-period-one rules (a ``gefen_reference.periods.PeriodRules``)."""
     return optimizer.period_rules
 
 

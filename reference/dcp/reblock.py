@@ -5,10 +5,10 @@ the *source* ranks' boundaries. On the target, each rank turns its own dense
 shard back into the optimizer's compact form:
 
 1. a period per slot, chosen by the optimizer's own period rules
-   (:func:`reference.periods.choose_period`) with the dense second moment standing
+   (:func:`gefen_reference.periods.choose_period`) with the dense second moment standing
    in for the squared gradient;
 2. one codebook per rank, learned by the optimizer's own codebook learner
-   (:func:`reference.codebook.learn_codebook`) from the momentum cut at those
+   (:func:`gefen_reference.codebook.learn_codebook`) from the momentum cut at those
    periods;
 3. per block: the momentum's largest magnitude, each element's nearest codeword
    after dividing by it, and the mean of the second moment.

@@ -15,8 +15,8 @@ def _require_process_group() -> None:
 class GefenDCPState:
     """Wraps a reference Gefen optimizer for ``torch.distributed.checkpoint``.
 
-    Accepts ``reference.Gefen`` and any optimizer class that declares the
-    reference's state layout (``reference.dcp.STATE_LAYOUT``, SPEC 2.3.6).
+    Accepts ``gefen_reference.Gefen`` and any optimizer class that declares the
+    reference's state layout (``gefen_reference.dcp.STATE_LAYOUT``, SPEC 2.3.6).
 
     ``state_dict()`` is collective: every rank must call it (``dcp.save`` and
     ``dcp.load`` do). It returns the v2 checkpoint schema (SPEC.md 2.1) with each

@@ -35,7 +35,7 @@ def _kernel_input(flat: torch.Tensor) -> torch.Tensor | None:
 
 def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> torch.Tensor | None:
     """int64 counts over the 4096 bins for ``(flat local gradient, period)`` pieces (SPEC 1.6.3-1.6.5);
-    None when no element was seen. Equal to ``reference.codebook.histogram_counts``."""
+    None when no element was seen. Equal to ``gefen_reference.codebook.histogram_counts``."""
     counts = np.zeros(reference_codebook.HISTOGRAM_BINS, dtype=np.int64)
     seen = 0
     for flat, period in pieces:
@@ -57,7 +57,8 @@ def histogram_counts(pieces: Iterable[tuple[torch.Tensor, int]]) -> torch.Tensor
 
 
 def codebook_from_counts(counts: torch.Tensor) -> torch.Tensor:
-    """The codebook of SPEC 1.6.5-1.6.8 for int64 bin counts; ``reference.codebook.codebook_from_counts``'s
+    """The codebook of SPEC 1.6.5-1.6.8 for int64 bin counts;
+    ``gefen_reference.codebook.codebook_from_counts``'s
     bits."""
     weights = counts.to(torch.float32)
     active = weights > 0

@@ -3,7 +3,7 @@
 Registered in this distribution's ``pyproject.toml`` under the entry-point group
 ``gefen_conformance.implementations``. The DCP adapter, planner and async writer are the
 reference's: ``gefen_fast.Gefen`` declares the reference's state layout
-(``reference.dcp.STATE_LAYOUT``), which is the adapter's documented extension point
+(``gefen_reference.dcp.STATE_LAYOUT``), which is the adapter's documented extension point
 (SPEC 2.3.6). Judged by the tolerance profile: no ``cpu-bit-exact`` claim.
 """
 

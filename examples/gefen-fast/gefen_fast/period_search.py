@@ -246,7 +246,8 @@ def _squared_gradient(local_grad: torch.Tensor) -> np.ndarray:
 
 
 def search_period(local_grad: torch.Tensor) -> int:
-    """The searched period before any fallback (SPEC 1.5.5), equal to ``reference.periods.search_period``."""
+    """The searched period before any fallback (SPEC 1.5.5), equal to
+    ``gefen_reference.periods.search_period``."""
     n = local_grad.numel()
     candidates = proper_divisors(n)
     if not candidates:

@@ -1,6 +1,6 @@
 """The kernel library is built at install time; a runtime build is atomic, locked, and only where needed.
 
-Rows of issue 20 this reproduces: a fresh kernel cache must not put a C compiler call inside a
+What this proves: a fresh kernel cache must not put a C compiler call inside a
 rank's timed call (the installed library is loaded, no compiler runs); ranks that start together
 build a missing library once and never see a half-written one; a failed build is a clear error;
 without a compiler the optimizer says so once and uses the reference's torch step.

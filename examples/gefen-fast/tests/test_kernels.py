@@ -1,4 +1,4 @@
-"""``gefen_fast.Gefen`` against ``reference.Gefen``: same state, numbers within rounding.
+"""``gefen_fast.Gefen`` against ``gefen_reference.Gefen``: same state, numbers within rounding.
 
 The momentum (indices, magnitudes) does not depend on any sum or square root, so the kernels
 reproduce it bit for bit; the second moments and the parameters differ from the reference by
