@@ -1,11 +1,11 @@
 """Peak extra memory of a Gefen DCP save on the CPU, in bytes per parameter (SPEC 2.5, 5.4.2).
 
 World size 1 (a gloo group of one in this process). A model of SLOTS parameters of SIZE elements
-is trained one step with the reference, then saved with ``reference.dcp.GefenDCPState`` with
+is trained one step with the reference, then saved with ``gefen_reference.dcp.GefenDCPState`` with
 DCP's default planner and with ``GefenSavePlanner``, at ``thread_count`` 1 and 4, with the default
 writer (one file per rank) and with ``single_file_per_rank=False``. The peak is measured by
 the kernel's resident-set high-water mark (reset before each save; every thread counts) and by
-``oracles.memory.StorageTracker`` (storages created by the calling thread during the save, on top
+``gefen_oracles.memory.StorageTracker`` (storages created by the calling thread during the save, on top
 of the resident state), both printed per parameter.
 
     python benchmarks/save_memory.py            # 32 slots of 2M params, then 1 slot of 64M
