@@ -39,13 +39,13 @@ SIGNIFICAND_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, tor
 #: SPEC 3.7.3 / 5.3.3: one step after a reshard, max-abs against a native run (both profiles).
 CONTINUATION_MAX_ABS = 5e-3
 #: SPEC 5.6.14: a reshard's re-save against the checkpoint it restored (both profiles). Each dense
-#: momentum element moves to its nearest codeword times its new block's magnitude: at most half the
-#: mean gap of 256 levels over [-1, 1] (1/255) of the slot's largest magnitude.
-RESHARD_MOMENTUM_REQUANTIZATION = 1.0 / 255.0
+#: momentum element is its nearest codeword in use times its new block's magnitude, up to the
+#: rule's fp32 distances and the normalization (in units of the block magnitude) ...
+RESHARD_REQUANTIZATION_ROUNDING = 8 * U
 #: ... a slot's second-moment sum is kept by block means, up to fp32 summation (relative);
 RESHARD_SECOND_MOMENT_SUM_RTOL = 1e-5
-#: ... and every second-moment element (and, under tolerance, the slot's largest momentum magnitude)
-#: stays within the saved values' range up to one fp32 rounding of a mean (relative).
+#: ... and every second-moment element stays within the saved values' range, and every block's
+#: largest momentum magnitude at the restored block's, up to one fp32 rounding (relative).
 RESHARD_RANGE_RTOL = 1e-6
 #: SPEC 5.4.2: a planned save's peak extra memory: this many times the largest slot's dense form ...
 SAVE_MEMORY_SLOTS = 2
@@ -101,10 +101,11 @@ _TOLERANCE = ("tolerance",)
 #: bounds)``. The certificate's profile states each with its value (:func:`stated`).
 STATED = {
     "CONTINUATION_MAX_ABS": ("5.3.3", _BOTH, "one step after a reshard against a native run: max-abs"),
-    "RESHARD_MOMENTUM_REQUANTIZATION": (
+    "RESHARD_REQUANTIZATION_ROUNDING": (
         "5.6.14",
         _BOTH,
-        "a reshard's re-saved dense momentum against the checkpoint's: of the slot's largest magnitude",
+        "a reshard's re-saved momentum: farther from the restored value than its nearest codeword in use "
+        "(of the block magnitude)",
     ),
     "RESHARD_SECOND_MOMENT_SUM_RTOL": (
         "5.6.14",

@@ -378,3 +378,53 @@ __all__ = [
     "dense_steps",
     "exact_problems",
 ]
+
+
+def requantized(
+    what: str, label: str, original: torch.Tensor, resaved: torch.Tensor, period: int
+) -> Comparisons:
+    """SPEC 5.6.14: a dense momentum shard re-blocked at ``period`` and re-quantized by a restore
+    (``resaved``) against the dense momentum it restored (``original``). Each block's largest
+    magnitude is the original block's largest (a maximum is exact; the re-save multiplies the
+    codeword +-1 by it), and each element is the original one's nearest codeword among the
+    codewords in use (:func:`codewords_in_use` of the re-save: a subset of the restore's codebook,
+    so the condition is necessary, whatever codebook the restore learned), up to
+    ``RESHARD_REQUANTIZATION_ROUNDING`` (the rule's fp32 distances and the normalization)."""
+    out = Comparisons()
+    m0 = original.detach().double().reshape(-1, period)
+    m1 = resaved.detach().double().reshape(-1, period)
+    top0, top1 = m0.abs().amax(dim=1, keepdim=True), m1.abs().amax(dim=1, keepdim=True)
+    scale = float(top0.max()) if top0.numel() else 0.0
+    if scale == 0.0:
+        return out
+    moved = float(((top1 - top0).abs() / top0.clamp_min(torch.finfo(torch.float64).tiny)).max())
+    c = out.add(Comparison(f"{what}: block magnitude (relative)", "tolerance", moved, kb.RESHARD_RANGE_RTOL))
+    if moved > kb.RESHARD_RANGE_RTOL:
+        c.problems.append(
+            f"{label}: a block's largest magnitude moved by {moved:.3e} of itself in the restore"
+        )
+    codewords, problems = codewords_in_use([resaved], [period])
+    for p in problems:
+        out.problem(f"{label}: {p}")
+    live = (top1 > 0).expand_as(m1)
+    u = torch.where(live, m0 / top1.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(m0))
+    chosen = torch.where(live, m1 / top1.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(m1))
+    nearest = (codewords.reshape(1, -1) - u.reshape(-1, 1)).abs().amin(dim=1).reshape(u.shape)
+    excess = torch.where(live, (chosen - u).abs() - nearest, torch.zeros_like(u))
+    worst = float(excess.max())
+    c = out.add(
+        Comparison(
+            f"{what}: nearest codeword in use",
+            "tolerance",
+            max(worst, 0.0),
+            kb.RESHARD_REQUANTIZATION_ROUNDING,
+        )
+    )
+    if worst > kb.RESHARD_REQUANTIZATION_ROUNDING:
+        i = int(excess.reshape(-1).argmax())
+        c.problems.append(
+            f"{label}: element {i} re-quantized to {float(chosen.reshape(-1)[i]):.6g} of its block's "
+            f"magnitude, {worst:.3e} farther from the restored value {float(u.reshape(-1)[i]):.6g} than "
+            "a codeword in use"
+        )
+    return out

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
+import gefen_reference as reference
 import gefen_reference.codebook as codebook_module
+import gefen_reference.dcp as reference_dcp
 import gefen_reference.dcp.optimizer_view as optimizer_view
 import gefen_reference.dcp.reblock as reblock_module
 import gefen_reference.dcp.restore as restore_module
@@ -40,6 +42,7 @@ import gefen_reference.steps as steps
 from gefen_conformance.implementations import reference as reference_impl
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT, KNOWN_CAPABILITIES, Implementation
 from gefen_reference.codewords import dequantize, nearest_codeword_indices
+from gefen_reference.native_state import local_tensor
 
 from .mutant_tools import clone, proxy
 
@@ -360,6 +363,84 @@ def _kernel(name, *, step_overrides=None, codebook_overrides=None, reblock_overr
     )
 
 
+class _MultiTensorBatch(reference.Gefen):
+    """A multi-tensor kernel: the block-path parameters of one step that share their dtypes, period,
+    counters and hyperparameters are stepped as one batch (flat parameters, gradients and state
+    concatenated block after block, one pass, written back), lists of at most 64 tensors."""
+
+    BATCH = 64
+
+    def update_parameters(self, updates):
+        single, batches = [], {}
+        for u in updates:
+            st = u.state
+            if u.factored or "vmean" not in st or not local_tensor(u.param).is_contiguous():
+                single.append(u)
+                continue
+            key = (
+                local_tensor(u.param).dtype,
+                u.grad.dtype,
+                st["automatic_period"],
+                st["step"],
+                st["vmean_step"],
+                u.hyper,
+            )
+            batches.setdefault(key, []).append(u)
+        for u in single:
+            self.update_parameter(u.param, u.grad, u.state, u.hyper, u.factored)
+        for (_, _, period, step, vmean_step, hyper), batch in batches.items():
+            for start in range(0, len(batch), self.BATCH):
+                self._batched(batch[start : start + self.BATCH], period, step, vmean_step, hyper)
+
+    def _batched(self, batch, period, step, vmean_step, hyper):
+        params = [local_tensor(u.param) for u in batch]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        combined = {
+            "automatic_period": period,
+            "step": step,
+            "vmean_step": vmean_step,
+            "vmean": torch.cat([u.state["vmean"] for u in batch]),
+            "m_codebook": torch.cat([u.state["m_codebook"].reshape(-1, period) for u in batch]),
+            "m_magnitude": torch.cat([u.state["m_magnitude"] for u in batch]),
+        }
+        grads = torch.cat([u.grad.reshape(-1) for u in batch])
+        steps.block_vmean_step(flat, grads, combined, self.codebook, hyper)
+        at = blocks = 0
+        with torch.no_grad():
+            for u, p in zip(batch, params):
+                n, b = p.numel(), p.numel() // period
+                p.copy_(flat[at : at + n].view(p.shape))
+                for key in ("vmean", "m_magnitude"):
+                    u.state[key].copy_(combined[key][blocks : blocks + b])
+                u.state["m_codebook"].copy_(
+                    combined["m_codebook"][blocks : blocks + b].view(u.state["m_codebook"].shape)
+                )
+                u.state["step"], u.state["vmean_step"] = combined["step"], combined["vmean_step"]
+                at, blocks = at + n, blocks + b
+
+
+class _ReverseOrder(reference.Gefen):
+    """The step's parameters updated last to first (SPEC 4.1.8 item 1: they are independent)."""
+
+    def update_parameters(self, updates):
+        super().update_parameters(list(updates)[::-1])
+
+
+def _declared(name: str, cls) -> Implementation:
+    """``cls`` declared as a kernel backend declares itself (the reference's state layout, in its own
+    class, and every capability but ``cpu-bit-exact``)."""
+    cls.gefen_state_layout = reference_dcp.STATE_LAYOUT
+    return Implementation(
+        name=name,
+        version="benign",
+        make_optimizer=lambda params, **hp: cls(params, **hp),
+        dcp_state=reference_impl.IMPLEMENTATION.dcp_state,
+        save_planner=reference_impl.IMPLEMENTATION.save_planner,
+        async_writer=reference_impl.IMPLEMENTATION.async_writer,
+        capabilities=KERNEL_CAPS,
+    )
+
+
 CATALOGUE = {
     "fp32-betas-in-ema": Variant(
         _kernel("fp32-betas-in-ema", step_overrides=_staged(FP32_BETAS)),
@@ -419,6 +500,18 @@ CATALOGUE = {
         _kernel("stepsize-one-division", step_overrides=_staged(ONE_DIVISION)),
         "stepsize",
         "(1/bc1) / h in one division instead of a reciprocal then a multiply.",
+    ),
+    "multi-tensor-batch": Variant(
+        _declared("multi-tensor-batch", _MultiTensorBatch),
+        "every stage, batched",
+        "blocks are independent in every stage (SPEC 1.8): stepping many parameters' blocks as one "
+        "batch of at most 64 tensors is how multi-tensor kernels run a step.",
+    ),
+    "reverse-order": Variant(
+        _declared("reverse-order", _ReverseOrder),
+        "the step's parameter order",
+        "parameters are independent (SPEC 4.1.8 item 1): a kernel may update them in any order, "
+        "as a backward-order launch does.",
     ),
 }
 

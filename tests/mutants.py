@@ -1094,3 +1094,285 @@ STATE_OVER_TIME = (
 for _name in STATE_OVER_TIME:
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)
+
+
+# =============================================================================================
+# The optimizer's lifecycle (SPEC 4.3.12). Backends written as multi-tensor and fused kernel
+# teams write them (a ``gefen_reference.Gefen`` subclass declared as examples/gefen-fast is): each
+# has one bug that real multi-tensor kernels have had and that fires only past a list size, on
+# gradients taking turns or bucketed in reverse, after a group is added or storage replaced, at a
+# hyperparameter's edge, on the period search's own inputs or above its fallback cap. Only the
+# lifecycle tests catch them, each in both profiles.
+
+
+class _ListTailDropped(_Backend):
+    """Parameter count: the multi-tensor launch takes lists of at most 128 tensors; a step with
+    more runs ``len // 128`` full launches (floor where the ceiling belongs) and drops the rest."""
+
+    CHUNK = 128
+
+    def update_parameters(self, updates):
+        updates = list(updates)
+        if len(updates) > self.CHUNK:
+            updates = updates[: len(updates) // self.CHUNK * self.CHUNK]
+        super().update_parameters(updates)
+
+
+class _PlanCachedByShapes(_Backend):
+    """Gradients taking turns: the step's launch plan (which state goes with which tensor) is
+    captured once per signature of shapes and dtypes, pointers baked in as a CUDA graph bakes them,
+    and replayed for any later step of the same signature: when same-shape experts take turns, the
+    first step's experts are stepped again with the new gradients."""
+
+    def update_parameters(self, updates):
+        updates = list(updates)
+        plans = self.__dict__.setdefault("_plans", {})
+        signature = tuple((tuple(u.grad.shape), u.grad.dtype, u.factored) for u in updates)
+        baked = plans.setdefault(signature, [(u.param, u.state) for u in updates])
+        for (param, entry), u in zip(baked, updates):
+            self.update_parameter(param, u.grad, entry, u.hyper, u.factored)
+
+
+class _StorageCapturedAtFirstStep(_Backend):
+    """Storage replaced: the kernel keeps each parameter's data tensor from its first update (a raw
+    pointer) and writes there ever after, so after ``p.data = ...`` (``module.to(...)``) the
+    parameter the model uses never changes again."""
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        captured = self.__dict__.setdefault("_data", {})
+        data = captured.setdefault(id(p), local_tensor(p).data)
+        if factored:
+            steps.factored_step(data, grad, state, self.codebook, hyper)
+        else:
+            steps.block_vmean_step(data, grad, state, self.codebook, hyper)
+
+
+class _GroupTableAtFirstStep(_Backend):
+    """A group added after steps: the per-group hyperparameter table is built at the first step; a
+    parameter the table does not know (a group added later) is looked up at a clamped index and
+    steps with the last group's hyperparameters as the first step saw them."""
+
+    def update_parameters(self, updates):
+        updates = list(updates)
+        if "_known" not in self.__dict__:
+            self._known = {id(u.param) for u in updates}
+            self._last = updates[-1].hyper if updates else None
+        for u in updates:
+            hyper = u.hyper if id(u.param) in self._known or self._last is None else self._last
+            self.update_parameter(u.param, u.grad, u.state, hyper, u.factored)
+
+
+class _ZeroLrSkipped(_Backend):
+    """lr 0: a parameter whose lr is 0 is taken for frozen and skipped, so a warm-up from zero
+    loses its first step's momentum and second moment (SPEC 1.8: lr scales the update only)."""
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        if hyper.lr == 0.0:
+            return
+        super().update_parameter(p, grad, state, hyper, factored)
+
+
+def _as_fp32_pointer(lr: torch.Tensor) -> float:
+    """A one-element tensor's bytes read as the fp32 a C kernel's ``float*`` sees: the first four
+    bytes of a wider dtype, a narrower one's two bytes as the high half."""
+    raw = lr.detach().reshape(1).cpu().view(torch.uint8)
+    word = torch.zeros(4, dtype=torch.uint8)
+    if raw.numel() >= 4:
+        word.copy_(raw[:4])
+    else:
+        word[4 - raw.numel() :] = raw
+    return float(word.view(torch.float32)[0])
+
+
+class _LrReadAsFp32(_Backend):
+    """Tensor lrs of every dtype: the kernel takes the group's lr tensor by pointer as ``float*``:
+    right for fp32 (and bf16, whose bits are fp32's high half), wrong for fp64 and fp16."""
+
+    def update_parameters(self, updates):
+        lrs = {}
+        for group in self.param_groups:
+            if torch.is_tensor(group["lr"]):
+                for p in group["params"]:
+                    lrs[id(p)] = _as_fp32_pointer(group["lr"])
+        for u in updates:
+            hyper = replace(u.hyper, lr=lrs[id(u.param)]) if id(u.param) in lrs else u.hyper
+            self.update_parameter(u.param, u.grad, u.state, hyper, u.factored)
+
+
+class _DeterministicPathWithoutDecay(_Backend):
+    """``deterministic=True``: the kernel's deterministic path (ordered reductions, a second code
+    path) was written without weight decay."""
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        if self.deterministic:
+            hyper = replace(hyper, weight_decay=0.0)
+        super().update_parameter(p, grad, state, hyper, factored)
+
+
+class _SubstringsMatchedAsGiven(_Backend):
+    """``period_one_substrings`` in upper case: the kernel's routing matches the substrings as the
+    caller gave them, not lowered (SPEC 1.1.4), so "P1." forces nothing."""
+
+    def __init__(self, params, *args, period_one_substrings=(), **kwargs):
+        super().__init__(params, *args, period_one_substrings=period_one_substrings, **kwargs)
+        self._as_given = tuple(period_one_substrings)
+
+    def choose_period(self, name, global_shape, local_grad):
+        rules = replace(self.period_rules, period_one_substrings=self._as_given)
+        if local_grad.numel() == 1 or (
+            any(s in name for s in self._as_given) or rules.forces_period_one("", len(global_shape))
+        ):
+            return 1
+        return periods.period_from_squares(periods.squared_gradient(local_grad), tuple(global_shape))
+
+
+def _one_pass_spread(squared, period):
+    """E(p) from a one-pass fp32 variance (E[x^2] - E[x]^2): for near-constant gradients the
+    difference of two large numbers, which picks another period than the two-pass float64 one."""
+    blocks = torch.from_numpy(squared).float().reshape(-1, period)
+    variance = (blocks * blocks).mean(dim=1) - blocks.mean(dim=1) ** 2
+    return float(variance.clamp_min(0.0).mean().sqrt())
+
+
+class _OnePassPeriodSearch(_Backend):
+    """The period search's own inputs: the search's block variances in one fp32 pass (SPEC 1.5.4:
+    two-pass float64)."""
+
+    _periods = clone(periods, block_spread=_one_pass_spread)
+
+    def choose_period(self, name, global_shape, local_grad):
+        squared = self._periods.squared_gradient(local_grad)
+        return self._periods.choose_period(self.period_rules, name, tuple(global_shape), squared)
+
+
+_REDUCTION_TILE = 2048
+
+
+def _tiled_mean_square(grad_blocks):
+    """A block's mean of squares reduced over one 2048-element tile only (the kernel's tile loop
+    stops after the first tile), divided by the whole period."""
+    g = grad_blocks.float() if grad_blocks.dtype == torch.float16 else grad_blocks
+    head = g[:, :_REDUCTION_TILE]
+    return (head * head).sum(dim=1, keepdim=True) / grad_blocks.shape[1]
+
+
+class _ReductionTiledAtTheCap(_Backend):
+    """Periods above the fallback cap: the block reduction is tiled at 2048 elements and only the
+    first tile is summed, which is right for every period the fallback alone can give."""
+
+    _block_step = staticmethod(clone(steps, block_mean_square=_tiled_mean_square).block_vmean_step)
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        if factored:
+            super().update_parameter(p, grad, state, hyper, factored)
+        else:
+            self._block_step(local_tensor(p), grad, state, self.codebook, hyper)
+
+
+class _BucketAssumedInOrder(_Backend):
+    """Gradients bucketed in reverse: when every gradient of a dtype is a view into one contiguous
+    bucket, the kernel slices the bucket from its start in parameter order (as it was packed in
+    the first DDP it met), so a reverse bucket hands each parameter another one's gradient."""
+
+    def update_parameters(self, updates):
+        updates = list(updates)
+        by_storage = {}
+        for u in updates:
+            by_storage.setdefault((u.grad.dtype, u.grad.untyped_storage().data_ptr()), []).append(u)
+        for (dtype, _), group in by_storage.items():
+            total = sum(u.grad.numel() for u in group)
+            base = min(u.grad.storage_offset() for u in group)
+            if len(group) < 2 or any(not u.grad.is_contiguous() for u in group):
+                continue
+            flat = torch.empty(0, dtype=dtype, device=group[0].grad.device).set_(
+                group[0].grad.untyped_storage(), base, (total,)
+            )
+            start = 0
+            sliced = {}
+            for u in group:
+                sliced[id(u)] = flat[start : start + u.grad.numel()].view(u.grad.shape)
+                start += u.grad.numel()
+            updates = [replace(u, grad=sliced[id(u)]) if id(u) in sliced else u for u in updates]
+        super().update_parameters(updates)
+
+
+_LIFECYCLE = "lifecycle_matches_reference or group_added_after_steps"
+
+#: name -> (class, clause, selection, bug)
+LIFECYCLE_MUTANTS = {
+    "list-tail-dropped": (
+        _ListTailDropped,
+        "4.3.12",
+        _LIFECYCLE,
+        "a step of more than 128 tensors drops the tail",
+    ),
+    "plan-cached-by-shapes": (
+        _PlanCachedByShapes,
+        "4.3.12",
+        _LIFECYCLE,
+        "a launch plan replayed for any step of the same shapes, pointers baked in",
+    ),
+    "storage-captured-at-first-step": (
+        _StorageCapturedAtFirstStep,
+        "4.3.12",
+        _LIFECYCLE,
+        "updates written to the storage a parameter had at its first step",
+    ),
+    "group-table-at-first-step": (
+        _GroupTableAtFirstStep,
+        "1.2.7",
+        _LIFECYCLE,
+        "a group added after steps steps with the last group known at the first step",
+    ),
+    "zero-lr-skipped": (
+        _ZeroLrSkipped,
+        "4.3.12",
+        _LIFECYCLE,
+        "a parameter whose lr is 0 does not step its state",
+    ),
+    "lr-read-as-fp32": (
+        _LrReadAsFp32,
+        "4.3.12",
+        _LIFECYCLE,
+        "a tensor lr's bytes read as fp32 whatever its dtype",
+    ),
+    "deterministic-path-without-decay": (
+        _DeterministicPathWithoutDecay,
+        "4.3.12",
+        _LIFECYCLE,
+        "deterministic=True steps without weight decay",
+    ),
+    "substrings-matched-as-given": (
+        _SubstringsMatchedAsGiven,
+        "4.3.12",
+        _LIFECYCLE,
+        "period_one_substrings matched without lowering",
+    ),
+    "one-pass-period-search": (
+        _OnePassPeriodSearch,
+        "4.3.12",
+        _LIFECYCLE,
+        "the period search's variances in one fp32 pass",
+    ),
+    "reduction-tiled-at-the-cap": (
+        _ReductionTiledAtTheCap,
+        "4.3.12",
+        _LIFECYCLE,
+        "a block reduction sums only its first 2048 elements",
+    ),
+    "bucket-assumed-in-order": (
+        _BucketAssumedInOrder,
+        "4.3.12",
+        _LIFECYCLE,
+        "a gradient bucket sliced in parameter order whatever its packing",
+    ),
+}
+CATALOGUE.update(
+    {
+        name: Entry(_backend(name, cls), clause, select, bug)
+        for name, (cls, clause, select, bug) in LIFECYCLE_MUTANTS.items()
+    }
+)
+for _name in LIFECYCLE_MUTANTS:
+    globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
+    globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)

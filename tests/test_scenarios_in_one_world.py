@@ -161,7 +161,7 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
         restore = cache.restored(reference, reference, "base", 2, 3)
     assert fake.calls == [("save_trained", 2), ("restore_report", 3)]
     assert len(restore.reports) == 3
-    compared = restore_checks.restore(restore, bitwise=True)
+    compared = restore_checks.restore(restore)
     assert compared.ok, "\n".join(compared.problems)
     pool = checkpoints.Checkpoints(tmp_path / "pool")
     pool_path, pool_params = pool.saved(reference, "base", 2)

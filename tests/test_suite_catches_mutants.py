@@ -18,9 +18,9 @@ from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, STATE_OVER_TIME, 
 pytestmark = pytest.mark.proof
 
 
-#: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores
-#:, or the input space with its 2^20-element boundary examples (item 1): the
-#: reference's run of their selections is slow.
+#: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores,
+#: or the input space with its 2^20-element boundary examples: the reference's run of their
+#: selections is slow.
 SLOW_IN_BOTH = frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "GROUP_HYPERS",
     "LONG",
     "LONG_STEPS",
+    "MANY",
     "OPTIMIZER",
     "REFERENCE",
     "SAVED_HYPERS",
@@ -345,7 +346,44 @@ EMPTY = replace(
     shapes=dict(BASE.shapes, **{"tiny.weight": (2, 8)}),
     groups=(BASE.groups[0], BASE.groups[1] + ("tiny.weight",)),
 )
-DCP_MODELS = {"base": BASE, "empty": EMPTY}
+
+
+def _splits_without_empty_shards(rows: int) -> bool:
+    """Whether ``Shard(0)`` of ``rows`` rows gives every one of 2, 3 and 4 ranks a row (torch.chunk
+    makes fewer chunks than ranks for some sizes: 9 rows on 4 ranks is 3, 3, 3 and nothing)."""
+    return all(len(range(0, rows, -(-rows // w))) == w for w in (2, 3, 4))
+
+
+def _many_shapes() -> dict:
+    """36 slots whose first dimension (4 to 44) splits unevenly on 2, 3 and 4 ranks, never empty."""
+    out = {}
+    for k in range(36):
+        rows = 4 + (7 * k) % 37
+        while not _splits_without_empty_shards(rows):
+            rows += 1
+        out[f"layer{k}.weight" if k % 3 else f"layer{k}.bias"] = (rows, 4 + (k % 5) * 4) if k % 3 else (rows,)
+    return out
+
+
+_MANY = _many_shapes()
+#: Many slots, each with its own gradient distribution: gradients scaled from 1e-4 to 1e2 (a
+#: decade per slot, cycling), some with column structure, two groups. A restore must re-block and
+#: re-quantize every slot by its own statistics (SPEC 3.6).
+MANY = Model(
+    shapes=_MANY,
+    groups=(
+        tuple(n for k, n in enumerate(_MANY) if k % 2 == 0),
+        tuple(n for k, n in enumerate(_MANY) if k % 2),
+    ),
+    init=per_name,
+    salt="init",
+    seed=crc32_seed("{name}:many{step}"),
+    hypers=GROUP_HYPERS,
+    structured=frozenset(n for k, n in enumerate(_MANY) if k % 4 == 1),
+    column_period=4,
+    scales={n: 10.0 ** ((k % 7) - 4) for k, n in enumerate(_MANY)},
+)
+DCP_MODELS = {"base": BASE, "empty": EMPTY, "many": MANY}
 
 
 # ------------------------------------------------------------- the optimizer comparisons' model

@@ -6,7 +6,9 @@ group's hyperparameters (:class:`GroupCase`); the optimizer's routing options; t
 first step starts from (a synthesized native state at a step counter, or a fresh state with only
 the codebook); how many ``step()`` calls follow, how the hyperparameters change between them
 (schedules) and by which protocol each call is made (plain, a closure that zeroes and recomputes
-the gradients, the GradScaler attributes ``grad_scale`` and ``found_inf``).
+the gradients, the GradScaler attributes ``grad_scale`` and ``found_inf``); what happens to the
+optimizer between calls besides (groups added, parameter storage replaced: the lifecycle
+``events``); how the gradients lie in memory (``grad_order``); and the constructor's flags.
 
 Every value (:func:`initial`, :func:`gradient`, the synthesized state) is a deterministic function
 of the case (its ``seed``), so both sides see the same inputs;
@@ -25,6 +27,8 @@ import torch
 __all__ = [
     "CODEBOOK",
     "DTYPES",
+    "EVENTS",
+    "GRAD_ORDERS",
     "GRADIENTS",
     "LAYOUTS",
     "OPTIONS",
@@ -35,6 +39,7 @@ __all__ = [
     "ParamCase",
     "codebook",
     "divisors",
+    "late_group",
     "factored",
     "gradient",
     "initial",
@@ -47,13 +52,36 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 #: tensor (2-D); channels_last (4-D); a view into one flat buffer shared by every such parameter of
 #: its dtype, at a storage offset, whose gradient is a view into a flat gradient buffer the same
 #: way (how FSDP1 and Megatron lay out parameters and gradients); a contiguous parameter whose
-#: gradient is not contiguous (every stride doubled).
-LAYOUTS = ("contiguous", "transposed", "channels-last", "flat-view", "strided-grad")
+#: gradient is not contiguous (every stride doubled); a contiguous parameter whose gradient is a
+#: view into one flat gradient bucket per dtype, laid out in the case's ``grad_order`` (DDP's
+#: ``gradient_as_bucket_view``: buckets are filled in reverse registration order).
+LAYOUTS = ("contiguous", "transposed", "channels-last", "flat-view", "strided-grad", "bucket-grad")
+#: How the bucket-grad layout's gradients lie in their bucket: in registration order, or reversed.
+GRAD_ORDERS = ("registration", "reverse")
 #: Gradient patterns: standard normal values with column structure (so the period search finds
 #: structure); all zero; zero on half of the elements, the other half at the next call (blocks
 #: whose gradient goes to zero after being nonzero); tiny (eps dominates the stepsize) and huge
-#: scales; none at all (the parameter never gets a gradient); none at the first call only.
-GRADIENTS = ("normal", "zero", "zero-half", "tiny", "huge", "none", "late")
+#: scales; none at all (the parameter never gets a gradient); none at the first call only; a
+#: gradient at odd calls only, or at even calls only (parameters of one shape taking turns, as
+#: experts of a mixture do); a large mean with small noise (near-constant: the period search's
+#: variances are small differences of large numbers).
+GRADIENTS = (
+    "normal",
+    "zero",
+    "zero-half",
+    "tiny",
+    "huge",
+    "none",
+    "late",
+    "odd-calls",
+    "even-calls",
+    "near-constant",
+)
+#: What happens to the optimizer before a call (``InputCase.events``): the case's last group is
+#: registered by ``add_param_group`` (its parameters fresh); every parameter's ``.data`` is replaced
+#: by a copy (new storage, same values, as ``module.to(...)`` does); every 4-D parameter's ``.data``
+#: is replaced by a ``channels_last`` copy (``module.to(memory_format=torch.channels_last)``).
+EVENTS = ("add-group", "replace-storage", "channels-last")
 #: How each call is made: ``opt.step()``; ``opt.step(closure)`` whose closure calls
 #: ``zero_grad(set_to_none=True)`` and then sets the gradients (stale gradients are present
 #: before the call); the GradScaler attributes with every call (``grad_scale`` set, gradients
@@ -61,11 +89,14 @@ GRADIENTS = ("normal", "zero", "zero-half", "tiny", "huge", "none", "late")
 PROTOCOLS = ("plain", "closure", "grad-scale", "found-inf")
 #: What changes before every call after the first: nothing; each group's lr (a float replaced by a
 #: float, a tensor by a new tensor); a tensor lr scaled in place (a float lr replaced); every
-#: hyperparameter (lr, betas, eps and weight decay replaced).
-SCHEDULES = ("constant", "lr", "lr-in-place", "all")
+#: hyperparameter (lr, betas, eps and weight decay replaced); a warm-up from zero (each group's lr
+#: is 0 at the first call and its ``lr`` times ``(call - 1) / (calls - 1)`` after, in place for a
+#: tensor lr).
+SCHEDULES = ("constant", "lr", "lr-in-place", "all", "warmup")
 #: Routing options (SPEC 1.5.2, 1.1.5) a case may set, besides ``factored_v_2d``.
 OPTIONS = ("force_1d_period_one", "force_2d_period_one", "period_one_substrings")
-#: ``period_one_substrings`` of a case that sets it: the name of its parameter 1.
+#: ``period_one_substrings`` of a case that sets it: the name of its parameter 1 (the constructor
+#: lowers it, SPEC 1.1.4; a case may give it in upper case).
 PERIOD_ONE_SUBSTRING = "p1."
 
 #: Gradient scales of the tiny and huge patterns. Tiny: where ``eps`` (1e-8 to 1e-3) dominates or
@@ -78,6 +109,10 @@ _DEFAULT_SCALES = {"tiny": 1e-6, "huge": 1e6}
 #: The largest power of two the GradScaler protocols scale gradients by (less when a gradient
 #: would overflow its dtype).
 GRAD_SCALE = 2.0**10
+#: The near-constant pattern: this mean (its dtype's share of it: 16-bit gradients keep their
+#: noise visible) plus standard normal noise of unit scale.
+_NEAR_CONSTANT_MEAN = {torch.float16: 64.0, torch.bfloat16: 16.0}
+_DEFAULT_NEAR_CONSTANT_MEAN = 4096.0
 
 
 @dataclass(frozen=True)
@@ -106,10 +141,11 @@ class ParamCase:
 
 @dataclass(frozen=True)
 class GroupCase:
-    """One group's hyperparameters (SPEC 1.2.3); ``tensor_lr``: lr as a one-element tensor (SPEC 1.4)."""
+    """One group's hyperparameters (SPEC 1.2.3). ``tensor_lr``: lr as a one-element tensor (SPEC
+    1.4) of this dtype (``True``: fp32), or a Python float (``False``)."""
 
     lr: float = 1e-3
-    tensor_lr: bool = False
+    tensor_lr: bool | str = False
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -120,7 +156,9 @@ class InputCase:
     """One point of the input space. ``counter``: the step counter of every synthesized state (0:
     no state at all, only the codebook); ``moment_counter``: the second moment's own counter when
     it differs (a second moment re-warmed after a mode switch, SPEC 1.9.5); ``calls``: how many
-    ``step()`` calls are made."""
+    ``step()`` calls are made; ``events``: ``(call, event)`` pairs of :data:`EVENTS`, each done
+    just before that call; ``grad_order``: of :data:`GRAD_ORDERS`; ``deterministic``: the
+    constructor's flag; ``substring``: the ``period_one_substrings`` entry when the option is set."""
 
     params: tuple
     groups: tuple = (GroupCase(),)
@@ -132,6 +170,10 @@ class InputCase:
     schedule: str = "constant"
     protocol: str = "plain"
     seed: int = 0
+    events: tuple = ()
+    grad_order: str = "registration"
+    deterministic: bool = False
+    substring: str = PERIOD_ONE_SUBSTRING
 
     def __post_init__(self):
         used = {p.group for p in self.params}
@@ -144,6 +186,17 @@ class InputCase:
                 raise ValueError(f"period {p.period} for shape {p.shape} at counter {self.counter}")
         if self.protocol == "found-inf" and self.calls < 2:
             raise ValueError("found-inf needs a call after the skipped one")
+        for call, event in self.events:
+            if event not in EVENTS or not 2 <= call <= self.calls:
+                raise ValueError(f"event {event!r} before call {call} of {self.calls}")
+        late = late_group(self)
+        if late is not None:
+            if len(self.groups) < 2:
+                raise ValueError("add-group needs a group registered at construction")
+            if any(p.period is not None for p in self.params if p.group == late):
+                raise ValueError("the parameters of a group added later start fresh (no period)")
+        if self.grad_order not in GRAD_ORDERS:
+            raise ValueError(f"grad_order {self.grad_order!r} (known: {GRAD_ORDERS})")
 
     def order(self) -> list:
         """Parameter indices in registration order: group by group, in case order within a group."""
@@ -156,6 +209,23 @@ class InputCase:
         return replace(self, factored=False)
 
 
+def late_group(case: InputCase) -> int | None:
+    """The group an ``add-group`` event registers (the case's last), or None."""
+    return len(case.groups) - 1 if any(event == "add-group" for _, event in case.events) else None
+
+
+def added_at(case: InputCase) -> int | None:
+    """The call before which the late group is registered, or None."""
+    calls = [call for call, event in case.events if event == "add-group"]
+    return min(calls) if calls else None
+
+
+def registered(case: InputCase, i: int, call: int) -> bool:
+    """Whether parameter ``i`` is in the optimizer at ``call`` (1-based)."""
+    late = late_group(case)
+    return late is None or case.params[i].group != late or call >= added_at(case)
+
+
 def layouts_for(shape: tuple) -> tuple:
     """The layouts that apply to a shape: transposed needs 2-D, channels_last 4-D, a strided
     gradient at least one dimension."""
@@ -166,6 +236,7 @@ def layouts_for(shape: tuple) -> tuple:
         out.append("channels-last")
     if len(shape) >= 1:
         out.append("strided-grad")
+    out.append("bucket-grad")
     return tuple(out)
 
 
@@ -209,7 +280,13 @@ def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torc
     p = case.params[i]
     if p.gradient == "none" or (p.gradient == "late" and call == 1 and not stale):
         return None
+    if not stale and (
+        (p.gradient == "odd-calls" and call % 2 == 0) or (p.gradient == "even-calls" and call % 2)
+    ):
+        return None
     g = torch.randn(p.shape, generator=_generator(case, "grad", i, call, stale), dtype=torch.float64)
+    if p.gradient == "near-constant":
+        return (g + _NEAR_CONSTANT_MEAN.get(p.torch_dtype, _DEFAULT_NEAR_CONSTANT_MEAN)).to(p.torch_dtype)
     if len(p.shape) >= 1 and p.shape[-1] > 0:
         g = g * (1.0 + torch.arange(p.shape[-1], dtype=torch.float64) % 5)
     g = g * _scale(p)

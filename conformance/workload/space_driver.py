@@ -23,27 +23,46 @@ import torch
 from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
 from gefen_conformance.workload.space import (
     CODEBOOK,
+    DTYPES,
     GRAD_SCALE,
-    PERIOD_ONE_SUBSTRING,
     GroupCase,
     InputCase,
     gradient,
     initial,
+    late_group,
+    registered,
     synthesized_entry,
 )
 
 __all__ = ["Built", "CaseRun", "StepCall", "build", "grad_scale", "placed", "run", "starting_state"]
 
 
-def _lr(group: GroupCase, device):
-    return torch.tensor(group.lr, device=device) if group.tensor_lr else group.lr
+def _lr(group: GroupCase, device, case: InputCase):
+    lr = 0.0 if case.schedule == "warmup" else group.lr
+    if not group.tensor_lr:
+        return lr
+    dtype = torch.float32 if group.tensor_lr is True else DTYPES[group.tensor_lr]
+    return torch.tensor(lr, dtype=dtype, device=device)
 
 
 def _options(case: InputCase) -> dict:
     options = {"factored_v_2d": case.factored}
+    if case.deterministic:
+        options["deterministic"] = True
     for name in case.options:
-        options[name] = (PERIOD_ONE_SUBSTRING,) if name == "period_one_substrings" else True
+        options[name] = (case.substring,) if name == "period_one_substrings" else True
     return options
+
+
+def _group(case: InputCase, g: int, params: dict, device) -> dict:
+    group = case.groups[g]
+    return {
+        "params": [(case.name(i), params[i]) for i in case.order() if case.params[i].group == g],
+        "lr": _lr(group, device, case),
+        "betas": group.betas,
+        "eps": group.eps,
+        "weight_decay": group.weight_decay,
+    }
 
 
 @dataclass
@@ -52,16 +71,31 @@ class Built:
     grad_buffers: dict  # dtype -> flat buffer for the flat-view layout's gradients
     offsets: dict  # i -> storage offset in its dtype's flat buffers
     optimizer: Any = None
+    buckets: dict = field(default_factory=dict)  # dtype -> flat bucket of the bucket-grad gradients
+    bucket_offsets: dict = field(default_factory=dict)  # i -> offset in its dtype's bucket
+    pending: dict | None = None  # the group an add-group event registers
+
+
+def _offsets(case: InputCase, layout: str, order: list, *, first: int, gap: int) -> tuple[dict, dict]:
+    """Offsets of the ``layout`` parameters in flat per-dtype buffers, in ``order``: the first at
+    ``first``, ``gap`` elements between views."""
+    sizes: dict = {}
+    offsets = {}
+    for i in order:
+        p = case.params[i]
+        if p.layout == layout:
+            start = sizes.get(p.torch_dtype, first)
+            offsets[i] = start
+            sizes[p.torch_dtype] = start + p.numel + gap
+    return sizes, offsets
 
 
 def build(case: InputCase, make_optimizer, device) -> Built:
-    flat_sizes: dict = {}
-    offsets = {}
-    for i, p in enumerate(case.params):
-        if p.layout == "flat-view":
-            start = flat_sizes.get(p.torch_dtype, 3)  # never at offset 0, with gaps between views
-            offsets[i] = start
-            flat_sizes[p.torch_dtype] = start + p.numel + 5
+    # flat views never at offset 0, with gaps between them; a gradient bucket packed as DDP packs it
+    flat_sizes, offsets = _offsets(case, "flat-view", list(range(len(case.params))), first=3, gap=5)
+    order = case.order()
+    bucket_order = order[::-1] if case.grad_order == "reverse" else order
+    bucket_sizes, bucket_offsets = _offsets(case, "bucket-grad", bucket_order, first=0, gap=0)
     buffers = {dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()}
     grad_buffers = {
         dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in flat_sizes.items()
@@ -82,17 +116,14 @@ def build(case: InputCase, make_optimizer, device) -> Built:
         param.requires_grad_(not p.frozen)
         params[i] = param
     built = Built(params, grad_buffers, offsets)
-    groups = []
-    for g, group in enumerate(case.groups):
-        groups.append(
-            {
-                "params": [(case.name(i), params[i]) for i in case.order() if case.params[i].group == g],
-                "lr": _lr(group, device),
-                "betas": group.betas,
-                "eps": group.eps,
-                "weight_decay": group.weight_decay,
-            }
-        )
+    built.buckets = {
+        dtype: torch.zeros(size, dtype=dtype, device=device) for dtype, size in bucket_sizes.items()
+    }
+    built.bucket_offsets = bucket_offsets
+    late = late_group(case)
+    groups = [_group(case, g, params, device) for g in range(len(case.groups)) if g != late]
+    if late is not None:
+        built.pending = _group(case, late, params, device)
     built.optimizer = make_optimizer(groups, **_options(case))
     return built
 
@@ -108,6 +139,9 @@ def placed(case: InputCase, built: Built, i: int, value: torch.Tensor, device) -
     if p.layout == "strided-grad":
         wide = torch.zeros(*p.shape, 2, dtype=value.dtype, device=device)
         return wide[..., 0].copy_(value)
+    if p.layout == "bucket-grad":
+        bucket, at = built.buckets[p.torch_dtype], built.bucket_offsets[i]
+        return bucket[at : at + p.numel].view(p.shape).copy_(value)
     out = torch.empty_strided(param.shape, param.stride(), dtype=value.dtype, device=device)
     return out.copy_(value)
 
@@ -118,10 +152,11 @@ def starting_state(case: InputCase) -> dict:
     ``case.counter``, and a synthesized entry for every parameter with a period."""
     built = build(case, REFERENCE, torch.device("cpu"))
     sd = built.optimizer.state_dict()
-    ids = {i: pid for pid, i in enumerate(case.order())}
+    ids = {i: pid for pid, i in enumerate(case.order()) if registered(case, i, 1)}
     sd["state"] = {
         ids[i]: (synthesized_entry(case, i) if p.period is not None else {"name": case.name(i)})
         for i, p in enumerate(case.params)
+        if i in ids
     }
     sd["gefen_codebook"] = CODEBOOK.clone()
     sd["gefen_global_step"] = case.counter
@@ -157,10 +192,17 @@ class CaseRun:
     calls: list = field(default_factory=list)
 
 
-def _apply_schedule(case: InputCase, optimizer, device) -> None:
+def _apply_schedule(case: InputCase, optimizer, device, call: int) -> None:
     """SPEC 1.4.2: what a scheduler does between steps (in place for a tensor lr where the case says so)."""
-    for group in optimizer.param_groups:
+    for g, group in enumerate(optimizer.param_groups):
         lr = group["lr"]
+        if case.schedule == "warmup":  # groups keep the case's order: an added group comes last
+            value = case.groups[g].lr * (call - 1) / (case.calls - 1)
+            if torch.is_tensor(lr):
+                lr.fill_(value)
+            else:
+                group["lr"] = value
+            continue
         if case.schedule == "lr-in-place" and torch.is_tensor(lr):
             lr.mul_(0.5)
         elif torch.is_tensor(lr):
@@ -206,6 +248,24 @@ def _skipped(case: InputCase, call: int) -> bool:
     return case.protocol == "found-inf" and call == case.calls - 1
 
 
+def _lifecycle(case: InputCase, built: Built, call: int) -> None:
+    """The case's events before ``call`` (:data:`gefen_conformance.workload.space.EVENTS`)."""
+    for at, event in case.events:
+        if at != call:
+            continue
+        if event == "add-group":
+            built.optimizer.add_param_group(built.pending)
+        elif event == "replace-storage":
+            with torch.no_grad():
+                for p in built.params.values():
+                    p.data = p.data.clone()
+        elif event == "channels-last":
+            with torch.no_grad():
+                for p in built.params.values():
+                    if p.dim() == 4:
+                        p.data = p.data.contiguous(memory_format=torch.channels_last)
+
+
 def run(make_optimizer, case: InputCase, state_dict: dict) -> CaseRun:
     """Drive one side through ``case`` from ``state_dict`` (:func:`starting_state`)."""
     device = device_for(make_optimizer)
@@ -214,8 +274,9 @@ def run(make_optimizer, case: InputCase, state_dict: dict) -> CaseRun:
     opt.load_state_dict(copy.deepcopy(state_dict))
     out = CaseRun(case, state_to_cpu(copy.deepcopy(opt.state_dict())))
     for call in range(1, case.calls + 1):
+        _lifecycle(case, built, call)
         if call > 1 and case.schedule != "constant":
-            _apply_schedule(case, opt, device)
+            _apply_schedule(case, opt, device, call)
         grads = {i: gradient(case, i, call) for i in params}
         before = {i: to_cpu(p) for i, p in params.items()}
         hypers = _hypers(opt)
