@@ -17,6 +17,13 @@ class SuiteModule(pytest.Module):
     package and makes rank bodies unpicklable in the ranks (SPEC 4.1.7)."""
 
     def _getobj(self):
+        # Why a private method: pytest has no public way to import a collected file under another
+        # module name. Every import mode derives the name from the path; importing in
+        # pytest_pycollect_makemodule and setting the public ``obj`` would skip the getter's marker
+        # extraction (a module-level ``pytestmark`` silently dropped) and turn one module's import
+        # error into a failure of the whole directory. ``_getobj`` and its caller, the ``obj`` getter,
+        # are unchanged from pytest 8.0 to 9.2 (benchmarks/dependency_floors.results.txt); the
+        # package's pytest range stops there.
         import importlib
 
         name = f"{SUITE_PACKAGE}.{self.path.stem}"
