@@ -33,6 +33,7 @@ import gefen_reference.dcp.placeholder as placeholder
 import gefen_reference.dcp.restore as restore
 import gefen_reference.dcp.schema as schema
 import gefen_reference.dcp.state as state
+import gefen_reference.dcp.writer as writer_module
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.periods as periods
 import gefen_reference.steps as steps
@@ -1376,3 +1377,41 @@ CATALOGUE.update(
 for _name in LIFECYCLE_MUTANTS:
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)
+
+
+# ------------------------------------------------------------- async saves at scale (SPEC 4.3.7)
+
+_LARGE_SLOT = 65536
+
+
+def _split_off_small_placeholders(tree):
+    """The async writer's staging with a memory saving: a slot of more than 64Ki elements is not
+    snapshotted at the call but left deferred, so its dense form is built when the background
+    write reaches it, from whatever the optimizer holds by then."""
+    rest, snapshots = {}, {}
+    for key, value in tree.items():
+        if placeholder.is_placeholder(value):
+            snapshots[key] = value if value.numel() > _LARGE_SLOT else value.snapshot()
+        elif isinstance(value, dict):
+            sub_rest, sub_snapshots = _split_off_small_placeholders(value)
+            rest[key] = sub_rest
+            if sub_snapshots:
+                snapshots[key] = sub_snapshots
+        else:
+            rest[key] = value
+    return rest, snapshots
+
+
+_LAZY_WRITER = clone(writer_module, _split_off_placeholders=_split_off_small_placeholders)
+_lazy_large = replace(
+    _dcp_mutant("async-large-slots-deferred", reference_dcp),
+    async_writer=lambda path: _LAZY_WRITER.GefenFileSystemWriter(path),
+)
+CATALOGUE["async-large-slots-deferred"] = Entry(
+    _lazy_large,
+    "2.6.1",
+    "async_checkpoint_of_large_slots",
+    "an async save snapshots slots up to 64Ki elements at the call and builds larger ones at write time",
+)
+mutant_async_large_slots_deferred = _lazy_large
+tolerant_async_large_slots_deferred = as_kernel(_lazy_large)

@@ -46,6 +46,24 @@ def shard(full: torch.Tensor, mesh) -> torch.Tensor:
     return distribute_tensor(full, mesh, [Shard(0)])
 
 
+def shard_like(full: torch.Tensor, like) -> torch.Tensor:
+    """``full`` as a DTensor laid out like ``like`` (``Shard(0)`` on its mesh), from this rank's rows
+    alone: no collective, so it may run while another thread's collectives are under way."""
+    from torch.distributed.tensor import DTensor
+
+    here = world.current()
+    chunks = full.chunk(here.size, dim=0)
+    local = chunks[here.rank] if here.rank < len(chunks) else full[:0]
+    return DTensor.from_local(
+        local.to(like.device),
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=full.shape,
+        stride=full.stride(),
+    )
+
+
 def sharded_parameter(full: torch.Tensor, mesh) -> torch.nn.Parameter:
     p = torch.nn.Parameter(shard(full, mesh))
     if p.device_mesh.get_coordinate() != mesh.get_coordinate():

@@ -1,4 +1,5 @@
-"""Asynchronous save (SPEC 4.3.7, 2.6) on 2 ranks.
+"""Asynchronous save (SPEC 4.3.7, 2.6) on 2 ranks: of a small model with a step before the
+background write starts, and of large slots (over 64Ki elements) with steps taken while it runs.
 
 ``dcp.async_save`` with ``impl.async_writer(path)``; an optimizer step is taken after the call
 returns and before the background write may start (the writer is held until then). The
@@ -21,13 +22,26 @@ import torch.distributed.checkpoint as dcp
 
 from gefen_conformance import workload
 from gefen_conformance.harness import deadlines, world
-from gefen_conformance.harness.sharding import world_mesh
+from gefen_conformance.harness.sharding import shard_like, world_mesh
 from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
 from gefen_conformance.suite import checkpoints
 from gefen_oracles.digests import content_digests
 
 WORLD = 2
 GATE_S = 30.0  # how long the held writer waits for the step before giving up
+#: Large slots (over 64Ki elements each: the adapter's chunked re-blocking and the writer's item
+#: sizes both change there) and a small one, two groups; every one gets structured gradients.
+LARGE = workload.Model(
+    shapes={"emb.weight": (512, 384), "proj.weight": (256, 320), "norm.weight": (96,)},
+    groups=(("emb.weight", "norm.weight"), ("proj.weight",)),
+    init=workload.per_name,
+    salt="init",
+    seed=workload.crc32_seed("{name}:large{step}"),
+    hypers=workload.GROUP_HYPERS,
+    structured=frozenset({"emb.weight", "proj.weight"}),
+)
+#: Steps the optimizer takes while the background write is under way.
+STEPS_DURING_WRITE = 2
 
 
 def _wait(response):
@@ -85,6 +99,57 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     return {"write_data_calls": len(gated)}
 
 
+def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
+    """Rank body (SPEC 2.6.1) at scale: large slots, a synchronous save, then ``dcp.async_save``
+    whose background write is held after its first item until the optimizer has taken
+    ``STEPS_DURING_WRITE`` steps (so they run while the write is under way), and a synchronous
+    save after those steps (collective)."""
+    params, optimizer = workload.trained(impl, LARGE, world_mesh())
+    workload.save(impl, optimizer, os.path.join(root, "sync_before"))
+    writer = impl.async_writer(os.path.join(root, "async"))
+    writing, stepped = threading.Event(), threading.Event()
+    write_data = writer.write_data
+    resolved = []
+
+    def write_data_while_stepping(plan, planner):
+        resolve_data = planner.resolve_data
+
+        def resolve_one(item):
+            resolved.append(item)
+            if len(resolved) == 2:  # one item is out: the steps run now, the rest after them
+                writing.set()
+                if not deadlines.wait_until(stepped.wait, GATE_S):
+                    raise RuntimeError("the steps during the write never finished")
+            return resolve_data(item)
+
+        planner.resolve_data = resolve_one
+        return write_data(plan, planner)
+
+    writer.write_data = write_data_while_stepping
+    grads = [workload.DCP_STEPS + k for k in range(1, STEPS_DURING_WRITE + 1)]
+    planner = impl.save_planner() if impl.save_planner is not None else None
+    response = dcp.async_save(
+        {"optimizer": impl.dcp_state(optimizer)},
+        storage_writer=writer,
+        planner=planner,
+        process_group=world.current().group,
+    )
+    try:
+        if not deadlines.wait_until(writing.wait, GATE_S):
+            raise RuntimeError("the background write never started")
+        for step in grads:
+            # each gradient is set on this thread: no collective runs beside the background write's
+            for name, p in params.items():
+                g = workload.gradient(LARGE, name, step, dtype=p.dtype)
+                p.grad = None if g is None else shard_like(g, p)
+            optimizer.step()
+    finally:
+        stepped.set()
+    _wait(response)
+    workload.save(impl, optimizer, os.path.join(root, "sync_after"))
+    return {"items_resolved": len(resolved)}
+
+
 def async_with_default_writer(impl: Implementation, path: str):
     """Rank body (SPEC 2.6.2): ``dcp.async_save`` of the adapter with DCP's default
     ``FileSystemWriter``; the error on this rank (None if it was accepted)."""
@@ -120,6 +185,31 @@ def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl, gefen_check
     # the step after the call did change the state, so the comparison above can tell
     moved = [k for k in before if after.get(k) != before[k]]
     assert "optimizer.global_step" in moved and any(k.endswith(".momentum") for k in moved), moved
+
+
+@pytest.mark.gefen_clause("4.3.7", "2.6.1", "5.2.3")
+@pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
+def test_async_checkpoint_of_large_slots_holds_the_state_while_steps_run(
+    gefen_impl, gefen_checkpoints, gefen_judge
+):
+    """Slots over 64Ki elements, and optimizer steps taken while the background write is under way:
+    the checkpoint holds the state as of the call, exactly (one state of one implementation)."""
+    root = gefen_checkpoints.scratch("async-large")
+    reports = checkpoints.run(
+        async_snapshot_while_stepping, WORLD, (gefen_impl, str(root)), timeout=3 * checkpoints.TIMEOUT
+    )
+    assert all(r["items_resolved"] > 2 for r in reports), f"the write did not outlast the steps: {reports}"
+    before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
+    assert set(landed) == set(before), sorted(set(landed) ^ set(before))
+    differs = sorted(k for k in before if landed[k] != before[k])
+    gefen_judge.assert_exact(
+        "async save of large slots while stepping, against a synchronous save at the call (content digests)",
+        len(differs),
+        len(before),
+        [f"the async checkpoint differs from the state at the call in {differs}"],
+    )
+    moved = [k for k in before if after.get(k) != before[k]]  # the steps did change the state
+    assert "optimizer.global_step" in moved and sum(k.endswith(".momentum") for k in moved) == 3, moved
 
 
 @pytest.mark.gefen_clause("4.3.7", "2.6.2")
