@@ -187,3 +187,20 @@ def test_a_bad_deadline_scale_is_a_usage_error(tmp_path, value):
         cwd=tmp_path,
     )
     assert result.returncode == 4 and f"--gefen-deadline-scale {value}" in result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc here")
+def test_an_output_in_proc_is_refused_in_seconds_even_as_root(tmp_path):
+    """Permissions do not stop root, and ``/proc`` answers every permission check; the output is
+    tried for real before anything runs."""
+    result, elapsed = _run([], *_cli("certify", "--impl", "reference", "--out", "/proc/x.json"), cwd=tmp_path)
+    _assert_refused(result, elapsed, "--out /proc/x.json", "cannot write there")
+    assert elapsed < 5.0, f"took {elapsed:.1f} s"
+
+
+def test_missing_parent_directories_of_an_output_are_created(tmp_path):
+    from gefen_conformance.certificate import outputs
+
+    target = tmp_path / "a" / "b" / "c.json"
+    assert outputs.problem(target) is None
+    assert target.parent.is_dir() and list(target.parent.iterdir()) == []  # the probe left nothing
