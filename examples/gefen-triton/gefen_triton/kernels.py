@@ -93,9 +93,16 @@ def _round_to(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _widen(x, DT: tl.constexpr):
+    """fp32 ``x`` rounded to ``DT`` and widened back to fp32: a codeword decoded at the gradient
+    dtype's precision (SPEC 1.8.8 steps 1 and 6, 1.13.5)."""
+    return _round_to(x, DT).to(tl.float32)
+
+
+@triton.jit
 def _nearest(cb_ptr, u):
-    """Index of the codeword nearest ``u`` in the sorted fp32 codebook of 256 (SPEC 1.7.1):
-    ``i`` = how many entries are below ``u`` (a branchless lower bound), then the nearer of
+    """Index and fp32 value of the codeword nearest ``u`` in the sorted fp32 codebook of 256 (SPEC
+    1.7.1): ``i`` = how many entries are below ``u`` (a branchless lower bound), then the nearer of
     entries ``i - 1`` and ``i`` by their fp32 distances, the lower index on a tie."""
     pos = tl.zeros(u.shape, dtype=tl.int32)
     for k in tl.static_range(8):
@@ -104,27 +111,29 @@ def _nearest(cb_ptr, u):
     pos = tl.where(tl.load(cb_ptr + pos) < u, pos + 1, pos)
     left = tl.maximum(pos - 1, 0)
     right = tl.minimum(pos, 255)
-    left_distance = tl.abs(u - tl.load(cb_ptr + left))
-    right_distance = tl.abs(u - tl.load(cb_ptr + right))
-    return tl.where(left_distance <= right_distance, left, right)
+    left_value = tl.load(cb_ptr + left)
+    right_value = tl.load(cb_ptr + right)
+    take_left = tl.abs(u - left_value) <= tl.abs(u - right_value)
+    return tl.where(take_left, left, right), tl.where(take_left, left_value, right_value)
 
 
 @triton.jit
-def _momentum(g, old, old_magnitude, lerp, from_grad, dec_ptr):
+def _momentum(g, old, old_magnitude, lerp, from_grad, cb_ptr, DT: tl.constexpr):
     """The new momentum before quantization (SPEC 1.8.8 steps 1-2): the old codeword, decoded at
-    the gradient dtype's rounding (``dec_ptr``), times the old block magnitude, then torch's lerp
-    towards the fp32 gradient as one fused multiply-add."""
-    cur = tl.load(dec_ptr + old) * old_magnitude
+    the gradient dtype's rounding, times the old block magnitude, then torch's lerp towards the
+    fp32 gradient as one fused multiply-add."""
+    cur = _widen(tl.load(cb_ptr + old), DT) * old_magnitude
     return tl.fma(lerp, g - cur, tl.where(from_grad, g, cur))
 
 
 @triton.jit
-def _requantize(upd, magnitude, cb_ptr):
-    """The nearest codeword of ``upd / magnitude`` (SPEC 1.8.8 steps 4-5); 0 where the block's
-    magnitude is not positive."""
+def _requantize(upd, magnitude, cb_ptr, DT: tl.constexpr):
+    """The nearest codeword of ``upd / magnitude`` (SPEC 1.8.8 steps 4-5; 0 where the block's
+    magnitude is not positive) and the quantized momentum ``codeword * magnitude`` (step 6)."""
     positive = magnitude > 0
     u = tl.div_rn(upd, tl.where(positive, magnitude, 1.0))
-    return _nearest(cb_ptr, tl.where(positive, u, 0.0))
+    index, codeword = _nearest(cb_ptr, tl.where(positive, u, 0.0))
+    return index, _widen(codeword, DT) * magnitude
 
 
 @triton.jit
@@ -151,7 +160,7 @@ def _update(p_ptr, offsets, ok, qm, stepsize, lr, decay, DT: tl.constexpr):
     """``p <- rP(r32(p) * decay - r32(r32(qm * stepsize) * lr))`` (SPEC 1.8.6, 1.8.8 step 7); the
     decayed parameter stays fp32 (``decay`` is 1.0 without weight decay: exact)."""
     p = tl.load(p_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    p = p * decay - (qm * stepsize) * lr
+    p = tl.where(ok, p * decay - (qm * stepsize) * lr, 0.0)
     tl.store(p_ptr + offsets, _round_to(p, DT), mask=ok)
 
 
@@ -161,7 +170,6 @@ def tile_step(
     ints_ptr,
     floats_ptr,
     scratch_ptr,
-    dec_ptr,
     cb_ptr,
     DT: tl.constexpr,
     ROWS: tl.constexpr,
@@ -202,13 +210,12 @@ def tile_step(
     g = tl.load(g_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
     old = tl.load(i_ptr + offsets, mask=ok, other=0).to(tl.int32)
     old_magnitude = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
-    upd = _momentum(g, old, old_magnitude[:, None], tl.load(floats + F_LERP), from_grad, dec_ptr)
+    upd = _momentum(g, old, old_magnitude[:, None], tl.load(floats + F_LERP), from_grad, cb_ptr, DT)
     upd = tl.where(ok, upd, 0.0)
     magnitude = tl.max(tl.abs(upd), axis=1)
     tl.store(m_ptr + rows, magnitude, mask=row_ok)
-    new = _requantize(upd, magnitude[:, None], cb_ptr)
+    new, qm = _requantize(upd, magnitude[:, None], cb_ptr, DT)
     tl.store(i_ptr + offsets, new.to(tl.uint8), mask=ok)
-    qm = tl.load(dec_ptr + new) * magnitude[:, None]
 
     eps = tl.load(floats + F_EPS)
     inv_bc1 = tl.load(floats + F_INV_BC1)
@@ -243,12 +250,13 @@ def split_stats(
     floats_ptr,
     scratch_ptr,
     parts0,
-    dec_ptr,
+    cb_ptr,
     DT: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     """One program: chunk ``c`` of block ``b`` of one tensor (item ``(slot, b, c)``): the chunk's
-    largest new momentum magnitude and sum of squares, into the scratch pair ``parts0 + 2 * item``."""
+    largest new momentum magnitude and sum of squares, into the scratch pair of the chunk's number
+    among all split chunks of the step (the tensor's first chunk ``I_CHUNK0`` + ``b * chunks + c``)."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(items_ptr + 3 * t)
     block = tl.load(items_ptr + 3 * t + 1)
@@ -269,10 +277,12 @@ def split_stats(
         tl.load(m_ptr + block),
         tl.load(floats_ptr + slot * NF + F_LERP),
         tl.load(ints + I_FROM_GRAD) != 0,
-        dec_ptr,
+        cb_ptr,
+        DT,
     )
-    tl.store(scratch_ptr + parts0 + 2 * t, tl.max(tl.abs(tl.where(ok, upd, 0.0)), axis=0))
-    tl.store(scratch_ptr + parts0 + 2 * t + 1, tl.sum(g * g, axis=0))
+    item = tl.load(ints + I_CHUNK0) + block * tl.load(ints + I_CHUNKS) + chunk
+    tl.store(scratch_ptr + parts0 + 2 * item, tl.max(tl.abs(tl.where(ok, upd, 0.0)), axis=0))
+    tl.store(scratch_ptr + parts0 + 2 * item + 1, tl.sum(g * g, axis=0))
 
 
 @triton.jit
@@ -329,7 +339,6 @@ def split_apply(
     floats_ptr,
     scratch_ptr,
     block_scratch0,
-    dec_ptr,
     cb_ptr,
     DT: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -354,13 +363,11 @@ def split_apply(
     offsets = block * period + cols
     g = tl.load(g_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
     old = tl.load(i_ptr + offsets, mask=ok, other=0).to(tl.int32)
-    upd = _momentum(
-        g, old, tl.load(pair), tl.load(floats + F_LERP), tl.load(ints + I_FROM_GRAD) != 0, dec_ptr
-    )
+    from_grad = tl.load(ints + I_FROM_GRAD) != 0
+    upd = _momentum(g, old, tl.load(pair), tl.load(floats + F_LERP), from_grad, cb_ptr, DT)
     magnitude = tl.load(m_ptr + block)
-    new = _requantize(upd, magnitude, cb_ptr)
+    new, qm = _requantize(upd, magnitude, cb_ptr, DT)
     tl.store(i_ptr + offsets, new.to(tl.uint8), mask=ok)
-    qm = tl.load(dec_ptr + new) * magnitude
     eps = tl.load(floats + F_EPS)
     inv_bc1 = tl.load(floats + F_INV_BC1)
     if tl.load(ints + I_FACTORED) != 0:

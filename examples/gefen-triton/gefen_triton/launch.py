@@ -30,10 +30,24 @@ from . import kernels as K
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+_INTERPRETED = type(K.tile_step).__name__ == "InterpretedFunction"
+
+
+def _interpreter_fuses_fma() -> bool:
+    """Whether this Triton's interpreter computes ``tl.fma`` with one rounding (Triton 3.9 does;
+    3.6's multiplies and adds in numpy, two roundings, and cannot take a loaded loop bound with
+    numpy 2), which the kernels' lerp and moment updates rely on (SPEC 1.13.3)."""
+    try:
+        from triton._C.libtriton import interpreter
+    except ImportError:
+        return False
+    return hasattr(interpreter, "fma_fp32")
+
+
 def interpreted() -> bool:
     """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1`` when triton was
     first imported): then they take CPU tensors only; compiled, device tensors only."""
-    return type(K.tile_step).__name__ == "InterpretedFunction"
+    return _INTERPRETED
 
 
 class DeviceMismatch(RuntimeError):
@@ -44,6 +58,12 @@ class DeviceMismatch(RuntimeError):
 def check_device(device: torch.device, what: str = "tensor") -> None:
     """Raise :class:`DeviceMismatch` naming the fix when the kernels cannot run on ``device``."""
     device = torch.device(device)
+    if device.type == "cpu" and interpreted() and not _interpreter_fuses_fma():
+        raise DeviceMismatch(
+            f"gefen_triton: {what} is on the CPU, but the interpreter of triton {K.triton.__version__} "
+            "rounds tl.fma twice and cannot run these kernels exactly: install triton 3.9 or newer "
+            "for the CPU path (compiled kernels on a GPU need 3.6 or newer)"
+        )
     if device.type == "cpu" and not interpreted():
         raise DeviceMismatch(
             f"gefen_triton: {what} is on the CPU, and Triton runs kernels on CPU tensors only under "
@@ -216,24 +236,24 @@ def takes(param: torch.Tensor, grad: torch.Tensor, state: dict, factored: bool) 
     return fits and _state_fits(state, "vmean", blocks, torch.float32, device)
 
 
-class DecodeTables:
-    """The codebook, and its codewords rounded to each dtype and widened back to fp32 (SPEC 1.8.8
-    steps 1 and 6, 1.13.5), on each device; rebuilt when the codebook is another tensor or was
-    changed in place (a load replaces it)."""
+class Codebooks:
+    """The optimizer's fp32 codebook, contiguous on each device the kernels run on; copied again
+    when the codebook is another tensor or was changed in place (a load replaces it)."""
 
     def __init__(self):
         self._key = None
-        self._tables = {}
+        self._copies = {}
 
-    def get(self, codebook: torch.Tensor, device: torch.device, dtype: torch.dtype):
+    def get(self, codebook: torch.Tensor, device: torch.device) -> torch.Tensor:
         key = (id(codebook), codebook._version)
         if key != self._key:
-            self._key, self._tables = key, {}
-        entry = self._tables.get((device, dtype))
-        if entry is None:
-            cb = codebook.detach().to(device=device, dtype=torch.float32).contiguous()
-            entry = self._tables[(device, dtype)] = (cb.to(dtype).float().contiguous(), cb)
-        return entry
+            self._key, self._copies = key, {}
+        copy = self._copies.get(device)
+        if copy is None:
+            copy = self._copies[device] = (
+                codebook.detach().to(device=device, dtype=torch.float32).contiguous()
+            )
+        return copy
 
 
 class _Int64Buffer:
@@ -385,7 +405,7 @@ class StepKernels:
     geometry stays the same."""
 
     def __init__(self):
-        self.decode = DecodeTables()
+        self.codebooks = Codebooks()
         self._plans = {}
 
     def run(self, entries: list, codebook: torch.Tensor) -> None:
@@ -416,19 +436,18 @@ class StepKernels:
         floats = _to_device(torch.tensor([x for e in entries for x in e.floats], dtype=torch.float32), device)
         scratch = torch.empty(max(1, plan.scratch), dtype=torch.float32, device=device)
         lists = plan.device_lists
+        cb = self.codebooks.get(codebook, device)
         geom = plan.geom
         options = {} if interpreted() else COMPILE
         for kind, key, at, count in plan.launches:
             work = lists[at:]
             if kind == "tile":
                 dtype, rows, cols, even = key
-                dec, cb = self.decode.get(codebook, device, dtype)
                 K.tile_step[(count,)](
                     work,
                     ints,
                     floats,
                     scratch,
-                    dec,
                     cb,
                     DT=_TL[dtype],
                     ROWS=rows,
@@ -454,14 +473,13 @@ class StepKernels:
                     **options,
                 )
             elif kind == "split_stats":
-                dec, _ = self.decode.get(codebook, device, key)
                 K.split_stats[(count,)](
                     work,
                     ints,
                     floats,
                     scratch,
                     plan.parts0,
-                    dec,
+                    cb,
                     DT=_TL[key],
                     CHUNK=geom.chunk,
                     num_warps=_warps(geom.chunk),
@@ -480,14 +498,12 @@ class StepKernels:
                     **options,
                 )
             else:
-                dec, cb = self.decode.get(codebook, device, key)
                 K.split_apply[(count,)](
                     work,
                     ints,
                     floats,
                     scratch,
                     plan.block_scratch0,
-                    dec,
                     cb,
                     DT=_TL[key],
                     CHUNK=geom.chunk,
