@@ -20,6 +20,7 @@ copied through pinned memory without waiting for the device.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,17 @@ def square_tile_columns(cols: int) -> int:
     return min(256, max(16, 1 << (max(cols, 1) - 1).bit_length()))
 
 
+_FLOAT32 = struct.Struct("=f")
+
+
+def r32(x: float) -> float:
+    """A Python float rounded to binary32 (round to nearest even), as a Python float."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
 def _warps(elements: int) -> int:
     return min(16, max(4, elements // 512))
 
@@ -162,9 +174,9 @@ class Entry:
         bc2 = 1 - hyper.beta2 ** (state[self.counter] + 1)
         # SPEC 1.8.8 step 2, torch's lerp: w = r32(1 - beta1); below 0.5 FMA(w, d, cur), else
         # FMA(-r32(1 - w), d, g)
-        w = float(torch.tensor(1 - hyper.beta1, dtype=torch.float32))
+        w = r32(1 - hyper.beta1)
         self.from_grad = w >= 0.5
-        lerp = -float(torch.tensor(1.0 - w, dtype=torch.float32)) if self.from_grad else w
+        lerp = -r32(1.0 - w) if self.from_grad else w
         self.floats = (
             lerp,
             hyper.beta2,
@@ -256,14 +268,21 @@ class Codebooks:
         return copy
 
 
+#: Alignment, in elements, of every work list's start and every scratch region: Triton specialises
+#: a kernel on whether each pointer and integer argument is a multiple of 16 (bytes for pointers),
+#: so aligned slices and offsets keep every launch on the variants :func:`warmup.prepare` compiled.
+ALIGN = 16
+
+
 class _Int64Buffer:
-    """int64 values gathered on the host, then one tensor on the device; each list's offset is
-    where it starts."""
+    """int64 values gathered on the host, then one tensor on the device; each list starts at a
+    multiple of :data:`ALIGN` elements."""
 
     def __init__(self):
         self.values: list[int] = []
 
     def add(self, values) -> int:
+        self.values.extend([0] * (-len(self.values) % ALIGN))
         start = len(self.values)
         self.values.extend(values)
         return start
@@ -350,8 +369,8 @@ class Plan:
         self.device_lists = None
 
     def _take(self, n: int) -> int:
-        start = self.scratch
-        self.scratch += n
+        start = self.scratch + (-self.scratch % ALIGN)
+        self.scratch = start + n
         return start
 
     def ints(self) -> list[int]:

@@ -70,9 +70,15 @@ def exercise(device: torch.device, dtype: torch.dtype) -> None:
 
 def prepare(device) -> None:
     """Refuse a device the current mode cannot reach (naming the fix), then run every variant."""
+    prepare_dtypes(device, DTYPES)
+
+
+def prepare_dtypes(device, dtypes) -> None:
+    """:func:`prepare` for the variants of these parameter dtypes only (a compile split across
+    processes, as ``benchmarks/gpu_check.py`` does)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     launch.check_device(device, "the device")
-    for dtype in DTYPES:
+    for dtype in dtypes:
         exercise(device, dtype)
