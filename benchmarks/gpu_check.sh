@@ -134,12 +134,13 @@ fi
 # this process and in every pytest the suite starts itself (loading the plugin with -p would not
 # reach those: the suite's own census of the whole suite would fail and every run be partial).
 plugin=()
-has_plugin() {
-    "$py" - <<'EOF'
+has_plugin() {  # from /, as the suite's own pytest processes see it (not through this directory)
+    (cd / && "$py" - <<'EOF'
 import sys
 from importlib.metadata import entry_points
 sys.exit(0 if any(e.value == "gefen_conformance.plugin.hooks" for e in entry_points(group="pytest11")) else 1)
 EOF
+    )
 }
 if ! has_plugin; then
     "$py" - "$root/pyproject.toml" "$work/names" <<'EOF'
