@@ -112,7 +112,9 @@ class Judge:
         self.impl = impl
         self.bitwise = bool(bitwise)
         self.observations = Observations()
-        self._offered: list[dict] = []
+        self._offered: dict | None = None
+        #: the failing input in words (:meth:`describe` of the last failing case), for the certificate
+        self.failing_input: str | None = None
 
     # ---------------------------------------------------------------------------------- recording
 
@@ -173,6 +175,10 @@ class Judge:
     # -------------------------------------------------------------------------------- reproducers
 
     def _offer(self, case, bitwise: bool, comparisons: Comparisons, problems: list) -> None:
+        """The test's reproducer holds the last failing case it judged (hypothesis runs the smallest
+        failing example last)."""
+        """The test's reproducer holds the last failing case it judged (hypothesis runs the
+        smallest failing example last)."""
         failing = [
             {
                 "what": c.what,
@@ -186,17 +192,17 @@ class Judge:
             for c in comparisons
             if c.problems
         ]
-        self._offered.append(
-            {"case": case, "bitwise": bool(bitwise), "failing": failing, "problems": problems}
-        )
+        self._offered = {"case": case, "bitwise": bool(bitwise), "failing": failing, "problems": problems}
+        describe = getattr(case, "describe", None)
+        self.failing_input = describe() if callable(describe) else None
 
     def reproducer(self, test_id: str, clauses: list, implementation: dict, device: str) -> bytes | None:
         """The failed test's reproducer (SPEC 4.5.6): the bytes of a ``torch.save`` d dict of schema
         :data:`REPRO_SCHEMA` with the test id and clauses, the implementation (name, version, spec),
         the device, the torch version and per offered case its inputs, profile and failing
         comparisons; None when the test offered no case. Forgets what was offered."""
-        offered, self._offered = self._offered, []
-        if not offered:
+        offered, self._offered = self._offered, None
+        if offered is None:
             return None
         import torch
 
@@ -209,12 +215,11 @@ class Judge:
             "torch": str(torch.__version__),
             "cases": [
                 {
-                    "case": o["case"].payload(),
-                    "bitwise": o["bitwise"],
-                    "failing": o["failing"],
-                    "problems": o["problems"],
+                    "case": offered["case"].payload(),
+                    "bitwise": offered["bitwise"],
+                    "failing": offered["failing"],
+                    "problems": offered["problems"],
                 }
-                for o in offered
             ],
         }
         buffer = io.BytesIO()
@@ -222,4 +227,4 @@ class Judge:
         return buffer.getvalue()
 
     def forget_reproducers(self) -> None:
-        self._offered = []
+        self._offered = None

@@ -1,12 +1,15 @@
 """``gefen-conformance repro CERT TEST_ID``: replay one failed comparison from its reproducer (SPEC 4.5.6).
 
-A failed test that judged a pinned step or a free-running trajectory left a reproducer beside its
+Every failed comparison of the suite (a pinned step, a trajectory, an input-space case, a staging
+example, a restore, a continuation after a restore, the goldens) left a reproducer beside its
 certificate (:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's
 ``repro``. This command loads it, resolves the implementation the certificate names (its spec,
-through the registry, as the plugin does; ``--impl`` replays against another), and in this one
-process runs the case again (:mod:`gefen_conformance.suite.optimizer_cases`): the
-implementation's side on the saved inputs, the reference's side and the oracles recomputed from
-the same inputs. It prints, for every comparison that fails, its margin (``error``, ``bound``,
+through the registry, as the plugin does; ``--impl`` replays against another), and runs the case
+again (:mod:`gefen_conformance.suite.replayable`): in this one process for the single-rank kinds,
+on local rank processes at the scenario's world size for the multi-rank ones (restore,
+continuation, goldens), never the whole suite. It prints the input in words, then the
+implementation's side on the saved inputs against the reference's side and the oracles recomputed
+from the same inputs. It prints, for every comparison that fails, its margin (``error``, ``bound``,
 ``used``; or ``differing`` of ``total``) beside the certificate's, the problems the suite printed,
 and its worst elements (index, expected, observed, allowed), then one verdict line: reproduced bit
 for bit (every margin and problem equal to the certificate's), failing differently, or passing now.
@@ -31,7 +34,7 @@ def add_subcommand(subparsers) -> None:
     """Register ``repro`` on ``gefen-conformance``'s subparsers (sets ``args.handler``)."""
     rep = subparsers.add_parser(
         "repro",
-        help="replay a failed pinned-step or trajectory comparison from its reproducer (SPEC 4.5.6)",
+        help="replay a failed comparison from its reproducer (SPEC 4.5.6)",
         description="Replay, in this process, the comparison a failed test made, from the reproducer written "
         "beside the certificate, and print its worst elements. Exit status: 1 still fails, 0 passes "
         "now, 2 a file that cannot be read, 4 usage error.",
@@ -97,7 +100,7 @@ def _run(args, started: float) -> int:
         why = (
             f"it {test['outcome']}"
             if test["outcome"] != "failed"
-            else "only failed pinned-step and free-running trajectory comparisons write one"
+            else "it failed outside a comparison (an exception or an exact rule of its own)"
         )
         raise _Refused(USAGE_ERROR, f"{test['id']} has no reproducer in {args.certificate} ({why})")
     path = Path(args.certificate).parent / test["repro"]
@@ -109,7 +112,7 @@ def _run(args, started: float) -> int:
     device = _device(args, payload)
 
     from gefen_conformance.certificate import numeric_profile
-    from gefen_conformance.suite import optimizer_cases
+    from gefen_conformance.suite import replayable
 
     print(
         f"reproducer {path} of {test['id']} (SPEC "
@@ -123,7 +126,7 @@ def _run(args, started: float) -> int:
     failing, same = 0, True
     for k, entry in enumerate(payload["cases"], 1):
         try:
-            case = optimizer_cases.from_payload(entry["case"])
+            case = replayable.from_payload(entry["case"])
         except (KeyError, TypeError, ValueError) as error:
             raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
         bitwise = (
@@ -134,7 +137,7 @@ def _run(args, started: float) -> int:
         profile = "torch-exact (bitwise)" if bitwise else "tolerance"
         print(f"case {k} of {len(payload['cases'])}: {case.describe()}; profile {profile}")
         began = time.monotonic()
-        comparisons = case.compare(impl.make_optimizer, bitwise=bitwise)
+        comparisons = replayable.replay(case, impl, bitwise=bitwise)
         print(f"replayed in {time.monotonic() - began:.2f} s")
         failing += _print_comparisons(comparisons, certified, max(args.top, 0))
         same &= _same_as_recorded(comparisons, certified, entry)
@@ -229,8 +232,12 @@ def _same_margin(c, m: dict) -> bool:
 
 
 def _same_as_recorded(comparisons, certified: dict, entry: dict) -> bool:
-    """Every margin equal to the certificate's and the problems equal to those the run recorded."""
-    return all(c.what in certified and _same_margin(c, certified[c.what]) for c in comparisons) and list(
+    """Every failing comparison's margin equal to the one the reproducer recorded for this case (the
+    certificate's margin of a test that judged many examples is the worst over all of them), and
+    the problems equal to those the run recorded."""
+    recorded = {f.get("what"): f for f in entry.get("failing") or []}
+    failing = [c for c in comparisons if c.problems]
+    return all(c.what in recorded and _same_margin(c, recorded[c.what]) for c in failing) and list(
         comparisons.problems
     ) == list(entry.get("problems") or [])
 

@@ -127,6 +127,38 @@ def _unravel(flat: int, shape) -> tuple:
     return tuple(reversed(index))
 
 
+#: A bound above this is no bound: it came out of an overflow (a division by a tiny value), and
+#: a message that quotes it says so.
+OVERFLOWED_ABOVE = 1e300
+
+
+def nonfinite_text(expected: torch.Tensor, observed) -> str | None:
+    """In words, the elements of ``observed`` that are NaN or infinite where ``expected`` is finite
+    ("1920 of 1920 elements NaN; the reference is finite"), or None when there are none."""
+    if not torch.is_tensor(observed) or observed.numel() == 0 or observed.numel() != expected.numel():
+        return None
+    e = expected.detach().reshape(-1).cpu().double()
+    o = observed.detach().reshape(-1).cpu().double()
+    finite_here = torch.isfinite(e)
+    nan = int((torch.isnan(o) & finite_here).sum())
+    inf = int((torch.isinf(o) & finite_here).sum())
+    if not nan and not inf:
+        return None
+    parts = [
+        f"{nan} of {o.numel()} elements NaN" if nan else "",
+        f"{inf} of {o.numel()} infinite" if inf else "",
+    ]
+    where = "the reference is finite" if bool(finite_here.all()) else "the reference is finite there"
+    return f"{', '.join(p for p in parts if p)}; {where}"
+
+
+def bound_text(bound: float) -> str:
+    """A bound as a message quotes it: its value, or that it overflowed."""
+    if not math.isfinite(bound) or bound > OVERFLOWED_ABOVE:
+        return f"bound {bound:.3e} (it overflowed: no bound holds there)"
+    return f"bound {bound:.3e}"
+
+
 def _worst_of(offenders: list) -> list:
     return sorted(offenders, key=lambda x: (x.share, x.difference), reverse=True)[:OFFENDERS]
 
@@ -223,7 +255,9 @@ class Comparisons:
 
     def exact(self, what: str, differing: int, total: int, problems: Iterable[str] = ()) -> Comparison:
         """An exact comparison of ``total`` items (counts, names, digests), ``differing`` of them wrong,
-        with one message per wrong item in ``problems``; exact in every profile."""
+        with the messages ``problems`` saying which (kept only when some differ; a count otherwise);
+        exact in every profile."""
+        problems = (list(problems) or [f"{what}: {differing} of {total} differ"]) if differing else []
         return self.add(
             Comparison(what, "bitwise", differing=int(differing), total=int(total), problems=list(problems))
         )
@@ -332,10 +366,13 @@ def relative_comparison(
     bound = float((allowed / scale).reshape(-1)[i])
     problems, offenders = [], []
     if bool(bad.any()):
+        nonfinite = nonfinite_text(e, a)
         problems.append(
-            f"{label}: {int(bad.sum())} of {e.numel()} elements outside the bound; worst at flat index {i}: "
-            f"{a.reshape(-1)[i].item()!r} vs {e.reshape(-1)[i].item()!r} (relative error {error:.3e}, "
-            f"bound {bound:.3e})"
+            f"{label}: {nonfinite}"
+            if nonfinite
+            else f"{label}: {int(bad.sum())} of {e.numel()} elements outside the bound; worst at flat index "
+            f"{i}: {a.reshape(-1)[i].item()!r} vs {e.reshape(-1)[i].item()!r} (relative error {error:.3e}, "
+            f"{bound_text(bound)})"
         )
         offenders = worst_elements(label, e, a, allowed, shape=expected.shape)
     return Comparison(what, "tolerance", error, bound, problems=problems, offenders=offenders)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import kernel_bounds as kb
-from .numeric import Comparison, Comparisons, relative_comparison, worst_elements
+from .numeric import Comparison, Comparisons, bound_text, nonfinite_text, relative_comparison, worst_elements
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
@@ -384,9 +384,18 @@ def _worst(
     e, b = float(error[i]), float(allowed[i])
     problems, offenders = [], []
     if bool(bad.any()):
+        nonfinite = nonfinite_text(values[0], values[1]) if values is not None else None
+        undefined = int(torch.isnan(error).sum())
+        if nonfinite is None and undefined:
+            nonfinite = (
+                f"{undefined} of {error.numel()} elements NaN (the result, or the state it was computed "
+                "from, is not finite)"
+            )
         problems.append(
-            f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
-            f"index {i}: error {e:.3e} {unit}, bound {b:.3e}"
+            f"{label}: {nonfinite}"
+            if nonfinite
+            else f"{label}: {int(bad.sum())} of {error.numel()} elements outside the bound; worst at flat "
+            f"index {i}: error {e:.3e} {unit}, {bound_text(b)}"
         )
         if values is not None:
             offenders = worst_elements(label, *values, shape=shape)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gefen_conformance.suite.test_input_space import BOUNDARIES, PROTOCOL_BOUNDARIES
+from gefen_conformance.suite.test_input_space import BOUNDARIES, GROUPS_ADDED, LIFECYCLE, PROTOCOL_BOUNDARIES
 from gefen_conformance.workload import space, space_driver
 from gefen_conformance.workload.models import REFERENCE
 
@@ -87,6 +87,7 @@ def test_synthesized_state_is_a_valid_native_state():
 def test_explicit_examples_cover_every_boundary_of_the_clause():
     """SPEC 4.3.10: one derandomized example at least per boundary."""
     cases = list(BOUNDARIES.values()) + list(PROTOCOL_BOUNDARIES.values())
+    cases += list(LIFECYCLE.values()) + list(GROUPS_ADDED.values())
     params = _every_param(cases)
     sizes = {p.numel for _, p in params}
     for limit in (2048, 16384, 65536):
@@ -118,3 +119,53 @@ def test_explicit_examples_cover_every_boundary_of_the_clause():
         ), protocol
     assert any(p.frozen and p.gradient != "none" for _, p in params)  # requires_grad=False with a gradient
     assert set(space.OPTIONS) <= {o for c in cases for o in c.options}
+
+
+def test_explicit_examples_cover_every_lifecycle_boundary():
+    """SPEC 4.3.12: one derandomized example at least per dimension of the lifecycle."""
+    cases = list(LIFECYCLE.values()) + list(GROUPS_ADDED.values())
+    params = _every_param(cases)
+    assert max(len(c.params) for c in cases) >= 300
+    assert any(len(c.params) > 100 and c.counter == 0 and len(c.groups) == 3 for c in cases)
+    assert {"odd-calls", "even-calls", "near-constant"} <= {p.gradient for _, p in params}
+    assert set(space.GRAD_ORDERS) <= {
+        c.grad_order for c in cases if any(p.layout == "bucket-grad" for p in c.params)
+    }
+    assert set(space.EVENTS) <= {e for c in cases for _, e in c.events}
+    assert any(c.schedule == "warmup" for c in cases)
+    assert {"fp64", "bf16", "fp16"} <= {g.tensor_lr for c in cases for g in c.groups}
+    assert any(c.deterministic and any(g.weight_decay for g in c.groups) for c in cases)
+    assert any(c.substring != c.substring.lower() for c in cases if "period_one_substrings" in c.options)
+    assert any(p.period is not None and p.period > 2048 for _, p in params)
+    assert any(
+        p.period is None and p.numel > 2048 and len(p.shape) == 2 and p.shape[1] > 2048 for _, p in params
+    )
+
+
+def test_a_group_added_later_and_replaced_storage_happen_as_the_case_says():
+    case = LIFECYCLE["storage-replaced-between-steps"]
+    built = space_driver.build(case, REFERENCE, torch.device("cpu"))
+    before = {i: p.untyped_storage().data_ptr() for i, p in built.params.items()}
+    space_driver._lifecycle(case, built, 2)
+    assert all(p.untyped_storage().data_ptr() != before[i] for i, p in built.params.items())
+    space_driver._lifecycle(case, built, 3)
+    assert (
+        built.params[3].is_contiguous(memory_format=torch.channels_last)
+        and not built.params[3].is_contiguous()
+    )
+    case = GROUPS_ADDED["group-added-after-steps"]
+    built = space_driver.build(case, REFERENCE, torch.device("cpu"))
+    assert len(built.optimizer.param_groups) == 1
+    space_driver._lifecycle(case, built, 2)
+    assert len(built.optimizer.param_groups) == 2 and built.optimizer.param_groups[1]["lr"] == 3e-3
+
+
+def test_a_reverse_bucket_lays_gradients_out_backwards():
+    case = LIFECYCLE["gradients-bucketed-in-reverse"]
+    built = space_driver.build(case, REFERENCE, torch.device("cpu"))
+    order = case.order()
+    fp32 = [i for i in order if case.params[i].dtype == "fp32"]
+    offsets = [built.bucket_offsets[i] for i in fp32]
+    assert offsets == sorted(offsets, reverse=True) and min(offsets) == 0
+    g = space_driver.placed(case, built, fp32[0], space.gradient(case, fp32[0], 1), torch.device("cpu"))
+    assert g.untyped_storage().data_ptr() == built.buckets[torch.float32].untyped_storage().data_ptr()

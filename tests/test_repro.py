@@ -334,3 +334,73 @@ def test_repro_reproduces_a_mutants_failure_bit_for_bit(spec, select, test_id, t
     first_problem = failed["reason"].removeprefix("AssertionError: ").split(" | ")[0].removesuffix("...")
     assert f"  {first_problem}" in out
     assert "worst elements" in out and "expected" in out and "observed" in out and "allowed" in out
+
+
+#: One failure of each other kind the suite replays (SPEC 4.5.6): the mutant, its selection, the
+#: failing test, and the replay's bound in seconds (10 s for the single-rank kinds; the multi-rank
+#: ones start their rank processes).
+OTHER_KINDS = [
+    pytest.param(
+        "tests.mutants:tolerant_factored_mean_unclamped",
+        "inputs_match_reference",
+        "test_input_space.py::test_inputs_match_reference",
+        "input-space case: ",
+        10.0,
+        id="input-space",
+    ),
+    pytest.param(
+        "tests.mutants:mutant_list_tail_dropped",
+        "lifecycle_matches_reference",
+        "test_input_space.py::test_lifecycle_matches_reference",
+        "input-space case: 1",  # one of the lifecycle's counts over 128
+        10.0,
+        id="lifecycle",
+    ),
+    pytest.param(
+        "tests.mutants:mutant_lr_truncated_into_int",
+        "staging_regression and into-int64",
+        "test_hyper_staging.py::test_staging_regression[lr-into-int64]",
+        "staging case: ",
+        10.0,
+        id="staging",
+    ),
+    pytest.param(
+        "tests.mutants:mutant_fresh_buffer_per_load",
+        "reshard_restores and not many and not empty",
+        "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[1->2]",
+        "restore case (restore): ",
+        60.0,
+        id="restore",
+    ),
+    pytest.param(
+        "tests.mutants:mutant_bf16_restore_rounding",
+        "restore_into_a_stepped",
+        "test_dcp_continuation.py::test_restore_into_a_stepped_optimizer[bf16-2->1]",
+        "continuation case (restore): ",
+        60.0,
+        id="continuation",
+    ),
+    pytest.param(
+        "tests.mutants:mutant_dense_momentum_rounding",
+        "goldens",
+        "test_goldens.py::test_saves_match_the_goldens",
+        "golden case: ",
+        60.0,
+        id="golden",
+    ),
+]
+
+
+@pytest.mark.proof
+# SPEC 4.5.6
+@pytest.mark.parametrize("spec,select,test_id,described,bound_s", OTHER_KINDS)
+def test_repro_replays_every_kind_of_failure(spec, select, test_id, described, bound_s, tmp_path):
+    cert = run_suite(spec, select, tmp_path)
+    failed = next(t for t in failed_tests(cert) if t["id"] == test_id)
+    assert failed.get("repro") and failed.get("input", "").startswith(described), failed
+    result, elapsed = _repro(tmp_path / "certificate.json", failed["id"])
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
+    assert "verdict: reproduced bit for bit" in out, out[-3000:]
+    assert f"case 1 of 1: {failed['input']}" in out
+    assert elapsed < bound_s, f"the replay took {elapsed:.1f} s"

@@ -14,15 +14,9 @@ CITING = ["conformance", "oracles", "reference", "tests", "examples", "benchmark
 TESTING = ["conformance/suite", "tests", "examples/gefen-fast/tests"]
 
 #: Normative clauses no test cites yet. Each is checked elsewhere without naming it (the bitwise
-#: parity of the reference with gefen-x checks 1.13's primitives and 1.2's group rules, every DCP
+#: parity of the reference with gefen-x checks 1.13's primitives, every DCP
 #: scenario runs 3.1's call sequence) or is a harness rule whose tests name the section above it.
 UNCITED = {
-    "1.2.1",
-    "1.2.2",
-    "1.2.3",
-    "1.2.5",
-    "1.2.7",
-    "1.2.8",
     "1.10.2",
     "1.10.5",
     "1.10.9",

@@ -111,6 +111,7 @@ class TestRecord:
     repro: bytes | None = (
         None  # a failed comparison's reproducer, written beside the certificate (SPEC 4.5.6)
     )
+    input: str | None = None  # the failing input in words (the reproducer's case, described)
 
     def __post_init__(self):
         self.outcome = Outcome(self.outcome)
@@ -152,6 +153,7 @@ class RunRecord:
             (old.not_run or rec.not_run) and worst.outcome == Outcome.SKIPPED,
             old.where + [w for w in rec.where if w not in old.where],
             rec.repro or old.repro,
+            rec.input or old.input,
         )
         self.records[rec.nodeid] = merged
 
@@ -352,6 +354,7 @@ def build(
                 "duration_s": round(r.duration, 3),
                 "reason": r.reason,
                 "where": list(r.where),
+                **({"input": r.input} if r.input else {}),
                 "margins": r.margins,
                 "notes": r.notes,
             }

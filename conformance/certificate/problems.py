@@ -40,6 +40,12 @@ class NotPassed:
     reason: str  # its first line
     where: list  # "rank N: file:line in function" lines, when a rank failed or hung
     rerun: str
+    input: str = ""  # the failing input in words, when the test left a reproducer
+    replayable: bool = False  # whether ``gefen-conformance repro`` can replay it
+
+    def replay(self, certificate: str = "CERT") -> str:
+        """The command that replays the failed comparison from its reproducer (SPEC 4.5.6)."""
+        return f"gefen-conformance repro {certificate} '{self.test}'"
 
 
 def first_line(text, limit: int = 240) -> str:
@@ -71,6 +77,8 @@ def not_passed(cert: dict, *, expected: bool = False) -> list:
                     first_line(test.get("reason")),
                     [str(w) for w in test.get("where") or []],
                     rerun_command(cert, test["id"]),
+                    str(test.get("input") or ""),
+                    bool(test.get("repro")),
                 )
             )
     if not expected:  # scenarios the run recorded as not run here without a test record of their own

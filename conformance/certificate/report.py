@@ -89,6 +89,8 @@ def _md_problems(problems) -> list:
     rows = []
     for p in problems:
         reason = md_text(p.reason) + "".join(f"<br>{md_text(w)}" for w in p.where)
+        if p.input:
+            reason += f"<br>input: {md_text(p.input)}"
         rows.append(
             [
                 md_text(PROBLEM_KINDS[p.kind]),

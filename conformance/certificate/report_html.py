@@ -188,6 +188,10 @@ def margin_chart(rows: list) -> str:
 def _problem(p) -> str:
     colour_ = KIND_COLOURS[p.kind]
     where = "".join(f'<div class="where">{esc(w)}</div>' for w in p.where)
+    if p.input:
+        where += f'<div class="where">input: {esc(p.input)}</div>'
+    if p.replayable:
+        where += f"<pre>{esc(p.replay())}</pre>"
     return (
         f'<li class="k-{p.kind}" style="border-color:{colour_}"><span class="kind" style="color:{colour_}">'
         f"{esc(PROBLEM_KINDS[p.kind])}</span><code>{esc(p.test)}</code>"

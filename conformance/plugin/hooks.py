@@ -248,12 +248,14 @@ def pytest_runtest_makereport(item, call):
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         record.not_run_here = True  # too few ranks or devices here (SPEC 4.4.2)
     record.warm_up = run.take_warm_up_report()  # this process's warm-up travels with its first report
-    record.attach(report)
     if report.when == "call" and judge is not None:
-        blob = _reproducer(item, judge, run) if report.failed and not hasattr(report, "wasxfail") else None
+        failed = report.failed and not hasattr(report, "wasxfail")
+        record.input = judge.failing_input if failed else None
+        blob = _reproducer(item, judge, run) if failed else None
         judge.forget_reproducers()
         if blob is not None:
             setattr(report, REPRO, blob)  # rides on the report, also from an xdist worker
+    record.attach(report)
     return report
 
 
@@ -318,6 +320,7 @@ class _SessionHooks:
                 not_run=record.not_run_here and skipped,
                 where=list(record.where),
                 repro=getattr(report, REPRO, None) if outcome == Outcome.FAILED else None,
+                input=record.input if outcome == Outcome.FAILED else None,
             )
         )
 

@@ -26,7 +26,8 @@ class ReportRecord:
     ``world_sizes``: the world sizes of the scenario calls it made; ``missing``: the capabilities it
     needs and the implementation lacks (a skip); ``where``: the failed ranks' source lines;
     ``not_run_here``: skipped because this launcher or machine is too small (SPEC 4.4.2);
-    ``warm_up``: this process's warm-up, carried by its first report.
+    ``warm_up``: this process's warm-up, carried by its first report; ``input``: the failing input
+    in words, when its judge judged a replayable case that failed.
     """
 
     id: str
@@ -39,6 +40,7 @@ class ReportRecord:
     where: list = field(default_factory=list)
     not_run_here: bool = False
     warm_up: dict | None = None
+    input: str | None = None
 
     def attach(self, report) -> None:
         report.user_properties.append((KEY, asdict(self)))

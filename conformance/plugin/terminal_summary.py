@@ -71,7 +71,7 @@ def _clauses(clauses) -> str:
     return f"  (SPEC {', '.join(clauses)})" if clauses else ""
 
 
-def _problems(cert: dict) -> list:
+def _problems(cert: dict, path: Path | None = None) -> list:
     found = problems.not_passed(cert)
     bad = [p for p in found if p.kind != "not-run"]
     out = []
@@ -82,7 +82,11 @@ def _problems(cert: dict) -> list:
         if p.reason:
             out.append((f"{_INDENT}{p.reason}", {}))
         out += [(f"{_INDENT}{w}", {}) for w in p.where]
+        if p.input:
+            out.append((f"{_INDENT}input: {p.input}", {}))
         out.append((f"{_INDENT}rerun: {p.rerun}", {}))
+        if p.replayable:
+            out.append((f"{_INDENT}replay: {p.replay(str(path) if path else 'CERT')}", {}))
     not_run = [p for p in found if p.kind == "not-run"]
     if not_run:
         out.append(
@@ -144,7 +148,7 @@ def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) 
         ),
         (f"verdict: {verdict}: {cert['verdict_reason']}", {}),
     ]
-    out += _problems(cert)
+    out += _problems(cert, path)
     out += _expected(cert)
     out += _near(cert)
     out.append((f"exit status {cert['run']['exit_status']} ({verdict}; SPEC 4.4.9)", {}))

@@ -151,14 +151,14 @@ def _failures(continued: Continued) -> list[str]:
     return out
 
 
-def _read_once(saved: checkpoints.Checkpoints, path) -> dict:
-    """A checkpoint read by the independent reader (SPEC 5.1), once per session."""
-    return saved.once(("read", str(path)), lambda: read_nested(path))
+def _session_reader(saved: checkpoints.Checkpoints):
+    """Checkpoints read by the independent reader (SPEC 5.1), each once per session."""
+    return lambda path: saved.once(("read", str(path)), lambda: read_nested(path))
 
 
-def _read(saved: checkpoints.Checkpoints, continued: dict, k: int) -> dict:
+def _after(read, continued: Continued, k: int) -> dict:
     """The re-save after ``k`` continuation steps."""
-    return _read_once(saved, continued.out / f"after{k}")
+    return read(continued.out / f"after{k}")
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -206,12 +206,6 @@ def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -
     )
 
 
-def _local(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Rank ``rank``'s rows of ``t`` under ``Shard(0)`` on ``world`` ranks (torch's chunking)."""
-    chunks = torch.chunk(t, world, dim=0)
-    return chunks[rank] if rank < len(chunks) else t[:0]
-
-
 def _periods(checkpoint: dict, target: int) -> dict:
     """``{(rank, slot): period}`` of every slot a rank restores with momentum, by the reference's
     rule on the checkpoint's dense second moment (SPEC 3.6.2; periods are exact, SPEC 5.6.11)."""
@@ -225,23 +219,25 @@ def _periods(checkpoint: dict, target: int) -> dict:
         if int(optimizer[slot_key(i, "initialized")]) != 1:
             continue
         for rank in range(target):
-            second = _local(optimizer[slot_key(i, "second_moment")], rank, target)
+            second = restore_checks.local_rows(optimizer[slot_key(i, "second_moment")], rank, target)
             if second.numel():
                 out[rank, i] = period_for(rules, identity["name"], identity["shape"], second)
     return out
 
 
-def _shadowed(
-    saved: checkpoints.Checkpoints, continued: dict, target: int, dtype: torch.dtype
-) -> Comparisons:
+def _shadowed(read, continued: Continued, target: int, dtype: torch.dtype) -> Comparisons:
     """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
     layout = MODELS[MODEL]
-    saves = [_read(saved, continued, k) for k in range(CONTINUATION + 1)]
-    periods = _periods(_read_once(saved, continued.source), target)
+    saves = [_after(read, continued, k) for k in range(CONTINUATION + 1)]
+    periods = _periods(read(continued.source), target)
     comparisons = Comparisons()
     for rank in range(target):
         mine = sorted(i for r, i in periods if r == rank)
-        momenta = [_local(s["optimizer"][slot_key(i, "momentum")], rank, target) for s in saves for i in mine]
+        momenta = [
+            restore_checks.local_rows(s["optimizer"][slot_key(i, "momentum")], rank, target)
+            for s in saves
+            for i in mine
+        ]
         codewords, problems = shadowing.codewords_in_use(
             momenta, [periods[rank, i] for s in saves for i in mine]
         )
@@ -259,13 +255,21 @@ def _shadowed(
                     dict(
                         name=f"rank {rank} step {k} {name}",
                         period=periods[rank, i],
-                        p0=_local(before["model"][name], rank, target),
-                        p1=_local(after["model"][name], rank, target),
-                        grad=_local(grad, rank, target),
-                        m0=_local(before["optimizer"][slot_key(i, "momentum")], rank, target),
-                        v0=_local(before["optimizer"][slot_key(i, "second_moment")], rank, target),
-                        m1=_local(after["optimizer"][slot_key(i, "momentum")], rank, target),
-                        v1=_local(after["optimizer"][slot_key(i, "second_moment")], rank, target),
+                        p0=restore_checks.local_rows(before["model"][name], rank, target),
+                        p1=restore_checks.local_rows(after["model"][name], rank, target),
+                        grad=restore_checks.local_rows(grad, rank, target),
+                        m0=restore_checks.local_rows(
+                            before["optimizer"][slot_key(i, "momentum")], rank, target
+                        ),
+                        v0=restore_checks.local_rows(
+                            before["optimizer"][slot_key(i, "second_moment")], rank, target
+                        ),
+                        m1=restore_checks.local_rows(
+                            after["optimizer"][slot_key(i, "momentum")], rank, target
+                        ),
+                        v1=restore_checks.local_rows(
+                            after["optimizer"][slot_key(i, "second_moment")], rank, target
+                        ),
                         step=int(before["optimizer"][slot_key(i, "step")]),
                         vmean_step=int(before["optimizer"][slot_key(i, "vmean_step")]),
                         **{key: float(hypers[key]) for key in HYPERPARAMETERS},
@@ -298,33 +302,27 @@ def _continued_by_both(checkpoints, impl: Implementation, reference: Implementat
     return theirs, ours, problems
 
 
-@pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
-@_every_restore
-def test_restore_into_a_stepped_optimizer(
-    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target
-):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
-    assert_no_problems(problems)
-    checkpoint, resaved = _read_once(gefen_checkpoints, theirs.source), _read(gefen_checkpoints, theirs, 0)
-    compared = _model(checkpoint, resaved)
-    expected = _read(gefen_checkpoints, ours, 0)["optimizer"]
-    compared.merge(
-        checkpoint_compare.compare_restores(expected, resaved["optimizer"], bitwise=gefen_judge.bitwise)
-    )
-    gefen_judge.assert_comparisons(compared)
+def restore_comparisons(read, theirs: Continued, ours: Continued, bitwise: bool) -> Comparisons:
+    """The restore into a stepped optimizer (SPEC 4.3.11 item 3): the model exact, the
+    implementation's re-save against the reference's re-save of the same restore (SPEC 5.6.11)."""
+    resaved = _after(read, theirs, 0)
+    compared = _model(read(theirs.source), resaved)
+    expected = _after(read, ours, 0)["optimizer"]
+    compared.merge(checkpoint_compare.compare_restores(expected, resaved["optimizer"], bitwise=bitwise))
+    return compared
 
 
-@pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
-@_every_restore
-def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target):
-    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
-    assert_no_problems(problems)
+def steps_comparisons(
+    read, theirs: Continued, ours: Continued, bitwise: bool, dtype: str, target: int
+) -> Comparisons:
+    """The steps after it (SPEC 4.3.11 item 5): every non-float entry of each re-save exact against
+    the reference's; bitwise every re-save and the model, otherwise each step shadowed (SPEC 5.6.22)."""
     compared = Comparisons()
     for k in range(1, CONTINUATION + 1):
-        expected, actual = _read(gefen_checkpoints, ours, k), _read(gefen_checkpoints, theirs, k)
-        _exact_entries(expected["optimizer"], actual["optimizer"], f"after {k} steps", compared)
-        if gefen_judge.bitwise:  # every re-save and the model bit for bit (SPEC 3.8.2)
-            where = f"after {k} steps"
+        expected, actual = _after(read, ours, k), _after(read, theirs, k)
+        where = f"after {k} steps"
+        _exact_entries(expected["optimizer"], actual["optimizer"], where, compared)
+        if bitwise:  # every re-save and the model bit for bit (SPEC 3.8.2)
             compared.merge(
                 checkpoint_compare.compare_restores(
                     expected["optimizer"], actual["optimizer"], bitwise=True, where=where
@@ -335,6 +333,97 @@ def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints,
                 compared.add(
                     bitwise_comparison(what, value, actual["model"].get(name), label=f"{where}: {name}")
                 )
-    gefen_judge.assert_comparisons(compared)
-    if not gefen_judge.bitwise:  # each step from the re-saves around it (SPEC 5.6.22)
-        gefen_judge.assert_comparisons(_shadowed(gefen_checkpoints, theirs, target, DTYPES[dtype]))
+    if compared.ok and not bitwise:
+        compared.merge(_shadowed(read, theirs, target, DTYPES[dtype]))
+    return compared
+
+
+class ContinuationCase:
+    """A restore into a stepped optimizer and its continuation as a replayable case (kind
+    ``continuation``, SPEC 4.5.6): the reference's checkpoint (its files), the dtype and target world
+    size, and the check (``restore`` or ``steps``); replayed on the active launcher, both sides
+    restoring and continuing again."""
+
+    kind = "continuation"
+    ranks = True
+
+    def __init__(self, check: str, dtype: str, target: int, files: dict | None = None, source=None):
+        if check not in ("restore", "steps") or dtype not in DTYPES:
+            raise ValueError(f"continuation case: check {check!r}, dtype {dtype!r}")
+        self.check, self.dtype, self.target, self._files, self._source = check, dtype, target, files, source
+
+    def payload(self) -> dict:
+        files = self._files if self._files is not None else restore_checks.pack(self._source)
+        return {
+            "kind": self.kind,
+            "check": self.check,
+            "dtype": self.dtype,
+            "target": self.target,
+            "files": files,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> ContinuationCase:
+        return cls(payload["check"], payload["dtype"], int(payload["target"]), files=dict(payload["files"]))
+
+    def describe(self) -> str:
+        return (
+            f"continuation case ({self.check}): model {MODEL!r} in {self.dtype} saved by the reference on "
+            f"{SOURCE} ranks, restored on {self.target} into an optimizer stepped {len(STEPPED_BEFORE)} "
+            f"times, then {CONTINUATION} steps"
+        )
+
+    def replay(self, impl, *, bitwise: bool) -> Comparisons:
+        import functools
+        import tempfile
+
+        from gefen_conformance.harness import launch
+        from gefen_conformance.implementations import registry
+
+        reference = registry.resolve("reference")
+        with tempfile.TemporaryDirectory(prefix="gefen-repro-continuation-") as scratch:
+            source = restore_checks.unpack(self._files, Path(scratch) / "checkpoint")
+
+            def continued(by, name):
+                out = Path(scratch) / name
+                args = (by, MODEL, self.dtype, str(source), str(out))
+                return Continued(
+                    source, out, launch.run(restore_and_continue, self.target, args, timeout=TIMEOUT)
+                )
+
+            theirs = continued(impl, "implementation")
+            failures = _failures(theirs)
+            ours = None if failures else continued(reference, "reference")
+            failures = failures or _failures(ours)
+            if failures:
+                out = Comparisons()
+                for f in failures:
+                    out.problem(f)
+                return out
+            read = functools.lru_cache(maxsize=None)(read_nested)
+            if self.check == "restore":
+                return restore_comparisons(read, theirs, ours, bitwise)
+            return steps_comparisons(read, theirs, ours, bitwise, self.dtype, self.target)
+
+
+@pytest.mark.gefen_clause("4.3.11", "3.6.4", "3.7.1", "2.3.6", "1.12.12", "5.6.11")
+@_every_restore
+def test_restore_into_a_stepped_optimizer(
+    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target
+):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
+    assert_no_problems(problems)
+    read = _session_reader(gefen_checkpoints)
+    case = ContinuationCase("restore", dtype, target, source=theirs.source)
+    gefen_judge.assert_comparisons(restore_comparisons(read, theirs, ours, gefen_judge.bitwise), case=case)
+
+
+@pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
+@_every_restore
+def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target):
+    theirs, ours, problems = _continued_by_both(gefen_checkpoints, gefen_impl, gefen_reference, dtype, target)
+    assert_no_problems(problems)
+    read = _session_reader(gefen_checkpoints)
+    case = ContinuationCase("steps", dtype, target, source=theirs.source)
+    compared = steps_comparisons(read, theirs, ours, gefen_judge.bitwise, dtype, target)
+    gefen_judge.assert_comparisons(compared, case=case)

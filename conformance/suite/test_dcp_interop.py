@@ -18,6 +18,7 @@ import pytest
 
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
+from gefen_conformance.suite.restore_checks import RestoreCase
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
@@ -32,7 +33,9 @@ def test_cross_implementation_restore(
     )
     restore = gefen_checkpoints.restored(loader, saver, "base", source, target)
     # the re-saved state is the loader's, judged against its own input (SPEC 5.6.14)
-    gefen_judge.assert_comparisons(restore_checks.restore(restore))
+    role = "saver" if direction == "impl-to-reference" else "loader"
+    case = RestoreCase.of("full", restore, "base", source, target, role)
+    gefen_judge.assert_comparisons(restore_checks.restore(restore), case=case)
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
@@ -43,4 +46,7 @@ def test_restore_and_resave_match_the_reference(
 ):
     ours = gefen_checkpoints.restored(gefen_reference, gefen_reference, "base", source, target)
     theirs = gefen_checkpoints.restored(gefen_impl, gefen_reference, "base", source, target)
-    gefen_judge.assert_comparisons(restore_checks.restores_agree(ours, theirs, gefen_judge.bitwise))
+    case = RestoreCase.of("agree", theirs, "base", source, target)
+    gefen_judge.assert_comparisons(
+        restore_checks.restores_agree(ours, theirs, gefen_judge.bitwise), case=case
+    )

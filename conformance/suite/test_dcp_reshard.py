@@ -24,6 +24,7 @@ import pytest
 
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
+from gefen_conformance.suite.restore_checks import RestoreCase
 
 PATHS = [
     pytest.param("base", 2, 4, id="2->4"),
@@ -49,7 +50,8 @@ def test_reshard_restores_model_and_continues_within_bound(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    gefen_judge.assert_comparisons(restore_checks.restore(restore, resave=False))
+    case = RestoreCase.of("restore", restore, model, source, target)
+    gefen_judge.assert_comparisons(restore_checks.restore(restore, resave=False), case=case)
 
 
 @pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3", "5.6.14")
@@ -59,4 +61,5 @@ def test_reshard_resaved_state_is_consistent(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
     restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    gefen_judge.assert_comparisons(restore_checks.resaved(restore))
+    case = RestoreCase.of("resaved", restore, model, source, target)
+    gefen_judge.assert_comparisons(restore_checks.resaved(restore), case=case)

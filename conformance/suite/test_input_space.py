@@ -29,14 +29,12 @@ cases only; :data:`EXAMPLE_SHARE`); ``gefen-fuzz`` draws the same share of its r
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.workload.models import REFERENCE
+from gefen_conformance.suite.space_checks import InputSpaceCase, compare_case  # noqa: F401 - the checks
 from gefen_conformance.workload.space import (
-    CODEBOOK,
     DTYPES,
     GRAD_ORDERS,
     OPTIONS,
@@ -44,13 +42,8 @@ from gefen_conformance.workload.space import (
     InputCase,
     ParamCase,
     divisors,
-    factored,
     layouts_for,
-    registered,
 )
-from gefen_conformance.workload.space_driver import run, starting_state
-from gefen_oracles import native_compare, pinned_step
-from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 #: Each property runs this share of the hypothesis profile's examples (``gefen-certify``: 300 -> 25;
 #: ``gefen-fuzz``: 5000 -> 416), after its explicit examples: one example drives two optimizers
@@ -619,100 +612,11 @@ def _with_examples(cases: dict):
     return decorate
 
 
-# ------------------------------------------------------------------------------------ checks
-
-
-def _unchanged(
-    comparisons: Comparisons, what: str, name: str, before_p, after_p, before_entry, after_entry
-) -> None:
-    """A parameter that did not step: value and state entry bit for bit as before (both profiles)."""
-    comparisons.add(bitwise_comparison(what, before_p, after_p, label=f"parameter {name}"))
-    for key, value in before_entry.items():
-        if torch.is_tensor(value):
-            comparisons.add(
-                bitwise_comparison(what, value, after_entry.get(key), label=f"state[{name}].{key}")
-            )
-        elif after_entry.get(key) != value:
-            comparisons.problem(
-                f"state[{name}].{key}: {after_entry.get(key)!r}, expected {value!r} (unchanged)"
-            )
-
-
-def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> Comparisons:
-    """Every comparison of SPEC 4.3.10 for one case run by the implementation (``theirs``) and the
-    reference (``ours``) from the state ``start``."""
-    comparisons = Comparisons()
-    ids = {i: pid for pid, i in enumerate(case.order())}
-    for problem in native_compare.exact_problems(ours.loaded, theirs.loaded, codebook_exact=True):
-        comparisons.problem(f"after the load: {problem}")
-    before_sd = start
-    for k, (t, o) in enumerate(zip(theirs.calls, ours.calls), 1):
-        where = f"call {k} of {case.calls}" + (" (found_inf set)" if t.skipped else "")
-        exact = native_compare.exact_problems(o.state_dict, t.state_dict, codebook_exact=True)
-        for problem in exact:
-            comparisons.problem(f"{where}: {problem}")
-        if case.protocol == "closure" and not (
-            torch.is_tensor(t.loss) and torch.equal(t.loss, t.expected_loss)
-        ):
-            comparisons.problem(f"{where}: step(closure) returned {t.loss!r}, not the closure's loss")
-        if exact:
-            break
-        steps = []
-        for i in range(len(case.params)):
-            name, pid = case.name(i), ids[i]
-            if not registered(case, i, k):  # not in the optimizer yet: it must not move
-                what = "input space: not registered yet, no change"
-                comparisons.add(bitwise_comparison(what, t.before[i], t.after[i], label=f"parameter {name}"))
-                continue
-            # a group added before this call starts fresh
-            entry_before = before_sd["state"].get(pid, {"name": name})
-            entry_after = t.state_dict["state"][pid]
-            grad = t.grads[i]
-            if case.params[i].numel == 0:  # no elements: skipped entirely, no state (SPEC 1.5.2 row 0)
-                if entry_after != {"name": name}:
-                    comparisons.problem(
-                        f"{where}: state[{name}] of an empty parameter is {sorted(entry_after)}"
-                    )
-                continue
-            if t.skipped or grad is None:
-                what = "found_inf: nothing changes" if t.skipped else "input space: no gradient, no change"
-                _unchanged(comparisons, what, name, t.before[i], t.after[i], entry_before, entry_after)
-                continue
-            if bitwise and case.params[i].dtype != "fp64":
-                what = f"input space: parameters and state ({case.params[i].dtype})"
-                comparisons.add(bitwise_comparison(what, o.after[i], t.after[i], label=f"parameter {name}"))
-                for key, value in o.state_dict["state"][pid].items():
-                    if torch.is_tensor(value):
-                        comparisons.add(
-                            bitwise_comparison(what, value, entry_after[key], label=f"state[{name}].{key}")
-                        )
-                continue
-            steps.append(
-                pinned_step.ParamStep(
-                    name=name,
-                    p0=t.before[i],
-                    p1=t.after[i],
-                    grad=grad,
-                    before=entry_before,
-                    after=entry_after,
-                    factored=factored(case, i),
-                    **o.hypers[case.params[i].group],
-                )
-            )
-        if steps:
-            checked = pinned_step.check_step(steps, CODEBOOK)
-            comparisons.merge(checked)
-        before_sd = t.state_dict
-    return comparisons
-
-
 def _check(impl, judge, case: InputCase) -> None:
     if case.factored and not impl.has(FACTORED_V):
         case = case.without_factored()
-    start = starting_state(case)
-    ours = run(REFERENCE, case, start)
-    theirs = run(impl.make_optimizer, case, start)
-    judge.assert_comparisons(compare_case(case, start, theirs, ours, judge.bitwise))
+    replay = InputSpaceCase(case)
+    judge.assert_comparisons(replay.replay(impl, bitwise=judge.bitwise), case=replay)
 
 
 # ------------------------------------------------------------------------------------- tests
