@@ -82,10 +82,38 @@ def _add_certify(sub) -> None:
     )
     cert.add_argument(
         "--impl",
-        default="reference",
+        default=None,
         metavar="NAME",
-        help="registered name or package.module:attribute (default: reference; "
-        "`pytest --impl-list` lists them)",
+        help="registered name or package.module:attribute (default: reference, or with --rerun-failed "
+        "the certificate's; `pytest --impl-list` lists them)",
+    )
+    cert.add_argument(
+        "--expectations",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file of the tests expected to fail or be skipped, with conditions (SPEC 4.4.14)",
+    )
+    cert.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="run shard I of N: a deterministic partition of the suite by test id; the run is partial "
+        "and `gefen-conformance merge` makes one certificate of the shards (SPEC 4.4.16)",
+    )
+    cert.add_argument(
+        "--rerun-failed",
+        type=Path,
+        default=None,
+        metavar="CERT",
+        help="run only the tests that failed or errored in CERT (its implementation unless --impl)",
+    )
+    cert.add_argument(
+        "--junit",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write JUnit XML, each test with its clauses and worst margin as properties",
     )
     cert.add_argument(
         "--certificate",
@@ -200,7 +228,9 @@ def _parser() -> argparse.ArgumentParser:
 
     report_cli.add_subcommands(sub)
     from gefen_conformance import repro
+    from gefen_conformance.certificate import ci_cli
 
+    ci_cli.add_subcommands(sub)
     repro.add_subcommand(sub)
     return parser
 
@@ -342,8 +372,62 @@ def _test_ids(args) -> list[str]:
     return list(args.tests)
 
 
+def _rerun_failed(args) -> None:
+    """``--rerun-failed CERT``: its failed and errored tests become the run's test ids, and its
+    implementation the run's unless ``--impl`` names one."""
+    if args.rerun_failed is None:
+        return
+    from gefen_conformance.certificate.read import CertificateError, load
+
+    try:
+        cert = load(args.rerun_failed)
+    except CertificateError as error:
+        raise UsageError(f"--rerun-failed {error}") from None
+    failed = [t["id"] for t in cert["tests"] if t["outcome"] in ("failed", "error", "xpassed")]
+    if not failed:
+        raise UsageError(f"--rerun-failed {args.rerun_failed}: no test failed there ({cert['verdict']})")
+    if args.tests:
+        raise UsageError("--rerun-failed takes its tests from the certificate: give no TEST_ID")
+    args.tests = failed
+    if args.impl is None:
+        args.impl = cert["implementation"].get("spec") or cert["implementation"]["name"]
+
+
+def _plugin_options(args) -> list[str]:
+    """certify's options that the plugin takes, checked here first (SPEC 4.4.10, 4.4.14)."""
+    out = []
+    if args.expectations is not None:
+        from gefen_conformance.certificate import expectations
+
+        try:
+            expectations.load(args.expectations)
+        except expectations.ExpectationsError as error:
+            raise UsageError(f"--expectations {error}") from None
+        out.append(f"--expectations={args.expectations.absolute()}")
+    if args.shard is not None:
+        from gefen_conformance.plugin.options import parse_shard
+
+        try:
+            parse_shard(args.shard)
+        except ValueError as error:
+            raise UsageError(f"--shard {error}") from None
+        out.append(f"--gefen-shard={args.shard}")
+    if args.junit is not None:
+        from gefen_conformance.certificate import outputs
+
+        why = outputs.problem(args.junit)
+        if why:
+            raise UsageError(f"--junit {args.junit}: {why}")
+        out.append(f"--gefen-junit={args.junit.absolute()}")
+    return out
+
+
 def _certify(args) -> int:
-    pytest_args = _test_ids(args) + (["-q"] if args.quiet else []) + list(args.pytest_args)
+    _rerun_failed(args)
+    args.impl = args.impl or "reference"
+    pytest_args = (
+        _plugin_options(args) + _test_ids(args) + (["-q"] if args.quiet else []) + list(args.pytest_args)
+    )
     if args.launcher == "pool":
         given = [f"--{name.replace('_', '-')}" for name in TORCHRUN_ONLY if getattr(args, name) is not None]
         if given:

@@ -26,11 +26,11 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def narrow_certification(tmp_path_factory):
-    """``narrow_certification(impl, select)``: ``pytest --pyargs gefen_conformance --impl=IMPL -k
-    SELECT`` in a subprocess from an empty directory (``tests`` importable, for the mutants), run
-    once per test session and shared by every test that asks for the same one, across xdist
-    workers (a lock file in their common temporary directory). Returns ``(exit status, path of
-    the certificate)``; the certificate is read-only to its users."""
+    """``narrow_certification(impl, select, *extra)``: ``pytest --pyargs gefen_conformance
+    --impl=IMPL -k SELECT EXTRA...`` in a subprocess from an empty directory (``tests``
+    importable, for the mutants), run once per test session and shared by every test that asks
+    for the same one, across xdist workers (a lock file in their common temporary directory).
+    Returns ``(exit status, path of the certificate)``; the certificate is read-only to its users."""
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp()
@@ -39,8 +39,8 @@ def narrow_certification(tmp_path_factory):
     root = root / "narrow-certifications"
     root.mkdir(exist_ok=True)
 
-    def certify(impl: str, select: str) -> tuple[int, Path]:
-        key = hashlib.sha256(json.dumps([impl, select]).encode()).hexdigest()[:16]
+    def certify(impl: str, select: str, *extra: str) -> tuple[int, Path]:
+        key = hashlib.sha256(json.dumps([impl, select, *extra]).encode()).hexdigest()[:16]
         where = root / key
         done = where / "exit-status"
         with FileLock(str(root / f"{key}.lock")):
@@ -66,6 +66,7 @@ def narrow_certification(tmp_path_factory):
                         "-q",
                         "-k",
                         select,
+                        *extra,
                     ],
                     cwd=where,
                     env=env,

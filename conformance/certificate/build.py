@@ -15,6 +15,7 @@ The verdict never claims more than was run; see :func:`verdict`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -125,6 +126,7 @@ class RunRecord:
     implementation: dict
     records: dict = field(default_factory=dict)
     stale_expected_failures: list = field(default_factory=list)
+    expectations: dict | None = None  # the expectations file's record (SPEC 4.4.14)
     started: str = field(default_factory=now)
     world_sizes: set = field(default_factory=set)  # sizes of the multi-rank scenario calls that ran
     warm_up_s: float | None = None  # the slowest test process's warm-up (SPEC 4.2.11)
@@ -346,6 +348,7 @@ def build(
         "clauses": clauses,
         "notes": notes,
         "stale_expected_failures": list(run.stale_expected_failures),
+        **({"expectations": run.expectations} if run.expectations is not None else {}),
         "tests": [
             {
                 "id": r.nodeid,
@@ -355,6 +358,7 @@ def build(
                 "reason": r.reason,
                 "where": list(r.where),
                 **({"input": r.input} if r.input else {}),
+                **({"missing_capabilities": list(r.missing_capabilities)} if r.missing_capabilities else {}),
                 "margins": r.margins,
                 "notes": r.notes,
             }
@@ -392,9 +396,18 @@ def destination(requested: Path, cert: dict) -> Path:
     return requested
 
 
+def integrity(cert: dict) -> str:
+    """SHA-256 of the certificate's canonical JSON (sorted keys, no whitespace) without its own
+    ``integrity`` entry: ``gefen-conformance verify`` recomputes it, so an edit by hand that leaves
+    it behind shows (SPEC 4.4.15)."""
+    body = {k: v for k, v in cert.items() if k != "integrity"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write(cert: dict, path: os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    cert["integrity"] = {"sha256": integrity(cert)}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(cert, indent=2) + "\n")
     tmp.replace(path)

@@ -126,3 +126,46 @@ def git_state() -> dict | None:
 def describe() -> dict:
     """The certificate's ``suite`` entry (without name and version)."""
     return {"content_sha256": content_sha256(), "git": git_state()}
+
+
+def implementation_facts(impl) -> dict:
+    """Where the implementation under test comes from (SPEC 4.4.3): the module that defines its
+    ``make_optimizer``, the file it was loaded from, the installed distribution that holds it (with
+    its version) and, when that file is tracked by a git checkout, the commit and whether the
+    package's directory differs from it (``dirty``: a certificate of uncommitted code says so)."""
+    import importlib.metadata
+    import inspect
+
+    out: dict = {"module": None, "file": None, "distribution": None, "git": None}
+    module = inspect.getmodule(getattr(impl, "make_optimizer", None))
+    if module is None:
+        return out
+    out["module"] = module.__name__
+    path = getattr(module, "__file__", None)
+    if not path:
+        return out
+    path = Path(path).resolve()
+    out["file"] = str(path)
+    top = module.__name__.partition(".")[0]
+    names = importlib.metadata.packages_distributions().get(top) or []
+    if names:
+        try:
+            out["distribution"] = {"name": names[0], "version": importlib.metadata.version(names[0])}
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    root = _git(path.parent, "rev-parse", "--show-toplevel")
+    if root and _git(Path(root.strip()), "ls-files", "--", str(path)):
+        top_path = Path(root.strip()).resolve()
+        package = path.parent
+        while package.parent != package and (package.parent / "__init__.py").is_file():
+            package = package.parent
+        commit = _git(top_path, "rev-parse", "HEAD")
+        status = _git(top_path, "status", "--porcelain", "--untracked-files=all", "--", str(package))
+        if commit is not None and status is not None:
+            out["git"] = {
+                "root": str(top_path),
+                "commit": commit.strip(),
+                "dirty": bool(status.strip()),
+                "package": package.relative_to(top_path).as_posix(),
+            }
+    return out

@@ -35,6 +35,8 @@ _OPTIONAL = {
     "capability_skips": dict,
     "notes": list,
     "stale_expected_failures": list,
+    "expectations": dict,
+    "integrity": dict,
 }
 
 

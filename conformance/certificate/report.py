@@ -139,7 +139,11 @@ def markdown(cert: dict, source: str = "") -> str:
         out += _md_table(
             ["capability", "tests skipped"], [[md_text(k), str(v)] for k, v in sorted(skips.items())]
         )
-    stale = cert.get("stale_expected_failures") or []
+    stale = list(cert.get("stale_expected_failures") or [])
+    stale += [
+        f"expectation {e.get('test')}: {e.get('reason')}"
+        for e in (cert.get("expectations") or {}).get("stale") or []
+    ]
     if stale:
         out += ["", "## Stale expected-failure entries", ""] + [f"- {md_text(s)}" for s in stale]
     notes = cert.get("notes") or []

@@ -300,7 +300,14 @@ def html(cert: dict, source: str = "") -> str:
             ),
         ]
     for heading, items in (
-        ("Stale expected-failure entries", cert.get("stale_expected_failures") or []),
+        (
+            "Stale expected-failure entries",
+            list(cert.get("stale_expected_failures") or [])
+            + [
+                f"expectation {e.get('test')}: {e.get('reason')}"
+                for e in (cert.get("expectations") or {}).get("stale") or []
+            ],
+        ),
         ("Notes", cert.get("notes") or []),
     ):
         if items:

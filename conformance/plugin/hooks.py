@@ -33,6 +33,8 @@ _IMPL_KEY = pytest.StashKey[object]()
 #: the capabilities a suite item requires and the implementation lacks (SPEC 4.1.3): the item is
 #: skipped, and its report carries them to the certificate's ``capability_skips``
 _MISSING_KEY = pytest.StashKey[list]()
+#: a suite item the expectations file skips: reported as not run here, so the run is partial
+_EXPECTED_SKIP_KEY = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser):
@@ -157,6 +159,8 @@ def pytest_collection_modifyitems(session, config, items):
     run = _activate(config)
     impl = run.impl
     matched = set()
+    expected = config.stash.get(options.EXPECTATIONS_KEY, None)
+    environment = _environment(config) if expected is not None else None
     for item in suite_items:
         if not markers.clauses(item):
             raise pytest.UsageError(f"conformance test {item.nodeid} names no SPEC clause")
@@ -171,10 +175,48 @@ def pytest_collection_modifyitems(session, config, items):
         if sid in impl.expected_failures:
             matched.add(sid)
             item.add_marker(pytest.mark.xfail(reason=impl.expected_failures[sid], strict=True))
+        entry = expected.for_test(sid, environment) if expected is not None and not missing else None
+        if entry is not None and entry.kind == "xfail":
+            item.add_marker(pytest.mark.xfail(reason=entry.describe(), strict=True))
+        elif entry is not None:
+            item.stash[_EXPECTED_SKIP_KEY] = True  # not run: the run cannot be conformant (SPEC 4.4.14)
+            item.add_marker(pytest.mark.skip(reason=f"expected to be skipped: {entry.describe()}"))
     run.record.stale_expected_failures = sorted(set(impl.expected_failures) - matched)
+    shard = config.getoption("gefen_shard", None)
+    if shard is not None:
+        index, count = options.parse_shard(shard)
+        kept = [i for i in items if not in_suite(i.path) or in_shard(item_id(i), index, count)]
+        left = [i for i in items if i not in kept]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = kept
+    if expected is not None:
+        run.record.expectations = expected.report(environment)
     result = yield
     run.after_collection([item_id(i) for i in suite_items], [item_id(i) for i in items if in_suite(i.path)])
     return result
+
+
+def in_shard(test_id: str, index: int, count: int) -> bool:
+    """Whether ``test_id`` belongs to shard ``index`` of ``count``: a partition by a stable hash of the
+    suite id, the same in every process, session and machine."""
+    import zlib
+
+    return zlib.crc32(test_id.encode()) % count == index - 1
+
+
+def _environment(config):
+    """What an expectations entry's conditions are matched against: this run's device type, torch,
+    launcher and world size."""
+    import torch
+
+    from gefen_conformance.certificate.expectations import Environment
+    from gefen_conformance.harness import devices, launch
+
+    execution = launch.execution()
+    return Environment(
+        devices.selected().type, str(torch.__version__), execution.launcher, execution.world_size
+    )
 
 
 def pytest_sessionstart(session):
@@ -247,6 +289,8 @@ def pytest_runtest_makereport(item, call):
         record.where = where(call.excinfo.value)  # the failed ranks' lines (SPEC 4.4.8)
     if call.excinfo is not None and getattr(call.excinfo.value, launch.NOT_RUN_HERE, False):
         record.not_run_here = True  # too few ranks or devices here (SPEC 4.4.2)
+    if report.skipped and item.stash.get(_EXPECTED_SKIP_KEY, False):
+        record.not_run_here = True  # skipped by the expectations file: not judged here
     record.warm_up = run.take_warm_up_report()  # this process's warm-up travels with its first report
     if report.when == "call" and judge is not None:
         failed = report.failed and not hasattr(report, "wasxfail")

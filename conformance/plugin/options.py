@@ -61,6 +61,28 @@ def add(parser) -> None:
         help="where to write the JSON certificate (default: ./gefen-certificate-<impl>.json; "
         "a run that is not complete never replaces a complete certificate)",
     )
+    group.addoption(
+        "--gefen-shard",
+        dest="gefen_shard",
+        default=None,
+        metavar="I/N",
+        help="run only shard I of N (1 <= I <= N) of the selected suite tests: a deterministic "
+        "partition by test id; merge the shards' certificates with `gefen-conformance merge`",
+    )
+    group.addoption(
+        "--gefen-junit",
+        dest="gefen_junit",
+        default=None,
+        metavar="FILE",
+        help="also write the certificate as JUnit XML, each test with its clauses and worst margin",
+    )
+    group.addoption(
+        "--expectations",
+        default=None,
+        metavar="FILE",
+        help="a TOML file of the tests this implementation is expected to fail (strict xfail) or skip, "
+        "each under conditions on device, torch version, launcher and world size (SPEC 4.4.14)",
+    )
 
 
 def prepare(config, *, impl: str, deadline_scale, certificate, device: str, resolved=None):
@@ -72,6 +94,10 @@ def prepare(config, *, impl: str, deadline_scale, certificate, device: str, reso
     select_deadline_scale(deadline_scale, installed)
     if resolved is None:
         check_certificate_path(config, certificate, installed)
+    load_expectations(config, config.getoption("expectations", None), installed)
+    check_shard(config.getoption("gefen_shard", None), installed)
+    if resolved is None:
+        check_output(config.getoption("gefen_junit", None), "--gefen-junit", config, installed)
     with _interrupt_says("while importing torch", installed, config):
         select_device(device, installed)
     if resolved is not None:
@@ -138,6 +164,54 @@ def _interrupt_says(when: str, guard, config):
         status = int(pytest.ExitCode.INTERRUPTED)
         leave_process(status, is_worker=hasattr(config, "workerinput"))
         raise SystemExit(status) from None  # pytest.main() called by another program
+
+
+#: the run's expectations (``gefen_conformance.certificate.expectations.Expectations``), in the config's stash
+EXPECTATIONS_KEY = pytest.StashKey[object]()
+
+
+def load_expectations(config, path, guard) -> None:
+    """``--expectations FILE`` read and checked before anything runs: one usage error naming the
+    file and the entry (SPEC 4.4.14)."""
+    if path is None or EXPECTATIONS_KEY in config.stash:
+        return
+    from gefen_conformance.certificate import expectations
+
+    try:
+        config.stash[EXPECTATIONS_KEY] = expectations.load(path)
+    except expectations.ExpectationsError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--expectations {error}") from None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as ``(I, N)``; ValueError naming what is wrong."""
+    index, slash, count = str(text).partition("/")
+    if not slash or not index.isdigit() or not count.isdigit() or not 1 <= int(index) <= int(count):
+        raise ValueError(f"{text!r} is not I/N with 1 <= I <= N")
+    return int(index), int(count)
+
+
+def check_shard(text, guard) -> None:
+    if text is None:
+        return
+    try:
+        parse_shard(text)
+    except ValueError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--gefen-shard {error}") from None
+
+
+def check_output(path, option: str, config, guard) -> None:
+    """Another output the run writes, tried before anything runs (SPEC 4.4.10)."""
+    if path is None or hasattr(config, "workerinput"):
+        return
+    from gefen_conformance.certificate import outputs
+
+    why = outputs.problem(Path(path))
+    if why:
+        guard.uninstall()
+        raise pytest.UsageError(f"{option} {path}: {why}")
 
 
 def check_certificate_path(config, path, guard) -> None:

@@ -275,6 +275,8 @@ class SuiteRun:
             why.append(hyp)
         if not missing and expected_known:
             return why
+        if getattr(opt, "gefen_shard", None):
+            why.append(f"--shard {opt.gefen_shard}")
         if opt.keyword:
             why.append(f"-k {shlex.quote(opt.keyword)}")
         if opt.markexpr and (self.deselected or self.collected_ids is None):
@@ -331,6 +333,10 @@ class SuiteRun:
             exit_status=int(exitstatus),
             not_run=not_run,
         )
+        if interrupted is None and "provenance" not in self.record.implementation:
+            from gefen_conformance.certificate import provenance
+
+            self.record.implementation["provenance"] = provenance.implementation_facts(self.impl)
         cert = certificate.build(
             self.record,
             facts,
@@ -354,7 +360,14 @@ class SuiteRun:
         repro_files.write_beside(
             cert, target, {r.nodeid: r.repro for r in self.record.records.values() if r.repro}
         )
+        if expected is not None:
+            cert["run"]["suite_tests"] = sorted(expected)  # what a merge of shards must cover
         certificate.write(cert, target)
+        junit = self.config.getoption("gefen_junit", None)
+        if junit:
+            from gefen_conformance.certificate import junit as junit_xml
+
+            junit_xml.write(cert, junit, str(target))
         self.written = (target, requested if target != requested else None, cert)
 
     # -- terminal ----------------------------------------------------------------------------

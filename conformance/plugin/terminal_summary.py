@@ -179,6 +179,15 @@ def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) 
                 _YELLOW,
             )
         )
+    expectations = cert.get("expectations") or {}
+    if expectations:
+        out.append(
+            (f"expectations {expectations.get('file')} (sha256 {str(expectations.get('sha256'))[:12]})", {})
+        )
+    for entry in expectations.get("stale") or ():
+        out.append(
+            (f"stale expectation (matches no test here): {entry.get('test')}: {entry.get('reason')}", _YELLOW)
+        )
     passing = sum(
         1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed"))
     )
