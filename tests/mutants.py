@@ -874,6 +874,12 @@ CATALOGUE.update(
 )
 
 
+# The catalogues of their own modules, which build on the names above.
+from . import mutants_protocol, mutants_space  # noqa: E402
+
+for _module in (mutants_protocol, mutants_space):
+    CATALOGUE.update(_module.ENTRIES)
+
 # Spec strings for --impl: tests.mutants:<attribute>
 for _name, _entry in CATALOGUE.items():
     globals()["mutant_" + _name.replace("-", "_")] = _entry.implementation

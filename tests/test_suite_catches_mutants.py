@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from . import mutants_protocol, mutants_space
 from .mutant_tools import caught_by, failed_clauses, failed_tests, failures, run_suite
 from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, STATE_OVER_TIME, TOLERANCE, TORCH_EXACT, spec
 
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.proof
 #: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores,
 #: or the input space with its 2^20-element boundary examples: the reference's run of their
 #: selections is slow.
-SLOW_IN_BOTH = frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS)
+SLOW_IN_BOTH = (
+    frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS) | mutants_protocol.SLOW | mutants_space.SLOW
+)
 
 
 def _cases():
