@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import mutants_protocol, mutants_space
+from . import mutants_protocol, mutants_space, mutants_stack
 from .mutant_tools import caught_by, failed_clauses, failed_tests, failures, run_suite
 from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, STATE_OVER_TIME, TOLERANCE, TORCH_EXACT, spec
 
@@ -23,7 +23,11 @@ pytestmark = pytest.mark.proof
 #: or the input space with its 2^20-element boundary examples: the reference's run of their
 #: selections is slow.
 SLOW_IN_BOTH = (
-    frozenset(STATE_OVER_TIME) | frozenset(INPUT_SPACE_MUTANTS) | mutants_protocol.SLOW | mutants_space.SLOW
+    frozenset(STATE_OVER_TIME)
+    | frozenset(INPUT_SPACE_MUTANTS)
+    | mutants_protocol.SLOW
+    | mutants_space.SLOW
+    | mutants_stack.SLOW
 )
 
 
