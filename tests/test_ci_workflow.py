@@ -10,11 +10,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
-yaml = pytest.importorskip("yaml")
-
-from gefen_conformance import cli  # noqa: E402
-from gefen_conformance.certificate import build  # noqa: E402
+from gefen_conformance import cli
+from gefen_conformance.certificate import build
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "examples" / "ci" / "certify-backend.yml"
