@@ -106,6 +106,19 @@ def test_the_census_counts_the_whole_suite():
     assert any(i.startswith("test_dcp_names.py::") for i in ids)
 
 
+def test_the_census_loads_the_plugin_where_pytest_would_not(monkeypatch):
+    """A run that loads the plugin with ``-p`` (autoloading off, or no installed entry point)."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    census = SuiteCensus()
+    census.start()
+    ids = census.finish()
+    assert ids is not None, census.error
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    again = SuiteCensus()
+    again.start()
+    assert again.finish() == ids
+
+
 LOG_PROBE = """
 import logging
 

@@ -97,6 +97,20 @@ def narrower_args(args, invocation_dir: Path, pyargs: bool) -> list[str]:
     return [a for a in args if arg_scope(a, invocation_dir, pyargs) == NARROWER]
 
 
+def _plugin_args() -> list[str]:
+    """``-p`` for the plugin where the census's pytest would not load it by itself: the plugin's
+    ``pytest11`` entry point is not installed (a run from a checkout with ``-p``), or plugin
+    autoloading is off."""
+    from importlib.metadata import entry_points
+
+    module = "gefen_conformance.plugin.hooks"
+    if not os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") and any(
+        ep.value == module for ep in entry_points(group="pytest11")
+    ):
+        return []
+    return ["-p", module]
+
+
 class SuiteCensus:
     """The ids of every test of the whole suite, collected in a separate pytest process."""
 
@@ -130,6 +144,7 @@ class SuiteCensus:
             str(ini),
             "--rootdir",
             self._tmp,
+            *_plugin_args(),
             "--impl=reference",
             str(SUITE_DIR),
         ]
