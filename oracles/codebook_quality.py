@@ -105,3 +105,24 @@ def compare(what: str, expected: torch.Tensor, actual, counts: torch.Tensor | No
             f"the {allowance:.3e} that rounding across bin edges can explain"
         )
     return out
+
+
+def compare_in_use(
+    what: str, expected: torch.Tensor, actual: torch.Tensor, counts: torch.Tensor
+) -> Comparison:
+    """SPEC 5.6.23: the codewords a rank's dense momenta use after it learned a codebook
+    (``actual``), against the reference's codewords in use (``expected``), by their cost on
+    ``counts``, the histogram of the step's gradients."""
+    elements = int(counts.sum())
+    if elements == 0:
+        return Comparison(what, "tolerance", 0.0, 0.0)
+    allowance = kb.codewords_in_use_cost_allowance(elements, largest_gap(expected))
+    excess = cost(actual, counts) - cost(expected, counts)
+    out = Comparison(what, "tolerance", max(excess, 0.0) / elements, allowance / elements)
+    if excess > allowance:
+        out.problems.append(
+            f"{what}: the codewords in use cost {excess:.3e} more than the reference's on the histogram "
+            f"of the step's {elements} gradient elements, more than the {allowance:.3e} that rounding "
+            "across bin edges explains (SPEC 3.6.3, 5.6.23)"
+        )
+    return out

@@ -82,6 +82,9 @@ VISIBLE_UPDATE_FACTOR = 8.0
 CODEBOOK_MOVED_SHARE = 2.0**-9
 CODEBOOK_MIN_MOVED = 8
 HISTOGRAM_BIN_WIDTH = 2.0**-11
+#: SPEC 5.6.23: a codebook seen only through the codewords a rank's dense momenta use is judged
+#: with this multiple of SPEC 5.6.7's allowance (each side a subset of its codebook).
+CODEWORDS_IN_USE_COST_FACTOR = 2.0
 #: SPEC 5.6.11: a restore re-saved by two implementations: each momentum element within this
 #: relative rounding (a maximum is exact, the normalization one division, the dense form one
 #: multiply), except at most RESTORE_FLIP_SHARE of a slot's elements whose nearest codeword sat
@@ -162,6 +165,11 @@ STATED = {
     ),
     "CODEBOOK_MIN_MOVED": ("5.6.7", _TOLERANCE, "the learned codebook's cost: fewest elements moved one bin"),
     "HISTOGRAM_BIN_WIDTH": ("5.6.7", _TOLERANCE, "the learned codebook's cost: the histogram's bin width"),
+    "CODEWORDS_IN_USE_COST_FACTOR": (
+        "5.6.23",
+        _TOLERANCE,
+        "a codebook learned after a restore, by its codewords in use: multiple of the 5.6.7 allowance",
+    ),
     "RESTORE_ROUNDING": (
         "5.6.11",
         _TOLERANCE,
@@ -307,6 +315,11 @@ def codebook_cost_allowance(elements: int, largest_gap: float) -> float:
     k = max(CODEBOOK_MIN_MOVED, CODEBOOK_MOVED_SHARE * elements)
     w = HISTOGRAM_BIN_WIDTH
     return 2.0 * k * w * (largest_gap + w)
+
+
+def codewords_in_use_cost_allowance(elements: int, largest_gap: float) -> float:
+    """SPEC 5.6.23: :func:`codebook_cost_allowance` for two sets of codewords in use."""
+    return CODEWORDS_IN_USE_COST_FACTOR * codebook_cost_allowance(elements, largest_gap)
 
 
 def describe() -> dict:

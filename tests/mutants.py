@@ -30,6 +30,7 @@ import gefen_reference.dcp.hyper_staging as hyper_staging
 import gefen_reference.dcp.layout as layout
 import gefen_reference.dcp.optimizer_view as optimizer_view
 import gefen_reference.dcp.placeholder as placeholder
+import gefen_reference.dcp.reblock as reblock
 import gefen_reference.dcp.restore as restore
 import gefen_reference.dcp.schema as schema
 import gefen_reference.dcp.state as state
@@ -1421,3 +1422,42 @@ CATALOGUE["async-large-slots-deferred"] = Entry(
 )
 mutant_async_large_slots_deferred = _lazy_large
 tolerant_async_large_slots_deferred = as_kernel(_lazy_large)
+
+
+# ------------------------------------------------------- restores by the target's rules (SPEC 3.6)
+
+
+def _uniform_when_none(pieces, device):
+    """The rank's codebook after a restore, with a default for a rank left without one: a uniform
+    grid, so that no kernel ever sees None, where SPEC 3.6.3 leaves None and the next step learns
+    one from the gradients."""
+    learned = reblock.relearn_codebook(pieces, device)
+    return torch.linspace(-1.0, 1.0, 256, dtype=torch.float32, device=device) if learned is None else learned
+
+
+CATALOGUE["restore-default-period-rules"] = Entry(
+    _dcp_mutant(
+        "restore-default-period-rules",
+        _state_with(
+            restore=clone(
+                restore,
+                optimizer_view=proxy(optimizer_view, period_rules_of=lambda opt: periods.PeriodRules()),
+            )
+        ),
+    ),
+    "3.6.2",
+    "continuation and forced",
+    "a restore re-derives periods with default rules, ignoring the target's force-period-one options",
+)
+CATALOGUE["restore-uniform-codebook"] = Entry(
+    _dcp_mutant(
+        "restore-uniform-codebook",
+        _state_with(restore=clone(restore, reblock=proxy(reblock, relearn_codebook=_uniform_when_none))),
+    ),
+    "3.6.3",
+    "continuation and never",
+    "a rank that a restore leaves without a codebook gets a uniform one instead of learning one",
+)
+for _name in ("restore-default-period-rules", "restore-uniform-codebook"):
+    globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
+    globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)

@@ -8,7 +8,10 @@ other parameter values with other hyperparameters, step it twice on another grad
 codebook, counters and anything derived from them are then stale), restore the checkpoint with
 ``dcp.load`` (model and optimizer), re-save at once, and take ``CONTINUATION`` steps on the
 checkpoint's gradient stream, re-saving after each. Everything is read back by the independent
-reader (SPEC 5.1).
+reader (SPEC 5.1). Two more paths (:data:`VARIANTS`): a target built with the force-period-one
+options, whose restore must re-derive periods by its own rules (SPEC 3.6.2), and a checkpoint saved
+before any step, whose restore leaves no codebook, so that the next step learns one from the
+gradients (SPEC 3.6.3; under the tolerance profile judged by the codewords in use, SPEC 5.6.23).
 
 * the restore: model parameters exact; the implementation's re-save against the reference's re-save
   of the same restore (bitwise under ``cpu-bit-exact``, SPEC 3.8.2; otherwise SPEC 5.6.11);
@@ -42,7 +45,66 @@ MODEL = "wide"
 MODELS = {MODEL: workload.WIDE}
 DTYPES = {"bf16": torch.bfloat16}
 SOURCE = 2
-PATHS = [pytest.param(1, id="2->1"), pytest.param(3, id="2->3")]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What the target restores and how it is built: the steps the reference trained the checkpoint
+    for (0: saved before any step) and the constructor options of the target optimizer."""
+
+    source_steps: int
+    options: tuple = ()  # (keyword, value) pairs
+
+    @property
+    def rules(self):
+        """The period rules the target's options give (SPEC 1.5.1, 3.6.2)."""
+        from gefen_reference.periods import PeriodRules
+
+        kw = dict(self.options)
+        return PeriodRules(
+            bool(kw.get("force_1d_period_one", False)),
+            bool(kw.get("force_2d_period_one", False)),
+            tuple(kw.get("period_one_substrings", ())),
+        )
+
+
+VARIANTS = {
+    "stepped": Variant(workload.DCP_STEPS),
+    # a restore re-derives periods with the target's own rules (SPEC 3.6.2): 1 for the 1-D slot and
+    # for every slot named by a substring
+    "forced-periods": Variant(
+        workload.DCP_STEPS, (("force_1d_period_one", True), ("period_one_substrings", ("enc.weight",)))
+    ),
+    # no rank has a materialized slot: the restore leaves no codebook and the next step learns one
+    # from gradients (SPEC 3.6.3, 1.12.12)
+    "never-stepped": Variant(0),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A restore path: the variant and the world size restored on."""
+
+    variant: str
+    world: int
+
+    def __str__(self) -> str:
+        suffix = "" if self.variant == "stepped" else f"-{self.variant}"
+        return f"{SOURCE}->{self.world}{suffix}"
+
+
+PATHS = [
+    pytest.param(Target("stepped", 1), id="2->1"),
+    pytest.param(Target("stepped", 3), id="2->3"),
+    pytest.param(
+        Target("forced-periods", 3),
+        id="2->3-forced-periods",
+        marks=pytest.mark.gefen_clause("3.6.2", "1.5.1"),
+    ),
+    pytest.param(
+        Target("never-stepped", 1), id="2->1-never-stepped", marks=pytest.mark.gefen_clause("3.6.3", "5.6.23")
+    ),
+]
 #: Steps the target optimizer takes on another stream before it loads.
 STEPPED_BEFORE = range(1, 3)
 CONTINUATION = 3
@@ -56,13 +118,13 @@ HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 # ------------------------------------------------------------------------------ rank bodies
 
 
-def save_reference(impl: Implementation, model: str, dtype: str, path: str) -> None:
-    """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..DCP_STEPS and saves model and
+def save_reference(impl: Implementation, model: str, dtype: str, path: str, steps: int) -> None:
+    """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..``steps`` and saves model and
     optimizer."""
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
     optimizer = impl.make_optimizer(workload.param_groups(layout, params), factored_v_2d=False)
-    workload.train(layout, optimizer, params, range(1, workload.DCP_STEPS + 1))
+    workload.train(layout, optimizer, params, range(1, steps + 1))
     workload.save(impl, optimizer, path, params=params)
 
 
@@ -87,14 +149,17 @@ class Continued:
 
 
 def restore_and_continue(
-    impl: Implementation, model: str, dtype: str, path: str, out: str
+    impl: Implementation, model: str, dtype: str, path: str, out: str, variant: str = "stepped"
 ) -> ContinuationReport:
-    """A stepped optimizer of ``impl`` restores ``path``, re-saves to ``out/after0``, then steps
-    ``CONTINUATION`` times on the checkpoint's stream, re-saving to ``out/after<k>`` (collective)."""
+    """A stepped optimizer of ``impl`` (built with the variant's options) restores ``path``, re-saves
+    to ``out/after0``, then steps ``CONTINUATION`` times on the checkpoint's stream, re-saving to
+    ``out/after<k>`` (collective)."""
     layout = MODELS[model]
     params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(
-        workload.param_groups(layout, params, workload.TARGET_HYPERS), factored_v_2d=False
+        workload.param_groups(layout, params, workload.TARGET_HYPERS),
+        factored_v_2d=False,
+        **dict(VARIANTS[variant].options),
     )
     workload.train(workload.other_stream(layout), optimizer, params, STEPPED_BEFORE)
     try:
@@ -114,26 +179,30 @@ def restore_and_continue(
 # -------------------------------------------------------------------------------- the cache
 
 
-def _checkpoint(saved: checkpoints.Checkpoints, reference: Implementation, dtype: str):
-    path = saved.directory("reference-saved", MODEL, dtype, f"w{SOURCE}")
+def _checkpoint(saved: checkpoints.Checkpoints, reference: Implementation, dtype: str, steps: int):
+    path = saved.directory("reference-saved", MODEL, dtype, f"w{SOURCE}", f"steps{steps}")
 
     def make():
-        checkpoints.run(save_reference, SOURCE, (reference, MODEL, dtype, str(path)), timeout=TIMEOUT)
+        args = (reference, MODEL, dtype, str(path), steps)
+        checkpoints.run(save_reference, SOURCE, args, timeout=TIMEOUT)
         return path
 
-    return saved.once(("reference-saved", MODEL, dtype, SOURCE), make)
+    return saved.once(("reference-saved", MODEL, dtype, SOURCE, steps), make)
 
 
 def _continued(
-    saved: checkpoints.Checkpoints, impl: Implementation, reference: Implementation, dtype: str, target: int
+    saved: checkpoints.Checkpoints,
+    impl: Implementation,
+    reference: Implementation,
+    dtype: str,
+    target: Target,
 ) -> Continued:
-    source = _checkpoint(saved, reference, dtype)
-    out = saved.directory("continued", impl, MODEL, dtype, f"w{SOURCE}", f"w{target}")
+    source = _checkpoint(saved, reference, dtype, VARIANTS[target.variant].source_steps)
+    out = saved.directory("continued", impl, MODEL, dtype, f"w{SOURCE}", f"w{target.world}", target.variant)
 
     def make():
-        reports = checkpoints.run(
-            restore_and_continue, target, (impl, MODEL, dtype, str(source), str(out)), timeout=TIMEOUT
-        )
+        args = (impl, MODEL, dtype, str(source), str(out), target.variant)
+        reports = checkpoints.run(restore_and_continue, target.world, args, timeout=TIMEOUT)
         return Continued(source, out, reports)
 
     return saved.once(("continued", impl.spec, MODEL, dtype, SOURCE, target), make)
@@ -206,44 +275,101 @@ def _exact_entries(expected: dict, actual: dict, where: str, out: Comparisons) -
     )
 
 
-def _periods(checkpoint: dict, target: int) -> dict:
-    """``{(rank, slot): period}`` of every slot a rank restores with momentum, by the reference's
-    rule on the checkpoint's dense second moment (SPEC 3.6.2; periods are exact, SPEC 5.6.11)."""
+def _periods(checkpoint: dict, target: Target, dtype: torch.dtype) -> dict:
+    """``{(rank, slot): period}`` of every slot a rank steps with momentum (periods are exact,
+    SPEC 5.6.11), by the reference's rule with the target's options: for a restored slot on the
+    checkpoint's dense second moment (SPEC 3.6.2); for a checkpoint saved before any step, on the
+    gradient of the first step after the restore, as a fresh optimizer chooses (SPEC 1.5, 3.6.3)."""
     from gefen_reference.dcp.reblock import period_for
-    from gefen_reference.periods import PeriodRules
+    from gefen_reference.periods import choose_period, squared_gradient
 
-    rules = PeriodRules(False, False, ())
+    layout, variant = MODELS[MODEL], VARIANTS[target.variant]
     optimizer = checkpoint["optimizer"]
     out = {}
     for i, identity in enumerate(optimizer["param_identities"]):
-        if int(optimizer[slot_key(i, "initialized")]) != 1:
-            continue
-        for rank in range(target):
-            second = restore_checks.local_rows(optimizer[slot_key(i, "second_moment")], rank, target)
-            if second.numel():
-                out[rank, i] = period_for(rules, identity["name"], identity["shape"], second)
+        name, shape = identity["name"], tuple(identity["shape"])
+        for rank in range(target.world):
+            if variant.source_steps == 0:
+                if name in layout.frozen:
+                    continue
+                grad = workload.gradient(layout, name, workload.DCP_STEPS + 1, dtype=dtype)
+                local = restore_checks.local_rows(grad, rank, target.world)
+                if local.numel():
+                    out[rank, i] = choose_period(variant.rules, name, shape, squared_gradient(local))
+            elif int(optimizer[slot_key(i, "initialized")]) == 1:
+                second = restore_checks.local_rows(
+                    optimizer[slot_key(i, "second_moment")], rank, target.world
+                )
+                if second.numel():
+                    out[rank, i] = period_for(variant.rules, name, shape, second)
     return out
 
 
-def _shadowed(read, continued: Continued, target: int, dtype: torch.dtype) -> Comparisons:
-    """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it."""
+def _local(save: dict, part: str, key, rank: int, world: int) -> torch.Tensor:
+    return restore_checks.local_rows(save[part][key], rank, world)
+
+
+def _first_codebook(saves, reference_saves, periods, target: Target, dtype, comparisons) -> None:
+    """After a restore that left no codebook, the first step learns one from this rank's gradients
+    (SPEC 3.6.3). The dense re-save shows the codewords in use; they are judged as SPEC 5.6.7 judges
+    a learned codebook, by their quantization cost on the histogram of the step's gradients at the
+    reference's periods, against the reference's codewords in use on the same rank (SPEC 5.6.23)."""
+    from gefen_oracles import codebook_quality
+
     layout = MODELS[MODEL]
+    for rank in range(target.world):
+        mine = sorted(i for r, i in periods if r == rank)
+        if not mine:
+            continue
+        names = [saves[1]["optimizer"]["param_identities"][i]["name"] for i in mine]
+        rank_periods = [periods[rank, i] for i in mine]
+        grads = [
+            restore_checks.local_rows(
+                workload.gradient(layout, n, workload.DCP_STEPS + 1, dtype=dtype), rank, target.world
+            )
+            for n in names
+        ]
+        counts = codebook_quality.histogram(zip(grads, rank_periods))
+
+        def in_use(save):
+            momenta = [_local(save, "optimizer", slot_key(i, "momentum"), rank, target.world) for i in mine]
+            return shadowing.codewords_in_use(momenta, rank_periods)
+
+        theirs, problems = in_use(saves[1])
+        ours, _ = in_use(reference_saves[1])
+        for p in problems:
+            comparisons.problem(f"rank {rank}: {p}")
+        what = f"continuation: rank {rank}'s codebook learned at the first step after the restore"
+        compared = codebook_quality.compare_in_use(what, ours, theirs, counts)
+        comparisons.add(compared)
+
+
+def _shadowed(read, continued: Continued, ours: Continued, target: Target, dtype: torch.dtype) -> Comparisons:
+    """SPEC 5.6.22: each continuation step of each rank from the re-saves before and after it (after
+    a checkpoint saved before any step, the first step learns the codebook and is judged by it)."""
+    layout = MODELS[MODEL]
+    world = target.world
     saves = [_after(read, continued, k) for k in range(CONTINUATION + 1)]
-    periods = _periods(read(continued.source), target)
+    periods = _periods(read(continued.source), target, dtype)
     comparisons = Comparisons()
-    for rank in range(target):
+    first = 1
+    if VARIANTS[target.variant].source_steps == 0:
+        reference_saves = [_after(read, ours, k) for k in range(2)]
+        _first_codebook(saves, reference_saves, periods, target, dtype, comparisons)
+        first = 2
+    for rank in range(world):
         mine = sorted(i for r, i in periods if r == rank)
         momenta = [
-            restore_checks.local_rows(s["optimizer"][slot_key(i, "momentum")], rank, target)
-            for s in saves
+            _local(s, "optimizer", slot_key(i, "momentum"), rank, world)
+            for s in saves[first - 1 :]
             for i in mine
         ]
         codewords, problems = shadowing.codewords_in_use(
-            momenta, [periods[rank, i] for s in saves for i in mine]
+            momenta, [periods[rank, i] for s in saves[first - 1 :] for i in mine]
         )
         for p in problems:
             comparisons.problem(f"rank {rank}: {p}")
-        for k in range(1, CONTINUATION + 1):
+        for k in range(first, CONTINUATION + 1):
             before, after = saves[k - 1], saves[k]
             slots = []
             for i in mine:
@@ -255,21 +381,13 @@ def _shadowed(read, continued: Continued, target: int, dtype: torch.dtype) -> Co
                     dict(
                         name=f"rank {rank} step {k} {name}",
                         period=periods[rank, i],
-                        p0=restore_checks.local_rows(before["model"][name], rank, target),
-                        p1=restore_checks.local_rows(after["model"][name], rank, target),
-                        grad=restore_checks.local_rows(grad, rank, target),
-                        m0=restore_checks.local_rows(
-                            before["optimizer"][slot_key(i, "momentum")], rank, target
-                        ),
-                        v0=restore_checks.local_rows(
-                            before["optimizer"][slot_key(i, "second_moment")], rank, target
-                        ),
-                        m1=restore_checks.local_rows(
-                            after["optimizer"][slot_key(i, "momentum")], rank, target
-                        ),
-                        v1=restore_checks.local_rows(
-                            after["optimizer"][slot_key(i, "second_moment")], rank, target
-                        ),
+                        p0=_local(before, "model", name, rank, world),
+                        p1=_local(after, "model", name, rank, world),
+                        grad=restore_checks.local_rows(grad, rank, world),
+                        m0=_local(before, "optimizer", slot_key(i, "momentum"), rank, world),
+                        v0=_local(before, "optimizer", slot_key(i, "second_moment"), rank, world),
+                        m1=_local(after, "optimizer", slot_key(i, "momentum"), rank, world),
+                        v1=_local(after, "optimizer", slot_key(i, "second_moment"), rank, world),
                         step=int(before["optimizer"][slot_key(i, "step")]),
                         vmean_step=int(before["optimizer"][slot_key(i, "vmean_step")]),
                         **{key: float(hypers[key]) for key in HYPERPARAMETERS},
@@ -313,7 +431,7 @@ def restore_comparisons(read, theirs: Continued, ours: Continued, bitwise: bool)
 
 
 def steps_comparisons(
-    read, theirs: Continued, ours: Continued, bitwise: bool, dtype: str, target: int
+    read, theirs: Continued, ours: Continued, bitwise: bool, dtype: str, target: Target
 ) -> Comparisons:
     """The steps after it (SPEC 4.3.11 item 5): every non-float entry of each re-save exact against
     the reference's; bitwise every re-save and the model, otherwise each step shadowed (SPEC 5.6.22)."""
@@ -334,22 +452,24 @@ def steps_comparisons(
                     bitwise_comparison(what, value, actual["model"].get(name), label=f"{where}: {name}")
                 )
     if compared.ok and not bitwise:
-        compared.merge(_shadowed(read, theirs, target, DTYPES[dtype]))
+        compared.merge(_shadowed(read, theirs, ours, target, DTYPES[dtype]))
     return compared
 
 
 class ContinuationCase:
     """A restore into a stepped optimizer and its continuation as a replayable case (kind
-    ``continuation``, SPEC 4.5.6): the reference's checkpoint (its files), the dtype and target world
-    size, and the check (``restore`` or ``steps``); replayed on the active launcher, both sides
-    restoring and continuing again."""
+    ``continuation``, SPEC 4.5.6): the reference's checkpoint (its files), the dtype, the restore path
+    (variant and world size) and the check (``restore`` or ``steps``); replayed on the active
+    launcher, both sides restoring and continuing again."""
 
     kind = "continuation"
     ranks = True
 
-    def __init__(self, check: str, dtype: str, target: int, files: dict | None = None, source=None):
-        if check not in ("restore", "steps") or dtype not in DTYPES:
-            raise ValueError(f"continuation case: check {check!r}, dtype {dtype!r}")
+    def __init__(self, check: str, dtype: str, target: Target, files: dict | None = None, source=None):
+        if check not in ("restore", "steps") or dtype not in DTYPES or target.variant not in VARIANTS:
+            raise ValueError(
+                f"continuation case: check {check!r}, dtype {dtype!r}, variant {target.variant!r}"
+            )
         self.check, self.dtype, self.target, self._files, self._source = check, dtype, target, files, source
 
     def payload(self) -> dict:
@@ -358,19 +478,24 @@ class ContinuationCase:
             "kind": self.kind,
             "check": self.check,
             "dtype": self.dtype,
-            "target": self.target,
+            "target": self.target.world,
+            "variant": self.target.variant,
             "files": files,
         }
 
     @classmethod
     def from_payload(cls, payload: dict) -> ContinuationCase:
-        return cls(payload["check"], payload["dtype"], int(payload["target"]), files=dict(payload["files"]))
+        target = Target(str(payload.get("variant", "stepped")), int(payload["target"]))
+        return cls(payload["check"], payload["dtype"], target, files=dict(payload["files"]))
 
     def describe(self) -> str:
+        variant = VARIANTS[self.target.variant]
+        options = ", ".join(f"{k}={v!r}" for k, v in variant.options)
         return (
             f"continuation case ({self.check}): model {MODEL!r} in {self.dtype} saved by the reference on "
-            f"{SOURCE} ranks, restored on {self.target} into an optimizer stepped {len(STEPPED_BEFORE)} "
-            f"times, then {CONTINUATION} steps"
+            f"{SOURCE} ranks after {variant.source_steps} steps, restored on {self.target.world} into an "
+            f"optimizer{' built with ' + options if options else ''} stepped {len(STEPPED_BEFORE)} times, "
+            f"then {CONTINUATION} steps"
         )
 
     def replay(self, impl, *, bitwise: bool) -> Comparisons:
@@ -386,9 +511,9 @@ class ContinuationCase:
 
             def continued(by, name):
                 out = Path(scratch) / name
-                args = (by, MODEL, self.dtype, str(source), str(out))
+                args = (by, MODEL, self.dtype, str(source), str(out), self.target.variant)
                 return Continued(
-                    source, out, launch.run(restore_and_continue, self.target, args, timeout=TIMEOUT)
+                    source, out, launch.run(restore_and_continue, self.target.world, args, timeout=TIMEOUT)
                 )
 
             theirs = continued(impl, "implementation")
