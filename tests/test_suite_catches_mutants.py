@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import pytest
 
-from . import mutants_protocol, mutants_space, mutants_stack
 from .mutant_tools import caught_by, failed_clauses, failed_tests, failures, run_suite
-from .mutants import CATALOGUE, INPUT_SPACE_MUTANTS, PROFILES, STATE_OVER_TIME, TOLERANCE, TORCH_EXACT, spec
+
+# through tests.mutants, which builds the catalogue modules on its own names first
+from .mutants import (
+    CATALOGUE,
+    INPUT_SPACE_MUTANTS,
+    PROFILES,
+    STATE_OVER_TIME,
+    TOLERANCE,
+    TORCH_EXACT,
+    mutants_protocol,
+    mutants_space,
+    mutants_stack,
+    spec,
+)
 
 pytestmark = pytest.mark.proof
 

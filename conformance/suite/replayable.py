@@ -6,16 +6,17 @@ A *replayable case* has a ``kind``, a :meth:`payload` (plain values and tensors:
 runs the failing comparison again and returns its
 :class:`~gefen_oracles.numeric.Comparisons`. Each kind lives beside the checks it replays:
 
-==================  ===========================================================================
-``pinned-step``     ``optimizer_cases.PinnedCase`` (one process)
-``trajectory``      ``optimizer_cases.TrajectoryCase`` (one process)
-``long-trajectory`` ``optimizer_cases.LongCase`` (one process)
-``input-space``     ``space_checks.InputSpaceCase`` (one process)
-``staging``         ``test_hyper_staging.StagingCase`` (one process, a group of one)
-``golden``          ``test_goldens.GoldenCase`` (the goldens' world sizes, on the active launcher)
-``restore``         ``restore_checks.RestoreCase`` (the restore's world size, on the launcher)
-``continuation``    ``test_dcp_continuation.ContinuationCase`` (likewise)
-==================  ===========================================================================
+====================  ===========================================================================
+``pinned-step``       ``optimizer_cases.PinnedCase`` (one process)
+``trajectory``        ``optimizer_cases.TrajectoryCase`` (one process)
+``long-trajectory``   ``optimizer_cases.LongCase`` (one process)
+``input-space``       ``space_checks.InputSpaceCase`` (one process)
+``staging``           ``test_hyper_staging.StagingCase`` (one process, a group of one)
+``golden``            ``test_goldens.GoldenCase`` (the goldens' world sizes, on the active launcher)
+``restore``           ``restore_checks.RestoreCase`` (the restore's world size, on the launcher)
+``continuation``      ``test_dcp_continuation.ContinuationCase`` (likewise)
+``calling-protocol``  ``test_calling_protocol.ProtocolCase`` (one process)
+====================  ===========================================================================
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ KINDS = {
     "golden": "gefen_conformance.suite.test_goldens:GoldenCase",
     "restore": "gefen_conformance.suite.restore_checks:RestoreCase",
     "continuation": "gefen_conformance.suite.test_dcp_continuation:ContinuationCase",
+    "calling-protocol": "gefen_conformance.suite.test_calling_protocol:ProtocolCase",
 }
 
 

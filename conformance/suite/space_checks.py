@@ -16,7 +16,6 @@ import torch
 
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
-    CODEBOOK,
     GroupCase,
     InputCase,
     ParamCase,
@@ -24,7 +23,7 @@ from gefen_conformance.workload.space import (
     registered,
 )
 from gefen_conformance.workload.space_driver import run, starting_state
-from gefen_oracles import native_compare, pinned_step
+from gefen_oracles import codebook_quality, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 __all__ = ["InputSpaceCase", "compare_case"]
@@ -46,17 +45,106 @@ def _unchanged(
             )
 
 
+def normalizes_exactly(grad: torch.Tensor, period: int) -> torch.Tensor:
+    """Per block of ``period``: whether dividing the fp32 gradient by the block's largest magnitude
+    is exact in any arithmetic (SPEC 5.6.6, 5.6.7): the largest magnitude is zero or a power of
+    two (its reciprocal is exact, so a division and a reciprocal multiply agree), every quotient
+    a multiple of ``2^-23`` (so ``u + 1`` and its histogram bin are exact too), and the gradient
+    exact in fp32."""
+    g = grad.detach().cpu()
+    blocks = g.float().double().reshape(-1, period)
+    top = blocks.abs().amax(dim=1, keepdim=True)
+    mantissa, _ = torch.frexp(top)
+    quotient = torch.where(top > 0, blocks / top.clamp_min(torch.finfo(torch.float64).tiny), 0.0) * 2.0**23
+    return (
+        ((top == 0) | (mantissa == 0.5))
+        & (quotient == quotient.round()).all(dim=1, keepdim=True)
+        & (blocks == g.double().reshape(-1, period)).all(dim=1, keepdim=True)
+    ).reshape(-1)
+
+
+def _learned_codebook(
+    comparisons: Comparisons, case: InputCase, k: int, t, o, learned: torch.Tensor | None, bitwise: bool
+) -> torch.Tensor | None:
+    """SPEC 1.6, 5.6.7, for a case whose codebook is learned: the codebook the implementation holds
+    after call ``k`` against the reference's. At the call that learns it: bitwise under the
+    torch-exact profile, and under the tolerance profile when every contributing block of that
+    call's gradients normalizes exactly (:func:`normalizes_exactly`: nothing can move an element
+    across a bin edge), else by its cost on the reference's histogram; after it: unchanged (frozen,
+    SPEC 1.6.1). Returns the codebook learned so far."""
+    ours, theirs = o.state_dict.get("gefen_codebook"), t.state_dict.get("gefen_codebook")
+    where = f"call {k} of {case.calls}"
+    if learned is not None:
+        what = "input space: codebook frozen once learned"
+        comparisons.add(bitwise_comparison(what, learned, theirs, label="gefen_codebook"))
+        return learned
+    if ours is None or theirs is None:
+        if (ours is None) != (theirs is None):
+            comparisons.problem(
+                f"{where}: gefen_codebook is {'None' if theirs is None else 'learned'}, the reference's "
+                f"{'None' if ours is None else 'learned'} (SPEC 1.6.1)"
+            )
+        return None
+    ids = {i: pid for pid, i in enumerate(case.order())}
+    pieces = []
+    for i, grad in t.grads.items():
+        if grad is None or grad.numel() == 0 or not registered(case, i, k):
+            continue
+        pieces.append((grad, o.state_dict["state"][ids[i]]["automatic_period"]))
+    if bitwise:
+        what = "input space: learned codebook"
+        comparisons.add(bitwise_comparison(what, ours, theirs, label="gefen_codebook"))
+    elif all(bool(normalizes_exactly(grad, period).all()) for grad, period in pieces):
+        what = "input space: codebook learned from exactly normalized gradients"
+        comparisons.add(bitwise_comparison(what, ours, theirs, label="gefen_codebook"))
+    else:
+        histogram = codebook_quality.histogram(pieces)
+        comparisons.add(codebook_quality.compare("input space: learned codebook", ours, theirs, histogram))
+    return theirs
+
+
+def _run_indices(comparisons: Comparisons, name: str, grad, period: int, codebook, ours, theirs) -> None:
+    """SPEC 1.7.3 and 5.6.6 under the tolerance profile: with ``beta1 = 0`` the new momentum is the
+    gradient in any arithmetic, so in a block that normalizes exactly (:func:`normalizes_exactly`)
+    each normalized value is exact, and which index of a run of equal codewords it takes (the
+    run's lowest from at or below the run's value, its highest from above) is an exact comparison:
+    an index of the same codeword value as the reference's but another index differs from the rule.
+    Elsewhere equal codewords are not told apart under this profile (the decoded value, every later
+    step and every checkpoint are the same)."""
+    t_idx, o_idx = theirs.long().reshape(-1, period), ours.long().reshape(-1, period)
+    exact = normalizes_exactly(grad, period).unsqueeze(1).expand_as(t_idx)
+    cb = codebook.detach().cpu()
+    differing = exact & (t_idx != o_idx) & (cb[t_idx] == cb[o_idx])
+    count = int(differing.sum())
+    problems = []
+    if count:
+        block, j = (int(v) for v in differing.nonzero()[0])
+        got, rule = int(t_idx[block, j]), int(o_idx[block, j])
+        problems.append(
+            f"state[{name}].m_codebook: {count} exactly normalized values take another index of a run of "
+            f"equal codewords than SPEC 1.7.3 gives (first at block {block}, element {j}: index {got}, "
+            f"the rule's {rule}, codeword {float(cb[rule])!r})"
+        )
+    comparisons.exact(
+        "input space: index within a run of equal codewords (exact values)", count, int(exact.sum()), problems
+    )
+
+
 def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> Comparisons:
     """Every comparison of SPEC 4.3.10 for one case run by the implementation (``theirs``) and the
     reference (``ours``) from the state ``start``."""
     comparisons = Comparisons()
     ids = {i: pid for pid, i in enumerate(case.order())}
+    # a loaded codebook is frozen (exact in both profiles); a learned one is exact under the
+    # torch-exact profile and judged by SPEC 5.6.7 under the tolerance profile
+    codebook_exact = case.codebook != "learned"
     for problem in native_compare.exact_problems(ours.loaded, theirs.loaded, codebook_exact=True):
         comparisons.problem(f"after the load: {problem}")
     before_sd = start
+    learned = None
     for k, (t, o) in enumerate(zip(theirs.calls, ours.calls), 1):
         where = f"call {k} of {case.calls}" + (" (found_inf set)" if t.skipped else "")
-        exact = native_compare.exact_problems(o.state_dict, t.state_dict, codebook_exact=True)
+        exact = native_compare.exact_problems(o.state_dict, t.state_dict, codebook_exact=codebook_exact)
         for problem in exact:
             comparisons.problem(f"{where}: {problem}")
         if case.protocol == "closure" and not (
@@ -65,6 +153,10 @@ def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> C
             comparisons.problem(f"{where}: step(closure) returned {t.loss!r}, not the closure's loss")
         if exact:
             break
+        if not codebook_exact:
+            learned = _learned_codebook(comparisons, case, k, t, o, learned, bitwise)
+        codebook = t.state_dict.get("gefen_codebook")
+        same_codebook = codebook is not None and torch.equal(codebook, o.state_dict.get("gefen_codebook"))
         steps = []
         for i in range(len(case.params)):
             name, pid = case.name(i), ids[i]
@@ -95,6 +187,12 @@ def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> C
                             bitwise_comparison(what, value, entry_after[key], label=f"state[{name}].{key}")
                         )
                 continue
+            hypers = o.hypers[case.params[i].group]
+            if same_codebook and hypers["beta1"] == 0.0:
+                ours_idx, theirs_idx = o.state_dict["state"][pid]["m_codebook"], entry_after["m_codebook"]
+                if torch.is_tensor(theirs_idx) and theirs_idx.shape == ours_idx.shape:
+                    period = entry_after["automatic_period"]
+                    _run_indices(comparisons, name, grad, period, codebook, ours_idx, theirs_idx)
             steps.append(
                 pinned_step.ParamStep(
                     name=name,
@@ -104,12 +202,13 @@ def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> C
                     before=entry_before,
                     after=entry_after,
                     factored=factored(case, i),
-                    **o.hypers[case.params[i].group],
+                    **hypers,
                 )
             )
-        if steps:
-            checked = pinned_step.check_step(steps, CODEBOOK)
-            comparisons.merge(checked)
+        if steps and codebook is None:
+            comparisons.problem(f"{where}: parameters stepped without a codebook in the state dict")
+        elif steps:
+            comparisons.merge(pinned_step.check_step(steps, codebook))
         before_sd = t.state_dict
     return comparisons
 
@@ -164,6 +263,8 @@ class InputSpaceCase:
             extra += [f"weight decay {g.weight_decay:g}"] if g.weight_decay else []
             groups.append(", ".join([lr, *extra]))
         state = f"synthesized state at step {c.counter}" if c.counter else "fresh state"
+        if c.codebook != "loaded":
+            state += f", codebook {c.codebook}"
         if c.moment_counter is not None:
             state += f" (second moment at {c.moment_counter})"
         parts = [

@@ -106,7 +106,16 @@ BETAS = [(0.9, 0.999), (0.8, 0.99), (0.5, 0.9), (0.95, 0.9999), (0.0, 0.999)]
 EPS = [1e-8, 1e-6, 1e-3]
 WEIGHT_DECAYS = [0.0, 0.0, 0.01, 0.1]
 #: Gradient patterns drawn for a parameter: mostly ordinary values.
-_GRADIENT_DRAWS = ["normal"] * 5 + ["zero", "zero-half", "tiny", "huge", "none", "late"]
+_GRADIENT_DRAWS = ["normal"] * 5 + [
+    "zero",
+    "zero-half",
+    "tiny",
+    "huge",
+    "none",
+    "late",
+    "powers-of-two",
+    "signs",
+]
 
 _shape = st.sampled_from(SHAPES)
 _dtype = st.sampled_from(list(DTYPES))
@@ -137,11 +146,13 @@ def param_cases(draw, group: int, counter: int, frozen_share: int):
 
 @st.composite
 def input_cases(draw, protocols=("plain",), frozen_share: int = 8):
-    """Small cases anywhere in the space (SPEC 4.3.10): 1-5 parameters in 1-3 groups, every
-    parameter's shape, dtype, layout, gradient pattern and group drawn, in any order."""
-    groups = draw(st.integers(1, 3))
+    """Small cases anywhere in the space (SPEC 4.3.10): 1-5 parameters in 1-5 groups, every
+    parameter's shape, dtype, layout, gradient pattern and group drawn, in any order, from any
+    codebook (a learned one only in a fresh case)."""
+    groups = draw(st.integers(1, 5))
     count = draw(st.integers(groups, 5))
     counter = draw(st.sampled_from([0] * len(COUNTERS) + COUNTERS))
+    codebook = draw(st.sampled_from(["loaded"] * 4 + ["padded"] + (["learned"] * 2 if counter == 0 else [])))
     params = [
         draw(param_cases(i if i < groups else draw(st.integers(0, groups - 1)), counter, frozen_share))
         for i in range(count)
@@ -161,12 +172,20 @@ def input_cases(draw, protocols=("plain",), frozen_share: int = 8):
         schedule=draw(st.sampled_from(["constant", "lr", "lr-in-place", "all"])) if calls > 1 else "constant",
         protocol=protocol,
         seed=draw(st.integers(0, 2**16)),
+        codebook=codebook,
     )
 
 
 #: Small shapes a lifecycle case repeats (cheap even a hundred times over).
 _REPEATED = [(8,), (37,), (16, 8), (2, 3, 4, 5), (1,), (64,)]
-_LIFECYCLE_GRADIENTS = ["normal"] * 4 + ["odd-calls", "even-calls", "near-constant", "none"]
+_LIFECYCLE_GRADIENTS = ["normal"] * 4 + [
+    "odd-calls",
+    "even-calls",
+    "near-constant",
+    "row-scaled",
+    "signs",
+    "none",
+]
 
 
 @st.composite
@@ -242,6 +261,23 @@ def _case(*params, **kw) -> InputCase:
     return InputCase(params=tuple(params), **kw)
 
 
+#: One parameter per group of ``groups-nine-distinct``: (shape, dtype, period of its state).
+_NINE = (
+    ((64,), "fp32", 16),
+    ((48, 40), "bf16", 40),
+    ((24, 3), "fp16", 3),
+    ((37,), "fp32", 37),
+    ((16, 8), "fp32", 8),
+    ((256,), "bf16", 64),
+    ((7, 11), "fp32", 11),
+    ((8, 3, 3, 3), "fp16", 27),
+    ((100,), "fp32", 20),
+)
+#: A group with ``beta1 = 0``: the new momentum is the gradient itself in any arithmetic, so a
+#: gradient of powers of two normalizes exactly (SPEC 5.6.6).
+_NO_MOMENTUM = GroupCase(betas=(0.0, 0.999))
+
+
 #: Every boundary SPEC 4.3.10 names, each an explicit example of the certify profile (ids name them
 #: in failure reports). Sizes at the tile limits are one call from a synthesized state or a fresh
 #: one; nothing large steps twice.
@@ -298,6 +334,26 @@ BOUNDARIES = {
         P((48, 40), "fp16", layout="strided-grad"),
         factored=True,
     ),
+    # unit inner stride with padded rows (a column slice of a fused buffer, every other row of a
+    # gradient buffer) and dense gradients in another memory order than their parameters'
+    "layouts-padded-rows-and-permuted-state": _case(
+        P((48, 40), layout="column-slice", period=40),
+        P((24, 3), layout="padded-rows-grad", period=3),
+        P((7, 11), "bf16", layout="permuted-grad", period=11),
+        P((8, 3, 3, 3), layout="permuted-grad", period=27),
+        P((2, 3, 4), "fp16", layout="column-slice", period=4),
+        P((4, 6, 5), layout="permuted-grad", period=30),
+        counter=5,
+        calls=2,
+    ),
+    "layouts-padded-rows-and-permuted-fresh-factored": _case(
+        P((40, 48), layout="column-slice"),
+        P((48, 40), "bf16", layout="padded-rows-grad"),
+        P((16, 8), layout="permuted-grad"),
+        P((4, 6, 5, 5), "fp16", layout="permuted-grad"),
+        P((3, 4, 16), layout="padded-rows-grad"),
+        factored=True,
+    ),
     # dtypes: all four in one group, and one per group
     "dtype-mix-one-group": _case(*_MIX, counter=4),
     "dtype-mix-per-group": _case(
@@ -333,6 +389,23 @@ BOUNDARIES = {
             GroupCase(lr=1e-2, betas=(0.5, 0.9), weight_decay=0.01),
         ),
         counter=3,
+    ),
+    # more groups than a kernel's small per-group table holds (4 or 8 entries), every one with
+    # its own hyperparameters
+    "groups-nine-distinct": _case(
+        *(P(shape, dtype, g, period=period) for g, (shape, dtype, period) in enumerate(_NINE)),
+        groups=tuple(
+            GroupCase(
+                lr=(1e-3, 3e-3, 1e-2, 1e-4, 2e-3, 5e-3, 3e-4, 7e-3, 1.5e-3)[g],
+                tensor_lr=g % 3 == 1,
+                betas=BETAS[g % len(BETAS)],
+                eps=EPS[g % len(EPS)],
+                weight_decay=(0.0, 0.01, 0.1, 0.05)[g % 4],
+            )
+            for g in range(len(_NINE))
+        ),
+        counter=3,
+        calls=2,
     ),
     "groups-dimension-of-one": _case(
         P((1, 64), period=16),
@@ -394,6 +467,51 @@ BOUNDARIES = {
         factored=True,
         calls=2,
     ),
+    # codebooks: a padded one (a run of equal codewords) with exactly normalized momenta above
+    # and below the run; one learned at the first call from exactly normalized gradients (every
+    # block's largest magnitude a power of two) and from ordinary ones, from all-zero gradients
+    "codebook-padded-exact-values": _case(
+        P((64,), gradient="powers-of-two", period=16),
+        P((48, 40), "bf16", gradient="powers-of-two", period=40),
+        P((37,), "fp16", gradient="powers-of-two"),
+        P((24, 3), gradient="powers-of-two", group=1, period=3),
+        P((7, 11), gradient="signs", group=1),
+        groups=(_NO_MOMENTUM, GroupCase(betas=(0.0, 0.99), weight_decay=0.01)),
+        counter=4,
+        calls=2,
+        codebook="padded",
+    ),
+    "codebook-padded-fresh-factored": _case(
+        P((48, 40), gradient="powers-of-two"),
+        P((256,), "bf16"),
+        P((16, 8), "fp16", gradient="powers-of-two"),
+        groups=(_NO_MOMENTUM,),
+        factored=True,
+        calls=2,
+        codebook="padded",
+    ),
+    "codebook-learned-exact-first-step": _case(
+        P((64,), gradient="powers-of-two"),
+        P((48, 40), "bf16", gradient="powers-of-two"),
+        P((37,), "fp16", gradient="powers-of-two"),
+        P((24, 3), gradient="zero", group=1),
+        P((7, 11), gradient="signs", group=1),
+        groups=(_NO_MOMENTUM, GroupCase(weight_decay=0.01)),
+        calls=2,
+        codebook="learned",
+    ),
+    "codebook-learned-ordinary-first-step": _case(
+        P((256,)),
+        P((48, 40), "bf16"),
+        P((24, 3), "fp16", gradient="late"),
+        P((64,), gradient="powers-of-two"),
+        calls=2,
+        factored=True,
+        codebook="learned",
+    ),
+    "codebook-learned-all-zero-first-step": _case(
+        P((64,), gradient="zero"), P((16, 8), gradient="zero"), calls=2, codebook="learned"
+    ),
     "gradient-tiny-and-huge": _case(
         P((256,), gradient="tiny", period=64),
         P((48, 40), gradient="huge", period=40),
@@ -431,7 +549,7 @@ _EXPERTS = tuple(
     for k, dtype in enumerate(("fp32", "fp32", "bf16", "bf16", "fp32", "fp32"))
 )
 LIFECYCLE = {
-    "count-300-repeated-shapes": _case(*_many(300), counter=12),
+    "count-600-repeated-shapes": _case(*_many(600), counter=12),
     "count-130-three-groups-fresh": _case(
         *_many(130, fresh=True, group_of=lambda k: k % 3),
         groups=(GroupCase(), GroupCase(lr=3e-3, weight_decay=0.1), GroupCase(tensor_lr=True)),
@@ -521,6 +639,15 @@ LIFECYCLE = {
         P((2, 6144), "bf16", period=6144),
         counter=6,
         calls=2,
+    ),
+    # periods past 65536 (a block larger than one thread block's reduction tile, or than a
+    # search kernel's largest candidate): searched (rows of alternating scale), the fallback's
+    # trailing dimension (equal squares: no structure), synthesized; one call each
+    "periods-past-65536-fresh": _case(
+        P((4, 70000), gradient="row-scaled"), P((2, 70000), "bf16", gradient="signs")
+    ),
+    "periods-past-65536-state": _case(
+        P((2, 70000), period=70000), P((140000,), "bf16", period=70000), counter=6
     ),
 }
 
@@ -622,7 +749,9 @@ def _check(impl, judge, case: InputCase) -> None:
 # ------------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.gefen_clause("4.3.10", "1.4", "1.5", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13")
+@pytest.mark.gefen_clause(
+    "4.3.10", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13"
+)
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @_share_of_profile()
 @_with_examples(BOUNDARIES)

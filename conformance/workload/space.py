@@ -26,6 +26,7 @@ import torch
 
 __all__ = [
     "CODEBOOK",
+    "CODEBOOKS",
     "DTYPES",
     "EVENTS",
     "GRAD_ORDERS",
@@ -39,6 +40,8 @@ __all__ = [
     "ParamCase",
     "codebook",
     "divisors",
+    "padded_codebook",
+    "starting_codebook",
     "late_group",
     "factored",
     "gradient",
@@ -54,8 +57,25 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 #: way (how FSDP1 and Megatron lay out parameters and gradients); a contiguous parameter whose
 #: gradient is not contiguous (every stride doubled); a contiguous parameter whose gradient is a
 #: view into one flat gradient bucket per dtype, laid out in the case's ``grad_order`` (DDP's
-#: ``gradient_as_bucket_view``: buckets are filled in reverse registration order).
-LAYOUTS = ("contiguous", "transposed", "channels-last", "flat-view", "strided-grad", "bucket-grad")
+#: ``gradient_as_bucket_view``: buckets are filled in reverse registration order); a column slice
+#: ``w[..., :k]`` of a buffer wider in its last dimension, with its gradient a slice of a wider
+#: gradient buffer the same way (one of q, k, v sliced out of a fused QKV projection: unit inner
+#: stride, padded rows); a contiguous parameter whose gradient is every other row ``w[::2]`` of a
+#: buffer twice as tall (unit inner stride, padded rows); a contiguous parameter whose gradient is
+#: dense in another memory order (2-D transposed, 4-D channels_last, 3-D dimensions reversed).
+LAYOUTS = (
+    "contiguous",
+    "transposed",
+    "channels-last",
+    "flat-view",
+    "strided-grad",
+    "bucket-grad",
+    "column-slice",
+    "padded-rows-grad",
+    "permuted-grad",
+)
+#: The columns a column-slice layout's buffer has beyond the slice (SPEC 4.3.10).
+COLUMN_PADDING = 3
 #: How the bucket-grad layout's gradients lie in their bucket: in registration order, or reversed.
 GRAD_ORDERS = ("registration", "reverse")
 #: Gradient patterns: standard normal values with column structure (so the period search finds
@@ -64,7 +84,11 @@ GRAD_ORDERS = ("registration", "reverse")
 #: scales; none at all (the parameter never gets a gradient); none at the first call only; a
 #: gradient at odd calls only, or at even calls only (parameters of one shape taking turns, as
 #: experts of a mixture do); a large mean with small noise (near-constant: the period search's
-#: variances are small differences of large numbers).
+#: variances are small differences of large numbers); standard normal rows scaled alternately by 1
+#: and 3 (the search finds the row, however long: SPEC 1.5.5 has no cap); random signs at one
+#: magnitude (every square equal: the search finds no structure and falls back, SPEC 1.5.6);
+#: powers of two (every element 0 or +-2^-j, j in 0..4: every block's largest magnitude is a power
+#: of two, so its normalization is exact in any arithmetic, SPEC 5.6.6, 5.6.7).
 GRADIENTS = (
     "normal",
     "zero",
@@ -76,7 +100,15 @@ GRADIENTS = (
     "odd-calls",
     "even-calls",
     "near-constant",
+    "row-scaled",
+    "signs",
+    "powers-of-two",
 )
+#: The codebook a case starts from (SPEC 4.3.10): loaded, :data:`CODEBOOK` (dense near 0, as a
+#: learned one is); loaded, :func:`padded_codebook` (what a small or sparse first step learns: a
+#: run of equal codewords, SPEC 1.6.7); or learned by the implementation at the first call from
+#: the case's gradients (a fresh case: the state it loads has no codebook, SPEC 1.6.1).
+CODEBOOKS = ("loaded", "padded", "learned")
 #: What happens to the optimizer before a call (``InputCase.events``): the case's last group is
 #: registered by ``add_param_group`` (its parameters fresh); every parameter's ``.data`` is replaced
 #: by a copy (new storage, same values, as ``module.to(...)`` does); every 4-D parameter's ``.data``
@@ -158,7 +190,8 @@ class InputCase:
     it differs (a second moment re-warmed after a mode switch, SPEC 1.9.5); ``calls``: how many
     ``step()`` calls are made; ``events``: ``(call, event)`` pairs of :data:`EVENTS`, each done
     just before that call; ``grad_order``: of :data:`GRAD_ORDERS`; ``deterministic``: the
-    constructor's flag; ``substring``: the ``period_one_substrings`` entry when the option is set."""
+    constructor's flag; ``substring``: the ``period_one_substrings`` entry when the option is set;
+    ``codebook``: of :data:`CODEBOOKS` (``learned`` only for a fresh case, ``counter`` 0)."""
 
     params: tuple
     groups: tuple = (GroupCase(),)
@@ -174,6 +207,7 @@ class InputCase:
     grad_order: str = "registration"
     deterministic: bool = False
     substring: str = PERIOD_ONE_SUBSTRING
+    codebook: str = "loaded"
 
     def __post_init__(self):
         used = {p.group for p in self.params}
@@ -197,6 +231,13 @@ class InputCase:
                 raise ValueError("the parameters of a group added later start fresh (no period)")
         if self.grad_order not in GRAD_ORDERS:
             raise ValueError(f"grad_order {self.grad_order!r} (known: {GRAD_ORDERS})")
+        if self.codebook not in CODEBOOKS:
+            raise ValueError(f"codebook {self.codebook!r} (known: {CODEBOOKS})")
+        if self.codebook == "learned" and self.counter:
+            raise ValueError("a learned codebook needs a fresh case (counter 0): periods come with it")
+        for p in self.params:
+            if p.gradient not in GRADIENTS:
+                raise ValueError(f"gradient pattern {p.gradient!r} (known: {GRADIENTS})")
 
     def order(self) -> list:
         """Parameter indices in registration order: group by group, in case order within a group."""
@@ -228,7 +269,8 @@ def registered(case: InputCase, i: int, call: int) -> bool:
 
 def layouts_for(shape: tuple) -> tuple:
     """The layouts that apply to a shape: transposed needs 2-D, channels_last 4-D, a strided
-    gradient at least one dimension."""
+    gradient at least one dimension, the padded-row and permuted layouts at least two (a
+    permuted gradient also two dimensions above 1, or its memory order is the logical one)."""
     out = ["contiguous", "flat-view"]
     if len(shape) == 2:
         out.append("transposed")
@@ -237,6 +279,10 @@ def layouts_for(shape: tuple) -> tuple:
     if len(shape) >= 1:
         out.append("strided-grad")
     out.append("bucket-grad")
+    if len(shape) >= 2:
+        out += ["column-slice", "padded-rows-grad"]
+        if sum(size > 1 for size in shape) >= 2:
+            out.append("permuted-grad")
     return tuple(out)
 
 
@@ -265,6 +311,24 @@ def codebook() -> torch.Tensor:
 CODEBOOK = codebook()
 
 
+def padded_codebook() -> torch.Tensor:
+    """The codebook a first step with four active histogram bins learns (SPEC 1.6.7): bins
+    ``0`` (lost to ``-1``), ``1024``, ``2048`` and ``2560``, the last one's centre ``0.25 + 2^-12``
+    repeated 252 times (a run of equal codewords, indices 3 to 254), then ``+1``. Every value in
+    ``(0.25 + 2^-12, 0.625)`` is nearest to the run and above it: SPEC 1.7.3 gives it the run's
+    highest index; a normalized momentum of ``0.5`` is one."""
+    centres = [-1.0 + (2 * k + 1) / 4096 for k in (0, 1024, 2048, 2560)]
+    values = centres + [centres[-1]] * (256 - len(centres))
+    values[0], values[-1] = -1.0, 1.0
+    return torch.tensor(sorted(values), dtype=torch.float32)
+
+
+def starting_codebook(case: InputCase) -> torch.Tensor | None:
+    """The codebook the case's state carries: :data:`CODEBOOK`, :func:`padded_codebook`, or None
+    (learned at the first call with gradients)."""
+    return {"loaded": CODEBOOK, "padded": padded_codebook(), "learned": None}[case.codebook]
+
+
 # ------------------------------------------------------------------------------------ values
 
 
@@ -284,9 +348,21 @@ def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torc
         (p.gradient == "odd-calls" and call % 2 == 0) or (p.gradient == "even-calls" and call % 2)
     ):
         return None
-    g = torch.randn(p.shape, generator=_generator(case, "grad", i, call, stale), dtype=torch.float64)
+    gen = _generator(case, "grad", i, call, stale)
+    g = torch.randn(p.shape, generator=gen, dtype=torch.float64)
     if p.gradient == "near-constant":
         return (g + _NEAR_CONSTANT_MEAN.get(p.torch_dtype, _DEFAULT_NEAR_CONSTANT_MEAN)).to(p.torch_dtype)
+    if p.gradient == "row-scaled":
+        if len(p.shape) >= 1:
+            rows = 1.0 + 2.0 * (torch.arange(p.shape[0], dtype=torch.float64) % 2)
+            g = g * rows.reshape(-1, *(1,) * (g.dim() - 1))
+        return g.to(p.torch_dtype)
+    if p.gradient == "signs":
+        return torch.where(g < 0, -1.0, 1.0).to(p.torch_dtype)
+    if p.gradient == "powers-of-two":
+        exponents = torch.randint(0, 5, p.shape, generator=gen).double()
+        zeros = torch.randint(0, 6, p.shape, generator=gen) == 0
+        return torch.where(zeros, 0.0, torch.sign(g) * 2.0**-exponents).to(p.torch_dtype)
     if len(p.shape) >= 1 and p.shape[-1] > 0:
         g = g * (1.0 + torch.arange(p.shape[-1], dtype=torch.float64) % 5)
     g = g * _scale(p)

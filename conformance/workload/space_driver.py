@@ -22,7 +22,7 @@ import torch
 
 from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
 from gefen_conformance.workload.space import (
-    CODEBOOK,
+    COLUMN_PADDING,
     DTYPES,
     GRAD_SCALE,
     GroupCase,
@@ -31,6 +31,7 @@ from gefen_conformance.workload.space import (
     initial,
     late_group,
     registered,
+    starting_codebook,
     synthesized_entry,
 )
 
@@ -111,6 +112,8 @@ def build(case: InputCase, make_optimizer, device) -> Built:
             view = buffers[p.torch_dtype][offsets[i] : offsets[i] + p.numel].view(p.shape)
             view.copy_(value)
             param = torch.nn.Parameter(view)
+        elif p.layout == "column-slice":
+            param = torch.nn.Parameter(_column_slice(value))
         else:
             param = torch.nn.Parameter(value.clone())
         param.requires_grad_(not p.frozen)
@@ -128,11 +131,36 @@ def build(case: InputCase, make_optimizer, device) -> Built:
     return built
 
 
+def _column_slice(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as the slice ``wide[..., :k]`` of a buffer :data:`COLUMN_PADDING` columns wider
+    (unit inner stride, padded rows)."""
+    *rows, columns = value.shape
+    wide = torch.zeros(*rows, columns + COLUMN_PADDING, dtype=value.dtype, device=value.device)
+    return wide[..., :columns].copy_(value)
+
+
+def _permuted(value: torch.Tensor) -> torch.Tensor:
+    """``value`` dense in another memory order than the logical one: channels_last for 4-D,
+    dimensions reversed otherwise (the transpose, for 2-D)."""
+    if value.dim() == 4:
+        return value.contiguous(memory_format=torch.channels_last)
+    order = tuple(range(value.dim() - 1, -1, -1))
+    return value.permute(order).contiguous().permute(order)
+
+
 def placed(case: InputCase, built: Built, i: int, value: torch.Tensor, device) -> torch.Tensor:
     """A gradient in parameter ``i`` 's layout: strides like its parameter's, a view into the flat
-    gradient buffer, or doubled strides."""
+    gradient buffer or a bucket, doubled strides, a slice with padded rows or another dense memory
+    order."""
     p, param = case.params[i], built.params[i]
     value = value.to(device)
+    if p.layout == "column-slice":
+        return _column_slice(value)
+    if p.layout == "padded-rows-grad":
+        tall = torch.zeros(2 * value.shape[0], *value.shape[1:], dtype=value.dtype, device=device)
+        return tall[::2].copy_(value)
+    if p.layout == "permuted-grad":
+        return _permuted(value)
     if p.layout == "flat-view":
         buffer = built.grad_buffers[p.torch_dtype]
         return buffer[built.offsets[i] : built.offsets[i] + p.numel].view(p.shape).copy_(value)
@@ -148,8 +176,10 @@ def placed(case: InputCase, built: Built, i: int, value: torch.Tensor, device) -
 
 def starting_state(case: InputCase) -> dict:
     """The native state dict both sides load before the first call (SPEC 1.11): the reference's
-    ``state_dict()`` of the case's groups with the codebook :data:`CODEBOOK`, global step
-    ``case.counter``, and a synthesized entry for every parameter with a period."""
+    ``state_dict()`` of the case's groups with the case's codebook
+    (:func:`gefen_conformance.workload.space.starting_codebook`: none for a codebook learned at the
+    first call), global step ``case.counter``, and a synthesized entry for every parameter with a
+    period."""
     built = build(case, REFERENCE, torch.device("cpu"))
     sd = built.optimizer.state_dict()
     ids = {i: pid for pid, i in enumerate(case.order()) if registered(case, i, 1)}
@@ -158,7 +188,8 @@ def starting_state(case: InputCase) -> dict:
         for i, p in enumerate(case.params)
         if i in ids
     }
-    sd["gefen_codebook"] = CODEBOOK.clone()
+    codebook = starting_codebook(case)
+    sd["gefen_codebook"] = None if codebook is None else codebook.clone()
     sd["gefen_global_step"] = case.counter
     for group in sd["param_groups"]:
         group.pop("_gefen_checkpoint_metadata", None)
