@@ -232,6 +232,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ci_cli.add_subcommands(sub)
     repro.add_subcommand(sub)
+    from gefen_conformance import vectors
+
+    vectors.add_subcommand(sub)
     return parser
 
 

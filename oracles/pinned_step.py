@@ -75,10 +75,7 @@ def check_step(steps: list[ParamStep], codebook: torch.Tensor) -> Comparisons:
             for p in problems:
                 out.problem(p)
             continue
-        moment = _factored_moment(s, out) if s.factored else _block_moment(s, out)
-        if moment is None:
-            continue
-        stepsize, stepsize_error = moment
+        stepsize, stepsize_error = _moment(s, out)
         q_new = _momentum(s, cb, out)
         if q_new is None:
             continue
@@ -140,34 +137,54 @@ def _bias_corrections(s: ParamStep, moment_counter_key: str) -> tuple[float, flo
     return 1.0 - s.beta1**step, 1.0 - s.beta2**counter
 
 
-def _block_moment(s: ParamStep, out: Comparisons):
+@dataclass
+class _Moment:
+    """A step's exact second moment: ``{state key: (exact value, relative bound)}``, the exact
+    stepsize per element (flat) and its relative bound, and the bias corrections."""
+
+    values: dict
+    stepsize: torch.Tensor
+    stepsize_error: float
+    bc1: float
+    bc2: float
+
+
+def _moment_exact(s: ParamStep) -> _Moment:
+    """SPEC 1.8.3-1.8.5 (block) or 1.9.3-1.9.5 (factored) in float64, with the bounds of SPEC
+    5.6.2, 5.6.3 and 5.6.5."""
+    if s.factored:
+        rows, cols = s.p0.shape
+        g2 = _d(s.grad).reshape(rows, cols) ** 2
+        v_row = s.beta2 * _previous(s, "v_row", (rows,)) + (1.0 - s.beta2) * g2.mean(dim=1)
+        v_col = s.beta2 * _previous(s, "v_col", (cols,)) + (1.0 - s.beta2) * g2.mean(dim=0)
+        row_error = kb.second_moment(cols, torch.float32, s.beta2)
+        col_error = kb.second_moment(rows, torch.float32, s.beta2)
+        mean = max(float(v_row.mean()), torch.finfo(torch.float32).tiny)
+        v_hat = torch.outer(v_row, v_col) / mean
+        bc1, bc2 = _bias_corrections(s, "factored_step")
+        stepsize = (1.0 / bc1) / ((v_hat / bc2).sqrt() + s.eps)
+        v_hat_error = kb.factored_v_hat(rows, row_error, col_error)
+        values = {"v_row": (v_row, row_error), "v_col": (v_col, col_error)}
+        return _Moment(values, stepsize.reshape(-1), kb.stepsize(v_hat_error), bc1, bc2)
     period = s.after["automatic_period"]
     g = _d(s.grad).reshape(-1, period)
     blocks = g.shape[0]
     v = s.beta2 * _previous(s, "vmean", (blocks, 1)) + (1.0 - s.beta2) * (g * g).mean(dim=1, keepdim=True)
     error = kb.second_moment(period, s.grad.dtype, s.beta2)
-    out.add(_relative(_label("second moment", s.grad.dtype), f"{s.name}.vmean", v, s.after["vmean"], error))
     bc1, bc2 = _bias_corrections(s, "vmean_step")
     stepsize = (1.0 / bc1) / ((v / bc2).sqrt() + s.eps)
-    return stepsize.expand(blocks, period).reshape(-1), kb.stepsize(error)
+    return _Moment(
+        {"vmean": (v, error)}, stepsize.expand(blocks, period).reshape(-1), kb.stepsize(error), bc1, bc2
+    )
 
 
-def _factored_moment(s: ParamStep, out: Comparisons):
-    rows, cols = s.p0.shape
-    g2 = _d(s.grad).reshape(rows, cols) ** 2
-    v_row = s.beta2 * _previous(s, "v_row", (rows,)) + (1.0 - s.beta2) * g2.mean(dim=1)
-    v_col = s.beta2 * _previous(s, "v_col", (cols,)) + (1.0 - s.beta2) * g2.mean(dim=0)
-    row_error = kb.second_moment(cols, torch.float32, s.beta2)
-    col_error = kb.second_moment(rows, torch.float32, s.beta2)
-    what = _label("factored second moment", s.grad.dtype)
-    out.add(_relative(what, f"{s.name}.v_row", v_row, s.after["v_row"], row_error))
-    out.add(_relative(what, f"{s.name}.v_col", v_col, s.after["v_col"], col_error))
-    mean = max(float(v_row.mean()), torch.finfo(torch.float32).tiny)
-    v_hat = torch.outer(v_row, v_col) / mean
-    bc1, bc2 = _bias_corrections(s, "factored_step")
-    stepsize = (1.0 / bc1) / ((v_hat / bc2).sqrt() + s.eps)
-    v_hat_error = kb.factored_v_hat(rows, row_error, col_error)
-    return stepsize.reshape(-1), kb.stepsize(v_hat_error)
+def _moment(s: ParamStep, out: Comparisons):
+    """Second-moment checks; returns the exact stepsize per element and its relative bound."""
+    moment = _moment_exact(s)
+    what = _label("factored second moment" if s.factored else "second moment", s.grad.dtype)
+    for key, (exact, error) in moment.values.items():
+        out.add(_relative(what, f"{s.name}.{key}", exact, s.after[key], error))
+    return moment.stepsize, moment.stepsize_error
 
 
 def _relative(what: str, label: str, expected: torch.Tensor, actual, rtol: float) -> Comparison:
@@ -177,8 +194,22 @@ def _relative(what: str, label: str, expected: torch.Tensor, actual, rtol: float
     return relative_comparison(what, expected.reshape(actual.shape), actual, rtol, label=label)
 
 
-def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
-    """Magnitude and codeword checks; returns the implementation's new dense momentum (float64)."""
+@dataclass
+class _Momentum:
+    """A step's exact new momentum, judged: its magnitude per block with the bound (SPEC 5.6.4)
+    and the scale it is divided by, the normalized momentum (blocks x period), its distance to the
+    nearest codeword, and how much farther the chosen codeword may lie (SPEC 5.6.6; inf where
+    the magnitude's bound leaves the normalization open)."""
+
+    magnitude: torch.Tensor
+    magnitude_error: torch.Tensor
+    scale: torch.Tensor
+    normalized: torch.Tensor
+    nearest: torch.Tensor
+    allowed: torch.Tensor
+
+
+def _momentum_exact(s: ParamStep, cb: torch.Tensor) -> _Momentum:
     period = s.after["automatic_period"]
     g = _d(s.grad).reshape(-1, period)
     blocks = g.shape[0]
@@ -193,8 +224,29 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     upd_error = kb.momentum(s.grad.dtype, beta1) * (current.abs() + w * g.abs())
     magnitude = exact.abs().amax(dim=1, keepdim=True)
     magnitude_error = upd_error.amax(dim=1, keepdim=True) + kb.MAGNITUDE_ROUNDING * magnitude
-    got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
     scale = magnitude.clamp_min(torch.finfo(torch.float64).tiny)
+    room = magnitude - magnitude_error
+    safe = room > 0
+    normalized = torch.where(magnitude > 0, exact / scale, torch.zeros_like(exact))
+    normalized_error = torch.where(
+        safe,
+        (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny)
+        + kb.NORMALIZATION_ROUNDING,
+        torch.full_like(exact, math.inf),
+    )
+    nearest = _nearest_distance(cb, normalized)
+    allowed = 2 * normalized_error + kb.CODEWORD_DISTANCE_ROUNDING
+    return _Momentum(magnitude, magnitude_error, scale, normalized, nearest, allowed)
+
+
+def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
+    """Magnitude and codeword checks; returns the implementation's new dense momentum (float64)."""
+    period = s.after["automatic_period"]
+    blocks = s.grad.numel() // period
+    m = _momentum_exact(s, cb)
+    magnitude, magnitude_error, scale = m.magnitude, m.magnitude_error, m.scale
+    normalized, nearest, allowed = m.normalized, m.nearest, m.allowed
+    got_magnitude = _d(s.after["m_magnitude"]).reshape(blocks, 1)
     out.add(
         _worst(
             _label("momentum magnitude", s.grad.dtype),
@@ -208,18 +260,7 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
 
     idx = s.after["m_codebook"].long().reshape(blocks, period)
     chosen = cb[idx]
-    room = magnitude - magnitude_error
-    safe = room > 0
-    normalized = torch.where(magnitude > 0, exact / scale, torch.zeros_like(exact))
-    normalized_error = torch.where(
-        safe,
-        (upd_error + normalized.abs() * magnitude_error) / room.clamp_min(torch.finfo(torch.float64).tiny)
-        + kb.NORMALIZATION_ROUNDING,
-        torch.full_like(exact, math.inf),
-    )
-    nearest = _nearest_distance(cb, normalized)
     excess = (chosen - normalized).abs() - nearest
-    allowed = 2 * normalized_error + kb.CODEWORD_DISTANCE_ROUNDING
     judged = (got_magnitude > 0).expand(blocks, period)
     excess = torch.where(judged, excess.clamp_min(0.0), torch.zeros_like(excess))
     # as elements: the chosen codeword against the exact normalized momentum, which it may miss by
@@ -249,8 +290,7 @@ def _update(
     s: ParamStep, stepsize: torch.Tensor, stepsize_error: float, q_new: torch.Tensor, out: Comparisons
 ):
     p0, p1 = _d(s.p0).reshape(-1), _d(s.p1).reshape(-1)
-    decayed = s.weight_decay > 0.0
-    decay = 1.0 - s.lr * s.weight_decay if decayed else 1.0
+    decayed, decay = _decay(s)
     delta = s.lr * stepsize * q_new
     expected = p0 * decay - delta
     magnitude = _d(s.after["m_magnitude"]).reshape(-1, 1).expand(-1, s.after["automatic_period"]).reshape(-1)
@@ -290,6 +330,101 @@ def _update(
         p0[visible],
         None if lost_decay is None else lost_decay[visible],
     )
+
+
+def _decay(s: ParamStep) -> tuple[bool, float]:
+    """Whether the step decays the parameter, and by which factor (SPEC 1.8.7)."""
+    decayed = s.weight_decay > 0.0
+    return decayed, (1.0 - s.lr * s.weight_decay if decayed else 1.0)
+
+
+@dataclass
+class ElementBounds:
+    """One parameter's pinned step as per-element targets that do not depend on the
+    implementation judged (SPEC 4.5.8), from the same float64 arithmetic and bounds as
+    :func:`check_step`. Each ``(expected, allowed)`` pair is float64, ``allowed`` the largest
+    ``|observed - expected|`` admitted per element:
+
+    * ``moments``: ``{state key: (exact, allowed)}`` for ``vmean`` or ``v_row``/``v_col``, shaped
+      as the state entry (SPEC 5.6.2, 5.6.3);
+    * ``magnitude``: per block, ``(blocks, 1)`` (SPEC 5.6.4);
+    * ``codeword``: the exact normalized momentum, ``(blocks, period)``, and how far from it the
+      chosen codeword ``codebook[index]`` may lie (inf where the magnitude's bound leaves it open;
+      SPEC 5.6.6);
+    * the update (SPEC 5.6.8), which depends on the implementation's own codewords and magnitudes:
+      ``p1 = decayed - rate * codeword * magnitude`` within
+      ``update_rtol * |rate * codeword * magnitude| + rounding``, with ``rate = lr * stepsize``
+      and ``decayed = p0 (1 - lr wd)`` exact and flat, and ``rounding`` the parameter's rounding
+      allowance at the largest ``|p1|`` any codeword and magnitude within their bounds aim at (so
+      never less than :func:`check_step` allows the implementation, whichever of them it chose;
+      equal to it wherever one codeword is admitted, as at nearly every element).
+
+    ``bc1``/``bc2`` are the step's bias corrections (SPEC 1.8.5)."""
+
+    name: str
+    moments: dict
+    magnitude: tuple
+    codeword: tuple
+    rate: torch.Tensor
+    decayed: torch.Tensor
+    update_rtol: float
+    rounding: torch.Tensor
+    bc1: float
+    bc2: float
+
+
+def element_bounds(s: ParamStep, codebook: torch.Tensor) -> ElementBounds:
+    """The per-element targets of ``s`` 's pinned step (``s.after`` supplies only the period, an
+    exact rule); ValueError when its structure is not a valid step's."""
+    problems = _structure_problems(s)
+    if problems:
+        raise ValueError("; ".join(problems))
+    cb = _d(codebook).reshape(-1)
+    moment = _moment_exact(s)
+    m = _momentum_exact(s, cb)
+    period = s.after["automatic_period"]
+    decayed, decay = _decay(s)
+    rate = s.lr * moment.stepsize
+    start = _d(s.p0).reshape(-1) * decay
+    safe = (m.magnitude - m.magnitude_error > 0).expand(-1, period)
+    codeword_allowed = torch.where(safe, m.nearest + m.allowed, torch.full_like(m.allowed, math.inf))
+    low, high = _momentum_range(cb, m, codeword_allowed)
+    largest = torch.maximum((start - rate * low).abs(), (start - rate * high).abs())
+    rounding = kb.parameter_rounding(_d(s.p0).reshape(-1), largest, s.p0.dtype, decayed)
+    return ElementBounds(
+        name=s.name,
+        moments={
+            key: (exact.reshape(s.after[key].shape), (error * exact.abs()).reshape(s.after[key].shape))
+            for key, (exact, error) in moment.values.items()
+        },
+        magnitude=(m.magnitude, m.magnitude_error),
+        codeword=(m.normalized, codeword_allowed),
+        rate=rate,
+        decayed=start,
+        update_rtol=kb.update(s.grad.dtype, moment.stepsize_error),
+        rounding=rounding,
+        bc1=moment.bc1,
+        bc2=moment.bc2,
+    )
+
+
+def _momentum_range(cb: torch.Tensor, m: _Momentum, codeword_allowed: torch.Tensor):
+    """The least and the largest new momentum ``c M'`` (flat) a step within the bounds can have:
+    ``c`` any codeword within ``codeword_allowed`` of the normalized momentum (a contiguous run of
+    the sorted codebook, the nearest one always among them), ``M'`` any magnitude within its
+    bound. The update is linear in it, so the parameters such steps aim at lie between the ends."""
+    u, reach = m.normalized.reshape(-1), codeword_allowed.reshape(-1)
+    last = cb.numel() - 1
+    upper = torch.searchsorted(cb, u).clamp(0, last)
+    lower = (upper - 1).clamp(0, last)
+    nearest = torch.where((u - cb[lower]).abs() <= (cb[upper] - u).abs(), lower, upper)
+    first = torch.minimum(torch.searchsorted(cb, u - reach).clamp(0, last), nearest)
+    final = torch.maximum((torch.searchsorted(cb, u + reach, right=True) - 1).clamp(0, last), nearest)
+    period = m.normalized.shape[1]
+    least = (m.magnitude - m.magnitude_error).clamp_min(0.0).expand(-1, period).reshape(-1)
+    most = (m.magnitude + m.magnitude_error).expand(-1, period).reshape(-1)
+    corners = torch.stack([cb[first] * least, cb[first] * most, cb[final] * least, cb[final] * most])
+    return corners.amin(dim=0), corners.amax(dim=0)
 
 
 def _bias(dtype, parts, out: Comparisons) -> None:

@@ -84,20 +84,26 @@ class PinnedCase:
     about: str = ""
     kind = "pinned-step"
 
-    def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
-        model = _model(self.start, self.groups)
-        theirs = workload.pinned_step_from(
-            make_optimizer, self.state_dict, self.start, self.grads, self.hypers, model=model, **self.options
-        )
-        ours = workload.pinned_step_from(
-            workload.REFERENCE,
+    def run(self, make_optimizer) -> workload.PinnedStep:
+        """The step of the optimizer ``make_optimizer`` builds (the reference's:
+        :data:`gefen_conformance.workload.REFERENCE`) from this case's inputs."""
+        return workload.pinned_step_from(
+            make_optimizer,
             self.state_dict,
             self.start,
             self.grads,
             self.hypers,
-            model=model,
+            model=_model(self.start, self.groups),
             **self.options,
         )
+
+    @property
+    def factored(self) -> bool:
+        return bool(self.options.get("factored_v_2d", False))
+
+    def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
+        theirs = self.run(make_optimizer)
+        ours = self.run(workload.REFERENCE)
         if bitwise:
             comparisons = native_compare.compare(
                 ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=self.dtype
@@ -116,10 +122,9 @@ class PinnedCase:
         for p in native_compare.exact_problems(ours.state_dict, theirs.state_dict, codebook_exact=True):
             comparisons.problem(p)
         if comparisons.ok:
-            factored = bool(self.options.get("factored_v_2d", False))
             comparisons.merge(
                 pinned_step.check_step(
-                    workload.param_steps(self.state_dict, theirs, factored=factored),
+                    workload.param_steps(self.state_dict, theirs, factored=self.factored),
                     self.state_dict["gefen_codebook"],
                 )
             )

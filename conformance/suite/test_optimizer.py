@@ -16,6 +16,8 @@ reference's on CPU; every comparison takes CPU copies. Bitwise means ``cpu-bit-e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -64,23 +66,73 @@ def _pinned(dtype, pin_at, **kw):
     return optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw)
 
 
+@dataclass(frozen=True)
+class PinnedStep:
+    """One pinned step this module certifies: its test, its parameter id and its case's inputs.
+    ``gefen-conformance vectors export`` writes these same cases as test vectors (SPEC 4.5.8)."""
+
+    test: str
+    id: str
+    dtype: torch.dtype
+    pin_at: int
+    options: tuple
+
+    @property
+    def test_id(self) -> str:
+        return f"test_optimizer.py::{self.test}[{self.id}]"
+
+    def case(self) -> optimizer_cases.PinnedCase:
+        return _pinned(self.dtype, self.pin_at, **dict(self.options))
+
+
+BLOCK_VARIANTS = [
+    ("plain", (("tensor_lr", False), ("weight_decay", 0.0))),
+    ("wd-tensor-lr", (("tensor_lr", True), ("weight_decay", 0.05))),
+]
+#: Every pinned step of :func:`test_pinned_block_step` and :func:`test_pinned_factored_step`, in
+#: collection order.
+PINNED_STEPS = (
+    *(
+        PinnedStep(
+            "test_pinned_block_step",
+            f"{variant}-{dtype}-{pin.id}",
+            dtype,
+            pin.values[0],
+            (*options, ("factored_v_2d", False)),
+        )
+        for variant, options in BLOCK_VARIANTS
+        for dtype in DTYPES
+        for pin in PIN_POINTS
+    ),
+    *(
+        PinnedStep(
+            "test_pinned_factored_step",
+            str(dtype),
+            dtype,
+            3,
+            (("weight_decay", 0.05), ("factored_v_2d", True)),
+        )
+        for dtype in DTYPES
+    ),
+)
+
+
+def _steps_of(test: str) -> list:
+    return [pytest.param(step, id=step.id) for step in PINNED_STEPS if step.test == test]
+
+
 @pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-@pytest.mark.parametrize("pin_at", PIN_POINTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "weight_decay,tensor_lr", [(0.0, False), (0.05, True)], ids=["plain", "wd-tensor-lr"]
-)
-def test_pinned_block_step(gefen_impl, gefen_judge, dtype, pin_at, weight_decay, tensor_lr):
-    case = _pinned(dtype, pin_at, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False)
-    _judge(gefen_impl, gefen_judge, case)
+@pytest.mark.parametrize("pinned", _steps_of("test_pinned_block_step"))
+def test_pinned_block_step(gefen_impl, gefen_judge, pinned):
+    _judge(gefen_impl, gefen_judge, pinned.case())
 
 
 @pytest.mark.gefen_clause("1.9", "1.7", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_pinned_factored_step(gefen_impl, gefen_judge, dtype):
-    _judge(gefen_impl, gefen_judge, _pinned(dtype, 3, weight_decay=0.05, factored_v_2d=True))
+@pytest.mark.parametrize("pinned", _steps_of("test_pinned_factored_step"))
+def test_pinned_factored_step(gefen_impl, gefen_judge, pinned):
+    _judge(gefen_impl, gefen_judge, pinned.case())
 
 
 @pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
