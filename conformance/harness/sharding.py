@@ -9,7 +9,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from gefen_conformance.harness import devices, world
 
@@ -42,8 +42,23 @@ def world_mesh():
 
 
 def shard(full: torch.Tensor, mesh) -> torch.Tensor:
-    """``full`` split along dim 0 across ``mesh`` (torch's even-then-short split)."""
-    return distribute_tensor(full, mesh, [Shard(0)])
+    """``full`` split along dim 0 across ``mesh`` (torch's even-then-short split, as
+    ``distribute_tensor`` splits it), each rank keeping a copy of its own rows.
+
+    Every rank passes the same ``full`` (the workload's tensors are seeded), so no rank's rows need
+    to be sent: no collective runs, where ``distribute_tensor`` scatters from rank 0.
+    """
+    rank, size = mesh.get_local_rank(), mesh.size()
+    chunks = full.chunk(size, dim=0)
+    local = chunks[rank] if rank < len(chunks) else full[:0]
+    return DTensor.from_local(
+        local.to(mesh.device_type, copy=True),
+        mesh,
+        [Shard(0)],
+        run_check=False,
+        shape=full.shape,
+        stride=full.stride(),
+    )
 
 
 def shard_like(full: torch.Tensor, like) -> torch.Tensor:

@@ -38,7 +38,6 @@ PATHS = [
     pytest.param(
         "empty", 4, 2, id="4->2-empty-source-shards", marks=pytest.mark.gefen_clause("2.4.5", "3.4.4")
     ),
-    pytest.param("many", 2, 3, id="2->3-many-slots", marks=pytest.mark.gefen_clause("3.6.3", "3.6.4")),
     pytest.param("many", 4, 3, id="4->3-many-slots", marks=pytest.mark.gefen_clause("3.6.3", "3.6.4")),
 ]
 
