@@ -38,6 +38,11 @@ SIGNIFICAND_BITS = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, tor
 
 #: SPEC 3.7.3 / 5.3.3: one step after a reshard, max-abs against a native run (both profiles).
 CONTINUATION_MAX_ABS = 5e-3
+#: SPEC 5.6.24: the training stack's run against the reference's (tolerance profile): the
+#: parameters at the end, max-abs, by the continuation bound ...
+STACK_PARAMS_MAX_ABS = CONTINUATION_MAX_ABS
+#: ... and every step's finite loss, relative.
+STACK_LOSS_RTOL = 2e-3
 #: SPEC 5.6.14: a reshard's re-save against the checkpoint it restored (both profiles). Each dense
 #: momentum element is its nearest codeword in use times its new block's magnitude, up to the
 #: rule's fp32 distances and the normalization (in units of the block magnitude) ...
@@ -104,6 +109,16 @@ _TOLERANCE = ("tolerance",)
 #: bounds)``. The certificate's profile states each with its value (:func:`stated`).
 STATED = {
     "CONTINUATION_MAX_ABS": ("5.3.3", _BOTH, "one step after a reshard against a native run: max-abs"),
+    "STACK_PARAMS_MAX_ABS": (
+        "5.6.24",
+        _TOLERANCE,
+        "the training stack's parameters at the end of a resumed run against the reference's: max-abs",
+    ),
+    "STACK_LOSS_RTOL": (
+        "5.6.24",
+        _TOLERANCE,
+        "the training stack's loss at every step against the reference's",
+    ),
     "RESHARD_REQUANTIZATION_ROUNDING": (
         "5.6.14",
         _BOTH,

@@ -28,6 +28,9 @@ TORCH_MODULES = (
     "torch.distributed.checkpoint.filesystem",
     "torch.distributed.checkpoint.staging",
     "torch.distributed.checkpoint._fsspec_filesystem",  # imports fsspec where it is installed
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.fsdp",  # the training stack's fully_shard (SPEC 4.3.14)
+    "torch.amp",
     "torch.utils.serialization",
     "torch.profiler",
     "torch._dynamo",
@@ -37,6 +40,7 @@ SUITE_MODULES = (
     "gefen_reference",
     "gefen_reference.dcp",
     "gefen_conformance.workload",
+    "gefen_conformance.workload.stack",
     "gefen_conformance.golden",
     "gefen_conformance.harness.sharding",
     "gefen_conformance.implementations.registry",

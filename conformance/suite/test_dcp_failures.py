@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from gefen_conformance import workload
 from gefen_conformance.harness import world
@@ -84,29 +83,13 @@ def failing_load(impl: Implementation, path: str, before_dir: str, after_dir: st
     return error
 
 
-class DyingWriter(dcp.FileSystemWriter):
-    """DCP's ``FileSystemWriter`` whose rank ``victim`` writes its payload, then dies
-    (``World.die``) before reporting its write results, i.e. before any rank can commit
-    ``.metadata``."""
-
-    def __init__(self, path: str, victim: int):
-        super().__init__(path)
-        self.victim = victim
-
-    def write_data(self, plan, planner):
-        future = super().write_data(plan, planner)
-        here = world.current()
-        if here.rank == self.victim:
-            future.wait()
-            here.die(KILLED_EXIT_CODE)
-        return future
-
-
 def killed_save(impl: Implementation, path: str, victim: int = 1) -> None:
     """Train and save with rank ``victim`` killed in the middle of the save (collective)."""
     model = workload.BASE
     params, optimizer = workload.trained(impl, model, world_mesh(), steps=range(1, workload.DCP_STEPS + 2))
-    workload.save(impl, optimizer, params=params, writer=DyingWriter(path, victim))
+    workload.save(
+        impl, optimizer, params=params, writer=workload.dying_writer(path, victim, KILLED_EXIT_CODE)
+    )
 
 
 def load_and_continue(impl: Implementation, path: str) -> dict:

@@ -261,8 +261,8 @@ def gradient(
 
 
 def set_gradients(model: Model, params: dict, step: int) -> None:
-    """Every parameter's ``.grad`` for ``step``: in its dtype, on its device, sharded like it (a
-    collective for DTensors)."""
+    """Every parameter's ``.grad`` for ``step``: in its dtype, on its device, sharded like it
+    (each rank cuts its own rows: no collective)."""
     from torch.distributed.tensor import DTensor
 
     from gefen_conformance.harness.sharding import shard

@@ -8,6 +8,7 @@ gives a DCP scenario's trained state to save.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterable
 
@@ -16,7 +17,7 @@ import torch
 from gefen_conformance.harness import world
 from gefen_conformance.workload.models import DCP_STEPS, Model, param_groups, parameters, train
 
-__all__ = ["group", "load", "save", "trained"]
+__all__ = ["dying_writer", "group", "killing_writer", "load", "save", "trained"]
 
 
 def group():
@@ -89,3 +90,35 @@ def trained(impl, model: Model, mesh, *, steps: Iterable[int] = range(1, DCP_STE
     optimizer = impl.make_optimizer(param_groups(model, params), **dict({"factored_v_2d": False}, **options))
     train(model, optimizer, params, steps)
     return params, optimizer
+
+
+def dying_writer(path: str, victim: int, exitcode: int):
+    """A DCP ``FileSystemWriter`` of ``path`` whose rank ``victim`` writes its payload, then dies
+    (``World.die(exitcode)``) before reporting its write results, i.e. before any rank can commit
+    ``.metadata`` (SPEC 4.3.3)."""
+    return _dying_writer_class()(path, victim, exitcode)
+
+
+def killing_writer(victim: int, exitcode: int):
+    """``writer_for(path)`` giving :func:`dying_writer` of ``path`` (picklable, for rank bodies)."""
+    return functools.partial(dying_writer, victim=victim, exitcode=exitcode)
+
+
+@functools.cache
+def _dying_writer_class():
+    import torch.distributed.checkpoint as dcp
+
+    class DyingWriter(dcp.FileSystemWriter):
+        def __init__(self, path: str, victim: int, exitcode: int):
+            super().__init__(path)
+            self.victim, self.exitcode = victim, exitcode
+
+        def write_data(self, plan, planner):
+            future = super().write_data(plan, planner)
+            here = world.current()
+            if here.rank == self.victim:
+                future.wait()
+                here.die(self.exitcode)
+            return future
+
+    return DyingWriter

@@ -1,0 +1,184 @@
+"""The training stack users run (SPEC 4.3.14): FSDP2 ``fully_shard`` over a small transformer, bf16
+autocast, a real ``torch.amp.GradScaler`` with an overflow, ``clip_grad_norm_`` over DTensor
+gradients, a warm-up-then-cosine schedule, and a torchtitan-style app-state checkpoint, resumed on
+another world size with the model sharded again (``gefen_conformance.workload.stack``).
+
+Each resume path trains the implementation and the reference side by side from the same initial
+values on N ranks, saves each through its own adapter, resumes each on M ranks and trains on; the
+implementation's run is judged against the reference's: every step's loss, and at the end the
+parameters, the scaler's scale, the scheduler's state and the step (SPEC 5.6.24). Two failures of
+the stack: a rank killed during the save, and HSDP's 2-D mesh, which the adapter refuses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.suite import checkpoints
+from gefen_conformance.workload import stack
+from gefen_conformance.workload.saving import killing_writer
+from gefen_oracles import kernel_bounds as kb
+from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
+from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
+
+TIMEOUT = 60.0
+KILLED_EXIT_CODE = 19
+
+#: (config, source world, target world): uneven shards everywhere, empty ones on 4 ranks.
+PATHS = [
+    pytest.param("mixed", 2, 4, id="2->4-bf16-policy"),
+    pytest.param("tied", 4, 2, id="4->2-tied"),
+    pytest.param("mixed-tied", 2, 1, id="2->1-bf16-policy-tied"),
+    pytest.param("plain", 1, 2, id="1->2"),
+    pytest.param("mixed", 3, 2, id="3->2-bf16-policy"),
+]
+
+
+def _resumed(gefen_checkpoints, impl, reference, config: str, source: int, target: int) -> tuple:
+    """``(implementation's StackRun, reference's StackRun)`` of one path, made once per session."""
+    stack_config = stack.STACK_CONFIGS[config]
+    directory = gefen_checkpoints.directory("stack", impl, config, f"w{source}")
+    paths = (str(directory / "impl"), str(directory / "reference"))
+    trained = gefen_checkpoints.once(
+        ("stack-trained", impl.spec, config, source),
+        lambda: checkpoints.run(
+            stack.train_and_save, source, ((impl, reference), stack_config, paths), timeout=TIMEOUT
+        )[0],
+    )
+    resumed = gefen_checkpoints.once(
+        ("stack-resumed", impl.spec, config, source, target),
+        lambda: checkpoints.run(
+            stack.resume_and_train, target, ((impl, reference), stack_config, paths), timeout=TIMEOUT
+        )[0],
+    )
+    return trained, resumed
+
+
+# ----------------------------------------------------------------------------------- checks
+
+
+def _losses(what: str, expected: list, actual: list, bitwise: bool) -> Comparison:
+    e, a = torch.tensor(expected, dtype=torch.float64), torch.tensor(actual, dtype=torch.float64)
+    if bitwise:
+        return bitwise_comparison(what, e, a)
+    finite = torch.isfinite(e)
+    if not torch.equal(finite, torch.isfinite(a)) or len(expected) != len(actual):
+        return Comparison(
+            what, "tolerance", math.inf, kb.STACK_LOSS_RTOL, problems=[f"{what}: {actual} vs {expected}"]
+        )
+    error = float(((a - e).abs() / e.abs())[finite].max()) if bool(finite.any()) else 0.0
+    problems = [] if error <= kb.STACK_LOSS_RTOL else [f"{what}: {actual} vs the reference's {expected}"]
+    return Comparison(what, "tolerance", error, kb.STACK_LOSS_RTOL, problems=problems)
+
+
+def compare_runs(impl_run: tuple, reference_run: tuple, bitwise: bool) -> Comparisons:
+    """The implementation's run of a path against the reference's (SPEC 5.6.24)."""
+    (impl_trained, (impl_resumed, impl_end)), (ref_trained, (ref_resumed, ref_end)) = impl_run, reference_run
+    out = Comparisons()
+    out.add(_losses("losses before the save", ref_trained, impl_trained, bitwise))
+    out.add(_losses("losses after the resume", ref_resumed, impl_resumed, bitwise))
+    names = sorted(ref_end["params"])
+    if sorted(impl_end["params"]) != names:
+        out.problem(f"parameters {sorted(impl_end['params'])}, the reference's {names}")
+        return out
+    if bitwise:
+        for n in names:
+            out.add(
+                bitwise_comparison(
+                    "parameters at the end", ref_end["params"][n], impl_end["params"][n], label=n
+                )
+            )
+    else:
+        worst, where = max(
+            (float((impl_end["params"][n].double() - ref_end["params"][n].double()).abs().max()), n)
+            for n in names
+        )
+        worst = worst if math.isfinite(worst) else math.inf
+        bound = kb.STACK_PARAMS_MAX_ABS
+        problems = [] if worst <= bound else [f"parameters at the end: max-abs {worst:.3e} at {where}"]
+        out.add(Comparison("parameters at the end (max-abs)", "tolerance", worst, bound, problems=problems))
+    for key, what in (
+        ("scale", "the scaler's scale"),
+        ("scheduler", "the scheduler's state"),
+        ("lrs", "the groups' lr"),
+        ("step", "the trainer's step"),
+    ):
+        same = impl_end[key] == ref_end[key]
+        out.exact(
+            f"{what} at the end",
+            int(not same),
+            1,
+            [] if same else [f"{what}: {impl_end[key]!r}, the reference's {ref_end[key]!r}"],
+        )
+    return out
+
+
+def _refusal(rank: int, outcome, part: str) -> str | None:
+    if outcome is None:
+        return f"rank {rank}: the save of a 2-D mesh's optimizer succeeded; expected an error naming {part!r}"
+    kind, message = outcome
+    return (
+        None if part in message else f"rank {rank}: raised {kind}: {message!r}; expected one naming {part!r}"
+    )
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.gefen_clause("4.3.14", "5.6.24", "3.7.1", "1.10.3", "3.5.5")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+@pytest.mark.parametrize("config,source,target", PATHS)
+def test_stack_resumes_like_the_reference(
+    gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, config, source, target
+):
+    trained, resumed = _resumed(gefen_checkpoints, gefen_impl, gefen_reference, config, source, target)
+    failed = [
+        f"{side}: the resume raised {r[1]}: {r[2]}"
+        for side, r in zip(("implementation", "reference"), resumed)
+        if r[0] == "raised"
+    ]
+    assert not failed, "\n".join(failed)
+    impl_run, reference_run = (trained[0], resumed[0]), (trained[1], resumed[1])
+    gefen_judge.assert_comparisons(compare_runs(impl_run, reference_run, gefen_judge.bitwise))
+
+
+@pytest.mark.gefen_clause("4.3.14", "4.3.3", "4.2.2", "5.1.2")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_stack_rank_killed_mid_save_leaves_nothing_to_resume(gefen_impl, gefen_checkpoints):
+    """Rank 1 writes its payload and dies before reporting it: rank 0 raises within the bound, no
+    ``.metadata`` is committed, and a resume of that directory fails on every rank."""
+    path = gefen_checkpoints.scratch("stack-killed") / "checkpoint"
+    config = stack.STACK_CONFIGS["mixed"]
+    outcomes = checkpoints.run(
+        stack.train_and_save,
+        2,
+        ((gefen_impl,), config, (str(path),), killing_writer(1, KILLED_EXIT_CODE)),
+        timeout=TIMEOUT,
+        allow_failure=True,
+    )
+    assert [o.status for o in outcomes] == ["raised", "died"], "\n".join(o.headline() for o in outcomes)
+    assert outcomes[1].exitcode == KILLED_EXIT_CODE, outcomes[1].headline()
+    with pytest.raises(CheckpointError, match="did not commit"):
+        read_metadata(path)
+    resumed = checkpoints.run(
+        stack.resume_and_train, 2, ((gefen_impl,), config, (str(path),)), timeout=TIMEOUT
+    )
+    assert all(r[0][0] == "raised" for r in resumed), [r[0][:2] for r in resumed]
+
+
+@pytest.mark.gefen_clause("4.3.14", "2.4.1", "2.3.4")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_stack_hsdp_mesh_is_refused_and_nothing_written(gefen_impl, gefen_checkpoints):
+    """``fully_shard`` on a 2-D (replicate x shard) mesh: every rank's save raises naming the mesh
+    ("one-dimensional", SPEC 2.4.1), and nothing is written."""
+    path = gefen_checkpoints.scratch("stack-hsdp") / "checkpoint"
+    outcomes = checkpoints.run(stack.refused_on_a_2d_mesh, 2, (gefen_impl, str(path)), timeout=TIMEOUT)
+    problems = [p for rank, o in enumerate(outcomes) if (p := _refusal(rank, o, "one-dimensional"))]
+    written = sorted(p.name for p in path.iterdir()) if path.exists() else []
+    if written:
+        problems.append(f"written although the save failed: {written}")
+    assert not problems, "\n".join(problems)
