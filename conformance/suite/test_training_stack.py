@@ -79,6 +79,11 @@ def compare_runs(impl_run: tuple, reference_run: tuple, bitwise: bool) -> Compar
     """The implementation's run of a path against the reference's (SPEC 5.6.24)."""
     (impl_trained, (impl_resumed, impl_end)), (ref_trained, (ref_resumed, ref_end)) = impl_run, reference_run
     out = Comparisons()
+    skipped = sum(not math.isfinite(loss) for loss in ref_trained + ref_resumed)
+    if skipped != 1 or ref_end["scale"] != stack.INIT_SCALE / 2:
+        out.problem(
+            f"workload too weak: the reference's scaler skipped {skipped} steps, scale {ref_end['scale']}"
+        )
     out.add(_losses("losses before the save", ref_trained, impl_trained, bitwise))
     out.add(_losses("losses after the resume", ref_resumed, impl_resumed, bitwise))
     names = sorted(ref_end["params"])

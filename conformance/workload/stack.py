@@ -49,6 +49,8 @@ WEIGHT_DECAY = 0.1
 MAX_GRAD_NORM = 1.0
 INIT_SCALE = 2.0**12
 WARMUP = 3
+#: The step whose loss is made infinite (before the save in every configuration).
+OVERFLOW_AT = 3
 #: The schedule's last factor: the resumed steps keep a nonzero lr.
 FLOOR = 0.1
 
@@ -119,7 +121,7 @@ class StackConfig:
     mixed: bool = False
     train: int = 4
     resume: int = 3
-    overflow_at: int = 3
+    overflow_at: int = OVERFLOW_AT
 
     @property
     def total(self) -> int:
