@@ -230,6 +230,86 @@ class _LoadKeepsCallersTensors(_Backend):
             self.codebook = codebook.to(self.codebook.device)
 
 
+class _GradScaleReadAsTensorOnly(_Backend):
+    """GradScaler: the attributes are read only when they are tensors (as torch's GradScaler sets
+    them); a loss scaler that sets Python numbers (``opt.grad_scale = 1024.0``) is ignored and the
+    gradients stay scaled (SPEC 1.10.3 takes either)."""
+
+    def _apply_grad_scaler(self):
+        scale = getattr(self, "grad_scale", None)
+        if scale is None or torch.is_tensor(scale):
+            return super()._apply_grad_scaler()
+        self.grad_scale = None
+        try:
+            return super()._apply_grad_scaler()
+        finally:
+            self.grad_scale = scale
+
+
+class _HyperparametersCachedByIdentity(_Backend):
+    """Hyperparameters: each group's betas, eps and weight decay are copied into a constant buffer
+    once, the copy keyed on the values' identity for tensors (a CUDA-graph-style constant cache), so
+    a tensor hyperparameter changed in place keeps its first value (SPEC 1.10.13)."""
+
+    def update_parameters(self, updates):
+        cache = self.__dict__.setdefault("_constants", {})
+        out = []
+        for u in updates:
+            h = u.hyper
+            values = (h.beta1, h.beta2, h.eps, h.weight_decay)
+            key = tuple(("tensor", id(v)) if torch.is_tensor(v) else ("float", v) for v in values)
+            if key not in cache:
+                cache[key] = (values, tuple(v.detach().clone() if torch.is_tensor(v) else v for v in values))
+            b1, b2, eps, wd = cache[key][1]
+            hyper = type(h)(lr=h.lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
+            out.append(type(u)(u.name, u.param, u.grad, u.state, hyper, u.factored))
+        super().update_parameters(out)
+
+
+class _LoadedTensorCountersKept(_Backend):
+    """Native load: counters that arrive as one-element tensors are kept as fp32 tensors, the way
+    torch.optim's Adam keeps ``state['step']``, instead of becoming Python ints (SPEC 1.12.4 item
+    1); they stop counting at 2^24 and ``state_dict()`` returns tensors."""
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        saved = state_dict.get("state") or {}
+        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
+            for sid, p in zip(saved_group["params"], group["params"]):
+                for key, value in (saved.get(sid) or {}).items():
+                    if key in ("step", "vmean_step", "factored_step") and torch.is_tensor(value):
+                        self.state[p][key] = torch.tensor(float(self.state[p][key]), dtype=torch.float32)
+
+
+class _LoadedIdsBySortOrder(_Backend):
+    """Native load: the k-th smallest saved id is mapped to the k-th parameter (a converter that
+    rebuilds ids as ``range(n)`` after sorting), not saved group ``j``, position ``i`` to live group
+    ``j``, position ``i`` (SPEC 1.12.3 item 2): right for ids in ascending order only."""
+
+    def load_state_dict(self, state_dict):
+        groups = [dict(g) for g in state_dict["param_groups"]]
+        ordered = sorted(i for g in groups for i in g["params"])
+        start = 0
+        for g in groups:
+            g["params"], start = ordered[start : start + len(g["params"])], start + len(g["params"])
+        super().load_state_dict(dict(state_dict, param_groups=groups))
+
+
+class _LoadPreHookResultDropped(_Backend):
+    """Native load re-implemented to stage the backend's own buffers: the load pre-hooks run for
+    their side effects only, a hook's returned dict is dropped (SPEC 1.12.13)."""
+
+    def load_state_dict(self, state_dict):
+        hooks = self._optimizer_load_state_dict_pre_hooks
+        for hook in list(hooks.values()):
+            hook(self, state_dict)
+        self._optimizer_load_state_dict_pre_hooks = type(hooks)()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = hooks
+
+
 #: name -> (class, clause, selection, bug)
 _MUTANTS = {
     "zero-first-gradients-learn-nothing": (
@@ -297,6 +377,36 @@ _MUTANTS = {
         "1.12.8",
         "load_copies_the_callers",
         "a native load keeps the caller's tensors as the optimizer's state",
+    ),
+    "grad-scale-read-as-tensor-only": (
+        _GradScaleReadAsTensorOnly,
+        "1.10.3",
+        "grad_scale_unscales",
+        "grad_scale given as a Python float is ignored: the gradients stay scaled",
+    ),
+    "hyperparameters-cached-by-identity": (
+        _HyperparametersCachedByIdentity,
+        "1.10.13",
+        "tensor_hyperparameter_changed",
+        "betas, eps and weight decay cached by tensor identity: an in-place change is not seen",
+    ),
+    "loaded-tensor-counters-kept": (
+        _LoadedTensorCountersKept,
+        "1.12.4",
+        "load_of_another_checkpoint_form",
+        "counters loaded as tensors stay fp32 tensors instead of becoming Python ints",
+    ),
+    "loaded-ids-by-sort-order": (
+        _LoadedIdsBySortOrder,
+        "1.12.3",
+        "load_of_another_checkpoint_form",
+        "a native load maps saved ids by their sorted order, not by position",
+    ),
+    "load-pre-hook-result-dropped": (
+        _LoadPreHookResultDropped,
+        "1.12.13",
+        "load_pre_hook_result",
+        "a load pre-hook's returned dict is dropped",
     ),
 }
 

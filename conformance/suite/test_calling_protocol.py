@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -308,6 +309,11 @@ def _found_inf(make_optimizer, variant: str) -> Side:
     return side
 
 
+#: How a caller hands the scale: as GradScaler does (one-element tensors), or as Python numbers (a
+#: hand-written loss scaler; SPEC 1.10.3 takes either).
+GRAD_SCALE_FORMS = ("tensor", "python-float")
+
+
 def _grad_scale_in_place(make_optimizer, variant: str) -> Side:
     """A call under ``grad_scale`` with gradients scaled by it; then each ``.grad`` must be the tensor
     the caller set, holding the unscaled gradient (exact: the scale is a power of two)."""
@@ -315,7 +321,10 @@ def _grad_scale_in_place(make_optimizer, variant: str) -> Side:
     opt, device = side.optimizer, workload.device_for(make_optimizer)
     grads = _grads(1)
     given = side.assign(grads, SCALE)
-    opt.grad_scale, opt.found_inf = torch.tensor(SCALE, device=device), torch.tensor(0.0, device=device)
+    if variant == "python-float":
+        opt.grad_scale, opt.found_inf = SCALE, 0.0
+    else:
+        opt.grad_scale, opt.found_inf = torch.tensor(SCALE, device=device), torch.tensor(0.0, device=device)
     side.call(grads, opt.step)
     del opt.grad_scale, opt.found_inf
     for n, p in side.params.items():
@@ -430,6 +439,29 @@ def _hyperparameter_change(make_optimizer, variant: str) -> Side:
     return side
 
 
+#: Hyperparameters held as one-element tensors and written in place between steps (a beta2 warm-up,
+#: a weight-decay schedule kept in tensors): each call must use the values the groups hold.
+TENSOR_HYPERPARAMETERS = ("beta1", "beta2", "eps", "weight_decay")
+
+
+def _tensor_hyperparameter_in_place(make_optimizer, variant: str) -> Side:
+    """Every group's ``variant`` made a one-element fp64 tensor of its value; a step; the tensor
+    changed in place (``fill_``); a step."""
+    side = _side(make_optimizer)
+    groups = side.optimizer.param_groups
+    for group in groups:
+        group[variant] = torch.tensor(float(group[variant]), dtype=torch.float64)
+    side.step(_grads(1))
+    change = _set_every_group(variant)
+    for group in groups:
+        was = float(group[variant])
+        view = {variant: was}
+        change(SimpleNamespace(param_groups=[view]))
+        group[variant].fill_(view[variant])
+    side.step(_grads(2))
+    return side
+
+
 #: Writes to group 0's tensor lr that bypass its version counter (SPEC 1.4.2).
 LR_WRITES = {
     "data": lambda lr: lr.data.mul_(0.5),
@@ -492,6 +524,85 @@ def _load_copies(make_optimizer, variant: str) -> Side:
     return side
 
 
+#: The counters of a native state dict (SPEC 1.12.4 item 1).
+COUNTERS = ("step", "vmean_step", "factored_step")
+
+
+def _counters_as_tensors(sd: dict) -> dict:
+    """Every parameter's counters one-element int64 tensors, as torch.optim checkpoints carry their
+    ``step`` (SPEC 1.12.4 item 1: accepted, and they become Python ints). The global step stays
+    as saved: the groups' metadata repeats it, and the two must agree (SPEC 1.12.2)."""
+    for entry in sd["state"].values():
+        for key in COUNTERS:
+            if key in entry:
+                entry[key] = torch.tensor(entry[key])
+    return sd
+
+
+def _ids_permuted(sd: dict) -> dict:
+    """The parameter ids renumbered: offset, with gaps, descending (a checkpoint merged or converted
+    by a tool); saved group ``j``, position ``i`` still maps to live group ``j``, position ``i``
+    (SPEC 1.12.3 item 2)."""
+    ids = [i for group in sd["param_groups"] for i in group["params"]]
+    new = {old: 100 + 7 * (len(ids) - 1 - k) for k, old in enumerate(ids)}
+    for group in sd["param_groups"]:
+        group["params"] = [new[i] for i in group["params"]]
+    sd["state"] = {new[i]: entry for i, entry in sd["state"].items()}
+    return sd
+
+
+LOADED_FORMS = {"tensor-counters": _counters_as_tensors, "permuted-ids": _ids_permuted}
+
+
+def _int_counters(out: Comparisons, label: str, sd: dict) -> None:
+    """SPEC 1.12.4 item 1: every counter of the state dict a Python int."""
+    found = [
+        (f"state[{e.get('name', pid)}].{k}", e[k])
+        for pid, e in sd["state"].items()
+        for k in COUNTERS
+        if k in e
+    ]
+    found.append(("gefen_global_step", sd.get("gefen_global_step")))
+    wrong = [
+        f"{label}: {where} is {type(v).__name__} {v!r}, not a Python int"
+        for where, v in found
+        if type(v) is not int
+    ]
+    out.exact("counters are Python ints", len(wrong), len(found), wrong)
+
+
+def _loaded_form(make_optimizer, variant: str) -> Side:
+    """The checkpoint loaded in another form a native state dict may take (:data:`LOADED_FORMS`),
+    then two steps; the counters inspected after the load and after each step."""
+    side = _side(make_optimizer, load=False)
+    side.optimizer.load_state_dict(LOADED_FORMS[variant](_checkpoint()))
+    _int_counters(side.seen, "after the load", side.optimizer.state_dict())
+    for call in (1, 2):
+        side.step(_grads(call))
+        _int_counters(side.seen, f"after call {call}", side.optimizer.state_dict())
+    return side
+
+
+def _lr_by_pre_hook(optimizer, state_dict: dict) -> dict:
+    """A load pre-hook that returns a changed copy (torch's ``Optimizer`` hook contract: the
+    returned dict is the one loaded): group 0's lr halved."""
+    changed = copy.copy(state_dict)
+    changed["param_groups"] = [dict(g) for g in state_dict["param_groups"]]
+    lr = changed["param_groups"][0]["lr"]
+    changed["param_groups"][0]["lr"] = lr * 0.5 if not torch.is_tensor(lr) else lr.detach().clone().mul_(0.5)
+    return changed
+
+
+def _load_pre_hook(make_optimizer, variant: str) -> Side:
+    """A load with a pre-hook that returns a changed copy of the checkpoint; two steps."""
+    side = _side(make_optimizer, load=False)
+    side.optimizer.register_load_state_dict_pre_hook(_lr_by_pre_hook)
+    side.optimizer.load_state_dict(_checkpoint())
+    for call in (1, 2):
+        side.step(_grads(call))
+    return side
+
+
 @dataclass(frozen=True)
 class Scenario:
     run: Callable  # (make_optimizer, variant) -> Side
@@ -511,6 +622,11 @@ SCENARIOS = {
     "tensor-lr-alias": Scenario(_tensor_lr_alias, "a step, the tensor lr written through an alias, a step"),
     "compact-state-dict": Scenario(_compact_state_dict, "two steps, the state dict inspected"),
     "load-copies": Scenario(_load_copies, "a load, the caller's dict changed, a step"),
+    "tensor-hyperparameter": Scenario(
+        _tensor_hyperparameter_in_place, "a step, a tensor hyperparameter changed in place, a step"
+    ),
+    "loaded-form": Scenario(_loaded_form, "a load of the checkpoint in another form, two steps"),
+    "load-pre-hook": Scenario(_load_pre_hook, "a load through a pre-hook that changes it, two steps"),
 }
 
 
@@ -576,11 +692,13 @@ def test_found_inf_skips_the_step(gefen_impl, gefen_judge, variant):
     _judge(gefen_impl, gefen_judge, "found-inf", variant)
 
 
-@pytest.mark.gefen_clause("4.3.13", "1.10.4", "1.10.12", "5.6.13")
+@pytest.mark.gefen_clause("4.3.13", "1.10.3", "1.10.4", "1.10.12", "5.6.13")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-def test_grad_scale_unscales_the_gradients_in_place(gefen_impl, gefen_judge):
-    """After a call under ``grad_scale`` each ``.grad`` is the caller's tensor, unscaled."""
-    _judge(gefen_impl, gefen_judge, "grad-scale")
+@pytest.mark.parametrize("variant", GRAD_SCALE_FORMS)
+def test_grad_scale_unscales_the_gradients_in_place(gefen_impl, gefen_judge, variant):
+    """After a call under ``grad_scale`` (a tensor, or a Python float) each ``.grad`` is the
+    caller's tensor, unscaled."""
+    _judge(gefen_impl, gefen_judge, "grad-scale", variant)
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.11", "1.2.6", "5.6.13")
@@ -632,3 +750,28 @@ def test_load_copies_the_callers_state(gefen_impl, gefen_judge):
     """After a load, changing the caller's dict leaves the optimizer as loaded, and steps leave the
     caller's dict as it was (gefen-x 0.5.0 keeps the caller's tensors: SPEC 1.14 D17)."""
     _judge(gefen_impl, gefen_judge, "load-copies")
+
+
+@pytest.mark.gefen_clause("4.3.13", "1.10.13", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+@pytest.mark.parametrize("variant", TENSOR_HYPERPARAMETERS)
+def test_tensor_hyperparameter_changed_in_place_takes_effect(gefen_impl, gefen_judge, variant):
+    """A beta, eps or weight decay held as a tensor and changed in place between steps: the next
+    step uses the new value (a cache keyed on the tensor's identity does not)."""
+    _judge(gefen_impl, gefen_judge, "tensor-hyperparameter", variant)
+
+
+@pytest.mark.gefen_clause("4.3.13", "1.12.3", "1.12.4", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+@pytest.mark.parametrize("variant", list(LOADED_FORMS))
+def test_load_of_another_checkpoint_form(gefen_impl, gefen_judge, variant):
+    """Counters as one-element tensors become Python ints; renumbered parameter ids map by position,
+    not by their order."""
+    _judge(gefen_impl, gefen_judge, "loaded-form", variant)
+
+
+@pytest.mark.gefen_clause("4.3.13", "1.12.13", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_load_pre_hook_result_is_loaded(gefen_impl, gefen_judge):
+    """A load pre-hook that returns a changed dict: that dict is the one loaded."""
+    _judge(gefen_impl, gefen_judge, "load-pre-hook")
