@@ -17,6 +17,8 @@ properties catch them, through their explicit examples.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 import gefen_reference.codebook as codebook_module
@@ -144,6 +146,57 @@ class _LaunchOf512(_Backend):
         for u in updates[self.LAUNCH :]:
             u.state["step"] += 1
             u.state["factored_step" if u.factored else "vmean_step"] += 1
+
+
+class _MetadataTableOf1024(_Backend):
+    """Parameter count: the multi-tensor launch carries a per-tensor table of 1024 entries (its
+    group's lr, betas, eps and decay) that the host does not check: tensor ``i`` of a step reads
+    entry ``i % 1024``, so from the 1025th on each takes the hyperparameters of the one 1024 before."""
+
+    TABLE = 1024
+
+    def update_parameters(self, updates):
+        updates = list(updates)
+        super().update_parameters(
+            [
+                u if i < self.TABLE else replace(u, hyper=updates[i % self.TABLE].hyper)
+                for i, u in enumerate(updates)
+            ]
+        )
+
+
+class _UnfusedPathCouplesDecay(_Backend):
+    """Options: the ``fused=False`` fallback (the path taken where the fused kernel is unavailable)
+    folds weight decay into the gradient, Adam's L2 (``g + wd * p``), instead of the decoupled decay
+    of SPEC 1.8.6; ``fused`` has no effect on the reference (SPEC 1.1.5)."""
+
+    def __init__(self, params, *args, fused=True, **kwargs):
+        super().__init__(params, *args, fused=fused, **kwargs)
+        self._unfused = not fused
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        if self._unfused and hyper.weight_decay > 0.0:
+            grad = grad + hyper.weight_decay * local_tensor(p).detach().to(grad.dtype)
+            hyper = replace(hyper, weight_decay=0.0)
+        super().update_parameter(p, grad, state, hyper, factored)
+
+
+class _CodebookFromTrainableOnly(_Backend):
+    """Codebook learning: the kernel's input list holds the trainable parameters only
+    (``p.requires_grad and p.grad is not None``), so a frozen parameter holding a gradient at the
+    learning step gets its period but adds nothing to the histogram (SPEC 1.6.3: every parameter
+    with a gradient contributes; SPEC 1.2.6: ``requires_grad`` plays no role)."""
+
+    def learn_codebook(self, pieces, device):
+        trainable = [
+            p.requires_grad
+            for _, _, p in self.named_params()
+            if p.grad is not None and local_tensor(p.grad).numel()
+        ]
+        pieces = list(pieces)
+        if len(trainable) == len(pieces):
+            pieces = [piece for piece, keep in zip(pieces, trainable) if keep]
+        return super().learn_codebook(pieces, device)
 
 
 # ---------------------------------------------------------------- layouts: unit inner stride
@@ -291,6 +344,24 @@ _SPACE_MUTANTS = {
         "4.3.12",
         _LIFECYCLE,
         "parameters past the 512th of a step are not updated (their counters advance)",
+    ),
+    "metadata-table-of-1024": (
+        _MetadataTableOf1024,
+        "4.3.12",
+        _LIFECYCLE,
+        "tensor i of a launch reads the hyperparameters of entry i % 1024",
+    ),
+    "unfused-path-couples-decay": (
+        _UnfusedPathCouplesDecay,
+        "4.3.12",
+        _LIFECYCLE,
+        "fused=False folds weight decay into the gradient (L2) instead of decoupling it",
+    ),
+    "codebook-from-trainable-only": (
+        _CodebookFromTrainableOnly,
+        "4.3.12",
+        _LIFECYCLE,
+        "a frozen parameter's gradient is left out of the codebook's histogram",
     ),
     "inner-stride-taken-for-contiguity": (
         _InnerStrideTakenForContiguity,

@@ -549,7 +549,12 @@ _EXPERTS = tuple(
     for k, dtype in enumerate(("fp32", "fp32", "bf16", "bf16", "fp32", "fp32"))
 )
 LIFECYCLE = {
-    "count-600-repeated-shapes": _case(*_many(600), counter=12),
+    # past a launch's per-tensor table of 1024 entries, parameter i and i - 1024 in other groups
+    "count-1100-repeated-shapes-three-groups": _case(
+        *_many(1100, group_of=lambda k: k % 3),
+        groups=(GroupCase(), GroupCase(lr=3e-3, weight_decay=0.1), GroupCase(lr=1e-2, betas=(0.8, 0.99))),
+        counter=12,
+    ),
     "count-130-three-groups-fresh": _case(
         *_many(130, fresh=True, group_of=lambda k: k % 3),
         groups=(GroupCase(), GroupCase(lr=3e-3, weight_decay=0.1), GroupCase(tensor_lr=True)),
@@ -607,6 +612,22 @@ LIFECYCLE = {
         counter=3,
         calls=3,
         schedule="lr-in-place",
+    ),
+    "unfused-with-weight-decay": _case(
+        P((48, 40), period=40),
+        P((64,), period=16),
+        P((24, 3), "bf16", period=3),
+        groups=(GroupCase(lr=1e-2, weight_decay=0.1),),
+        counter=3,
+        calls=2,
+        options=("unfused",),
+    ),
+    # a frozen parameter holding a gradient at the step that learns the codebook (SPEC 1.2.6, 1.6.3)
+    "codebook-learned-with-a-frozen-parameter": _case(
+        P((4096,), frozen=True),
+        P((64,), gradient="signs"),
+        P((16, 8), "bf16", frozen=True),
+        codebook="learned",
     ),
     "deterministic-steps": _case(
         P((48, 40)),

@@ -125,8 +125,10 @@ PROTOCOLS = ("plain", "closure", "grad-scale", "found-inf")
 #: is 0 at the first call and its ``lr`` times ``(call - 1) / (calls - 1)`` after, in place for a
 #: tensor lr).
 SCHEDULES = ("constant", "lr", "lr-in-place", "all", "warmup")
-#: Routing options (SPEC 1.5.2, 1.1.5) a case may set, besides ``factored_v_2d``.
-OPTIONS = ("force_1d_period_one", "force_2d_period_one", "period_one_substrings")
+#: Constructor options (SPEC 1.5.2, 1.1.5) a case may set, besides ``factored_v_2d``: the routing
+#: flags, and ``unfused`` (``fused=False``: no effect on the reference, another code path in a
+#: backend that keeps a fallback beside its fused kernel).
+OPTIONS = ("force_1d_period_one", "force_2d_period_one", "period_one_substrings", "unfused")
 #: ``period_one_substrings`` of a case that sets it: the name of its parameter 1 (the constructor
 #: lowers it, SPEC 1.1.4; a case may give it in upper case).
 PERIOD_ONE_SUBSTRING = "p1."

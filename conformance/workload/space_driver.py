@@ -51,7 +51,10 @@ def _options(case: InputCase) -> dict:
     if case.deterministic:
         options["deterministic"] = True
     for name in case.options:
-        options[name] = (case.substring,) if name == "period_one_substrings" else True
+        if name == "unfused":
+            options["fused"] = False
+        else:
+            options[name] = (case.substring,) if name == "period_one_substrings" else True
     return options
 
 
