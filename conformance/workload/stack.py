@@ -11,8 +11,9 @@ batch is split evenly over the ranks, so a run's arithmetic is the same whatever
 resumes on, up to the order of FSDP2's reductions.
 
 The model's shapes are chosen for the shards ``fully_shard`` makes of them (its ``Shard(0)`` with
-torch.chunk's split): the 37-row vocabulary splits unevenly on 2, 3 and 4 ranks, and each block's
-per-head query and key norms (5 elements) are empty on the last rank of 4.
+torch.chunk's split): the 37-row vocabulary splits unevenly on 2, 3 and 4 ranks, the one-element
+logit scale is empty on every rank but the first, and each block's per-head query and key norms
+(5 elements) are empty on the last rank of 4.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """Embedding, ``BLOCKS`` blocks, a final norm and an output projection, tied to the embedding
-    when ``tied`` (one parameter under two names: ``named_parameters`` yields it once)."""
+    """Embedding, ``BLOCKS`` blocks, a final norm, an output projection, tied to the embedding
+    when ``tied`` (one parameter under two names: ``named_parameters`` yields it once), and a
+    learned logit scale of one element."""
 
     def __init__(self, tied: bool):
         super().__init__()
@@ -102,12 +104,13 @@ class TinyLM(nn.Module):
         self.out = nn.Linear(DIM, VOCAB, bias=False)
         if tied:
             self.out.weight = self.embed.weight
+        self.logit_scale = nn.Parameter(torch.ones(1))
 
     def forward(self, tokens):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.out(self.norm(x))
+        return self.out(self.norm(x)) * self.logit_scale
 
 
 @dataclass(frozen=True)
