@@ -310,6 +310,59 @@ class _LoadPreHookResultDropped(_Backend):
             self._optimizer_load_state_dict_pre_hooks = hooks
 
 
+class _GroupKeysOfAFixedSchema(_Backend):
+    """State dict: the groups are serialized through the keys the backend knows (a fused wrapper
+    rebuilding its groups from its own table): a caller's keys (a scheduler's ``initial_lr``, a
+    layer-wise decay's ``layer_id``) are dropped (SPEC 1.11.2 keeps them)."""
+
+    def state_dict(self):
+        sd = dict(super().state_dict())
+        known = {"params", "param_names", "param_names_synthesized", "name", *self.defaults}
+        sd["param_groups"] = [
+            {k: v for k, v in g.items() if k in known or k.startswith("gefen")} for g in sd["param_groups"]
+        ]
+        return sd
+
+
+class _IndicesReadRowMajor(_Backend):
+    """State layout: the kernel indexes ``m_codebook`` through its data pointer as the row-major
+    tensor it allocates itself; a load that kept a checkpoint's column-major strides is read in
+    another element order (SPEC 1.12.8 loads values, not layouts)."""
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        t = state.get("m_codebook")
+        if t is None or t.is_contiguous():
+            return super().update_parameter(p, grad, state, hyper, factored)
+        state["m_codebook"] = torch.as_strided(t, t.shape, (t.shape[1], 1), t.storage_offset())
+        try:
+            super().update_parameter(p, grad, state, hyper, factored)
+        finally:
+            state["m_codebook"] = t
+
+
+class _GroupsPairedByName(_Backend):
+    """Native load: when every saved and live group carries a ``name``, groups are paired by name
+    (a "match groups by name" convenience), not by position as SPEC 1.12.3 item 2 and torch pair
+    them."""
+
+    def load_state_dict(self, state_dict):
+        groups, live = state_dict["param_groups"], [g.get("name") for g in self.param_groups]
+        saved = [g.get("name") for g in groups]
+        if None in saved or None in live or sorted(saved) != sorted(live) or saved == live:
+            return super().load_state_dict(state_dict)
+        reordered, state, next_id = [], {}, 0
+        for name in live:
+            group = dict(groups[saved.index(name)])
+            ids = []
+            for pid in group["params"]:
+                if pid in state_dict["state"]:
+                    state[next_id] = state_dict["state"][pid]
+                ids.append(next_id)
+                next_id += 1
+            reordered.append(dict(group, params=ids))
+        super().load_state_dict(dict(state_dict, param_groups=reordered, state=state))
+
+
 #: name -> (class, clause, selection, bug)
 _MUTANTS = {
     "zero-first-gradients-learn-nothing": (
@@ -401,6 +454,24 @@ _MUTANTS = {
         "1.12.3",
         "load_of_another_checkpoint_form",
         "a native load maps saved ids by their sorted order, not by position",
+    ),
+    "group-keys-of-a-fixed-schema": (
+        _GroupKeysOfAFixedSchema,
+        "1.11.2",
+        "load_of_another_checkpoint_form",
+        "state_dict() drops a caller's group keys (initial_lr, layer_id)",
+    ),
+    "indices-read-row-major": (
+        _IndicesReadRowMajor,
+        "1.12.8",
+        "load_of_another_checkpoint_form",
+        "loaded column-major indices are read as row-major through the data pointer",
+    ),
+    "groups-paired-by-name": (
+        _GroupsPairedByName,
+        "1.12.3",
+        "load_of_another_checkpoint_form",
+        "a native load pairs named groups by name instead of by position",
     ),
     "load-pre-hook-result-dropped": (
         _LoadPreHookResultDropped,

@@ -181,6 +181,17 @@ class _UnfusedPathCouplesDecay(_Backend):
         super().update_parameter(p, grad, state, hyper, factored)
 
 
+class _DecayFactorClampedAtZero(_Backend):
+    """Weight decay: the kernel forms the decoupled decay factor as ``max(0, 1 - lr * wd)``, a
+    guard against a sign flip that SPEC 1.8.6 does not have (it multiplies by the factor as it is)."""
+
+    def update_parameter(self, p, grad, state, hyper, factored):
+        if hyper.weight_decay > 0.0 and 1.0 - hyper.lr * hyper.weight_decay < 0.0:
+            local_tensor(p).mul_(0.0)
+            hyper = replace(hyper, weight_decay=0.0)
+        super().update_parameter(p, grad, state, hyper, factored)
+
+
 class _CodebookFromTrainableOnly(_Backend):
     """Codebook learning: the kernel's input list holds the trainable parameters only
     (``p.requires_grad and p.grad is not None``), so a frozen parameter holding a gradient at the
@@ -356,6 +367,12 @@ _SPACE_MUTANTS = {
         "4.3.12",
         _LIFECYCLE,
         "fused=False folds weight decay into the gradient (L2) instead of decoupling it",
+    ),
+    "decay-factor-clamped-at-zero": (
+        _DecayFactorClampedAtZero,
+        "4.3.12",
+        _LIFECYCLE,
+        "the decay factor 1 - lr*wd clamped at 0 when lr*wd > 1",
     ),
     "codebook-from-trainable-only": (
         _CodebookFromTrainableOnly,

@@ -551,7 +551,43 @@ def _ids_permuted(sd: dict) -> dict:
     return sd
 
 
-LOADED_FORMS = {"tensor-counters": _counters_as_tensors, "permuted-ids": _ids_permuted}
+def _state_strided(sd: dict) -> dict:
+    """Every index and magnitude tensor dense but column-major (a checkpoint written from
+    transposed views, or converted by a tool): a load copies values, whatever the strides
+    (SPEC 1.12.8)."""
+    for entry in sd["state"].values():
+        for key in ("m_codebook", "m_magnitude", "vmean"):
+            value = entry.get(key)
+            if torch.is_tensor(value) and value.dim() == 2:
+                entry[key] = value.t().contiguous().t()
+    return sd
+
+
+def _extra_group_keys(sd: dict) -> dict:
+    """Caller keys in every saved group (a scheduler's ``initial_lr``, a layer-wise decay's
+    ``layer_id``): kept by the load and by every ``state_dict()`` after it (SPEC 1.11.2)."""
+    for k, group in enumerate(sd["param_groups"]):
+        group["initial_lr"], group["layer_id"] = 1e-3 * (k + 1), k
+    return sd
+
+
+def _groups_named_in_reverse(sd: dict) -> dict:
+    """Every saved group named, in the reverse of the live groups' names (:func:`_loaded_form`
+    names them ``group0``, ``group1``, ...): groups pair by position, never by name (SPEC 1.12.3
+    item 2), and the saved names replace the live ones."""
+    count = len(sd["param_groups"])
+    for k, group in enumerate(sd["param_groups"]):
+        group["name"] = f"group{count - 1 - k}"
+    return sd
+
+
+LOADED_FORMS = {
+    "tensor-counters": _counters_as_tensors,
+    "permuted-ids": _ids_permuted,
+    "strided-state": _state_strided,
+    "extra-group-keys": _extra_group_keys,
+    "groups-named-in-reverse": _groups_named_in_reverse,
+}
 
 
 def _int_counters(out: Comparisons, label: str, sd: dict) -> None:
@@ -575,6 +611,8 @@ def _loaded_form(make_optimizer, variant: str) -> Side:
     """The checkpoint loaded in another form a native state dict may take (:data:`LOADED_FORMS`),
     then two steps; the counters inspected after the load and after each step."""
     side = _side(make_optimizer, load=False)
+    for k, group in enumerate(side.optimizer.param_groups):
+        group["name"] = f"group{k}"
     side.optimizer.load_state_dict(LOADED_FORMS[variant](_checkpoint()))
     _int_counters(side.seen, "after the load", side.optimizer.state_dict())
     for call in (1, 2):
@@ -761,12 +799,12 @@ def test_tensor_hyperparameter_changed_in_place_takes_effect(gefen_impl, gefen_j
     _judge(gefen_impl, gefen_judge, "tensor-hyperparameter", variant)
 
 
-@pytest.mark.gefen_clause("4.3.13", "1.12.3", "1.12.4", "5.6.13")
+@pytest.mark.gefen_clause("4.3.13", "1.11.2", "1.12.3", "1.12.4", "1.12.8", "5.6.13")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("variant", list(LOADED_FORMS))
 def test_load_of_another_checkpoint_form(gefen_impl, gefen_judge, variant):
-    """Counters as one-element tensors become Python ints; renumbered parameter ids map by position,
-    not by their order."""
+    """Counters as one-element tensors become Python ints; renumbered ids and named groups map by
+    position; column-major state tensors load by value; caller keys in groups are kept."""
     _judge(gefen_impl, gefen_judge, "loaded-form", variant)
 
 

@@ -613,6 +613,13 @@ LIFECYCLE = {
         calls=3,
         schedule="lr-in-place",
     ),
+    # lr * weight_decay above 1: the decay factor 1 - lr*wd is negative (SPEC 1.8.6 takes it as is)
+    "decay-factor-below-zero": _case(
+        P((64,), period=16),
+        P((48, 40), period=40),
+        groups=(GroupCase(lr=0.5, weight_decay=4.0),),
+        counter=3,
+    ),
     "unfused-with-weight-decay": _case(
         P((48, 40), period=40),
         P((64,), period=16),
