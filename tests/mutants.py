@@ -1458,6 +1458,63 @@ CATALOGUE["restore-uniform-codebook"] = Entry(
     "continuation and never",
     "a rank that a restore leaves without a codebook gets a uniform one instead of learning one",
 )
+
+
+# ------------------------------------------------------------ an adapter kept across saves (SPEC 2.3.3)
+
+
+class _SlotsNumberedOnce(state.GefenDCPState):
+    """The adapter numbers the optimizer's slots at its first save and keeps that numbering, where
+    SPEC 2.3.3 re-derives it on every call: a retained adapter misses ``add_param_group``."""
+
+    def state_dict(self):
+        first = getattr(self, "_numbered", None)
+        if first is None:
+            result = super().state_dict()
+            self._numbered = self._slots
+            return result
+        numbering = clone(layout, collect_slots=lambda optimizer: first)
+        adapter = clone(state, layout=numbering).GefenDCPState(self.optimizer)
+        return adapter.state_dict()
+
+
+class _PlaceholdersKept(state.GefenDCPState):
+    """The adapter keeps the placeholders of its first save (and so the dense buffers DCP's default
+    path builds in them) and hands them to every later save of the same layout, where each
+    ``state_dict()`` reflects the live state (SPEC 2.3.3)."""
+
+    def state_dict(self):
+        result = super().state_dict()
+        kept = self.__dict__.setdefault("_kept", {})
+        for key, value in result.items():
+            if not placeholder.is_placeholder(value):
+                continue
+            old = kept.get(key)
+            if old is not None and old.shape == value.shape:
+                result[key] = old
+            else:
+                kept[key] = value
+        return result
+
+
+for _name, _adapter, _bug in (
+    (
+        "adapter-numbers-slots-once",
+        _SlotsNumberedOnce,
+        "a retained adapter keeps the slots of its first save",
+    ),
+    (
+        "adapter-keeps-placeholders",
+        _PlaceholdersKept,
+        "a retained adapter reuses its first save's placeholders",
+    ),
+):
+    CATALOGUE[_name] = Entry(
+        _dcp_mutant(_name, SimpleNamespace(GefenDCPState=_adapter)), "2.3.3", "retained_adapter", _bug
+    )
+    globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
+    globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)
+
 for _name in ("restore-default-period-rules", "restore-uniform-codebook"):
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)
