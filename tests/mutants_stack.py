@@ -17,6 +17,7 @@ import torch
 
 import gefen_reference.dcp.hyper_staging as hyper_staging
 import gefen_reference.dcp.restore as restore
+import gefen_reference.steps as steps
 from gefen_reference.native_state import is_dtensor, local_tensor
 from gefen_reference.steps import block_vmean_step
 
@@ -50,6 +51,28 @@ class _ShardedParameterRebound(_Backend):
         p._local_tensor = fresh
 
 
+class _ShardsRoutedByTheirLocalShape(_Backend):
+    """Routing: the backend takes the factored second moment for every parameter whose *local*
+    tensor is 2-D, so under FSDP2 with the default ``factored_v_2d=True`` a 2-D DTensor's shard gets
+    row and column statistics of its own rows (the Adafactor-under-FSDP class of bug); SPEC 1.9.1
+    keeps DTensors on the block path."""
+
+    def update_parameters(self, updates):
+        rest = []
+        for u in updates:
+            if not (self.factored_v_2d and u.param.ndim == 2 and is_dtensor(u.param)):
+                rest.append(u)
+                continue
+            local = local_tensor(u.param)
+            if u.state.get("vmean_step", 1) == 0:  # the block moment the step just created
+                u.state.pop("vmean", None)
+                u.state.pop("vmean_step", None)
+            if "v_row" not in u.state:
+                steps.new_factored_second_moment(u.state, tuple(local.shape), local.device)
+            steps.factored_step(local, u.grad, u.state, self.codebook, u.hyper)
+        super().update_parameters(rest)
+
+
 def _commit_leaving_lr_to_the_scheduler(param_groups, staged_groups):
     """SPEC 3.5.5's commit, but a group a scheduler drives (it holds ``initial_lr``) keeps its live
     ``lr``: the scheduler is taken to own it. A resumed run's first step then uses the fresh
@@ -77,6 +100,12 @@ ENTRIES: dict = {
         "4.3.14",
         _STACK,
         "a DTensor parameter's new shard written to a fresh buffer and rebound, FSDP2's left stale",
+    ),
+    "shards-routed-by-their-local-shape": Entry(
+        _backend("shards-routed-by-their-local-shape", _ShardsRoutedByTheirLocalShape),
+        "1.9.1",
+        "default_flags",
+        "under the default factored_v_2d=True a 2-D DTensor's shard takes the factored path",
     ),
     "lr-left-to-the-scheduler": Entry(
         _dcp_mutant("lr-left-to-the-scheduler", _LR_LEFT),

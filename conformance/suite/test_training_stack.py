@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.implementations.contract import DCP_RESHARD, NATIVE_STATE_DICT
 from gefen_conformance.suite import checkpoints
 from gefen_conformance.workload import stack
 from gefen_conformance.workload.saving import killing_writer
@@ -26,6 +26,8 @@ from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
 TIMEOUT = 60.0
+#: The state keys that tell a parameter's second-moment path (SPEC 1.8, 1.9).
+ROUTES = {"vmean", "v_row", "v_col"}
 KILLED_EXIT_CODE = 19
 
 #: (config, source world, target world): uneven shards everywhere, empty ones on 4 ranks.
@@ -149,6 +151,47 @@ def test_stack_resumes_like_the_reference(
     assert not failed, "\n".join(failed)
     impl_run, reference_run = (trained[0], resumed[0]), (trained[1], resumed[1])
     gefen_judge.assert_comparisons(compare_runs(impl_run, reference_run, gefen_judge.bitwise))
+
+
+@pytest.mark.gefen_clause("4.3.14", "1.9.1", "1.1.5", "5.6.24")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_stack_with_the_default_flags_keeps_dtensors_on_the_block_path(
+    gefen_impl, gefen_reference, gefen_judge
+):
+    """The optimizer's default ``factored_v_2d=True`` under ``fully_shard`` on 2 ranks (no
+    checkpoint): every 2-D DTensor parameter still takes the block path (its state holds
+    ``vmean``, never ``v_row``/``v_col``), and the run matches the reference's."""
+    config = stack.STACK_CONFIGS["plain"]
+    ranks = checkpoints.run(stack.train_with_the_default_flags, 2, ((gefen_impl, gefen_reference), config))
+    problems = []
+    for rank, ((_, _, impl_keys), (_, _, ref_keys)) in enumerate(ranks):
+        if any("v_row" in keys for keys in ref_keys.values()):
+            problems.append(f"rank {rank}: the reference's DTensor parameters took the factored path")
+        problems += [
+            f"rank {rank}: {name} holds {sorted(set(keys) & ROUTES)}, the reference's "
+            f"{sorted(set(ref_keys.get(name, ())) & ROUTES)} (SPEC 1.9.1)"
+            for name, keys in impl_keys.items()
+            if set(keys) & ROUTES != set(ref_keys.get(name, ())) & ROUTES
+        ]
+    assert not problems, "\n".join(problems[:20])
+    (impl_losses, impl_end, _), (ref_losses, ref_end, _) = ranks[0]
+    out = Comparisons()
+    out.add(_losses("losses with the default flags", ref_losses, impl_losses, gefen_judge.bitwise))
+    worst = max(
+        float((impl_end["params"][n].double() - ref_end["params"][n].double()).abs().max())
+        for n in ref_end["params"]
+    )
+    bound = 0.0 if gefen_judge.bitwise else kb.STACK_PARAMS_MAX_ABS
+    out.add(
+        Comparison(
+            "parameters with the default flags (max-abs)",
+            "tolerance",
+            worst,
+            bound,
+            problems=[] if worst <= bound else [f"parameters with the default flags: max-abs {worst:.3e}"],
+        )
+    )
+    gefen_judge.assert_comparisons(out)
 
 
 @pytest.mark.gefen_clause("4.3.14", "4.3.3", "4.2.2", "5.1.2")

@@ -34,6 +34,7 @@ __all__ = [
     "refused_on_a_2d_mesh",
     "resume_and_train",
     "train_and_save",
+    "train_with_the_default_flags",
 ]
 
 VOCAB = 37
@@ -187,7 +188,7 @@ class _Trainer:
     """A model, the implementation's optimizer over its named parameters, a ``LambdaLR`` and a
     ``GradScaler``: the objects a trainer saves and restores."""
 
-    def __init__(self, impl, config: StackConfig, seed: int):
+    def __init__(self, impl, config: StackConfig, seed: int, *, factored_v_2d: bool = False):
         self.config = config
         self.model = _sharded_model(config, seed)
         decay = [(n, p) for n, p in self.model.named_parameters() if p.ndim > 1]
@@ -197,7 +198,7 @@ class _Trainer:
                 {"params": decay, "lr": LR, "weight_decay": WEIGHT_DECAY},
                 {"params": no_decay, "lr": LR, "weight_decay": 0.0},
             ],
-            factored_v_2d=False,
+            factored_v_2d=factored_v_2d,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: schedule(step, config.total)
@@ -354,6 +355,22 @@ def resume_and_train(impls: tuple, config: StackConfig, paths: tuple) -> list:
             continue
         losses = trainer.train(config.resume)
         out.append((losses, trainer.report()))
+    return out
+
+
+def train_with_the_default_flags(impls: tuple, config: StackConfig) -> list:
+    """For each implementation: the stack built with the optimizer's default ``factored_v_2d=True``
+    (no checkpoint: DCP saves need False), trained ``config.train`` steps (collective). Per
+    implementation: ``(losses, report, {name: sorted keys of optimizer.state[p]})``, the
+    ``torch.optim.Optimizer`` state of each parameter (SPEC 1.9.1: a DTensor parameter takes the
+    block path whatever the flag; a native state dict of DTensor parameters is refused, §1.12.11)."""
+    out = []
+    for impl in impls:
+        trainer = _Trainer(impl, config, seed=1, factored_v_2d=True)
+        losses = trainer.train(config.train)
+        state = getattr(trainer.optimizer, "state", {})
+        keys = {n: sorted(state.get(p, {})) for n, p in trainer.model.named_parameters()}
+        out.append((losses, trainer.report(), keys))
     return out
 
 
