@@ -30,6 +30,15 @@ def _with_closure(closure):
         return closure()
 
 
+def _saved_entries(optimizer, state_dict):
+    """``(live parameter, key, saved value)`` of every saved state entry, paired by position."""
+    saved = state_dict.get("state") or {}
+    for saved_group, group in zip(state_dict["param_groups"], optimizer.param_groups):
+        for sid, p in zip(saved_group["params"], group["params"]):
+            for key, value in (saved.get(sid) or {}).items():
+                yield p, key, value
+
+
 class _ZeroFirstGradientsLearnNothing(_Backend):
     """Codebook learning: a first step whose gradients are all zero is taken for "no data yet"
     (the next step would learn from real gradients), and with no codebook to quantize with the
@@ -219,12 +228,9 @@ class _LoadKeepsCallersTensors(_Backend):
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
-        saved = state_dict.get("state") or {}
-        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
-            for sid, p in zip(saved_group["params"], group["params"]):
-                for key, value in (saved.get(sid) or {}).items():
-                    if torch.is_tensor(value) and torch.is_tensor(self.state[p].get(key)):
-                        self.state[p][key] = value.to(local_tensor(p).device)
+        for p, key, value in _saved_entries(self, state_dict):
+            if torch.is_tensor(value) and torch.is_tensor(self.state[p].get(key)):
+                self.state[p][key] = value.to(local_tensor(p).device)
         codebook = state_dict.get("gefen_codebook")
         if torch.is_tensor(codebook):
             self.codebook = codebook.to(self.codebook.device)
@@ -273,12 +279,9 @@ class _LoadedTensorCountersKept(_Backend):
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
-        saved = state_dict.get("state") or {}
-        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
-            for sid, p in zip(saved_group["params"], group["params"]):
-                for key, value in (saved.get(sid) or {}).items():
-                    if key in ("step", "vmean_step", "factored_step") and torch.is_tensor(value):
-                        self.state[p][key] = torch.tensor(float(self.state[p][key]), dtype=torch.float32)
+        for p, key, value in _saved_entries(self, state_dict):
+            if key in ("step", "vmean_step", "factored_step") and torch.is_tensor(value):
+                self.state[p][key] = torch.tensor(float(self.state[p][key]), dtype=torch.float32)
 
 
 class _LoadedIdsBySortOrder(_Backend):
