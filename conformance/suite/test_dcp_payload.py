@@ -24,7 +24,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from gefen_conformance import workload
-from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import (
@@ -138,7 +137,7 @@ def retained_adapter_saves(impl: Implementation, root: str) -> None:
             dcp.save(
                 {"optimizer": adapter},
                 checkpoint_id=os.path.join(root, f"{tag}-{name}"),
-                process_group=world.current().group,
+                process_group=workload.group(),
             )
 
     save_both("first")

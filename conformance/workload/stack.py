@@ -29,7 +29,6 @@ from gefen_conformance.harness import world
 __all__ = [
     "STACK_CONFIGS",
     "StackConfig",
-    "StackRun",
     "TinyLM",
     "refused_on_a_2d_mesh",
     "resume_and_train",
@@ -165,9 +164,9 @@ def tokens(step: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
-def _sharded_model(config: StackConfig, seed: int) -> TinyLM:
+def _sharded_model(config: StackConfig, seed: int, mesh=None) -> TinyLM:
     """The model with values from ``seed``, sharded by ``fully_shard`` per block and at the root on
-    the current World's mesh."""
+    ``mesh`` (default: the current World's 1-D mesh)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     here = world.current()
@@ -175,7 +174,7 @@ def _sharded_model(config: StackConfig, seed: int) -> TinyLM:
         torch.manual_seed(seed)
         model = TinyLM(config.tied)
     model.to(here.device)
-    options = {"mesh": here.mesh}
+    options = {"mesh": here.mesh if mesh is None else mesh}
     if config.mixed:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
@@ -235,7 +234,7 @@ class _Trainer:
         return {
             "model": _ModelState(self.model),
             "optimizer": impl.dcp_state(self.optimizer),
-            "lr_scheduler": _ObjectState(self.scheduler),
+            "lr_scheduler": self.scheduler,  # a DCP Stateful as it is
             "train_state": _TrainState(self),
         }
 
@@ -274,19 +273,6 @@ class _ModelState:
         set_model_state_dict(self.model, state)
 
 
-class _ObjectState:
-    """An object with ``state_dict``/``load_state_dict`` (the scheduler) as a DCP ``Stateful``."""
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def state_dict(self):
-        return self.obj.state_dict()
-
-    def load_state_dict(self, state):
-        self.obj.load_state_dict(state)
-
-
 class _TrainState:
     """The trainer's step and the scaler's state."""
 
@@ -302,16 +288,6 @@ class _TrainState:
 
 
 # --------------------------------------------------------------------------------- rank bodies
-
-
-@dataclass
-class StackRun:
-    """One side's run of a resume path: the losses before the save (on the source ranks) and after
-    the resume (on the target ranks), and the report at the end (:meth:`_Trainer.report`)."""
-
-    trained: list
-    resumed: list
-    end: dict
 
 
 def _save(impl, trainer: _Trainer, path: str, writer=None) -> None:
@@ -347,10 +323,8 @@ def resume_and_train(impls: tuple, config: StackConfig, paths: tuple) -> list:
         trainer = _Trainer(impl, config, seed=2)
         try:
             dcp.load(trainer.app_state(impl), checkpoint_id=path, process_group=world.current().group)
-        except (
-            Exception,
-            CheckpointException,
-        ) as exc:  # the outcome is the result (DCP's is a BaseException)
+        # the outcome is the result (DCP's CheckpointException is a BaseException)
+        except (Exception, CheckpointException) as exc:
             out.append(("raised", type(exc).__name__, str(exc)))
             continue
         losses = trainer.train(config.resume)
@@ -379,17 +353,12 @@ def refused_on_a_2d_mesh(impl, path: str):
     current World's ranks, trained one step; then ``impl.dcp_state(opt)`` and a ``dcp.save`` to
     ``path``. The error raised (type name, message), or None if both succeeded."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     here = world.current()
     mesh = init_device_mesh(here.device.type, (1, here.size), mesh_dim_names=("replicate", "shard"))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = TinyLM(tied=False).to(here.device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _sharded_model(StackConfig(), seed=1, mesh=mesh)
     optimizer = impl.make_optimizer(
         [{"params": list(model.named_parameters()), "lr": LR}], factored_v_2d=False
     )
@@ -399,6 +368,6 @@ def refused_on_a_2d_mesh(impl, path: str):
     optimizer.step()
     try:
         dcp.save({"optimizer": impl.dcp_state(optimizer)}, checkpoint_id=path, process_group=here.group)
-    except Exception as exc:  # the outcome is the result
+    except (Exception, CheckpointException) as exc:  # the outcome is the result
         return (type(exc).__name__, str(exc))
     return None
