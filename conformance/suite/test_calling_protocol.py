@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -397,14 +396,18 @@ def _closure_backward(make_optimizer, variant: str) -> Side:
     return side
 
 
+#: The new value of each hyperparameter a scenario changes (lr is never changed), from its old one.
+CHANGED = {
+    "beta1": lambda v: 0.8 if v != 0.8 else 0.9,
+    "beta2": lambda v: 0.99 if v != 0.99 else 0.999,
+    "eps": lambda v: v * 10.0,
+    "weight_decay": lambda v: 0.1 if v == 0.0 else 0.0,
+}
+
+
 def _set_every_group(key: str) -> Callable[[Any], None]:
     """The change of ``key`` in every group, lr untouched."""
-    change = {
-        "beta1": lambda v: 0.8 if v != 0.8 else 0.9,
-        "beta2": lambda v: 0.99 if v != 0.99 else 0.999,
-        "eps": lambda v: v * 10.0,
-        "weight_decay": lambda v: 0.1 if v == 0.0 else 0.0,
-    }[key]
+    change = CHANGED[key]
 
     def apply(optimizer):
         for group in optimizer.param_groups:
@@ -441,7 +444,7 @@ def _hyperparameter_change(make_optimizer, variant: str) -> Side:
 
 #: Hyperparameters held as one-element tensors and written in place between steps (a beta2 warm-up,
 #: a weight-decay schedule kept in tensors): each call must use the values the groups hold.
-TENSOR_HYPERPARAMETERS = ("beta1", "beta2", "eps", "weight_decay")
+TENSOR_HYPERPARAMETERS = tuple(CHANGED)
 
 
 def _tensor_hyperparameter_in_place(make_optimizer, variant: str) -> Side:
@@ -452,12 +455,8 @@ def _tensor_hyperparameter_in_place(make_optimizer, variant: str) -> Side:
     for group in groups:
         group[variant] = torch.tensor(float(group[variant]), dtype=torch.float64)
     side.step(_grads(1))
-    change = _set_every_group(variant)
     for group in groups:
-        was = float(group[variant])
-        view = {variant: was}
-        change(SimpleNamespace(param_groups=[view]))
-        group[variant].fill_(view[variant])
+        group[variant].fill_(CHANGED[variant](float(group[variant])))
     side.step(_grads(2))
     return side
 
