@@ -164,8 +164,14 @@ def test_outside_a_scenario_the_implementation_lives_on_the_run_device(run_devic
 
 def test_state_to_cpu_copies_every_tensor_and_keeps_the_rest():
     live = torch.ones(3)
-    state = {"state": {0: {"m": live, "step": 3, "pair": (live, "x")}}, "groups": [{"lr": torch.tensor(1.0)}]}
+    tags = {"a"}  # a mutable leaf that is neither a tensor nor a container it rebuilds
+    state = {
+        "state": {0: {"m": live, "step": 3, "pair": (live, "x"), "tags": tags}},
+        "groups": [{"lr": torch.tensor(1.0)}],
+    }
     copied = workload.state_to_cpu(state)
+    tags.add("b")
+    assert copied["state"][0]["tags"] == {"a"}  # a deep copy, cheaper than copy.deepcopy
     assert copied["state"][0]["step"] == 3 and copied["state"][0]["pair"][1] == "x"
     assert torch.equal(copied["state"][0]["m"], live) and copied["state"][0]["m"] is not live
     live.add_(1)

@@ -217,7 +217,7 @@ def pinned_step_from(
         start,
         {n: to_cpu(p) for n, p in params.items()},
         {n: grads.get(n) for n in params},
-        state_to_cpu(copy.deepcopy(opt.state_dict())),
+        state_to_cpu(opt.state_dict()),
     )
 
 
@@ -275,7 +275,7 @@ class TrainingRun:
 
 def native_state(optimizer) -> dict:
     """A deep CPU copy of the optimizer's native state dict (SPEC 1.11)."""
-    return state_to_cpu(copy.deepcopy(optimizer.state_dict()))
+    return state_to_cpu(optimizer.state_dict())
 
 
 def _stepped(

@@ -14,7 +14,6 @@ counter. An implementation's tensors live on its device
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +195,7 @@ def starting_state(case: InputCase) -> dict:
     sd["gefen_global_step"] = case.counter
     for group in sd["param_groups"]:
         group.pop("_gefen_checkpoint_metadata", None)
-    return copy.deepcopy(sd)
+    return state_to_cpu(sd)  # a deep copy: nothing of the built optimizer's lives on
 
 
 # ---------------------------------------------------------------------------------- driving
@@ -305,8 +304,8 @@ def run(make_optimizer, case: InputCase, state_dict: dict) -> CaseRun:
     device = device_for(make_optimizer)
     built = build(case, make_optimizer, device)
     opt, params = built.optimizer, built.params
-    opt.load_state_dict(copy.deepcopy(state_dict))
-    out = CaseRun(case, state_to_cpu(copy.deepcopy(opt.state_dict())))
+    opt.load_state_dict(state_to_cpu(state_dict))  # a deep copy: starting_state's tensors live on CPU
+    out = CaseRun(case, state_to_cpu(opt.state_dict()))
     for call in range(1, case.calls + 1):
         _lifecycle(case, built, call)
         if call > 1 and case.schedule != "constant":
@@ -343,6 +342,6 @@ def run(make_optimizer, case: InputCase, state_dict: dict) -> CaseRun:
                 opt.found_inf = torch.tensor(1.0 if record.skipped else 0.0, device=device)
             opt.step()
         record.after = {i: to_cpu(p) for i, p in params.items()}
-        record.state_dict = state_to_cpu(copy.deepcopy(opt.state_dict()))
+        record.state_dict = state_to_cpu(opt.state_dict())
         out.calls.append(record)
     return out
