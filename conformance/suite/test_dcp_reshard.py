@@ -14,7 +14,7 @@ restored with ``dcp.load``. Two tests per path:
 
 ``dec.weight`` (7 rows) splits unevenly on every path; ``empty`` adds a 2-row parameter whose
 shard is empty on ranks 2-3 of 4 (on the target of 2->4, on the source of 4->2); ``many``
-(``gefen_conformance.workload.models.MANY``) holds 21 slots, each with its own gradient scale
+(``gefen_conformance.workload.models.MANY``) holds 14 slots, each with its own gradient scale
 (1e-4 to 1e2) and shape, split unevenly on 2, 3 and 4 ranks.
 """
 
