@@ -876,9 +876,9 @@ CATALOGUE.update(
 
 
 # The catalogues of their own modules, which build on the names above.
-from . import mutants_protocol, mutants_space, mutants_stack  # noqa: E402
+from . import mutants_edges, mutants_protocol, mutants_space, mutants_stack  # noqa: E402
 
-for _module in (mutants_protocol, mutants_space, mutants_stack):
+for _module in (mutants_edges, mutants_protocol, mutants_space, mutants_stack):
     CATALOGUE.update(_module.ENTRIES)
 
 # Spec strings for --impl: tests.mutants:<attribute>

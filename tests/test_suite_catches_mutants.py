@@ -22,6 +22,7 @@ from .mutants import (
     STATE_OVER_TIME,
     TOLERANCE,
     TORCH_EXACT,
+    mutants_edges,
     mutants_protocol,
     mutants_space,
     mutants_stack,
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.proof
 SLOW_IN_BOTH = (
     frozenset(STATE_OVER_TIME)
     | frozenset(INPUT_SPACE_MUTANTS)
+    | mutants_edges.SLOW
     | mutants_protocol.SLOW
     | mutants_space.SLOW
     | mutants_stack.SLOW
