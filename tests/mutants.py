@@ -469,6 +469,14 @@ def _backend(name, cls):
     )
 
 
+def _backend_entries(table: dict) -> dict:
+    """Catalogue entries of ``{name: (backend class, clause, selection, bug)}`` (:func:`_backend`)."""
+    return {
+        name: Entry(_backend(name, cls), clause, select, bug)
+        for name, (cls, clause, select, bug) in table.items()
+    }
+
+
 def _rewrite_logical(param: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
     """``param.reshape(-1)[where] = values[where]`` in logical order, whatever ``param`` 's layout."""
     work = param.detach().contiguous()

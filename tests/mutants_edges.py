@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import gefen_reference.periods as periods
 from gefen_reference.native_state import is_dtensor
 from gefen_reference.steps import (
     factored_step,
@@ -26,11 +25,10 @@ from gefen_reference.steps import (
     new_momentum_state,
 )
 
-from .mutants import Entry, _Backend, _backend
+from .mutants import _Backend, _backend_entries
+from .mutants_space import _INPUTS, _LIFECYCLE
 
 _PROTOCOL = "test_calling_protocol"
-_INPUTS = "inputs_match_reference"
-_LIFECYCLE = "lifecycle_matches_reference or group_added_after_steps"
 _MIGRATION = "mode_migration"
 
 
@@ -128,32 +126,13 @@ class _FactoredBeyondTwoDimensions(_Backend):
             p.copy_(work)
 
 
-def _fallback_from_leading_dimension(n: int, global_shape: tuple) -> int:
-    """SPEC 1.5.6's fallback with candidate A read from ``shape[0]`` (out features) instead of
-    ``shape[-1]``."""
-    if n < periods.SMALLEST_SEARCHED_PERIOD:
-        return 1
-    options = []
-    if len(global_shape) >= 2:
-        lead = int(global_shape[0])
-        if lead >= periods.SMALLEST_SEARCHED_PERIOD and n % lead == 0:
-            options.append(lead)
-    capped = periods.largest_divisor_at_most(n, periods.FALLBACK_PERIOD_CAP)
-    if capped >= periods.SMALLEST_SEARCHED_PERIOD:
-        options.append(capped)
-    return max(options, default=1)
-
-
 class _FallbackFromLeadingDimension(_Backend):
     """The memory-safe fallback period's first candidate from the leading dimension, the
-    (out, in) confusion (SPEC 1.5.6 item 2)."""
+    (out, in) confusion (SPEC 1.5.6 item 2): the reference's rule handed the shape reversed, which
+    only the fallback reads past its length."""
 
     def choose_period(self, name, global_shape, local_grad):
-        squares = periods.squared_gradient(local_grad)
-        if len(squares) == 1 or self.period_rules.forces_period_one(name, len(global_shape)):
-            return 1
-        period = periods.search_period(squares)
-        return _fallback_from_leading_dimension(len(squares), tuple(global_shape)) if period == 1 else period
+        return super().choose_period(name, tuple(reversed(tuple(global_shape))), local_grad)
 
 
 class _InactiveMomentFreed(_Backend):
@@ -211,10 +190,7 @@ _EDGE_MUTANTS = {
     ),
 }
 
-ENTRIES: dict = {
-    name: Entry(_backend(name, cls), clause, select, bug)
-    for name, (cls, clause, select, bug) in _EDGE_MUTANTS.items()
-}
+ENTRIES: dict = _backend_entries(_EDGE_MUTANTS)
 #: The input space's and the lifecycle's selections run their large explicit examples.
 SLOW: frozenset = frozenset(
     {"empty-tensors-keep-state", "factored-beyond-two-dimensions", "fallback-from-leading-dimension"}

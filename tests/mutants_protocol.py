@@ -19,7 +19,7 @@ import gefen_reference.optimizer as optimizer_module
 from gefen_reference.native_state import local_tensor
 
 from .mutant_tools import clone
-from .mutants import Entry, _Backend, _backend
+from .mutants import _Backend, _backend_entries
 
 
 def _with_closure(closure):
@@ -484,8 +484,5 @@ _MUTANTS = {
     ),
 }
 
-ENTRIES: dict = {
-    name: Entry(_backend(name, cls), clause, select, bug)
-    for name, (cls, clause, select, bug) in _MUTANTS.items()
-}
+ENTRIES: dict = _backend_entries(_MUTANTS)
 SLOW: frozenset = frozenset()

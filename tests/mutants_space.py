@@ -30,7 +30,7 @@ from gefen_reference.native_state import local_tensor
 from gefen_reference.steps import StepHyper
 
 from .mutant_tools import clone
-from .mutants import Entry, _Backend, _backend
+from .mutants import _Backend, _backend_entries
 
 _INPUTS = "inputs_match_reference"
 _LIFECYCLE = "lifecycle_matches_reference or group_added_after_steps"
@@ -406,10 +406,7 @@ _SPACE_MUTANTS = {
     ),
 }
 
-ENTRIES: dict = {
-    name: Entry(_backend(name, cls), clause, select, bug)
-    for name, (cls, clause, select, bug) in _SPACE_MUTANTS.items()
-}
+ENTRIES: dict = _backend_entries(_SPACE_MUTANTS)
 #: Every selection runs the input space's or the lifecycle's explicit examples, whose 2^20-element,
 #: 600-parameter and period-70000 cases make the reference's run of them slow.
 SLOW: frozenset = frozenset(ENTRIES)
