@@ -5,7 +5,7 @@
 
 COMBINATION is ``floors`` or ``newest`` (default: both, in that order):
 
-* ``floors``: the lowest versions pyproject.toml admits (torch 2.7.0, pytest 8.0.0,
+* ``floors``: the lowest versions pyproject.toml admits (torch 2.7.0, pytest 8.1.1,
   hypothesis 6.100.0) and pytest-xdist 3.0.2, the oldest release that runs under pytest 8.0
   (the 1.x and 2.x releases declare ``pytest>=...`` with no upper bound, but those tried,
   1.25.0 to 2.5.0, import ``py.log``, which pytest 8 no longer provides, and fail at ``-n 2``;
@@ -62,7 +62,7 @@ PINNED = ("torch", "pytest", "pytest-xdist", "hypothesis", "numpy")
 COMBINATIONS = {
     "floors": {
         "torch": "2.7.0",
-        "pytest": "8.0.0",
+        "pytest": "8.1.1",
         "pytest-xdist": "3.0.2",
         "hypothesis": "6.100.0",
         "numpy": None,

@@ -90,7 +90,7 @@ def _decay_and_update(param, subtract, hyper):
 @dataclass(frozen=True)
 class Stages:
     """The stage functions of one step; every default is exactly the reference's arithmetic
-    (reference/steps.py), so ``Stages()`` steps bit for bit as the reference does. A variant
+    (reference/gefen_reference/steps.py), so ``Stages()`` steps bit for bit as the reference does. A variant
     replaces only the stages whose rounding it changes."""
 
     ema: Callable = _ema  # (moment, beta, fresh), in place

@@ -17,14 +17,17 @@ C = "gefen_conformance"
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    parts[0] = PACKAGES[parts[0]]
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)[1:]  # the folder holds the package
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict:
     """``{module name: path}`` of the three packages (the golden data holds no Python)."""
-    return {_module_name(p): p for folder in PACKAGES for p in sorted((ROOT / folder).rglob("*.py"))}
+    return {
+        _module_name(p): p
+        for folder, package in PACKAGES.items()
+        for p in sorted((ROOT / folder / package).rglob("*.py"))
+    }
 
 
 MODULES = _modules()

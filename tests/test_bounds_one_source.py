@@ -28,11 +28,11 @@ from gefen_oracles.numeric import profile_description
 ROOT = Path(__file__).resolve().parents[1]
 #: Where implementations are judged: the oracles, the suite, the workloads, the goldens, repro.
 JUDGING = [
-    *sorted((ROOT / "oracles").glob("*.py")),
-    *sorted((ROOT / "conformance" / "suite").glob("*.py")),
-    *sorted((ROOT / "conformance" / "workload").glob("*.py")),
-    ROOT / "conformance" / "golden.py",
-    ROOT / "conformance" / "repro.py",
+    *sorted((ROOT / "oracles" / "gefen_oracles").glob("*.py")),
+    *sorted((ROOT / "conformance" / "gefen_conformance" / "suite").glob("*.py")),
+    *sorted((ROOT / "conformance" / "gefen_conformance" / "workload").glob("*.py")),
+    ROOT / "conformance" / "gefen_conformance" / "golden.py",
+    ROOT / "conformance" / "gefen_conformance" / "repro.py",
 ]
 JUDGING = [p for p in JUDGING if p.name != "kernel_bounds.py"]
 TOLERANCE_NAME = re.compile(r"BOUND|RTOL|ATOL|(^|_)TOL(_|$)|TOLERANCE|MAX_ABS|SLACK|ALLOW|ROUNDING")
@@ -84,7 +84,7 @@ def _findings(path: Path) -> list[str]:
             for keyword in node.keywords:
                 if keyword.arg in TOLERANCE_KEYWORDS and _is_number(keyword.value):
                     out.append(f"{where}: passes a number as {keyword.arg}=")
-        elif isinstance(node, ast.Compare) and path.parent.name == "oracles":
+        elif isinstance(node, ast.Compare) and path.parent.name == "gefen_oracles":
             for side in [node.left, *node.comparators]:
                 if _is_float(side) and abs(eval(ast.unparse(side))) not in (0.0, 1.0):
                     out.append(f"{where}: compares against the number {ast.unparse(side)}")
@@ -105,8 +105,8 @@ def test_no_judging_module_defines_a_tolerance():
     ],
 )
 def test_the_rules_find_a_tolerance_defined_elsewhere(tmp_path, source, finding):
-    module = tmp_path / "oracles" / "planted.py"
-    module.parent.mkdir()
+    module = tmp_path / "oracles" / "gefen_oracles" / "planted.py"
+    module.parent.mkdir(parents=True)
     module.write_text(source)
     global ROOT
     saved, ROOT = ROOT, tmp_path

@@ -1,7 +1,6 @@
 """Every dotted name a docstring or comment gives in double backticks or a Sphinx role
-(``:mod:``, ``:func:``, ``:class:``, ...) is the installed name of something that exists: a
-module's folder name (conformance.x, oracles.x, reference.x) is not its name once
-installed, and a name left behind by a move or a rename sends the reader nowhere."""
+(``:mod:``, ``:func:``, ``:class:``, ...) names something that exists: a name left behind by a
+move or a rename sends the reader nowhere."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ["conformance", "oracles", "reference", "tests", "examples", "benchmarks", "tools"]
 REFERENCE = re.compile(r"(?::(?:mod|func|class|meth|data|attr|exc|obj):`~?|``)([A-Za-z_][\w.]*)")
 INSTALLED = ("gefen_conformance", "gefen_oracles", "gefen_reference", "gefen_fast", "gefen_triton")
-FOLDER_NAMES = ("conformance.", "oracles.", "reference.")
 
 
 def resolves(name: str) -> bool:
@@ -58,11 +56,7 @@ def stale_names(paths) -> list[str]:
                 if "." not in name:
                     continue
                 top = name.split(".")[0]
-                if name.startswith(FOLDER_NAMES):
-                    out.append(
-                        f"{path.relative_to(ROOT)}:{line}: {name} (a folder name, not the installed one)"
-                    )
-                elif top in INSTALLED and importlib.util.find_spec(top) is not None and not resolves(name):
+                if top in INSTALLED and importlib.util.find_spec(top) is not None and not resolves(name):
                     out.append(f"{path.relative_to(ROOT)}:{line}: {name} does not exist")
     return out
 
@@ -78,7 +72,7 @@ def test_every_dotted_name_in_prose_resolves():
 def test_a_stale_name_is_found(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text(
-        '"""See :func:`gefen_oracles.kernel_bounds.no_such_bound` and ``conformance.workload.BASE``."""\n'
+        '"""See :func:`gefen_oracles.kernel_bounds.no_such_bound` and ``gefen_conformance.workload.BA``."""\n'
         "# and :mod:`gefen_oracles.kernel_bounds` exists\n"
     )
     global ROOT
@@ -87,4 +81,4 @@ def test_a_stale_name_is_found(tmp_path):
         found = stale_names([planted])
     finally:
         ROOT = saved
-    assert len(found) == 2 and "no_such_bound" in found[0] and "folder name" in found[1], found
+    assert len(found) == 2 and "no_such_bound" in found[0] and "workload.BA " in found[1], found

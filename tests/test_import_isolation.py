@@ -1,6 +1,8 @@
 """SPEC 4.1.7: certifying from a kernel repository whose root holds its own ``reference``,
 ``conformance`` and ``oracles`` packages, a root ``conftest.py`` that imports them and a ``tests/``
-package with a ``conftest.py`` gives the same results as certifying from an empty directory (every
+package with a ``conftest.py``, and a configuration that imports test modules with pytest's
+``importlib`` mode (the other runs use the default, ``prepend``), gives the same results as
+certifying from an empty directory (every
 selected test passes, the certificate names this suite; under torchrun, a slow case, compared with a
 run from an empty directory); and the suite's fixtures do not leak into that repository's tests.
 
@@ -47,7 +49,7 @@ def _kernel_repository(root: Path) -> Path:
         "        with pytest.raises(pytest.FixtureLookupError):\n"
         "            request.getfixturevalue(name)\n"
     )
-    (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
+    (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\naddopts = --import-mode=importlib\n")
     return root
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .spec_clauses import citations, covers, defined
 
 CITING = ["conformance", "oracles", "reference", "tests", "examples", "benchmarks", "README.md", "SPEC.md"]
-TESTING = ["conformance/suite", "tests", "examples/gefen-fast/tests"]
+TESTING = ["conformance/gefen_conformance/suite", "tests", "examples/gefen-fast/tests"]
 
 #: Normative clauses no test cites yet. Each is checked elsewhere without naming it (the bitwise
 #: parity of the reference with gefen-x checks 1.13's primitives, every DCP

@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-SUITE = REPO / "conformance" / "suite"
+SUITE = REPO / "conformance" / "gefen_conformance" / "suite"
 GEFENX_CERTIFICATE = REPO / "certificates" / "gefenx-0.5.0.json"
 COMMAND = "python tools/readme_tables.py --write"
 _BLOCK = re.compile(

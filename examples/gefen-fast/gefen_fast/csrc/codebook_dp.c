@@ -4,7 +4,7 @@
  * Every float64 operation is the one SPEC 1.6.8 fixes (sequential prefix sums, the three cost
  * formulas evaluated left to right, strict-< scans so ties go to the smallest start), built with
  * -ffp-contract=off so nothing is fused. The interior layers use the same error-bounded monotone
- * divide and conquer as the reference's default solver (reference/codebook_solver.py,
+ * divide and conquer as the reference's default solver (reference/gefen_reference/codebook_solver.py,
  * _interior_layer): for the middle end of a range every start in its window is scanned; the
  * windows of the ends on either side are cut at the starts whose candidate is within `tol` of the
  * minimum, with tol = 5 * 16u(max|prev| + cost scale). The reference proves that such a cut

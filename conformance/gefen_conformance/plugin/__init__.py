@@ -2,7 +2,7 @@
 
 ``hooks`` is the ``pytest11`` entry point: it adds the ``--impl`` family of options (``options``,
 with their checks before anything runs) and stays inert until ``--impl`` is given; suite modules
-are imported by their installed names (``suite_module``) and get their fixtures from ``fixtures``.
+get their fixtures from ``fixtures``.
 The rest is what a certifying session holds: which suite tests run (``selection``), what each
 produced (one ``report_record`` per report, gathered by ``recorder``), the hypothesis profiles
 (``hypothesis_profiles``), what rank processes preload and prepare (``rank_preload``,

@@ -40,8 +40,10 @@ LIBRARIES = frozenset(
 _PYTHON_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 _DUMP_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
-_HARNESS = ("/gefen_conformance/harness/", "/conformance/harness/")
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the checkout or site-packages
+_HARNESS = ("/gefen_conformance/harness/",)
+_PACKAGE_ROOT = (
+    Path(__file__).resolve().parents[2]
+)  # the folder holding gefen_conformance: the checkout's or site-packages
 # any Python's standard library, also one of another machine (a torchrun rank on another node)
 _ANY_STDLIB = re.compile(r"^.*?/lib/python\d+(?:\.\d+)?/")
 

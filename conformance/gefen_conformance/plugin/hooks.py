@@ -1,7 +1,7 @@
 """The pytest plugin (entry point ``pytest11``): ``--impl``, capability skips, expected failures,
 and the certificate (SPEC 4.1-4.4).
 
-``pytest --impl=NAME`` with no paths runs the suite (``conformance/suite``) against the
+``pytest --impl=NAME`` with no paths runs the suite (``conformance/gefen_conformance/suite``) against the
 implementation NAME (a registered name or ``package.module:attribute``), from any directory,
 whatever ``testpaths`` the directory's own pytest configuration names; with paths, only those run.
 ``pytest --pyargs gefen_conformance`` runs it against ``reference``.
@@ -23,7 +23,6 @@ import pytest
 
 from gefen_conformance.plugin import options
 from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
-from gefen_conformance.plugin.suite_module import SuiteModule
 
 if TYPE_CHECKING:
     from gefen_conformance.plugin.recorder import SuiteRun
@@ -132,21 +131,16 @@ def implementation_for(config):
 _FIXTURES = "gefen_conformance.plugin.fixtures"
 
 
-def pytest_collect_directory(path, parent):
-    """The suite's directory is a plain directory to pytest: its ``__init__.py`` is never imported
-    by path (it is a package of the installed distribution, imported by name)."""
-    if Path(path).resolve() == SUITE_DIR:
-        return pytest.Dir.from_parent(parent, path=Path(path))
-    return None
-
-
 def pytest_pycollect_makemodule(module_path, parent):
+    """A suite module's fixtures come with it: the plugin's fixtures module is registered before
+    the first suite module is collected. pytest then imports the module by its package path,
+    ``gefen_conformance.suite.<module>``, the name the ranks unpickle its rank bodies by."""
     if not in_suite(module_path):
         return None
     config = parent.config
     if not config.pluginmanager.has_plugin(_FIXTURES):
         config.pluginmanager.import_plugin(_FIXTURES)
-    return SuiteModule.from_parent(parent, path=module_path)
+    return None
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

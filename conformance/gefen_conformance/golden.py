@@ -2,7 +2,7 @@
 
 Each case trains an implementation on sharded parameters at a given world size and saves it
 through the implementation's DCP adapter. Generated from the reference, the cases are the
-goldens committed under ``conformance/golden``; generated from another implementation, they
+goldens committed under ``conformance/gefen_conformance/golden``; generated from another implementation, they
 are compared with the goldens: bitwise (file md5 under the same torch version, content digests)
 for an implementation that claims the torch-exact profile, by the rules of SPEC 5.6.11 otherwise.
 """
