@@ -7,7 +7,7 @@ changes, state_dict), in the catalogue of tests/mutants.py.
 Each is a kernel backend written as examples/gefen-fast is (a ``gefen_reference.Gefen`` subclass
 declaring the reference's state layout, or one built on a cloned module of the reference), with
 one bug real backends have had in how they are called. Only the calling-protocol scenarios
-(``conformance/gefen_conformance/suite/test_calling_protocol.py``, SPEC 4.3.13) catch them, each in both profiles.
+(``gefen_conformance.suite.test_calling_protocol``, SPEC 4.3.13) catch them, each in both profiles.
 """
 
 from __future__ import annotations

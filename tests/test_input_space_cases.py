@@ -1,5 +1,5 @@
-"""The input space's cases are what SPEC 4.3.10 says they are (conformance/gefen_conformance/workload/space.py and the
-explicit examples of conformance/gefen_conformance/suite/test_input_space.py): the layouts have the strides and storage
+"""The input space's cases are what SPEC 4.3.10 says they are (``gefen_conformance.workload.space`` and the
+explicit examples of ``gefen_conformance.suite.test_input_space``): the layouts have the strides and storage
 they claim, the GradScaler scale keeps gradients finite and unscales exactly, and the explicit
 examples cover every boundary the clause names. The suite's verdicts on these cases are proven by
 the mutant catalogue (tests/mutants.py, its input-space section) and the benign catalogue."""
