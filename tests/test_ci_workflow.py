@@ -53,7 +53,7 @@ def test_the_workflow_runs_certify_merge_verify_report_and_diff():
 @pytest.mark.parametrize("argv", commands(), ids=lambda argv: " ".join(argv)[:60])
 def test_every_command_of_the_workflow_is_one_the_command_line_accepts(argv):
     try:
-        args = cli._parser().parse_args(argv)
+        args = cli.build_parser().parse_args(argv)
     except SystemExit as exit_:
         pytest.fail(f"gefen-conformance {' '.join(argv)}: refused (exit {exit_.code})")
     assert callable(getattr(args, "handler", None)) or args.command == "certify"

@@ -212,7 +212,7 @@ def _add_golden(sub) -> None:
     golden.set_defaults(handler=_golden)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG,
         description="The Gefen conformance suite: certify an implementation, render and "
@@ -525,7 +525,7 @@ def main(argv=None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1 :]
-    parser = _parser()
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     name = " ".join(filter(None, (PROG, args.command, getattr(args, "action", None))))
     try:
