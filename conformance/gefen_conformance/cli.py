@@ -213,6 +213,7 @@ def _add_golden(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``gefen-conformance`` command's parser, every command and option on it."""
     parser = Parser(
         prog=PROG,
         description="The Gefen conformance suite: certify an implementation, render and "
