@@ -57,8 +57,8 @@ DCP_ASYNC_SAVE = Capability.DCP_ASYNC_SAVE
 
 KNOWN_CAPABILITIES = frozenset(Capability)
 
-#: What each capability claims, in words (README's capability table is generated from this and
-#: from the suite's ``gefen_requires`` marks: tools/readme_tables.py).
+#: What each capability claims, in words (docs/independent.md's capability table is generated from
+#: this and from the suite's ``gefen_requires`` marks: tools/doc_tables.py).
 CAPABILITY_CLAIMS = {
     Capability.NATIVE_STATE_DICT: "`state_dict()`/`load_state_dict()` in the published native format "
     "(SPEC 1.11-1.12); "

@@ -64,7 +64,7 @@ _STALE_LR = (
     "gefen-x 0.5.0 defect (SPEC 1.4.2, 1.14 D16): a tensor lr is re-read only when its _version moves, so "
 )
 
-#: Every suite test gefen-x 0.5.0 fails, with the reason (README, 'Certifying gefen-x').
+#: Every suite test gefen-x 0.5.0 fails, with the reason (docs/gefenx.md).
 EXPECTED_FAILURES = {
     "test_dcp_payload.py::test_payload_md5s_match_the_reference[w4-empty-shards]": (
         _TORN + "; only that slot's scalars differ from the reference's payload"

@@ -1,20 +1,25 @@
-"""The README's generated tables, from the code and the committed certificates.
+"""The documentation's generated tables, from the code and the committed certificates.
 
-    python tools/readme_tables.py --check   # exit 1 and name the stale tables when README.md differs
-    python tools/readme_tables.py --write   # rewrite them in place
+    python tools/doc_tables.py --check   # exit 1 and name the stale tables
+    python tools/doc_tables.py --write   # rewrite them in place
 
-Each table sits between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``:
+Each table sits in its page (:data:`PAGES`) between ``<!-- BEGIN GENERATED: NAME -->`` and
+``<!-- END GENERATED: NAME -->``:
 
-* ``capabilities``: every :class:`gefen_conformance.Capability`, what it claims (its docstring
-  entry in ``contract.CAPABILITY_CLAIMS``) and the suite modules whose tests it gates (the
-  ``gefen_requires`` marks of ``conformance/suite``, read from the source);
-* ``gefenx-expected-failures``: gefen-x's declared expected failures
+* ``capabilities`` (docs/independent.md): every :class:`gefen_conformance.Capability`, what it
+  claims (its docstring entry in ``contract.CAPABILITY_CLAIMS``) and the suite modules whose tests
+  it gates (the ``gefen_requires`` marks of ``conformance/suite``, read from the source);
+* ``gefenx-expected-failures`` (docs/gefenx.md): gefen-x's declared expected failures
   (``gefen_conformance.implementations.gefenx.EXPECTED_FAILURES``) with the clauses each test names
   in the committed certificate ``certificates/gefenx-0.5.0.json``;
-* ``tolerance-profile``: every bound of the tolerance profile as the certificate states it
-  (``gefen_oracles.numeric.profile_description``, from ``gefen_oracles.kernel_bounds``).
+* ``tolerance-profile`` (docs/tolerance.md): every bound of the tolerance profile as the
+  certificate states it (``gefen_oracles.numeric.profile_description``, from
+  ``gefen_oracles.kernel_bounds``).
 
-tests/test_readme_tables.py fails when README.md is not what ``--write`` would make it.
+The pages are committed with their tables, so that they read whole on a code host and a change of a
+capability, an expected failure or a bound shows in review as a change of its table; the site's
+build imports neither torch nor the suite's modules for them. tests/test_doc_tables.py fails when a
+page is not what ``--write`` would make it.
 """
 
 from __future__ import annotations
@@ -27,17 +32,20 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+DOCS = REPO / "docs"
 SUITE = REPO / "conformance" / "gefen_conformance" / "suite"
 GEFENX_CERTIFICATE = REPO / "certificates" / "gefenx-0.5.0.json"
-COMMAND = "python tools/readme_tables.py --write"
+COMMAND = "python tools/doc_tables.py --write"
 _BLOCK = re.compile(
     r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)", re.S
 )
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell: pipes escaped, and asterisks outside code spans, which Markdown would read as
+    emphasis (``U*beta1 ... 2U*mag``)."""
+    parts = re.split(r"(`[^`]*`)", str(text).replace("|", "\\|").replace("\n", " "))
+    return "".join(p if p.startswith("`") else p.replace("*", "\\*") for p in parts)
 
 
 def _table(header: list, rows: list) -> str:
@@ -129,49 +137,66 @@ TABLES = {
     "tolerance-profile": tolerance_table,
 }
 
+#: the page that holds each table
+PAGES = {
+    "capabilities": DOCS / "independent.md",
+    "gefenx-expected-failures": DOCS / "gefenx.md",
+    "tolerance-profile": DOCS / "tolerance.md",
+}
 
-def render(text: str) -> str:
-    """``text`` with every generated block replaced by what the code makes of it now."""
+
+def tables_of(page: Path) -> list:
+    """The names of the tables ``page`` holds."""
+    return [name for name, held_by in PAGES.items() if held_by == page]
+
+
+def render(text: str, names) -> str:
+    """``text`` with every generated block replaced by what the code makes of it now; each table of
+    ``names`` must have its block there."""
     seen = set()
 
     def replace(match):
         name = match.group("name")
         if name not in TABLES:
-            raise ValueError(f"README.md: unknown generated table {name!r} (known: {', '.join(TABLES)})")
+            raise ValueError(f"unknown generated table {name!r} (known: {', '.join(TABLES)})")
         seen.add(name)
         return match.group(1) + TABLES[name]() + match.group(4)
 
     out = _BLOCK.sub(replace, text)
-    missing = sorted(set(TABLES) - seen)
+    missing = sorted(set(names) - seen)
     if missing:
-        raise ValueError(f"README.md has no generated block for {', '.join(missing)}")
+        raise ValueError(f"no generated block for {', '.join(missing)}")
     return out
 
 
-def stale(text: str) -> list:
-    """The names of the generated tables whose text in ``text`` differs from the code's."""
+def stale(text: str, names) -> list:
+    """The names of the tables of ``names`` whose text in ``text`` differs from the code's (or is
+    missing)."""
     current = {m.group("name"): m.group("body") for m in _BLOCK.finditer(text)}
-    return sorted(name for name, make in TABLES.items() if current.get(name) != make())
+    return sorted(name for name in names if current.get(name) != TABLES[name]())
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", action="store_true", help="rewrite the generated tables of README.md")
+    action.add_argument("--write", action="store_true", help="rewrite the generated tables of the pages")
     action.add_argument("--check", action="store_true", help="exit 1 when a generated table is stale")
     args = parser.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
-    if args.write:
-        new = render(text)
-        if new != text:
-            README.write_text(new, encoding="utf-8")
-        print("README.md: tables " + ("rewritten" if new != text else "already current"))
-        return 0
-    names = stale(text)
-    if names:
-        print(f"README.md: stale generated tables: {', '.join(names)} (run {COMMAND})", file=sys.stderr)
-        return 1
-    return 0
+    status = 0
+    for page in sorted(set(PAGES.values())):
+        rel = page.relative_to(REPO)
+        text = page.read_text(encoding="utf-8")
+        if args.write:
+            new = render(text, tables_of(page))
+            if new != text:
+                page.write_text(new, encoding="utf-8")
+            print(f"{rel}: tables " + ("rewritten" if new != text else "already current"))
+            continue
+        names = stale(text, tables_of(page))
+        if names:
+            print(f"{rel}: stale generated tables: {', '.join(names)} (run {COMMAND})", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":
