@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from .spec_clauses import citations, covers, defined
 
-CITING = ["conformance", "oracles", "reference", "tests", "examples", "benchmarks", "README.md", "SPEC.md"]
+CITING = [
+    "conformance",
+    "oracles",
+    "reference",
+    "tests",
+    "examples",
+    "benchmarks",
+    "docs",
+    "README.md",
+    "SPEC.md",
+    "ARCHITECTURE.md",
+]
 TESTING = ["conformance/gefen_conformance/suite", "tests", "examples/gefen-fast/tests"]
 
 #: Normative clauses no test cites yet. Each is checked elsewhere without naming it (the bitwise
