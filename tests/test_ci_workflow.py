@@ -1,5 +1,5 @@
-"""The example workflow of a kernel repository (examples/ci/certify-backend.yml, README "Publishing a
-certificate and gating CI"): every ``gefen-conformance`` command it runs is one the installed
+"""The example workflow of a kernel repository (examples/ci/certify-backend.yml, docs/ci.md
+"Publishing and gating CI"): every ``gefen-conformance`` command it runs is one the installed
 command line accepts, and the files it uploads are the ones those commands write (SPEC 4.4.14-4.4.16,
 4.5.1, 4.5.3, 4.5.7)."""
 

@@ -1,6 +1,6 @@
 """The terminal summary leads with what did not pass, where, and how to rerun it, then the margins
 near their bounds (SPEC 4.4.12, 4.4.8, 4.5.5): the summary did not repeat the
-near-bound margins the README promised (fast's fp16 pinned updates at 92-97 % of their bound).
+near-bound margins docs/certificates.md promises (fast's fp16 pinned updates at 92-97 % of their bound).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 (argparse's own errors included), ``--version``, and the exit-status tables that ``--help`` prints.
 
 The suite run's table is generated from :data:`gefen_conformance.certificate.build.EXIT_STATUS`
-(:func:`suite_statuses`); the README shows the same table (:func:`suite_statuses_markdown`, kept
-equal by ``tests/test_cli_help.py``).
+(:func:`suite_statuses`); docs/certificates.md shows the same table (:func:`suite_statuses_markdown`,
+kept equal by ``tests/test_cli_help.py``).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def suite_statuses_text() -> str:
 
 
 def suite_statuses_markdown() -> str:
-    """The same table as Markdown, as the README shows it."""
+    """The same table as Markdown, as docs/certificates.md shows it."""
     lines = ["| status | verdict |", "|---:|---|"]
     lines += [f"| {status} | {text} |" for status, text in suite_statuses(code=True)]
     return "\n".join(lines)

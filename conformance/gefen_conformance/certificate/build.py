@@ -69,7 +69,7 @@ OTHER_EXIT_STATUSES = {
 
 def exit_status_rows() -> list[tuple[int, list[str], str]]:
     """``(status, verdicts, meaning)`` for every exit status of a suite run, by status: the one
-    table that ``gefen-conformance certify --help`` and the README show (SPEC 4.4.9)."""
+    table that ``gefen-conformance certify --help`` and docs/certificates.md show (SPEC 4.4.9)."""
     rows: dict = {}
     for name, status in EXIT_STATUS.items():
         verdicts, meanings = rows.setdefault(status, ([], []))
