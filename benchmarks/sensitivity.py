@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import gefen_reference.optimizer as optimizer_module  # noqa: E402
 import gefen_reference.steps as steps  # noqa: E402
-from gefen_conformance import workload  # noqa: E402
+from gefen_conformance.workload import models, runs  # noqa: E402
 from gefen_oracles import codebook_quality, free_running, kernel_bounds, native_compare, pinned_step  # noqa: E402
 from gefen_oracles.numeric import Comparisons  # noqa: E402
 from tests.mutant_tools import clone  # noqa: E402
@@ -78,21 +78,21 @@ def valid(kind: str, error: float) -> bool:
 class Pinned:
     def __init__(self, dtype):
         self.dtype = dtype
-        self.states = [workload.pinned_state(dtype, pin, **kw) for pin, kw in PINNED_CONFIGS]
+        self.states = [runs.pinned_state(dtype, pin, **kw) for pin, kw in PINNED_CONFIGS]
         self.references = [
-            workload.pinned_step(workload.REFERENCE, dtype, pin, sd, **kw)
+            runs.pinned_step(models.REFERENCE, dtype, pin, sd, **kw)
             for (pin, kw), sd in zip(PINNED_CONFIGS, self.states)
         ]
 
     def detects(self, make) -> bool:
         for (pin, kw), sd, reference_result in zip(PINNED_CONFIGS, self.states, self.references):
-            result = workload.pinned_step(make, self.dtype, pin, sd, **kw)
+            result = runs.pinned_step(make, self.dtype, pin, sd, **kw)
             if native_compare.exact_problems(
                 reference_result.state_dict, result.state_dict, codebook_exact=True
             ):
                 return True
             checks = pinned_step.check_step(
-                workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
+                runs.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
             )
             if not checks.ok:
                 return True
@@ -102,19 +102,17 @@ class Pinned:
 class FreeRunning:
     def __init__(self, dtype):
         self.dtype = dtype
-        self.references = [
-            workload.trajectory(workload.REFERENCE, dtype, 6, **kw) for kw in TRAJECTORY_CONFIGS
-        ]
+        self.references = [runs.trajectory(models.REFERENCE, dtype, 6, **kw) for kw in TRAJECTORY_CONFIGS]
 
     def detects(self, make) -> bool:
         for kw, ours in zip(TRAJECTORY_CONFIGS, self.references):
-            theirs = workload.trajectory(lambda g, **o: make(g, **o), self.dtype, 6, **kw)
+            theirs = runs.trajectory(lambda g, **o: make(g, **o), self.dtype, 6, **kw)
             gap = codebook_quality.largest_gap(ours.optimizer.codebook)
             betas = {
                 n: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for n in g["param_names"]
             }
             out, moved, systematic = Comparisons(), [], 0.0
-            for n in workload.OPTIMIZER.shapes:
+            for n in models.OPTIMIZER.shapes:
                 factor = free_running.momentum_factor(6, betas[n][0], gap, self.dtype)
                 c, d = free_running.trajectory(
                     n, self.dtype, ours.history[n], theirs.params[n].detach(), factor

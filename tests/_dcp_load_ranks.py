@@ -17,10 +17,10 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models, saving
 from gefen_reference.dcp import layout
 from tests.support import (
     COMPACT_KEYS,
@@ -36,7 +36,7 @@ from tests.support import (
 CONTINUE_TOL = 5e-3  # the published bound on one continuation step (SPEC 3.7.3)
 
 
-def model(tiny: bool = True) -> workload.Model:
+def model(tiny: bool = True) -> models.Model:
     """The DCP tests' model, with or without the two-row parameter."""
     return DCP_MODEL if tiny else DCP_MODEL.without(TINY)
 
@@ -88,14 +88,14 @@ def save_checkpoints(root: str, jobs) -> dict:
     saved = {}
     for directory, impl, tiny in jobs:
         optimizer, params = dcp_trained(impl, model(tiny))
-        workload.save(
+        saving.save(
             registry.resolve(impl),
             optimizer,
             os.path.join(root, directory),
             params=params,
             planner=impl == "reference",
         )
-        saved[directory] = workload.full_params(params)
+        saved[directory] = models.full_params(params)
     return saved
 
 
@@ -105,9 +105,9 @@ def save_checkpoints(root: str, jobs) -> dict:
 def load(root: str, directory: str, impl: str = "reference", tiny: bool = True, **overrides):
     """A fresh optimizer (target hyperparameters) restored from a checkpoint; collective."""
     layout_model = model(tiny)
-    params = workload.parameters(layout_model, mesh=world_mesh())
+    params = models.parameters(layout_model, mesh=world_mesh())
     optimizer = dcp_optimizer(impl, params, layout_model, **dict(DCP_TARGET_OPTIONS, **overrides))
-    workload.load(registry.resolve(impl), optimizer, os.path.join(root, directory), params=params)
+    saving.load(registry.resolve(impl), optimizer, os.path.join(root, directory), params=params)
     return optimizer, params
 
 
@@ -127,7 +127,7 @@ def restore_and_continue(root: str, directories, compact_jobs=(), refused=()) ->
     next_step = [DCP_SAVE_STEPS]
     native, native_params = dcp_trained()
     before = {n: layout.local_part(p).detach().clone() for n, p in native_params.items()}
-    workload.train(DCP_MODEL, native, native_params, next_step)
+    models.train(DCP_MODEL, native, native_params, next_step)
     after = {n: layout.local_part(p).detach().clone() for n, p in native_params.items()}
     native_periods = {n: state_of(native, p).get("automatic_period") for n, p in native_params.items()}
 
@@ -135,11 +135,11 @@ def restore_and_continue(root: str, directories, compact_jobs=(), refused=()) ->
     for directory in directories:
         optimizer, params = load(root, directory)
         entry = compact_report(optimizer, params)
-        entry["full_params"] = workload.full_params(params)
+        entry["full_params"] = models.full_params(params)
         with torch.no_grad():
             for name, p in params.items():
                 layout.local_part(p).copy_(before[name])
-        workload.train(DCP_MODEL, optimizer, params, next_step)
+        models.train(DCP_MODEL, optimizer, params, next_step)
         entry["continuation_error"] = {
             name: float((layout.local_part(p).detach() - after[name]).abs().max())
             if before[name].numel()
@@ -385,9 +385,9 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
     for scenario, _clause, corrupt_dict, corrupt_live, patch, _type, _part in FAILURE_SCENARIOS:
         if scenario not in scenario_ids:
             continue
-        params = workload.parameters(DCP_MODEL, mesh=mesh)
+        params = models.parameters(DCP_MODEL, mesh=mesh)
         optimizer = dcp_optimizer("reference", params, **DCP_TARGET_OPTIONS)
-        workload.train(DCP_MODEL, optimizer, params, [7])
+        models.train(DCP_MODEL, optimizer, params, [7])
         here = world.current().rank == failing_rank
         if here and corrupt_live is not None:
             corrupt_live(optimizer)
@@ -400,7 +400,7 @@ def failing_loads(root: str, directory: str, failing_rank: int, scenario_ids=FAI
             dcp.load(
                 {"optimizer": Corrupting(rdcp.GefenDCPState(optimizer), corrupt_dict if here else None)},
                 checkpoint_id=os.path.join(root, directory),
-                process_group=workload.group(),
+                process_group=saving.group(),
             )
         except Exception as exc:  # the outcome is the result
             error = (type(exc).__name__, str(exc), tuple(c.__name__ for c in type(exc).__mro__))
@@ -423,7 +423,7 @@ def save_with_one_rank_fresh(root: str, fresh_rank: int):
     if world.current().rank == fresh_rank:
         optimizer.state[params["enc.weight"]] = {"name": "enc.weight"}
     try:
-        workload.save(registry.resolve("reference"), optimizer, os.path.join(root, "disagree"))
+        saving.save(registry.resolve("reference"), optimizer, os.path.join(root, "disagree"))
     except Exception as exc:  # the outcome is the result
         return (type(exc).__name__, str(exc))
     return None

@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 
-from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models, saving
 from tests.support import COMPACT_KEYS, DCP_MODEL, FRESH, dcp_optimizer, dcp_trained
 
 REFERENCE = registry.resolve("reference")
@@ -28,7 +28,7 @@ def copy_of_trained(template, mesh=None):
     """``(optimizer, params, mesh)``: a new reference Gefen on new parameters holding a clone of
     ``template``'s state (cheaper than training again; the parameters keep their initial values)."""
     mesh = world_mesh() if mesh is None else mesh
-    params = workload.parameters(DCP_MODEL, mesh=mesh)
+    params = models.parameters(DCP_MODEL, mesh=mesh)
     optimizer = dcp_optimizer("reference", params)
     for name, p in params.items():
         source = template.state[_param(template, name)]
@@ -77,7 +77,7 @@ def save_all_variants(root: str) -> int:
     optimizers = dict(zip(("gefenx", "reference"), trained_twins(world_mesh())))
     for directory, impl, planned, threads in SAVE_VARIANTS:
         path = os.path.join(root, directory)
-        workload.save(
+        saving.save(
             registry.resolve(impl),
             optimizers[impl],
             planner=planned,
@@ -88,9 +88,9 @@ def save_all_variants(root: str) -> int:
 
 def load_into_gefenx(path: str) -> dict:
     """``dcp.load`` a checkpoint into a fresh gefen-x optimizer; report what it restored."""
-    params = workload.parameters(DCP_MODEL, mesh=world_mesh())
+    params = models.parameters(DCP_MODEL, mesh=world_mesh())
     target = dcp_optimizer("gefenx", params, lr=9.9e-9, betas=(0.1, 0.2), eps=7e-7, weight_decay=0.5)
-    workload.load(registry.resolve("gefenx"), target, path)
+    saving.load(registry.resolve("gefenx"), target, path)
     return {
         "global_step": target._gefen_global_step,
         "counters": {
@@ -259,7 +259,7 @@ def _outcome(exc):
 def _saved_outcome(optimizer, path: str):
     """Save with the reference's planner; ``(type, message)`` of the error, or None."""
     try:
-        workload.save(REFERENCE, optimizer, path)
+        saving.save(REFERENCE, optimizer, path)
     except Exception as exc:  # the outcome is the result
         return _outcome(exc)
     return None

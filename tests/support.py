@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from gefen_conformance import workload
+from gefen_conformance.workload import models
 
 
 def _parity_seed(name: str, index: int, step: int) -> int:
@@ -22,7 +22,7 @@ def _parity_seed(name: str, index: int, step: int) -> int:
 #: ``conv``, ``vector``: structured gradients; ``weight`` has a zero-gradient block), by
 #: fallback (``prime``: prime numel, i.i.d. gradients) and 1 (``big_prime``: prime numel above
 #: the fallback cap; ``scalar``); ``narrow`` is (n, 3); ``late`` gets its first gradient at step 3.
-PARITY = workload.Model(
+PARITY = models.Model(
     shapes={
         "weight": (96, 40),
         "vector": (256,),
@@ -34,7 +34,7 @@ PARITY = workload.Model(
         "scalar": (1,),
     },
     groups=(("weight", "vector", "conv", "prime"), ("big_prime", "narrow", "late", "scalar")),
-    init=workload.one_stream,
+    init=models.one_stream,
     seed=_parity_seed,
     structured=frozenset({"weight", "conv", "vector"}),
     zero_rows={"weight": 2},
@@ -58,11 +58,11 @@ TINY = "tiny.weight"
 #: first dimension does not divide evenly over 3 or 4 ranks (4/4/2, 3/3/3/1), a parameter that
 #: never receives a gradient (a fresh slot), and a two-row matrix whose shard is empty on rank 2
 #: of 3 and ranks 2-3 of 4.
-DCP_MODEL = workload.Model(
+DCP_MODEL = models.Model(
     shapes={"enc.weight": (64, 48), "enc.bias": (48,), "dec.weight": (10, 8), FRESH: (16, 8), TINY: (2, 8)},
     groups=(("enc.weight", "enc.bias"), ("dec.weight", FRESH, TINY)),
     hypers=({}, dict(lr=2e-3, weight_decay=0.01)),
-    init=workload.linspace(-0.8, 0.7),
+    init=models.linspace(-0.8, 0.7),
     seed=_dcp_seed,
     frozen=frozenset({FRESH}),
 )
@@ -88,22 +88,22 @@ DCP_SAVE_STEPS = 3
 COMPACT_KEYS = ("automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step")
 
 
-def dcp_optimizer(impl: str, params: dict, model: workload.Model = DCP_MODEL, **overrides):
+def dcp_optimizer(impl: str, params: dict, model: models.Model = DCP_MODEL, **overrides):
     """The optimizer of implementation ``impl`` ("reference" or "gefenx") over ``params``."""
     from gefen_conformance.implementations import registry
 
     options = dict(DCP_OPTIONS, **overrides)
-    return registry.resolve(impl).make_optimizer(workload.param_groups(model, params), **options)
+    return registry.resolve(impl).make_optimizer(models.param_groups(model, params), **options)
 
 
-def dcp_trained(impl: str = "reference", model: workload.Model = DCP_MODEL, mesh=None, **overrides):
+def dcp_trained(impl: str = "reference", model: models.Model = DCP_MODEL, mesh=None, **overrides):
     """``(optimizer, params)``: ``model`` sharded on ``mesh`` (default: the World's), trained
     ``DCP_SAVE_STEPS`` steps (indices 0..2) by ``impl``."""
     from gefen_conformance.harness.sharding import world_mesh
 
-    params = workload.parameters(model, mesh=world_mesh() if mesh is None else mesh)
+    params = models.parameters(model, mesh=world_mesh() if mesh is None else mesh)
     optimizer = dcp_optimizer(impl, params, model, **overrides)
-    workload.train(model, optimizer, params, range(DCP_SAVE_STEPS))
+    models.train(model, optimizer, params, range(DCP_SAVE_STEPS))
     return optimizer, params
 
 

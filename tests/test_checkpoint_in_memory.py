@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.registry import resolve
+from gefen_conformance.workload import models, saving
 from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 
 from .support import DCP_MODEL, DCP_TARGET_OPTIONS, dcp_optimizer, dcp_trained, world_of_one
@@ -52,9 +52,9 @@ def _same(a, b) -> bool:
 
 
 def _restored(reader=None, path=None) -> list:
-    params = workload.parameters(DCP_MODEL, mesh=world_mesh())
+    params = models.parameters(DCP_MODEL, mesh=world_mesh())
     target = dcp_optimizer("reference", params, **DCP_TARGET_OPTIONS)
-    workload.load(resolve("reference"), target, path, reader=reader)
+    saving.load(resolve("reference"), target, path, reader=reader)
     return _contents(target)
 
 
@@ -62,8 +62,8 @@ def test_restores_what_the_filesystem_checkpoint_of_the_same_save_restores(world
     optimizer, _ = dcp_trained("reference")
     reference = resolve("reference")
     in_memory = InMemoryCheckpoint()
-    workload.save(reference, optimizer, writer=in_memory.writer())
-    workload.save(reference, optimizer, tmp_path / "fs")
+    saving.save(reference, optimizer, writer=in_memory.writer())
+    saving.save(reference, optimizer, tmp_path / "fs")
     from_memory, from_files = _restored(reader=in_memory.reader()), _restored(path=tmp_path / "fs")
     assert _same(from_memory, from_files)
     assert [from_memory[0]["lr"], from_memory[3]["lr"]] == [2.5e-3, 2e-3]  # the saved, not the target's
@@ -99,5 +99,5 @@ def test_dcp_without_collectives_is_refused_beyond_a_world_of_one_before_anythin
     checkpoint = InMemoryCheckpoint()
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     with pytest.raises(ValueError, match="World of one; this one has 2 ranks"):
-        workload.save(resolve("reference"), optimizer, writer=checkpoint.writer(), dcp_collectives=False)
+        saving.save(resolve("reference"), optimizer, writer=checkpoint.writer(), dcp_collectives=False)
     assert checkpoint.metadata is None and not checkpoint.items

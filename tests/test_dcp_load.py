@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import gefen_reference.dcp as rdcp
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models, saving
 from gefen_oracles import checkpoint_reader
 from gefen_reference.codebook import learn_codebook
 from gefen_reference.codewords import nearest_codeword_indices
@@ -42,14 +42,14 @@ def checkpoint(tmp_path_factory):
 
 def _target(**overrides):
     """A reference optimizer with the target hyperparameters over fresh parameters."""
-    params = workload.parameters(DCP_MODEL, mesh=world_mesh())
+    params = models.parameters(DCP_MODEL, mesh=world_mesh())
     return dcp_optimizer("reference", params, **dict(DCP_TARGET_OPTIONS, **overrides)), params
 
 
 def _load(path, **overrides):
     """The optimizer alone restored from ``path`` into a :func:`_target`."""
     optimizer, params = _target(**overrides)
-    workload.load(registry.resolve("reference"), optimizer, path)
+    saving.load(registry.resolve("reference"), optimizer, path)
     return optimizer, params
 
 
@@ -140,7 +140,7 @@ def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
     objects are kept, tensor hyperparameters (a grad-requiring leaf, and one tensor aliased by both
     groups' beta1 with equal saved values) are filled in place."""
     optimizer, params = _target()
-    workload.train(DCP_MODEL, optimizer, params, [5])
+    models.train(DCP_MODEL, optimizer, params, [5])
     optimizer.state[params["enc.weight"]]["scratch"] = torch.zeros(3)
     state_object, groups_object = optimizer.state, optimizer.param_groups
     lr = torch.tensor(1.0, requires_grad=True)
@@ -148,7 +148,7 @@ def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
     optimizer.param_groups[0]["lr"] = lr
     for group in optimizer.param_groups:
         group["beta1"] = beta1
-    workload.load(registry.resolve("reference"), optimizer, checkpoint)
+    saving.load(registry.resolve("reference"), optimizer, checkpoint)
     assert optimizer.state is state_object and optimizer.param_groups is groups_object
     assert "scratch" not in optimizer.state[params["enc.weight"]]
     assert optimizer.param_groups[0]["lr"] is lr and lr.requires_grad and lr.item() == pytest.approx(2.5e-3)
@@ -158,17 +158,17 @@ def test_commit_replaces_the_state_wholesale_and_keeps_live_objects(checkpoint):
 def test_restore_without_initialized_slots_leaves_codebook_unset_and_steps(checkpoint, tmp_path):
     """SPEC 3.6.3: a checkpoint of a never-stepped optimizer restores name-only slots and no
     codebook; the next step learns one from gradients. A restored codebook stays frozen."""
-    fresh = dcp_optimizer("reference", workload.parameters(DCP_MODEL, mesh=world_mesh()))
-    workload.save(registry.resolve("reference"), fresh, tmp_path, planner=False)
+    fresh = dcp_optimizer("reference", models.parameters(DCP_MODEL, mesh=world_mesh()))
+    saving.save(registry.resolve("reference"), fresh, tmp_path, planner=False)
     optimizer, params = _load(str(tmp_path))
     assert optimizer.codebook is None and optimizer.global_step == 0
     assert all(optimizer.state[p] == {"name": n} for n, p in params.items())
-    workload.train(DCP_MODEL, optimizer, params, [0])
+    models.train(DCP_MODEL, optimizer, params, [0])
     assert optimizer.codebook is not None
 
     restored, params = _load(checkpoint)
     frozen = restored.codebook.clone()
-    workload.train(DCP_MODEL, restored, params, [DCP_SAVE_STEPS])
+    models.train(DCP_MODEL, restored, params, [DCP_SAVE_STEPS])
     assert torch.equal(restored.codebook, frozen)
     assert restored.state[params["enc.weight"]]["step"] == DCP_SAVE_STEPS + 1
 

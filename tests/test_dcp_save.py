@@ -18,9 +18,9 @@ import torch.distributed.checkpoint as dcp
 
 import gefen_reference as reference
 import gefen_reference.dcp as rdcp
-from gefen_conformance import workload
 from gefen_conformance.harness import launch
 from gefen_conformance.harness.sharding import sharded_parameter, world_mesh
+from gefen_conformance.workload import models, saving
 from gefen_oracles import checkpoint_reader, gefen_schema
 from gefen_oracles.digests import canonical_metadata, payload_md5s
 from gefen_reference.dcp import agreement, dense, placeholder, schema
@@ -122,7 +122,7 @@ def test_legacy_state_without_vmean_step_saves_vmean_step_equal_to_step(trained)
 def test_written_checkpoint_schema_from_files(trained, tmp_path):
     """SPEC 2.1, 2.2: the files hold the v2 schema; dense slots are fp32 at the global shape."""
     optimizer, params, _ = trained
-    workload.save(R.REFERENCE, optimizer, str(tmp_path))
+    saving.save(R.REFERENCE, optimizer, str(tmp_path))
     assert checkpoint_files(str(tmp_path)) == [".metadata", "__0_0.distcp"]
     metadata = checkpoint_reader.read_metadata(str(tmp_path))
     kinds = {fqn: type(md).__name__ for fqn, md in metadata.state_dict_metadata.items()}
@@ -337,7 +337,7 @@ def test_async_save_with_the_default_writer_is_refused_before_writing(trained, t
 def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
     """SPEC 2.6.1: a step taken after async_save returns does not reach the checkpoint."""
     optimizer, params, mesh = trained
-    workload.save(R.REFERENCE, optimizer, str(tmp_path / "before"))
+    saving.save(R.REFERENCE, optimizer, str(tmp_path / "before"))
     gate = threading.Event()
     response = dcp.async_save(
         {"optimizer": rdcp.GefenDCPState(optimizer)},
@@ -345,11 +345,11 @@ def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
         planner=rdcp.GefenSavePlanner(),
     )
     try:
-        workload.train(DCP_MODEL, optimizer, params, [DCP_SAVE_STEPS])
+        models.train(DCP_MODEL, optimizer, params, [DCP_SAVE_STEPS])
     finally:
         gate.set()
     _wait(response)
-    workload.save(R.REFERENCE, optimizer, str(tmp_path / "after"))
+    saving.save(R.REFERENCE, optimizer, str(tmp_path / "after"))
     before, landed, after = (
         checkpoint_reader.read_flat(str(tmp_path / d)) for d in ("before", "async", "after")
     )
@@ -369,7 +369,7 @@ def test_async_save_snapshots_state_as_of_the_call(trained, tmp_path):
 def test_async_save_with_gefen_writer_without_planner_matches_sync_values(trained, tmp_path):
     """SPEC 2.6.1: the async checkpoint holds the same values as the sync one (layout may differ)."""
     optimizer, _, _ = trained
-    workload.save(R.REFERENCE, optimizer, str(tmp_path / "sync"), planner=False)
+    saving.save(R.REFERENCE, optimizer, str(tmp_path / "sync"), planner=False)
     _wait(
         dcp.async_save(
             {"optimizer": rdcp.GefenDCPState(optimizer)},
@@ -390,7 +390,7 @@ def test_async_save_with_gefen_writer_without_planner_matches_sync_values(traine
 
 def test_constructor_refuses_other_optimizers(world1):
     """SPEC 2.3.1: exactly reference.Gefen; gefen-x's Gefen is another class."""
-    other = dcp_optimizer("gefenx", workload.parameters(DCP_MODEL, mesh=world_mesh()))
+    other = dcp_optimizer("gefenx", models.parameters(DCP_MODEL, mesh=world_mesh()))
     with pytest.raises(TypeError, match="reference.Gefen"):
         rdcp.GefenDCPState(other)
 
@@ -435,7 +435,7 @@ def test_preflight_failure_at_world_one_writes_nothing(trained, tmp_path, scenar
     with pytest.raises(error_type, match=part):
         rdcp.GefenDCPState(optimizer).state_dict()
     with pytest.raises(error_type, match=part):
-        workload.save(R.REFERENCE, optimizer, str(tmp_path / name))
+        saving.save(R.REFERENCE, optimizer, str(tmp_path / name))
     assert checkpoint_files(str(tmp_path / name)) == []
 
 

@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gefen_conformance import workload
 from gefen_conformance.certificate import build as certificate
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.harness import devices, launch, world
 from gefen_conformance.harness import pool as ranks
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 from gefen_conformance.plugin import markers
+from gefen_conformance.workload import models
 
 REPO = Path(__file__).resolve().parents[1]
 needs_pool = pytest.mark.skipif(
@@ -155,11 +155,11 @@ def test_bitwise_only_tests_are_skipped_off_cpu_with_the_reason(run_device):
 
 
 def test_outside_a_scenario_the_implementation_lives_on_the_run_device(run_device):
-    assert workload.device_for(lambda *a, **k: None) == torch.device("cpu")
+    assert models.device_for(lambda *a, **k: None) == torch.device("cpu")
     devices.select(torch.device("meta"))  # any device type: nothing is allocated here
     assert world.bound() is None
-    assert workload.device_for(lambda *a, **k: None) == torch.device("meta")
-    assert workload.device_for(workload.REFERENCE) == torch.device("cpu")  # the oracle never moves
+    assert models.device_for(lambda *a, **k: None) == torch.device("meta")
+    assert models.device_for(models.REFERENCE) == torch.device("cpu")  # the oracle never moves
 
 
 def test_state_to_cpu_copies_every_tensor_and_keeps_the_rest():
@@ -169,7 +169,7 @@ def test_state_to_cpu_copies_every_tensor_and_keeps_the_rest():
         "state": {0: {"m": live, "step": 3, "pair": (live, "x"), "tags": tags}},
         "groups": [{"lr": torch.tensor(1.0)}],
     }
-    copied = workload.state_to_cpu(state)
+    copied = models.state_to_cpu(state)
     tags.add("b")
     assert copied["state"][0]["tags"] == {"a"}  # a deep copy, cheaper than copy.deepcopy
     assert copied["state"][0]["step"] == 3 and copied["state"][0]["pair"][1] == "x"

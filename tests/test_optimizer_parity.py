@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gefen_reference as reference
-from gefen_conformance import workload
+from gefen_conformance.workload import models
 from gefen_reference.periods import search_period, squared_gradient
 
 from .support import LATE_START, PARITY, parity_hypers, silence_gefenx_warnings
@@ -23,10 +23,10 @@ STEPS = 8
 
 
 def build(cls, dtype, *, tensor_lr, weight_decay, factored, **extra):
-    params = workload.parameters(PARITY, dtype=dtype)
+    params = models.parameters(PARITY, dtype=dtype)
     if cls is gefen.Gefen:
         extra["fused"] = False
-    groups = workload.param_groups(
+    groups = models.param_groups(
         PARITY, params, parity_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay)
     )
     return params, cls(groups, factored_v_2d=factored, **extra)
@@ -39,7 +39,7 @@ def run_pair(dtype, *, factored, weight_decay, tensor_lr, steps=STEPS, **extra):
     pb, ours = build(reference.Gefen, dtype, **options)
     for step in range(steps):
         for params, optimizer in ((pa, theirs), (pb, ours)):
-            workload.set_gradients(PARITY, params, step)
+            models.set_gradients(PARITY, params, step)
             optimizer.step()
     return pa, theirs, pb, ours
 
@@ -81,7 +81,7 @@ def test_parity_covers_searched_fallback_and_period_one():
         torch.float32, factored=False, weight_decay=0.0, tensor_lr=False, steps=LATE_START + 1
     )
     periods = {n: ours.state[p]["automatic_period"] for n, p in pb.items()}
-    grads = {n: workload.gradient(PARITY, n, 0) for n in PARITY.shapes}
+    grads = {n: models.gradient(PARITY, n, 0) for n in PARITY.shapes}
     first = {n: squared_gradient(g) for n, g in grads.items() if g is not None}
     searched = [n for n, sq in first.items() if len(sq) > 1 and search_period(sq) > 1]
     fallback = [n for n, sq in first.items() if len(sq) > 1 and search_period(sq) == 1 and periods[n] > 1]

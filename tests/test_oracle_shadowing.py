@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gefen_conformance import workload
+from gefen_conformance.workload import models, runs
 from gefen_oracles import checkpoint_compare, kernel_bounds, pinned_step, shadowing
 
 STEPS = 12
@@ -16,20 +16,18 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def reference_run():
-    params, optimizer = workload.built(
-        workload.REFERENCE,
-        workload.LONG,
+    params, optimizer = runs.built(
+        models.REFERENCE,
+        models.LONG,
         torch.bfloat16,
-        workload.optimizer_hypers(weight_decay=0.05),
+        runs.optimizer_hypers(weight_decay=0.05),
         factored_v_2d=True,
     )
-    return workload.run_steps(workload.LONG, optimizer, params, range(STEPS), record_states=True)
+    return runs.run_steps(models.LONG, optimizer, params, range(STEPS), record_states=True)
 
 
 def _check(run):
-    return shadowing.check_runs(
-        workload.param_runs(run, factored_v_2d=True), run.states[-1]["gefen_codebook"]
-    )
+    return shadowing.check_runs(runs.param_runs(run, factored_v_2d=True), run.states[-1]["gefen_codebook"])
 
 
 def test_a_correct_run_is_within_every_bound(reference_run):
@@ -116,14 +114,14 @@ def _dense(state: dict, codebook: torch.Tensor):
 
 
 def test_dense_steps_of_a_correct_block_step_pass_and_a_wrong_block_fails():
-    params, optimizer = workload.built(
-        workload.REFERENCE,
-        workload.LONG,
+    params, optimizer = runs.built(
+        models.REFERENCE,
+        models.LONG,
         torch.float32,
-        workload.optimizer_hypers(weight_decay=0.05),
+        runs.optimizer_hypers(weight_decay=0.05),
         factored_v_2d=False,
     )
-    run = workload.run_steps(workload.LONG, optimizer, params, range(4), record_states=True)
+    run = runs.run_steps(models.LONG, optimizer, params, range(4), record_states=True)
     codebook = run.states[-1]["gefen_codebook"]
     groups = {name: g for g in run.states[-1]["param_groups"] for name in g["param_names"]}
     slots = []

@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import cli, judging, repro, workload
+from gefen_conformance import cli, judging, repro
 from gefen_conformance.certificate import repro_files
 from gefen_conformance.suite import optimizer_cases
+from gefen_conformance.workload import models, runs
 from gefen_oracles import numeric
 
 from .mutant_tools import failed_tests, run_suite
@@ -45,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=1)
 def _pinned_state() -> dict:
-    return workload.pinned_state(torch.float32, 3, weight_decay=0.05, factored_v_2d=False)
+    return runs.pinned_state(torch.float32, 3, weight_decay=0.05, factored_v_2d=False)
 
 
 def _pinned_case() -> optimizer_cases.PinnedCase:
@@ -153,7 +154,7 @@ def test_a_failing_pinned_step_names_its_worst_elements():
     assert not update.ok and update.offenders
     worst = update.offenders[0]
     assert worst.share > 1 and abs(worst.observed - worst.expected) > worst.allowed
-    shapes = dict(workload.OPTIMIZER.shapes)
+    shapes = dict(models.OPTIMIZER.shapes)
     assert len(worst.index) == len(shapes[worst.label])
 
 

@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import workload
 from gefen_conformance.harness import launch, world
 from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import checkpoints, restore_checks
+from gefen_conformance.workload import models, saving
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import payload_md5s
 
@@ -137,14 +137,14 @@ class SubgroupLauncher(_OneWorld):
 
 def _save_model(path: str) -> dict:
     """The DCP model's parameters on this World's mesh, saved with no adapter on its group."""
-    params = workload.parameters(workload.BASE, mesh=world_mesh())
-    dcp.save({"model": dict(params)}, checkpoint_id=path, process_group=workload.group())
+    params = models.parameters(models.BASE, mesh=world_mesh())
+    dcp.save({"model": dict(params)}, checkpoint_id=path, process_group=saving.group())
     here = world.current()
     return {
         "rank": here.rank,
         "size": here.size,
         "coordinate": here.mesh.get_coordinate(),
-        "full": workload.full_params(params),
+        "full": models.full_params(params),
     }
 
 
@@ -187,7 +187,7 @@ def test_a_subgroup_world_carries_rank_mesh_and_group_to_the_body(tmp_path):
     for a, b in zip(ours, pool):
         assert all(torch.equal(a["full"][n], b["full"][n]) for n in b["full"])
     assert payload_md5s(tmp_path / "subgroup") == payload_md5s(tmp_path / "pool")
-    assert sorted(read_nested(tmp_path / "subgroup")["model"]) == sorted(workload.BASE.shapes)
+    assert sorted(read_nested(tmp_path / "subgroup")["model"]) == sorted(models.BASE.shapes)
 
 
 @pytest.mark.slow

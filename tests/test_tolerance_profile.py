@@ -10,7 +10,7 @@ import torch
 import gefen_reference as reference
 import gefen_reference.optimizer as optimizer_module
 import gefen_reference.steps as steps
-from gefen_conformance import workload
+from gefen_conformance.workload import runs
 from gefen_oracles import pinned_step
 
 from .mutant_tools import clone
@@ -24,10 +24,10 @@ CONFIGS = [
 
 
 def _check(make, dtype, pin_at, kw):
-    sd = workload.pinned_state(dtype, pin_at, **kw)
-    result = workload.pinned_step(make, dtype, pin_at, sd, **kw)
+    sd = runs.pinned_state(dtype, pin_at, **kw)
+    result = runs.pinned_step(make, dtype, pin_at, sd, **kw)
     return pinned_step.check_step(
-        workload.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
+        runs.param_steps(sd, result, factored=kw["factored_v_2d"]), sd["gefen_codebook"]
     )
 
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from gefen_conformance import cli, vectors, workload
+from gefen_conformance import cli, vectors
 from gefen_conformance.suite import test_optimizer
+from gefen_conformance.workload import models, runs
 from gefen_oracles import pinned_step, safetensors_io, vector_check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +189,7 @@ def test_a_vector_holds_the_references_step_and_the_oracles_bounds(exported, vec
     the reference's step on them, and its bounds the oracle's for that step, element for element."""
     step = next(s for s in test_optimizer.PINNED_STEPS if s.test_id == vector_id)
     case = step.case()
-    reference = case.run(workload.REFERENCE)
+    reference = case.run(models.REFERENCE)
     codebook = case.state_dict["gefen_codebook"]
     tensors = _tensors(exported, vector_id)
 
@@ -202,7 +203,7 @@ def test_a_vector_holds_the_references_step_and_the_oracles_bounds(exported, vec
 
     same("codebook", codebook.to(torch.float32))
     checked = 0
-    for s in workload.param_steps(case.state_dict, reference, factored=case.factored):
+    for s in runs.param_steps(case.state_dict, reference, factored=case.factored):
         n = s.name
         same(f"{n}.param", case.start[n])
         same(f"{n}.grad", case.grads[n])
@@ -234,7 +235,7 @@ def test_the_parameters_rounding_allowance_is_the_suites_or_wider():
     case = step.case()
     codebook = case.state_dict["gefen_codebook"]
     wider = total = 0
-    for s in workload.param_steps(case.state_dict, case.run(workload.REFERENCE), factored=False):
+    for s in runs.param_steps(case.state_dict, case.run(models.REFERENCE), factored=False):
         bounds = pinned_step.element_bounds(s, codebook)
         momentum = codebook.double()[s.after["m_codebook"].long()] * s.after["m_magnitude"].double()
         aimed_at = bounds.decayed - bounds.rate * momentum.reshape(-1)
@@ -508,7 +509,7 @@ def _kernel_results(make_optimizer, out: Path) -> Path:
         case = step.case()
         ran = case.run(make_optimizer)
         results = {}
-        for s in workload.param_steps(case.state_dict, ran, factored=case.factored):
+        for s in runs.param_steps(case.state_dict, ran, factored=case.factored):
             results[f"{s.name}.param"] = vectors_cli._array(s.p1)
             for key in ("m_codebook", "m_magnitude", "vmean", "v_row", "v_col"):
                 if key in s.after:

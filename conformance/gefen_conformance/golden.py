@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.harness import launch
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
+from gefen_conformance.workload import models, saving
 from gefen_oracles import golden_manifest
 from gefen_oracles.numeric import Comparison, Comparisons
 
@@ -45,19 +45,19 @@ class Case:
     tensor_lr: bool = False
     groups: tuple = field(default=({}, {"lr": 2e-3, "betas": (0.8, 0.99), "weight_decay": 0.01}))
 
-    def model(self) -> workload.Model:
-        """The case as a :class:`gefen_conformance.workload.Model`: per-parameter seeds ``name:0`` for the
-        start and ``name:step`` for gradients, per-column scales ``1 + column % 4`` where
-        ``structured``; a tensor lr (new for every call) in group 0 when ``tensor_lr``."""
+    def model(self) -> models.Model:
+        """The case as a :class:`gefen_conformance.workload.models.Model`: per-parameter seeds
+        ``name:0`` for the start and ``name:step`` for gradients, per-column scales ``1 + column % 4``
+        where ``structured``; a tensor lr (new for every call) in group 0 when ``tensor_lr``."""
         hypers = [dict(options) for options in self.groups]
         if self.tensor_lr:
             hypers[0]["lr"] = torch.tensor(1e-3)
-        return workload.Model(
+        return models.Model(
             shapes={p.name: p.shape for p in self.params},
             groups=tuple(tuple(p.name for p in self.params if p.group == g) for g in range(len(self.groups))),
-            init=workload.per_name,
+            init=models.per_name,
             salt=0,
-            seed=workload.crc32_seed("{name}:{step}"),
+            seed=models.crc32_seed("{name}:{step}"),
             hypers=tuple(hypers),
             structured=frozenset(p.name for p in self.params if p.structured),
             column_period=4,
@@ -97,9 +97,9 @@ def train_case(impl, case: Case):
     """Rank body helper: the case's sharded parameters on this rank's mesh and the implementation's
     optimizer over them, trained ``case.steps`` steps; returns ``(params, optimizer)``."""
     model = case.model()
-    params = workload.parameters(model, dtype=case.dtype, mesh=world_mesh())
-    optimizer = impl.make_optimizer(workload.param_groups(model, params), factored_v_2d=False)
-    workload.train(model, optimizer, params, range(1, case.steps + 1))
+    params = models.parameters(model, dtype=case.dtype, mesh=world_mesh())
+    optimizer = impl.make_optimizer(models.param_groups(model, params), factored_v_2d=False)
+    models.train(model, optimizer, params, range(1, case.steps + 1))
     return params, optimizer
 
 
@@ -111,7 +111,7 @@ def _implementation(impl):
 def write_case(impl, case_name: str, path: str) -> None:
     """Rank body: train one case with the implementation ``impl`` and save it with its DCP adapter."""
     _, optimizer = train_case(impl, CASES[case_name])
-    workload.save(impl, optimizer, path, planner=False)
+    saving.save(impl, optimizer, path, planner=False)
 
 
 def reference_codebook_gap(case_name: str) -> float:

@@ -273,15 +273,15 @@ def _clauses(test) -> list[str]:
 def _write_vector(directory: Path, step, test) -> dict:
     import torch
 
-    from gefen_conformance import workload
+    from gefen_conformance.workload import models, runs
     from gefen_oracles import pinned_step, safetensors_io
 
     case = step.case()
-    reference = case.run(workload.REFERENCE)
+    reference = case.run(models.REFERENCE)
     codebook = case.state_dict["gefen_codebook"].detach().to(torch.float32)
     tensors = {"codebook": _array(codebook)}
     parameters = []
-    stepped = workload.param_steps(case.state_dict, reference, factored=case.factored)
+    stepped = runs.param_steps(case.state_dict, reference, factored=case.factored)
     for s in stepped:
         bounds = pinned_step.element_bounds(s, codebook)
         parameters.append(_parameter(tensors, s, bounds, codebook))

@@ -39,7 +39,9 @@ TORCH_MODULES = (
 SUITE_MODULES = (
     "gefen_reference",
     "gefen_reference.dcp",
-    "gefen_conformance.workload",
+    "gefen_conformance.workload.models",
+    "gefen_conformance.workload.runs",
+    "gefen_conformance.workload.saving",
     "gefen_conformance.workload.stack",
     "gefen_conformance.golden",
     "gefen_conformance.harness.sharding",

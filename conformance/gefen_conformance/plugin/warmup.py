@@ -66,12 +66,12 @@ def prepare_hook(impl, device) -> None:
 def _model():
     """A small model with the scenarios' kinds of parameter: a matrix with structured gradients (a
     searched period), a prime-sized vector (the fallback) and a scalar (period 1), in two groups."""
-    from gefen_conformance import workload
+    from gefen_conformance.workload import models
 
-    return workload.Model(
+    return models.Model(
         shapes={"matrix": (16, 12), "prime": (37,), "scalar": (1,)},
         groups=(("matrix", "prime"), ("scalar",)),
-        init=workload.one_stream,
+        init=models.one_stream,
         structured=frozenset({"matrix"}),
         column_period=4,
     )
@@ -81,8 +81,8 @@ def exercise(impl) -> list[str]:
     """Run each of :data:`CODE_PATHS` the implementation supports once, two steps (the first
     creates the state), with a tensor lr and weight decay, on the run's device; returns a note per
     code path that raised (the tests that use it report it)."""
-    from gefen_conformance import workload
     from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
+    from gefen_conformance.workload import models
 
     model = _model()
     notes = []
@@ -91,12 +91,12 @@ def exercise(impl) -> list[str]:
             continue
         label = f"{str(dtype).replace('torch.', '')} {'factored' if factored else 'block'}"
         try:
-            params = workload.parameters(model, dtype=dtype)
+            params = models.parameters(model, dtype=dtype)
             hypers = ({"lr": torch.tensor(3e-3), "weight_decay": 0.01}, {"lr": 1e-3})
             optimizer = impl.make_optimizer(
-                workload.param_groups(model, params, hypers), factored_v_2d=factored
+                models.param_groups(model, params, hypers), factored_v_2d=factored
             )
-            workload.train(model, optimizer, params, range(2))
+            models.train(model, optimizer, params, range(2))
             if impl.has(NATIVE_STATE_DICT):
                 optimizer.load_state_dict(optimizer.state_dict())
         except Exception as exc:  # noqa: BLE001 - the scenarios report it with their own checks

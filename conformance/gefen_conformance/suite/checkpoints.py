@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.harness import launch
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import Implementation
+from gefen_conformance.workload import models, saving
 
 TIMEOUT = 60.0
 
@@ -96,9 +96,9 @@ class Restore:
 
 def save_trained(impl: Implementation, model: str, path: str) -> dict:
     """Train ``model`` with ``impl`` and save model and optimizer; the saved full params."""
-    params, optimizer = workload.trained(impl, workload.DCP_MODELS[model], world_mesh())
-    workload.save(impl, optimizer, path, params=params)
-    return workload.full_params(params)
+    params, optimizer = saving.trained(impl, models.DCP_MODELS[model], world_mesh())
+    saving.save(impl, optimizer, path, params=params)
+    return models.full_params(params)
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -119,25 +119,25 @@ def restore_report(impl: Implementation, model: str, path: str, resave_path: str
        K+1 is reported per parameter (SPEC 3.7.3).
     A failed load is reported (type, message) instead of 2-4.
     """
-    layout = workload.DCP_MODELS[model]
+    layout = models.DCP_MODELS[model]
     mesh = world_mesh()
-    next_step = [workload.DCP_STEPS + 1]
-    native_params, native = workload.trained(impl, layout, mesh)
+    next_step = [models.DCP_STEPS + 1]
+    native_params, native = saving.trained(impl, layout, mesh)
     before = {n: p.detach().to_local().clone() for n, p in native_params.items()}
-    workload.train(layout, native, native_params, next_step)
-    after = {n: workload.to_cpu(p.to_local()) for n, p in native_params.items()}
+    models.train(layout, native, native_params, next_step)
+    after = {n: models.to_cpu(p.to_local()) for n, p in native_params.items()}
 
-    params = workload.parameters(layout, mesh=mesh, salt="target")
+    params = models.parameters(layout, mesh=mesh, salt="target")
     optimizer = impl.make_optimizer(
-        workload.param_groups(layout, params, workload.TARGET_HYPERS), factored_v_2d=False
+        models.param_groups(layout, params, models.TARGET_HYPERS), factored_v_2d=False
     )
     try:
-        workload.load(impl, optimizer, path, params=params)
+        saving.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
         return RestoreReport(load_error=RaisedError.of(exc))
-    report = RestoreReport(full_params=workload.full_params(params))
+    report = RestoreReport(full_params=models.full_params(params))
     try:
-        workload.save(impl, optimizer, resave_path, params=params)
+        saving.save(impl, optimizer, resave_path, params=params)
     except Exception as exc:  # reported; the continuation still runs
         report.resave_error = RaisedError.of(exc)
 
@@ -145,14 +145,14 @@ def restore_report(impl: Implementation, model: str, path: str, resave_path: str
         with torch.no_grad():
             for n, p in stepped_params.items():
                 p.to_local().copy_(before[n])
-        workload.train(layout, stepping, stepped_params, next_step)
-        return {n: _max_abs(workload.to_cpu(p.to_local()), after[n]) for n, p in stepped_params.items()}
+        models.train(layout, stepping, stepped_params, next_step)
+        return {n: _max_abs(models.to_cpu(p.to_local()), after[n]) for n, p in stepped_params.items()}
 
     report.continuation = continue_from_native(optimizer, params)
     # Teeth of the bound: the same step from the same parameters by an optimizer that restored
     # nothing (only its hyperparameters set to the saved ones).
-    blank_params = workload.parameters(layout, mesh=mesh, salt="blank")
-    blank = impl.make_optimizer(workload.param_groups(layout, blank_params), factored_v_2d=False)
+    blank_params = models.parameters(layout, mesh=mesh, salt="blank")
+    blank = impl.make_optimizer(models.param_groups(layout, blank_params), factored_v_2d=False)
     report.unrestored = continue_from_native(blank, blank_params)
     return report
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gefen_conformance import workload
+from gefen_conformance.workload import models, runs
 from gefen_oracles import (
     codebook_quality,
     free_running,
@@ -60,12 +60,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _model(start: dict, groups) -> workload.Model:
+def _model(start: dict, groups) -> models.Model:
     """A model of the case's parameters and groups (only the groups and names are used)."""
-    return workload.Model(
+    return models.Model(
         shapes={n: tuple(t.shape) for n, t in start.items()},
         groups=tuple(tuple(g) for g in groups),
-        init=workload.zeros,
+        init=models.zeros,
     )
 
 
@@ -80,14 +80,14 @@ class PinnedCase:
     grads: dict
     hypers: tuple
     options: dict = field(default_factory=dict)
-    groups: tuple = workload.OPTIMIZER.groups
+    groups: tuple = models.OPTIMIZER.groups
     about: str = ""
     kind = "pinned-step"
 
-    def run(self, make_optimizer) -> workload.PinnedStep:
+    def run(self, make_optimizer) -> runs.PinnedStep:
         """The step of the optimizer ``make_optimizer`` builds (the reference's:
-        :data:`gefen_conformance.workload.REFERENCE`) from this case's inputs."""
-        return workload.pinned_step_from(
+        :data:`gefen_conformance.workload.models.REFERENCE`) from this case's inputs."""
+        return runs.pinned_step_from(
             make_optimizer,
             self.state_dict,
             self.start,
@@ -103,7 +103,7 @@ class PinnedCase:
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         theirs = self.run(make_optimizer)
-        ours = self.run(workload.REFERENCE)
+        ours = self.run(models.REFERENCE)
         if bitwise:
             comparisons = native_compare.compare(
                 ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=self.dtype
@@ -124,7 +124,7 @@ class PinnedCase:
         if comparisons.ok:
             comparisons.merge(
                 pinned_step.check_step(
-                    workload.param_steps(self.state_dict, theirs, factored=self.factored),
+                    runs.param_steps(self.state_dict, theirs, factored=self.factored),
                     self.state_dict["gefen_codebook"],
                 )
             )
@@ -161,15 +161,15 @@ class TrajectoryCase:
     hypers: tuple
     options: dict = field(default_factory=dict)
     judge: str = "parameters"
-    groups: tuple = workload.OPTIMIZER.groups
+    groups: tuple = models.OPTIMIZER.groups
     kind = "trajectory"
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
-        ours = workload.trajectory_from(
-            workload.REFERENCE, self.start, self.grads, self.hypers, model=model, **self.options
+        ours = runs.trajectory_from(
+            models.REFERENCE, self.start, self.grads, self.hypers, model=model, **self.options
         )
-        theirs = workload.trajectory_from(
+        theirs = runs.trajectory_from(
             make_optimizer, self.start, self.grads, self.hypers, model=model, **self.options
         )
         if self.judge == "state":
@@ -215,10 +215,10 @@ class TrajectoryCase:
         histogram) and the float state."""
         expected = ours.optimizer.state_dict()
         first = self.grads[0] if self.grads else {}
-        histogram = codebook_quality.histogram(workload.first_step_pieces(expected, self.dtype, first))
+        histogram = codebook_quality.histogram(runs.first_step_pieces(expected, self.dtype, first))
         return native_compare.compare(
             expected,
-            workload.state_to_cpu(theirs.optimizer.state_dict()),
+            models.state_to_cpu(theirs.optimizer.state_dict()),
             bitwise=bitwise,
             grad_dtype=self.dtype,
             histogram=histogram,
@@ -258,18 +258,18 @@ class LongCase:
     options: dict = field(default_factory=dict)
     native: bool = True
     steps: list = field(default_factory=list)
-    groups: tuple = workload.LONG.groups
+    groups: tuple = models.LONG.groups
     kind = "long-trajectory"
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
         steps = self.steps or list(range(len(self.grads)))
         shadowed = self.native and not bitwise
-        runs = []
-        for make, record in ((workload.REFERENCE, False), (make_optimizer, shadowed)):
-            params, optimizer = workload.built_from(make, model, self.start, self.hypers, **self.options)
-            runs.append(workload.run_steps_from(optimizer, params, self.grads, steps, record_states=record))
-        ours, theirs = runs
+        sides = []
+        for make, record in ((models.REFERENCE, False), (make_optimizer, shadowed)):
+            params, optimizer = runs.built_from(make, model, self.start, self.hypers, **self.options)
+            sides.append(runs.run_steps_from(optimizer, params, self.grads, steps, record_states=record))
+        ours, theirs = sides
         if bitwise:
             return self._bitwise(ours, theirs)
         if self.native:
@@ -290,8 +290,8 @@ class LongCase:
         if self.native:
             comparisons.merge(
                 native_compare.compare(
-                    workload.native_state(ours.optimizer),
-                    workload.native_state(theirs.optimizer),
+                    runs.native_state(ours.optimizer),
+                    runs.native_state(theirs.optimizer),
                     bitwise=True,
                     grad_dtype=self.dtype,
                 )
@@ -302,7 +302,7 @@ class LongCase:
         """SPEC 5.6.20: the final exact rules against the reference, the codebook learned at the
         first step (SPEC 5.6.7) and frozen afterwards, every step from the implementation's own state."""
         comparisons = Comparisons()
-        expected = workload.native_state(ours.optimizer)
+        expected = runs.native_state(ours.optimizer)
         last = len(theirs.states) - 1
         for p in native_compare.exact_problems(expected, theirs.states[-1], codebook_exact=False):
             comparisons.problem(f"after {last} steps: {p}")
@@ -329,9 +329,7 @@ class LongCase:
         comparisons.add(frozen)
         if comparisons.ok:
             factored = bool(self.options.get("factored_v_2d", False))
-            comparisons.merge(
-                shadowing.check_runs(workload.param_runs(theirs, factored_v_2d=factored), codebook)
-            )
+            comparisons.merge(shadowing.check_runs(runs.param_runs(theirs, factored_v_2d=factored), codebook))
         return comparisons
 
     def _free_running(self, ours, theirs) -> Comparisons:
@@ -416,9 +414,9 @@ def pinned(
     return PinnedCase(
         dtype,
         state_dict,
-        workload.pinned_start(dtype),
-        {n: workload.gradient(workload.OPTIMIZER, n, pin_at, dtype=dtype) for n in workload.OPTIMIZER.shapes},
-        workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        runs.pinned_start(dtype),
+        {n: models.gradient(models.OPTIMIZER, n, pin_at, dtype=dtype) for n in models.OPTIMIZER.shapes},
+        runs.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
         dict(options),
         about=f"gradient of step {pin_at}",
     )
@@ -436,9 +434,9 @@ def trajectory(
     """The free-running training of :func:`gefen_conformance.workload.runs.trajectory` as a case."""
     return TrajectoryCase(
         dtype,
-        workload.initial(workload.OPTIMIZER, dtype=dtype),
-        workload.trajectory_gradients(dtype, steps),
-        workload.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
+        models.initial(models.OPTIMIZER, dtype=dtype),
+        runs.trajectory_gradients(dtype, steps),
+        runs.optimizer_hypers(tensor_lr=tensor_lr, weight_decay=weight_decay),
         dict(options),
         judge=judge,
     )
@@ -449,15 +447,15 @@ def long_trajectory(
     hypers,
     *,
     native: bool,
-    model: workload.Model = workload.LONG,
-    steps: int = workload.LONG_STEPS,
+    model: models.Model = models.LONG,
+    steps: int = models.LONG_STEPS,
     **options,
 ) -> LongCase:
     """``model`` trained ``steps`` steps in ``dtype`` with ``hypers`` as a case (SPEC 4.3.11)."""
     return LongCase(
         dtype,
-        workload.initial(model, dtype=dtype),
-        workload.trajectory_gradients(dtype, steps, model),
+        models.initial(model, dtype=dtype),
+        runs.trajectory_gradients(dtype, steps, model),
         tuple(hypers),
         dict(options),
         native=native,

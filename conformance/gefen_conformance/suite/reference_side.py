@@ -24,24 +24,22 @@ import functools
 
 import torch
 
-from gefen_conformance import workload
+from gefen_conformance.workload import models, runs
 
 #: Steps of the free-running comparisons (``test_optimizer.STEPS``)
 STEPS = 6
 
 
 @functools.cache
-def _trajectory(dtype: torch.dtype, steps: int, options: tuple) -> workload.Trained:
-    return workload.trajectory(
-        workload.REFERENCE, dtype, steps, states_after=range(1, steps + 1), **dict(options)
-    )
+def _trajectory(dtype: torch.dtype, steps: int, options: tuple) -> runs.Trained:
+    return runs.trajectory(models.REFERENCE, dtype, steps, states_after=range(1, steps + 1), **dict(options))
 
 
-def trajectory(dtype: torch.dtype, steps: int = STEPS, **options) -> workload.Trained:
+def trajectory(dtype: torch.dtype, steps: int = STEPS, **options) -> runs.Trained:
     """The reference's free-running trajectory (read-only: shared by every caller)."""
     options = dict(
         {"tensor_lr": False, "weight_decay": 0.0}, **options
-    )  # the defaults of workload.trajectory
+    )  # the defaults of workload.runs.trajectory
     return _trajectory(dtype, steps, tuple(sorted(options.items())))
 
 
@@ -49,4 +47,4 @@ def pinned_state(dtype: torch.dtype, pin_at: int, **options) -> dict:
     """:func:`gefen_conformance.workload.runs.pinned_state` (a fresh deep copy), from the cached
     trajectory of the same dtype and options."""
     ran = trajectory(dtype, max(STEPS, pin_at, 1), **options)
-    return workload.pinned_from(ran.states[max(pin_at, 1)], pin_at)
+    return runs.pinned_from(ran.states[max(pin_at, 1)], pin_at)

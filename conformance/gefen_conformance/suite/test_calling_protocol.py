@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.implementations.contract import NATIVE_STATE_DICT
 from gefen_conformance.suite import reference_side
+from gefen_conformance.workload import models, runs
 from gefen_oracles import codebook_quality, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -60,7 +60,7 @@ def _checkpoint() -> dict:
 def _grads(call: int) -> dict:
     """``{name: gradient}`` of the workload for ``call`` (1, 2, ...) after the checkpoint (CPU)."""
     step = CHECKPOINT_STEPS + call - 1
-    return {n: workload.gradient(workload.OPTIMIZER, n, step, dtype=DTYPE) for n in workload.OPTIMIZER.shapes}
+    return {n: models.gradient(models.OPTIMIZER, n, step, dtype=DTYPE) for n in models.OPTIMIZER.shapes}
 
 
 def _floats(group: dict) -> dict:
@@ -108,13 +108,13 @@ class Side:
 
     def call(self, grads: dict, make: Callable[[], Any], *, skipped: bool = False) -> Any:
         """Make one call (``make()`` calls ``step``), recording it; returns what ``make`` returned."""
-        before = {n: workload.to_cpu(p) for n, p in self.params.items()}
-        state_before = workload.native_state(self.optimizer)
+        before = {n: models.to_cpu(p) for n, p in self.params.items()}
+        state_before = runs.native_state(self.optimizer)
         hypers = [_floats(g) for g in self.optimizer.param_groups]
         returned = make()
-        after = {n: workload.to_cpu(p) for n, p in self.params.items()}
+        after = {n: models.to_cpu(p) for n, p in self.params.items()}
         self.calls.append(
-            Call(grads, before, after, state_before, workload.native_state(self.optimizer), hypers, skipped)
+            Call(grads, before, after, state_before, runs.native_state(self.optimizer), hypers, skipped)
         )
         return returned
 
@@ -127,11 +127,11 @@ class Side:
 def _side(make_optimizer, *, load: bool = True) -> Side:
     """The workload's parameters at the pinned start and an optimizer over them, the checkpoint
     loaded (``load``) or fresh."""
-    params, optimizer = workload.built_from(
+    params, optimizer = runs.built_from(
         make_optimizer,
-        workload.OPTIMIZER,
-        workload.pinned_start(DTYPE),
-        workload.optimizer_hypers(**HYPERS),
+        models.OPTIMIZER,
+        runs.pinned_start(DTYPE),
+        runs.optimizer_hypers(**HYPERS),
         **OPTIONS,
     )
     if load:
@@ -228,7 +228,7 @@ def _same_tensors(out: Comparisons, what: str, expected: dict, observed: dict) -
 def _zero_first_gradients(make_optimizer, variant: str) -> Side:
     """A fresh optimizer whose first gradients are all zero, then a step with the workload's."""
     side = _side(make_optimizer, load=False)
-    side.step({n: torch.zeros(shape, dtype=DTYPE) for n, shape in workload.OPTIMIZER.shapes.items()})
+    side.step({n: torch.zeros(shape, dtype=DTYPE) for n, shape in models.OPTIMIZER.shapes.items()})
     side.step(_grads(1))
     return side
 
@@ -246,7 +246,7 @@ def _zero_first_compared(ours: Side, theirs: Side, bitwise: bool) -> Comparisons
     if bitwise:
         out.add(bitwise_comparison(what, learned, theirs_learned[0], label=f"{what} (SPEC 1.6.7)"))
     else:
-        shapes = workload.OPTIMIZER.shapes
+        shapes = models.OPTIMIZER.shapes
         pieces = [
             (torch.zeros(shapes[e["name"]], dtype=DTYPE).reshape(-1), e["automatic_period"])
             for e in ours.calls[0].state_after["state"].values()
@@ -278,7 +278,7 @@ def _found_inf(make_optimizer, variant: str) -> Side:
     """A call through a closure whose gradients overflowed (``found_inf`` set), then a clean call."""
     found_inf, scale = FOUND_INF[variant]
     side = _side(make_optimizer)
-    opt, device = side.optimizer, workload.device_for(make_optimizer)
+    opt, device = side.optimizer, models.device_for(make_optimizer)
     grads = _grads(1)
     overflowed = dict(grads, vector=grads["vector"].clone().index_fill_(0, torch.tensor([0]), float("inf")))
     loss, ran = torch.tensor(1.5), []
@@ -317,7 +317,7 @@ def _grad_scale_in_place(make_optimizer, variant: str) -> Side:
     """A call under ``grad_scale`` with gradients scaled by it; then each ``.grad`` must be the tensor
     the caller set, holding the unscaled gradient (exact: the scale is a power of two)."""
     side = _side(make_optimizer)
-    opt, device = side.optimizer, workload.device_for(make_optimizer)
+    opt, device = side.optimizer, models.device_for(make_optimizer)
     grads = _grads(1)
     given = side.assign(grads, SCALE)
     if variant == "python-float":
@@ -515,7 +515,7 @@ def _load_copies(make_optimizer, variant: str) -> Side:
     for t in _state_tensors(sd):
         t.add_(1)
     what = "the state after a load, the caller's dict changed since"
-    _same_tensors(side.seen, what, kept, workload.native_state(side.optimizer))
+    _same_tensors(side.seen, what, kept, runs.native_state(side.optimizer))
     for t, k in zip(_state_tensors(sd), _state_tensors(kept)):
         t.copy_(k)
     side.step(_grads(1))
@@ -677,7 +677,7 @@ class ProtocolCase:
 
     def replay(self, impl, *, bitwise: bool) -> Comparisons:
         scenario = SCENARIOS[self.scenario]
-        ours = scenario.run(workload.REFERENCE, self.variant)
+        ours = scenario.run(models.REFERENCE, self.variant)
         try:
             theirs = scenario.run(impl.make_optimizer, self.variant)
         except Exception as exc:  # the protocol failed outright: that is the finding

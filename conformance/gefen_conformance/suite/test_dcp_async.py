@@ -20,24 +20,24 @@ import threading
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import workload
 from gefen_conformance.harness import deadlines, world
 from gefen_conformance.harness.sharding import shard_like, world_mesh
 from gefen_conformance.implementations.contract import DCP_ASYNC_SAVE, DCP_RESHARD, Implementation
 from gefen_conformance.suite import checkpoints
+from gefen_conformance.workload import models, saving
 from gefen_oracles.digests import content_digests
 
 WORLD = 2
 GATE_S = 30.0  # how long the held writer waits for the step before giving up
 #: Large slots (over 64Ki elements each: the adapter's chunked re-blocking and the writer's item
 #: sizes both change there) and a small one, two groups; every one gets structured gradients.
-LARGE = workload.Model(
+LARGE = models.Model(
     shapes={"emb.weight": (512, 384), "proj.weight": (256, 320), "norm.weight": (96,)},
     groups=(("emb.weight", "norm.weight"), ("proj.weight",)),
-    init=workload.per_name,
+    init=models.per_name,
     salt="init",
-    seed=workload.crc32_seed("{name}:large{step}"),
-    hypers=workload.GROUP_HYPERS,
+    seed=models.crc32_seed("{name}:large{step}"),
+    hypers=models.GROUP_HYPERS,
     structured=frozenset({"emb.weight", "proj.weight"}),
 )
 #: Steps the optimizer takes while the background write is under way.
@@ -65,9 +65,9 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     ``impl.async_writer``, an optimizer step before the background write may start, the wait, and
     a synchronous save after the step (collective). The background write is held until the step
     is done."""
-    model = workload.BASE
-    params, optimizer = workload.trained(impl, model, world_mesh())
-    workload.save(impl, optimizer, os.path.join(root, "sync_before"))
+    model = models.BASE
+    params, optimizer = saving.trained(impl, model, world_mesh())
+    saving.save(impl, optimizer, os.path.join(root, "sync_before"))
     writer = impl.async_writer(os.path.join(root, "async"))
     gate = threading.Event()
     write_data = writer.write_data
@@ -82,7 +82,7 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     writer.write_data = gated_write_data
     # The next gradients are sharded now: sharding is a collective, and the background save runs
     # its own collectives on the scenario's group while the step is taken.
-    workload.set_gradients(model, params, workload.DCP_STEPS + 1)
+    models.set_gradients(model, params, models.DCP_STEPS + 1)
     planner = impl.save_planner() if impl.save_planner is not None else None
     response = dcp.async_save(
         {"optimizer": impl.dcp_state(optimizer)},
@@ -95,7 +95,7 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     finally:
         gate.set()
     _wait(response)
-    workload.save(impl, optimizer, os.path.join(root, "sync_after"))
+    saving.save(impl, optimizer, os.path.join(root, "sync_after"))
     return {"write_data_calls": len(gated)}
 
 
@@ -104,8 +104,8 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
     whose background write is held after its first item until the optimizer has taken
     ``STEPS_DURING_WRITE`` steps (so they run while the write is under way), and a synchronous
     save after those steps (collective)."""
-    params, optimizer = workload.trained(impl, LARGE, world_mesh())
-    workload.save(impl, optimizer, os.path.join(root, "sync_before"))
+    params, optimizer = saving.trained(impl, LARGE, world_mesh())
+    saving.save(impl, optimizer, os.path.join(root, "sync_before"))
     writer = impl.async_writer(os.path.join(root, "async"))
     writing, stepped = threading.Event(), threading.Event()
     write_data = writer.write_data
@@ -126,7 +126,7 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
         return write_data(plan, planner)
 
     writer.write_data = write_data_while_stepping
-    grads = [workload.DCP_STEPS + k for k in range(1, STEPS_DURING_WRITE + 1)]
+    grads = [models.DCP_STEPS + k for k in range(1, STEPS_DURING_WRITE + 1)]
     planner = impl.save_planner() if impl.save_planner is not None else None
     response = dcp.async_save(
         {"optimizer": impl.dcp_state(optimizer)},
@@ -140,20 +140,20 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
         for step in grads:
             # each gradient is set on this thread: no collective runs beside the background write's
             for name, p in params.items():
-                g = workload.gradient(LARGE, name, step, dtype=p.dtype)
+                g = models.gradient(LARGE, name, step, dtype=p.dtype)
                 p.grad = None if g is None else shard_like(g, p)
             optimizer.step()
     finally:
         stepped.set()
     _wait(response)
-    workload.save(impl, optimizer, os.path.join(root, "sync_after"))
+    saving.save(impl, optimizer, os.path.join(root, "sync_after"))
     return {"items_resolved": len(resolved)}
 
 
 def async_with_default_writer(impl: Implementation, path: str):
     """Rank body (SPEC 2.6.2): ``dcp.async_save`` of the adapter with DCP's default
     ``FileSystemWriter``; the error on this rank (None if it was accepted)."""
-    _, optimizer = workload.trained(impl, workload.BASE, world_mesh())
+    _, optimizer = saving.trained(impl, models.BASE, world_mesh())
     try:
         _wait(
             dcp.async_save(

@@ -32,18 +32,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.judging import assert_no_problems
 from gefen_conformance.suite import checkpoints, restore_checks
+from gefen_conformance.workload import models, saving
 from gefen_oracles import checkpoint_compare, shadowing
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.gefen_schema import slot_key
 from gefen_oracles.numeric import Comparison, Comparisons, bitwise_comparison
 
 MODEL = "wide"
-MODELS = {MODEL: workload.WIDE}
+MODELS = {MODEL: models.WIDE}
 DTYPES = {"bf16": torch.bfloat16}
 SOURCE = 2
 
@@ -70,11 +70,11 @@ class Variant:
 
 
 VARIANTS = {
-    "stepped": Variant(workload.DCP_STEPS),
+    "stepped": Variant(models.DCP_STEPS),
     # a restore re-derives periods with the target's own rules (SPEC 3.6.2): 1 for the 1-D slot and
     # for every slot named by a substring
     "forced-periods": Variant(
-        workload.DCP_STEPS, (("force_1d_period_one", True), ("period_one_substrings", ("enc.weight",)))
+        models.DCP_STEPS, (("force_1d_period_one", True), ("period_one_substrings", ("enc.weight",)))
     ),
     # no rank has a materialized slot: the restore leaves no codebook and the next step learns one
     # from gradients (SPEC 3.6.3, 1.12.12)
@@ -112,7 +112,7 @@ STEPPED_BEFORE = range(1, 3)
 #: codebook is learned from the small slots alone (a few hundred values, no optimal-quantizer
 #: search over thousands of bins on every rank of every path) and the large slot's stale state is
 #: quantized with it, one step behind the others' counters.
-BEFORE_THE_LOAD = {MODEL: replace(workload.other_stream(workload.WIDE), first_step={"big.weight": 2})}
+BEFORE_THE_LOAD = {MODEL: replace(models.other_stream(models.WIDE), first_step={"big.weight": 2})}
 CONTINUATION = 3
 #: Bound of each rank call (SPEC 4.2.2): a first step or a restore of the 67584-element slot learns
 #: periods and a codebook from it (about a second on a quiet 2-core machine, several times the small
@@ -128,10 +128,10 @@ def save_reference(impl: Implementation, model: str, dtype: str, path: str, step
     """The reference ``impl`` trains ``model`` in ``dtype`` for steps 1..``steps`` and saves model and
     optimizer."""
     layout = MODELS[model]
-    params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
-    optimizer = impl.make_optimizer(workload.param_groups(layout, params), factored_v_2d=False)
-    workload.train(layout, optimizer, params, range(1, steps + 1))
-    workload.save(impl, optimizer, path, params=params)
+    params = models.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh())
+    optimizer = impl.make_optimizer(models.param_groups(layout, params), factored_v_2d=False)
+    models.train(layout, optimizer, params, range(1, steps + 1))
+    saving.save(impl, optimizer, path, params=params)
 
 
 @dataclass(frozen=True)
@@ -161,22 +161,22 @@ def restore_and_continue(
     to ``out/after0``, then steps ``CONTINUATION`` times on the checkpoint's stream, re-saving to
     ``out/after<k>`` (collective)."""
     layout = MODELS[model]
-    params = workload.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
+    params = models.parameters(layout, dtype=DTYPES[dtype], mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(
-        workload.param_groups(layout, params, workload.TARGET_HYPERS),
+        models.param_groups(layout, params, models.TARGET_HYPERS),
         factored_v_2d=False,
         **dict(VARIANTS[variant].options),
     )
-    workload.train(BEFORE_THE_LOAD[model], optimizer, params, STEPPED_BEFORE)
+    models.train(BEFORE_THE_LOAD[model], optimizer, params, STEPPED_BEFORE)
     try:
-        workload.load(impl, optimizer, path, params=params)
+        saving.load(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result
         return ContinuationReport(load_error=checkpoints.RaisedError.of(exc))
     for k in range(CONTINUATION + 1):
         if k:
-            workload.train(layout, optimizer, params, [workload.DCP_STEPS + k])
+            models.train(layout, optimizer, params, [models.DCP_STEPS + k])
         try:
-            workload.save(impl, optimizer, os.path.join(out, f"after{k}"), params=params)
+            saving.save(impl, optimizer, os.path.join(out, f"after{k}"), params=params)
         except Exception as exc:  # reported; later re-saves are not attempted
             return ContinuationReport(save_error=checkpoints.RaisedError.of(exc), save_error_after=k)
     return ContinuationReport()
@@ -298,7 +298,7 @@ def _periods(checkpoint: dict, target: Target, dtype: torch.dtype) -> dict:
             if variant.source_steps == 0:
                 if name in layout.frozen:
                     continue
-                grad = workload.gradient(layout, name, workload.DCP_STEPS + 1, dtype=dtype)
+                grad = models.gradient(layout, name, models.DCP_STEPS + 1, dtype=dtype)
                 local = restore_checks.local_rows(grad, rank, target.world)
                 if local.numel():
                     out[rank, i] = choose_period(variant.rules, name, shape, squared_gradient(local))
@@ -331,7 +331,7 @@ def _first_codebook(saves, reference_saves, periods, target: Target, dtype, comp
         rank_periods = [periods[rank, i] for i in mine]
         grads = [
             restore_checks.local_rows(
-                workload.gradient(layout, n, workload.DCP_STEPS + 1, dtype=dtype), rank, target.world
+                models.gradient(layout, n, models.DCP_STEPS + 1, dtype=dtype), rank, target.world
             )
             for n in names
         ]
@@ -382,7 +382,7 @@ def _shadowed(read, continued: Continued, ours: Continued, target: Target, dtype
                 identity = before["optimizer"]["param_identities"][i]
                 name = identity["name"]
                 hypers = before["optimizer"]["param_group_hypers"][identity["group"]]
-                grad = workload.gradient(layout, name, workload.DCP_STEPS + k, dtype=dtype)
+                grad = models.gradient(layout, name, models.DCP_STEPS + k, dtype=dtype)
                 slots.append(
                     dict(
                         name=f"rank {rank} step {k} {name}",

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
 from gefen_conformance.judging import assert_no_problems
 from gefen_conformance.suite import checkpoints
+from gefen_conformance.workload import models, saving
 from gefen_oracles.checkpoint_reader import CheckpointError, read_metadata
 from gefen_oracles.digests import content_digests, payload_md5s
 
@@ -36,9 +36,9 @@ def save_with_divergent_layout(impl: Implementation, path: str, how: str, odd_ra
     ``how`` is "renamed" (one parameter named differently: same slot count, different identity)
     or "unnamed" (plain parameters, so the optimizer synthesizes the names).
     """
-    model = workload.BASE
-    params = workload.parameters(model, mesh=world_mesh())
-    groups = workload.param_groups(model, params)
+    model = models.BASE
+    params = models.parameters(model, mesh=world_mesh())
+    groups = models.param_groups(model, params)
     if world.current().rank == odd_rank:
         if how == "renamed":
             groups = [
@@ -50,9 +50,9 @@ def save_with_divergent_layout(impl: Implementation, path: str, how: str, odd_ra
         elif how == "unnamed":
             groups = [dict(g, params=[p for _, p in g["params"]]) for g in groups]
     optimizer = impl.make_optimizer(groups, factored_v_2d=False)
-    workload.train(model, optimizer, params, range(1, workload.DCP_STEPS + 1))
+    models.train(model, optimizer, params, range(1, models.DCP_STEPS + 1))
     try:
-        workload.save(impl, optimizer, path, params=params)
+        saving.save(impl, optimizer, path, params=params)
     except Exception as exc:  # the outcome is the result (a rank that returns stays warm for the next call)
         return checkpoints.RaisedError.of(exc)
     return None
@@ -63,46 +63,44 @@ def failing_load(impl: Implementation, path: str, before_dir: str, after_dir: st
     while the checkpoint says False (SPEC 3.3.7). The live state (trained one step of its own,
     target hyperparameters), model included, is saved before and after the attempt; returns
     the load's error."""
-    model = workload.BASE
-    params = workload.parameters(model, mesh=world_mesh(), salt="target")
+    model = models.BASE
+    params = models.parameters(model, mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(
-        workload.param_groups(model, params, workload.TARGET_HYPERS),
+        models.param_groups(model, params, models.TARGET_HYPERS),
         factored_v_2d=False,
         deterministic=world.current().rank == odd_rank,
     )
-    workload.train(model, optimizer, params, [7])
-    workload.save(impl, optimizer, before_dir, params=params)
+    models.train(model, optimizer, params, [7])
+    saving.save(impl, optimizer, before_dir, params=params)
     error = None
     try:
         # the optimizer only: DCP itself copies model entries into the parameters before the
         # adapter sees anything, so the adapter's fail-atomicity covers the optimizer
-        workload.load(impl, optimizer, path)
+        saving.load(impl, optimizer, path)
     except Exception as exc:  # the outcome is the result
         error = checkpoints.RaisedError.of(exc)
-    workload.save(impl, optimizer, after_dir, params=params)
+    saving.save(impl, optimizer, after_dir, params=params)
     return error
 
 
 def killed_save(impl: Implementation, path: str, victim: int = 1) -> None:
     """Train and save with rank ``victim`` killed in the middle of the save (collective)."""
-    model = workload.BASE
-    params, optimizer = workload.trained(impl, model, world_mesh(), steps=range(1, workload.DCP_STEPS + 2))
-    workload.save(
-        impl, optimizer, params=params, writer=workload.dying_writer(path, victim, KILLED_EXIT_CODE)
-    )
+    model = models.BASE
+    params, optimizer = saving.trained(impl, model, world_mesh(), steps=range(1, models.DCP_STEPS + 2))
+    saving.save(impl, optimizer, params=params, writer=saving.dying_writer(path, victim, KILLED_EXIT_CODE))
 
 
 def load_and_continue(impl: Implementation, path: str) -> dict:
     """Restore ``path`` into a fresh optimizer and take one more step (collective)."""
-    model = workload.BASE
-    params = workload.parameters(model, mesh=world_mesh(), salt="target")
+    model = models.BASE
+    params = models.parameters(model, mesh=world_mesh(), salt="target")
     optimizer = impl.make_optimizer(
-        workload.param_groups(model, params, workload.TARGET_HYPERS), factored_v_2d=False
+        models.param_groups(model, params, models.TARGET_HYPERS), factored_v_2d=False
     )
-    workload.load(impl, optimizer, path, params=params)
-    restored = workload.full_params(params)
-    workload.train(model, optimizer, params, [workload.DCP_STEPS + 1])
-    stepped = workload.full_params(params)
+    saving.load(impl, optimizer, path, params=params)
+    restored = models.full_params(params)
+    models.train(model, optimizer, params, [models.DCP_STEPS + 1])
+    stepped = models.full_params(params)
     finite = all(bool(torch.isfinite(v).all()) for v in stepped.values())
     return {
         "restored": restored,

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import workload
 from gefen_conformance.harness import world
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import (
@@ -20,6 +19,7 @@ from gefen_conformance.implementations.contract import (
     Implementation,
 )
 from gefen_conformance.suite import checkpoints
+from gefen_conformance.workload import models, saving
 from gefen_oracles import kernel_bounds
 from gefen_oracles.digests import content_digests
 from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
@@ -27,19 +27,19 @@ from gefen_oracles.memory import StorageTracker, pointer_reuse, state_addresses
 _LAYERS = tuple(f"layer{i}.weight" for i in range(8))
 #: Eight equal slots, large enough that a save holding all of them at once exceeds the bound;
 #: gradients are multiples of 1/8 so codebook learning sees few distinct values (cheap).
-MEMORY = workload.Model(
+MEMORY = models.Model(
     shapes={n: (64, 64) for n in _LAYERS},
     groups=(_LAYERS[:2], _LAYERS[2:]),
-    init=workload.per_name,
+    init=models.per_name,
     salt="init",
-    seed=workload.crc32_seed("{name}:grad{step}"),
-    hypers=workload.GROUP_HYPERS,
+    seed=models.crc32_seed("{name}:grad{step}"),
+    hypers=models.GROUP_HYPERS,
     quantum=1 / 8,
 )
 
 #: A 2-D parameter (block or factored second moment) and a 1-D one, plain tensors.
-IN_PLACE = workload.Model(
-    shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=workload.one_stream, salt=5403
+IN_PLACE = models.Model(
+    shapes={"w": (64, 32), "b": (96,)}, groups=(("w", "b"),), init=models.one_stream, salt=5403
 )
 
 
@@ -54,8 +54,8 @@ def planned_save_peak(impl: Implementation, root: str) -> dict:
     then holds one item at a time and the peak is the planner's. A standard save of the same
     state is written too, for the test to compare contents.
     """
-    _, optimizer = workload.trained(impl, MEMORY, world_mesh(), steps=(1, 2))
-    workload.save(impl, optimizer, os.path.join(root, "standard"))
+    _, optimizer = saving.trained(impl, MEMORY, world_mesh(), steps=(1, 2))
+    saving.save(impl, optimizer, os.path.join(root, "standard"))
     peaks = {}
     for name, planner in (("planned", impl.save_planner() if impl.save_planner else None), ("default", None)):
         writer = dcp.FileSystemWriter(os.path.join(root, name), single_file_per_rank=False)
@@ -114,11 +114,11 @@ def test_planned_save_holds_one_slot_at_a_time(gefen_impl, gefen_checkpoints, ge
 def test_step_updates_state_in_place(gefen_impl, factored):
     """After the first step, a second step keeps every state tensor's storage (share 1.0). Plain
     (non-DTensor) parameters: this is the optimizer's own step, no DCP capability is involved."""
-    params = workload.parameters(IN_PLACE)
-    optimizer = gefen_impl.make_optimizer(workload.param_groups(IN_PLACE, params), factored_v_2d=factored)
-    workload.train(IN_PLACE, optimizer, params, [0])
+    params = models.parameters(IN_PLACE)
+    optimizer = gefen_impl.make_optimizer(models.param_groups(IN_PLACE, params), factored_v_2d=factored)
+    models.train(IN_PLACE, optimizer, params, [0])
     before = state_addresses(optimizer.state)
-    workload.train(IN_PLACE, optimizer, params, [1])
+    models.train(IN_PLACE, optimizer, params, [1])
     report = pointer_reuse(before, state_addresses(optimizer.state))
     assert report.total_bytes > 0, "no state tensors to compare"
     assert report.share == 1.0, f"state reallocated by the step: {report.moved}"

@@ -23,7 +23,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import (
@@ -33,6 +32,7 @@ from gefen_conformance.implementations.contract import (
     Implementation,
 )
 from gefen_conformance.suite import checkpoints
+from gefen_conformance.workload import models, saving
 from gefen_oracles import checkpoint_compare, codebook_quality, kernel_bounds
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.digests import content_digests, metadata_digest, payload_md5s
@@ -55,14 +55,14 @@ def payload_saves(impl: Implementation, model: str, root: str) -> float:
     adjacent codewords of the reference's codebook on this rank (a checkpoint carries no
     codebook; SPEC 5.6.11 needs it).
     """
-    layout, mesh = workload.DCP_MODELS[model], world_mesh()
-    _, optimizer = workload.trained(impl, layout, mesh)
-    workload.save(impl, optimizer, os.path.join(root, "impl_planned"))
-    workload.save(impl, optimizer, os.path.join(root, "impl_planned_again"))
-    workload.save(impl, optimizer, os.path.join(root, "impl_default"), planner=False)
+    layout, mesh = models.DCP_MODELS[model], world_mesh()
+    _, optimizer = saving.trained(impl, layout, mesh)
+    saving.save(impl, optimizer, os.path.join(root, "impl_planned"))
+    saving.save(impl, optimizer, os.path.join(root, "impl_planned_again"))
+    saving.save(impl, optimizer, os.path.join(root, "impl_default"), planner=False)
     ref = registry.resolve("reference")
-    _, ref_optimizer = workload.trained(ref, layout, mesh)
-    workload.save(ref, ref_optimizer, os.path.join(root, "reference"))
+    _, ref_optimizer = saving.trained(ref, layout, mesh)
+    saving.save(ref, ref_optimizer, os.path.join(root, "reference"))
     return codebook_quality.largest_gap(ref_optimizer.codebook)
 
 
@@ -127,9 +127,9 @@ def retained_adapter_saves(impl: Implementation, root: str) -> None:
     (collective)."""
     from gefen_conformance.harness.sharding import shard, sharded_parameter
 
-    model = workload.BASE
+    model = models.BASE
     mesh = world_mesh()
-    params, optimizer = workload.trained(impl, model, mesh)
+    params, optimizer = saving.trained(impl, model, mesh)
     kept = impl.dcp_state(optimizer)
 
     def save_both(tag: str) -> None:
@@ -137,15 +137,15 @@ def retained_adapter_saves(impl: Implementation, root: str) -> None:
             dcp.save(
                 {"optimizer": adapter},
                 checkpoint_id=os.path.join(root, f"{tag}-{name}"),
-                process_group=workload.group(),
+                process_group=saving.group(),
             )
 
     save_both("first")
-    workload.train(model, optimizer, params, [workload.DCP_STEPS + 1])
+    models.train(model, optimizer, params, [models.DCP_STEPS + 1])
     save_both("stepped")
     late = sharded_parameter(torch.linspace(-1.0, 1.0, 6 * 4).reshape(6, 4), mesh)
     optimizer.add_param_group({"params": [("late.weight", late)], "lr": 3e-3, "weight_decay": 0.0})
-    workload.set_gradients(model, params, workload.DCP_STEPS + 2)
+    models.set_gradients(model, params, models.DCP_STEPS + 2)
     late.grad = shard(torch.linspace(0.5, -0.5, 6 * 4).reshape(6, 4), mesh)
     optimizer.step()
     save_both("group-added")

@@ -1,9 +1,8 @@
 """Resharding: save on N ranks, restore on M (SPEC 4.3.2, Part 3).
 
-Each path trains the implementation on ``gefen_conformance.workload.BASE`` (or ``EMPTY``) at N ranks and saves
-model
-and optimizer; at M ranks a fresh optimizer (other hyperparameters, other parameter values) is
-restored with ``dcp.load``. Two tests per path:
+Each path trains the implementation on ``gefen_conformance.workload.models.BASE`` (or ``EMPTY``)
+at N ranks and saves model and optimizer; at M ranks a fresh optimizer (other hyperparameters,
+other parameter values) is restored with ``dcp.load``. Two tests per path:
 
 * the restore: model parameters exact, and one continuation step within 5e-3 max-abs of a
   native run of the same implementation at M ranks on the same gradients (SPEC 3.7.3);

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
+from gefen_conformance.workload import models
 from gefen_oracles import gefen_schema
 from gefen_oracles.checkpoint_reader import read_nested
 from gefen_oracles.numeric import Comparisons
@@ -27,18 +27,18 @@ CHECKPOINTS = [
 
 def _expected_values(model: str, state: dict) -> list[str]:
     problems = []
-    layout = workload.DCP_MODELS[model]
+    layout = models.DCP_MODELS[model]
     group_of = {n: g for g, names in enumerate(layout.groups) for n in names}
     identities = [{"name": n, "group": group_of[n], "shape": list(s)} for n, s in layout.shapes.items()]
     if state.get("param_identities") != identities:
         problems.append(f"param_identities: {state.get('param_identities')!r}, trained {identities!r}")
-    if state.get("param_group_hypers") != workload.SAVED_HYPERS:
+    if state.get("param_group_hypers") != models.SAVED_HYPERS:
         problems.append(
-            f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {workload.SAVED_HYPERS!r}"
+            f"param_group_hypers: {state.get('param_group_hypers')!r}, trained {models.SAVED_HYPERS!r}"
         )
     expected = {
         "format_version": 2,
-        "global_step": workload.DCP_STEPS,
+        "global_step": models.DCP_STEPS,
         "deterministic": 0,
         "slot_count": len(layout.shapes),
         "group_count": 2,
@@ -50,7 +50,7 @@ def _expected_values(model: str, state: dict) -> list[str]:
     for i, name in enumerate(layout.shapes):
         fresh = name in layout.frozen
         for field, value in zip(
-            restore_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, workload.DCP_STEPS, workload.DCP_STEPS)
+            restore_checks.SLOT_SCALARS, (0, 0, 0) if fresh else (1, models.DCP_STEPS, models.DCP_STEPS)
         ):
             got = state.get(gefen_schema.slot_key(i, field))
             if not torch.is_tensor(got) or got.item() != value:

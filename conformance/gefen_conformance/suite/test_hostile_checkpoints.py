@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import DCP_RESHARD, Implementation
+from gefen_conformance.workload import models, saving
 from gefen_oracles.checkpoint_reader import read_nested
 
 
@@ -30,11 +30,11 @@ def _gradient_seed(name: str, index: int, step: int) -> int:
 
 
 #: ``c.scale``: a period-1 slot.
-MODEL = workload.Model(
+MODEL = models.Model(
     shapes={"a.weight": (8, 8), "b.weight": (4, 3), "c.scale": (1,)},
     groups=(("a.weight",), ("b.weight", "c.scale")),
     hypers=({}, {"lr": 2e-3}),
-    init=workload.linspace(-1, 1),
+    init=models.linspace(-1, 1),
     seed=_gradient_seed,
 )
 STEPS = 2
@@ -110,9 +110,9 @@ CASES = sorted(BYTE_LEVEL) + sorted(CONTENT_LEVEL)
 def craft_all(root: str) -> dict:
     """Write the valid checkpoint and every variant under ``root``; return ``{case: path}``."""
     reference = registry.resolve("reference")
-    _, opt = workload.trained(reference, MODEL, world_mesh(), steps=range(STEPS))
+    _, opt = saving.trained(reference, MODEL, world_mesh(), steps=range(STEPS))
     base = os.path.join(root, "valid")
-    workload.save(reference, opt, base, planner=False)
+    saving.save(reference, opt, base, planner=False)
     nested = read_nested(base)["optimizer"]
     paths = {"valid": base}
     for name, make in BYTE_LEVEL.items():
@@ -124,7 +124,7 @@ def craft_all(root: str) -> dict:
         content = copy.deepcopy(nested)
         change(content)
         path = os.path.join(root, name)
-        dcp.save({"optimizer": content}, checkpoint_id=path, process_group=workload.group())
+        dcp.save({"optimizer": content}, checkpoint_id=path, process_group=saving.group())
         paths[name] = path
     return paths
 
@@ -175,11 +175,11 @@ def same(a: list, b: list) -> bool:
 def load_attempt(impl, path: str) -> dict:
     """Train a live optimizer, try to load ``path`` into it; report the error and whether anything changed."""
     steps = range(LIVE_FIRST_STEP, LIVE_FIRST_STEP + STEPS)
-    params, opt = workload.trained(impl, MODEL, world_mesh(), steps=steps)
+    params, opt = saving.trained(impl, MODEL, world_mesh(), steps=steps)
     before = snapshot(params, opt)
     error = None
     try:
-        workload.load(impl, opt, path)
+        saving.load(impl, opt, path)
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
         error = f"{type(exc).__name__}: {exc}"
     return {"error": error, "unchanged": same(before, snapshot(params, opt))}

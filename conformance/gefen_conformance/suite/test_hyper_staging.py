@@ -29,19 +29,19 @@ import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from gefen_conformance import workload
 from gefen_conformance.harness.sharding import WorldOfOne
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import DCP_RESHARD
+from gefen_conformance.workload import models, saving
 from gefen_conformance.workload.checkpoint_in_memory import InMemoryCheckpoint
 from gefen_oracles.numeric import Comparisons
 
 KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 #: Two groups of one parameter each; the optimizer never steps.
-MODEL = workload.Model(
+MODEL = models.Model(
     shapes={"a.weight": (4, 2), "b.weight": (2, 2)},
     groups=(("a.weight",), ("b.weight",)),
-    init=workload.zeros,
+    init=models.zeros,
 )
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -85,8 +85,8 @@ class StagingOutcome:
 def _optimizer(impl, world: WorldOfOne, reference_side: bool = False):
     """A fresh optimizer of ``impl``: on the reference's side of a comparison over the parameters
     the reference's optimizers share (:func:`_reference_parameters`), otherwise over new ones."""
-    params = _reference_parameters(world) if reference_side else workload.parameters(MODEL, mesh=world.mesh)
-    return impl.make_optimizer(workload.param_groups(MODEL, params), factored_v_2d=False)
+    params = _reference_parameters(world) if reference_side else models.parameters(MODEL, mesh=world.mesh)
+    return impl.make_optimizer(models.param_groups(MODEL, params), factored_v_2d=False)
 
 
 @functools.cache
@@ -99,7 +99,7 @@ def _reference_parameters(world: WorldOfOne) -> dict:
     """The parameters of every reference optimizer here, made once per World: the optimizers never
     step and a checkpoint here holds only the optimizer, so nothing writes them (a DTensor made
     by a scatter over the World, several milliseconds each). Never handed to the implementation."""
-    return workload.parameters(MODEL, mesh=world.mesh)
+    return models.parameters(MODEL, mesh=world.mesh)
 
 
 def write_checkpoint(world: WorldOfOne, saved: list) -> InMemoryCheckpoint:
@@ -110,7 +110,7 @@ def write_checkpoint(world: WorldOfOne, saved: list) -> InMemoryCheckpoint:
     for group, values in zip(opt.param_groups, saved):
         group.update(values)
     checkpoint = InMemoryCheckpoint()
-    workload.save(ref, opt, planner=False, writer=checkpoint.writer(), dcp_collectives=False)
+    saving.save(ref, opt, planner=False, writer=checkpoint.writer(), dcp_collectives=False)
     return checkpoint
 
 
@@ -141,7 +141,7 @@ def load_outcome(
     before = [[_describe(v) for v in row.values()] for row in live]
     error = None
     try:
-        workload.load(impl, opt, reader=checkpoint.reader(), dcp_collectives=False)
+        saving.load(impl, opt, reader=checkpoint.reader(), dcp_collectives=False)
     except Exception as exc:  # the property compares acceptance, so every failure is data
         error = exc
     identities = all(

@@ -32,9 +32,9 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.judging import assert_no_problems
+from gefen_conformance.workload import models, runs
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
@@ -56,18 +56,18 @@ MIGRATIONS = [
 @functools.lru_cache(maxsize=2)
 def _checkpoint(factored: bool) -> dict:
     """The reference's native state after ``CHECKPOINT_STEPS`` steps in one mode (made once)."""
-    return workload.pinned_state(DTYPE, CHECKPOINT_STEPS, factored_v_2d=factored, **CHECKPOINT_HYPERS)
+    return runs.pinned_state(DTYPE, CHECKPOINT_STEPS, factored_v_2d=factored, **CHECKPOINT_HYPERS)
 
 
 def _live(make_optimizer, factored: bool, params=None):
     """``(params, optimizer)`` over the pinned workload's start (or ``params``' values), the live
     hyperparameters."""
-    values = workload.pinned_start(DTYPE) if params is None else params
-    device = workload.device_for(make_optimizer)
-    params = {n: torch.nn.Parameter(workload.to_cpu(t).to(device)) for n, t in values.items()}
-    hypers = workload.optimizer_hypers(tensor_lr=True, weight_decay=0.0)
+    values = runs.pinned_start(DTYPE) if params is None else params
+    device = models.device_for(make_optimizer)
+    params = {n: torch.nn.Parameter(models.to_cpu(t).to(device)) for n, t in values.items()}
+    hypers = runs.optimizer_hypers(tensor_lr=True, weight_decay=0.0)
     return params, make_optimizer(
-        workload.param_groups(workload.OPTIMIZER, params, hypers), factored_v_2d=factored
+        models.param_groups(models.OPTIMIZER, params, hypers), factored_v_2d=factored
     )
 
 
@@ -101,13 +101,11 @@ def _load(optimizer, state_dict: dict) -> None:
     optimizer.load_state_dict(copy.deepcopy(state_dict))
 
 
-def _judge(
-    judge, ours: workload.TrainingRun, theirs: workload.TrainingRun, factored: bool, label: str
-) -> list[str]:
+def _judge(judge, ours: runs.TrainingRun, theirs: runs.TrainingRun, factored: bool, label: str) -> list[str]:
     """One continuation after a load: bitwise against the reference's, or shadowed (SPEC 5.6.20)
     with the exact rules against the reference's."""
-    expected = workload.native_state(ours.optimizer)
-    observed = theirs.states[-1] if theirs.states else workload.native_state(theirs.optimizer)
+    expected = runs.native_state(ours.optimizer)
+    observed = theirs.states[-1] if theirs.states else runs.native_state(theirs.optimizer)
     if judge.bitwise:
         comparisons = native_compare.compare(expected, observed, bitwise=True, grad_dtype=DTYPE)
         for name, history in ours.history.items():
@@ -126,7 +124,7 @@ def _judge(
     if comparisons.ok:
         comparisons.merge(
             shadowing.check_runs(
-                workload.param_runs(theirs, factored_v_2d=factored), theirs.states[0]["gefen_codebook"]
+                runs.param_runs(theirs, factored_v_2d=factored), theirs.states[0]["gefen_codebook"]
             )
         )
     return [f"{label}: {p}" for p in judge.record(comparisons)]
@@ -137,21 +135,22 @@ def _judge(
 def test_load_into_a_stepped_optimizer(gefen_impl, gefen_judge):
     checkpoint = _checkpoint(False)
     shadow = not gefen_judge.bitwise
-    problems, runs = [], {}
-    for side, make in (("reference", workload.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
+    problems, trained = [], {}
+    for side, make in (("reference", models.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
         params, optimizer = _live(make, False)
-        workload.train(workload.other_stream(workload.OPTIMIZER), optimizer, params, LIVE_STEPS)
+        models.train(models.other_stream(models.OPTIMIZER), optimizer, params, LIVE_STEPS)
         _load(optimizer, checkpoint)
         if side == "implementation":
             problems += _loaded_exactly(
-                gefen_judge, "load into a stepped optimizer", checkpoint, workload.native_state(optimizer)
+                gefen_judge, "load into a stepped optimizer", checkpoint, runs.native_state(optimizer)
             )
         steps = range(CHECKPOINT_STEPS, CHECKPOINT_STEPS + CONTINUATION)
-        runs[side] = workload.run_steps(
-            workload.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "implementation"
+        trained[side] = runs.run_steps(
+            models.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "implementation"
         )
     if not problems:
-        problems += _judge(gefen_judge, runs["reference"], runs["implementation"], False, "after the load")
+        label = "after the load"
+        problems += _judge(gefen_judge, trained["reference"], trained["implementation"], False, label)
     assert_no_problems(problems)
 
 
@@ -162,29 +161,29 @@ def test_mode_migration(gefen_impl, gefen_judge, first_mode_factored):
     shadow = not gefen_judge.bitwise
     problems = []
     start = {side: _checkpoint(first_mode_factored) for side in ("reference", "implementation")}
-    values = {side: workload.pinned_start(DTYPE) for side in start}
+    values = {side: runs.pinned_start(DTYPE) for side in start}
     step = CHECKPOINT_STEPS
     for phase, factored in enumerate((not first_mode_factored, first_mode_factored)):
         label = f"phase {phase + 1} ({'factored' if factored else 'block'} optimizer)"
-        runs = {}
-        for side, make in (("reference", workload.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
+        trained = {}
+        for side, make in (("reference", models.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
             params, optimizer = _live(make, factored, values[side])
             _load(optimizer, start[side])
             if side == "implementation":
                 problems += _loaded_exactly(
-                    gefen_judge, f"load of {label}", start[side], workload.native_state(optimizer)
+                    gefen_judge, f"load of {label}", start[side], runs.native_state(optimizer)
                 )
-            runs[side] = workload.run_steps(
-                workload.OPTIMIZER,
+            trained[side] = runs.run_steps(
+                models.OPTIMIZER,
                 optimizer,
                 params,
                 range(step, step + PHASE_STEPS),
                 record_states=shadow and side == "implementation",
             )
-            start[side] = workload.native_state(optimizer)
-            values[side] = {n: workload.to_cpu(p) for n, p in params.items()}
+            start[side] = runs.native_state(optimizer)
+            values[side] = {n: models.to_cpu(p) for n, p in params.items()}
         if problems:
             break
-        problems += _judge(gefen_judge, runs["reference"], runs["implementation"], factored, label)
+        problems += _judge(gefen_judge, trained["reference"], trained["implementation"], factored, label)
         step += PHASE_STEPS
     assert_no_problems(problems)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.suite import optimizer_cases, reference_side
+from gefen_conformance.workload import models
 from gefen_oracles import pinned_step
 from gefen_oracles.numeric import bitwise_comparison
 
@@ -153,7 +153,7 @@ def test_state_matches_reference(gefen_impl, gefen_judge, factored):
 
 @pytest.mark.gefen_clause("1.10.6")
 def test_global_step_counts_every_step_call(gefen_impl):
-    device = workload.device_for(gefen_impl.make_optimizer)
+    device = models.device_for(gefen_impl.make_optimizer)
     p = torch.nn.Parameter(torch.zeros(16, device=device))
     opt = gefen_impl.make_optimizer([p], factored_v_2d=False)
     opt.step()
@@ -183,7 +183,7 @@ def test_global_step_counts_every_step_call(gefen_impl):
     ids=["lr-neg", "lr-nan", "beta1-one", "beta2-neg", "eps-zero", "eps-inf", "wd-neg", "lr-two-elements"],
 )
 def test_invalid_hyperparameters_are_rejected(gefen_impl, kwargs):
-    device = workload.device_for(gefen_impl.make_optimizer)
+    device = models.device_for(gefen_impl.make_optimizer)
     with pytest.raises(ValueError):
         gefen_impl.make_optimizer([torch.nn.Parameter(torch.zeros(4, device=device))], **kwargs)
 
@@ -191,7 +191,7 @@ def test_invalid_hyperparameters_are_rejected(gefen_impl, kwargs):
 @pytest.mark.gefen_clause("1.3")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 def test_names_and_provenance(gefen_impl):
-    device = workload.device_for(gefen_impl.make_optimizer)
+    device = models.device_for(gefen_impl.make_optimizer)
     a, b, c, d, e = (torch.nn.Parameter(torch.zeros(4, device=device)) for _ in range(5))
     opt = gefen_impl.make_optimizer(
         [
@@ -222,7 +222,7 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl, gefen_judge):
     normalizes to exactly 1), so no rounding can excuse another choice (SPEC 5.6.6)."""
 
     def run(make):
-        device = workload.device_for(make)
+        device = models.device_for(make)
         p = torch.nn.Parameter(torch.ones(4, 8, device=device))
         opt = make([("w", p)], factored_v_2d=False)
         state = {
@@ -245,16 +245,16 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl, gefen_judge):
         grad[:, 0] = 1.0  # one nonzero per block: the other seven normalise to exactly 0
         p.grad = grad.to(device)
         opt.step()
-        after = workload.state_to_cpu(opt.state_dict())
+        after = models.state_to_cpu(opt.state_dict())
         hyper = {
             k: float(after["param_groups"][0][k]) for k in ("lr", "beta1", "beta2", "eps", "weight_decay")
         }
         step = pinned_step.ParamStep(
-            "w", torch.ones(4, 8), workload.to_cpu(p), grad, state, after["state"][0], factored=False, **hyper
+            "w", torch.ones(4, 8), models.to_cpu(p), grad, state, after["state"][0], factored=False, **hyper
         )
         return step, after["state"][0]["m_codebook"].clone()
 
-    ours, ours_idx = run(workload.REFERENCE)
+    ours, ours_idx = run(models.REFERENCE)
     theirs, theirs_idx = run(gefen_impl.make_optimizer)
     assert int(ours_idx[0, 1]) == 127
     differing = (

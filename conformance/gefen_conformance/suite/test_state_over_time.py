@@ -28,13 +28,13 @@ import functools
 import pytest
 import torch
 
-from gefen_conformance import workload
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.suite import optimizer_cases
+from gefen_conformance.workload import runs
 
 DTYPE = torch.bfloat16
 UNSHADOWED_DTYPE = torch.float32
-HYPERS = workload.optimizer_hypers(weight_decay=0.05)
+HYPERS = runs.optimizer_hypers(weight_decay=0.05)
 
 #: ``(step, vmean_step)`` written into every state of the pinned state after three steps; None
 #: removes ``vmean_step`` (a legacy state, repaired to ``step``, SPEC 1.8.2).
@@ -61,7 +61,7 @@ def test_long_trajectory(gefen_impl, gefen_judge):
 @functools.lru_cache(maxsize=1)
 def _pinned_after_three() -> dict:
     """The reference's fp32 state after three steps of the pinned workload (made once)."""
-    return workload.pinned_state(torch.float32, 3, weight_decay=0.05, factored_v_2d=False)
+    return runs.pinned_state(torch.float32, 3, weight_decay=0.05, factored_v_2d=False)
 
 
 def _with_counters(state_dict: dict, step: int, vmean_step) -> dict:

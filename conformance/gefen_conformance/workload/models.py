@@ -172,7 +172,7 @@ class _Reference:
         return reference.Gefen(groups, **options)
 
     def __repr__(self) -> str:
-        return "workload.REFERENCE"
+        return "workload.models.REFERENCE"
 
 
 #: Pass as ``make_optimizer`` for the reference's side of a comparison: it stays on CPU.
