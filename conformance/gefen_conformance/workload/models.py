@@ -53,6 +53,7 @@ __all__ = [
     "device_for",
     "full_params",
     "gradient",
+    "group_hypers",
     "initial",
     "linspace",
     "one_stream",
@@ -197,6 +198,19 @@ def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
 
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def group_hypers(group: dict) -> dict:
+    """A param group's hyperparameters as floats (a tensor lr or beta by its value), as the pinned
+    step's oracle takes them (:class:`gefen_oracles.pinned_step.ParamStep`)."""
+    lr = group["lr"]
+    return dict(
+        lr=float(lr.item()) if torch.is_tensor(lr) else float(lr),
+        beta1=float(group["beta1"]),
+        beta2=float(group["beta2"]),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+    )
 
 
 def state_to_cpu(value):

@@ -22,6 +22,7 @@ from gefen_conformance.workload.models import (
     Model,
     device_for,
     gradient,
+    group_hypers,
     initial,
     param_groups,
     parameters,
@@ -221,25 +222,13 @@ def pinned_step_from(
     )
 
 
-def _group_hypers(group: dict) -> dict:
-    """A state dict's param group's hyperparameters as floats (a tensor lr included)."""
-    lr = group["lr"]
-    return dict(
-        lr=float(lr.item()) if torch.is_tensor(lr) else float(lr),
-        beta1=float(group["beta1"]),
-        beta2=float(group["beta2"]),
-        eps=float(group["eps"]),
-        weight_decay=float(group["weight_decay"]),
-    )
-
-
 def param_steps(pinned_sd: dict, result: PinnedStep, *, factored: bool) -> list:
     """The oracle's view (:class:`gefen_oracles.pinned_step.ParamStep`) of every parameter that stepped."""
     from gefen_oracles.pinned_step import ParamStep
 
     out = []
     for g in pinned_sd["param_groups"]:
-        hyper = _group_hypers(g)
+        hyper = group_hypers(g)
         for pid, name in zip(g["params"], g["param_names"]):
             if result.grads[name] is None:
                 continue
@@ -350,7 +339,7 @@ def param_runs(run: TrainingRun, *, factored_v_2d: bool) -> list:
     last = run.states[-1]
     out = []
     for g in last["param_groups"]:
-        hyper = _group_hypers(g)
+        hyper = group_hypers(g)
         for pid, name in zip(g["params"], g["param_names"]):
             taken = [t for t, grad in enumerate(run.grads[name]) if grad is not None]
             out.append(

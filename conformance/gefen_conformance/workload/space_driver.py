@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gefen_conformance.workload.models import REFERENCE, device_for, state_to_cpu, to_cpu
+from gefen_conformance.workload.models import REFERENCE, device_for, group_hypers, state_to_cpu, to_cpu
 from gefen_conformance.workload.space import (
     COLUMN_PADDING,
     DTYPES,
@@ -249,19 +249,7 @@ def _apply_schedule(case: InputCase, optimizer, device, call: int) -> None:
 
 
 def _hypers(optimizer) -> list:
-    out = []
-    for group in optimizer.param_groups:
-        lr = group["lr"]
-        out.append(
-            dict(
-                lr=float(lr.item()) if torch.is_tensor(lr) else float(lr),
-                beta1=float(group["beta1"]),
-                beta2=float(group["beta2"]),
-                eps=float(group["eps"]),
-                weight_decay=float(group["weight_decay"]),
-            )
-        )
-    return out
+    return [group_hypers(group) for group in optimizer.param_groups]
 
 
 def grad_scale(case: InputCase, call: int) -> float:
