@@ -60,6 +60,18 @@ def _wait(response):
     return future.result()
 
 
+def _async_save(impl: Implementation, optimizer, writer):
+    """``dcp.async_save`` of the adapter's state through ``writer``, with the implementation's
+    planner (when it has one), on the scenario's group; its response."""
+    planner = impl.save_planner() if impl.save_planner is not None else None
+    return dcp.async_save(
+        {"optimizer": impl.dcp_state(optimizer)},
+        storage_writer=writer,
+        planner=planner,
+        process_group=world.current().group,
+    )
+
+
 def async_snapshot(impl: Implementation, root: str) -> dict:
     """Rank body (SPEC 2.6.1): a synchronous save, then ``dcp.async_save`` with
     ``impl.async_writer``, an optimizer step before the background write may start, the wait, and
@@ -83,13 +95,7 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     # The next gradients are sharded now: sharding is a collective, and the background save runs
     # its own collectives on the scenario's group while the step is taken.
     models.set_gradients(model, params, models.DCP_STEPS + 1)
-    planner = impl.save_planner() if impl.save_planner is not None else None
-    response = dcp.async_save(
-        {"optimizer": impl.dcp_state(optimizer)},
-        storage_writer=writer,
-        planner=planner,
-        process_group=world.current().group,
-    )
+    response = _async_save(impl, optimizer, writer)
     try:
         optimizer.step()
     finally:
@@ -127,13 +133,7 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
 
     writer.write_data = write_data_while_stepping
     grads = [models.DCP_STEPS + k for k in range(1, STEPS_DURING_WRITE + 1)]
-    planner = impl.save_planner() if impl.save_planner is not None else None
-    response = dcp.async_save(
-        {"optimizer": impl.dcp_state(optimizer)},
-        storage_writer=writer,
-        planner=planner,
-        process_group=world.current().group,
-    )
+    response = _async_save(impl, optimizer, writer)
     try:
         if not deadlines.wait_until(writing.wait, GATE_S):
             raise RuntimeError("the background write never started")
@@ -167,23 +167,27 @@ def async_with_default_writer(impl: Implementation, path: str):
     return None
 
 
+def _held_the_state_at_the_call(judge, root, what: str) -> list:
+    """The async checkpoint under ``root`` against the synchronous save at the call, by content
+    digest (exact in both profiles: one state of one implementation, SPEC 5.6.11); returns the keys
+    the steps after the call changed (the synchronous save after them)."""
+    before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
+    assert set(landed) == set(before), sorted(set(landed) ^ set(before))
+    differs = sorted(k for k in before if landed[k] != before[k])
+    problem = f"the async checkpoint differs from the state at the call in {differs}"
+    judge.assert_exact(what, len(differs), len(before), [problem])
+    return [k for k in before if after.get(k) != before[k]]
+
+
 @pytest.mark.gefen_clause("4.3.7", "2.6.1", "5.2.3")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_ASYNC_SAVE)
 def test_async_checkpoint_holds_the_state_as_of_the_call(gefen_impl, gefen_checkpoints, gefen_judge):
     root = gefen_checkpoints.scratch("async")
     reports = checkpoints.run(async_snapshot, WORLD, (gefen_impl, str(root)))
     assert all(r["write_data_calls"] == 1 for r in reports), f"the held writer was not used: {reports}"
-    before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
-    assert set(landed) == set(before), sorted(set(landed) ^ set(before))
-    differs = sorted(k for k in before if landed[k] != before[k])
-    gefen_judge.assert_exact(
-        "async save against a synchronous save at the call (content digests)",
-        len(differs),
-        len(before),
-        [f"the async checkpoint differs from the state at the call in {differs}"],
-    )
+    what = "async save against a synchronous save at the call (content digests)"
+    moved = _held_the_state_at_the_call(gefen_judge, root, what)
     # the step after the call did change the state, so the comparison above can tell
-    moved = [k for k in before if after.get(k) != before[k]]
     assert "optimizer.global_step" in moved and any(k.endswith(".momentum") for k in moved), moved
 
 
@@ -199,16 +203,10 @@ def test_async_checkpoint_of_large_slots_holds_the_state_while_steps_run(
         async_snapshot_while_stepping, WORLD, (gefen_impl, str(root)), timeout=3 * checkpoints.TIMEOUT
     )
     assert all(r["items_resolved"] > 2 for r in reports), f"the write did not outlast the steps: {reports}"
-    before, landed, after = (content_digests(root / d) for d in ("sync_before", "async", "sync_after"))
-    assert set(landed) == set(before), sorted(set(landed) ^ set(before))
-    differs = sorted(k for k in before if landed[k] != before[k])
-    gefen_judge.assert_exact(
-        "async save of large slots while stepping, against a synchronous save at the call (content digests)",
-        len(differs),
-        len(before),
-        [f"the async checkpoint differs from the state at the call in {differs}"],
+    what = (
+        "async save of large slots while stepping, against a synchronous save at the call (content digests)"
     )
-    moved = [k for k in before if after.get(k) != before[k]]  # the steps did change the state
+    moved = _held_the_state_at_the_call(gefen_judge, root, what)  # and the keys the steps changed
     assert "optimizer.global_step" in moved and sum(k.endswith(".momentum") for k in moved) == 3, moved
 
 

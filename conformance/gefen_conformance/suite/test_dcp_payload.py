@@ -60,10 +60,10 @@ def payload_saves(impl: Implementation, model: str, root: str) -> float:
     saving.save(impl, optimizer, os.path.join(root, "impl_planned"))
     saving.save(impl, optimizer, os.path.join(root, "impl_planned_again"))
     saving.save(impl, optimizer, os.path.join(root, "impl_default"), planner=False)
-    ref = registry.resolve("reference")
-    _, ref_optimizer = saving.trained(ref, layout, mesh)
-    saving.save(ref, ref_optimizer, os.path.join(root, "reference"))
-    return codebook_quality.largest_gap(ref_optimizer.codebook)
+    reference = registry.resolve("reference")
+    _, reference_optimizer = saving.trained(reference, layout, mesh)
+    saving.save(reference, reference_optimizer, os.path.join(root, "reference"))
+    return codebook_quality.largest_gap(reference_optimizer.codebook)
 
 
 def _payloads(saved, impl: Implementation, model: str, world: int):

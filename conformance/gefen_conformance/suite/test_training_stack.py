@@ -95,34 +95,34 @@ def _parameters(what: str, expected: dict, actual: dict, bitwise: bool) -> list:
     return [Comparison(f"{what} (max-abs)", "tolerance", worst, bound, problems=problems)]
 
 
-def compare_runs(impl_run: tuple, reference_run: tuple, bitwise: bool) -> Comparisons:
+def compare_runs(reference_run: tuple, impl_run: tuple, bitwise: bool) -> Comparisons:
     """The implementation's run of a path against the reference's (SPEC 5.6.24)."""
-    (impl_trained, (impl_resumed, impl_end)), (ref_trained, (ref_resumed, ref_end)) = impl_run, reference_run
+    reference_trained, (reference_resumed, reference_end) = reference_run
+    impl_trained, (impl_resumed, impl_end) = impl_run
     out = Comparisons()
-    skipped = sum(not math.isfinite(loss) for loss in ref_trained + ref_resumed)
-    if skipped != 1 or ref_end["scale"] != stack.INIT_SCALE / 2:
-        out.problem(
-            f"workload too weak: the reference's scaler skipped {skipped} steps, scale {ref_end['scale']}"
-        )
-    out.add(_losses("losses before the save", ref_trained, impl_trained, bitwise))
-    out.add(_losses("losses after the resume", ref_resumed, impl_resumed, bitwise))
-    names = sorted(ref_end["params"])
+    skipped = sum(not math.isfinite(loss) for loss in reference_trained + reference_resumed)
+    if skipped != 1 or reference_end["scale"] != stack.INIT_SCALE / 2:
+        scale = reference_end["scale"]
+        out.problem(f"workload too weak: the reference's scaler skipped {skipped} steps, scale {scale}")
+    out.add(_losses("losses before the save", reference_trained, impl_trained, bitwise))
+    out.add(_losses("losses after the resume", reference_resumed, impl_resumed, bitwise))
+    names = sorted(reference_end["params"])
     if sorted(impl_end["params"]) != names:
         out.problem(f"parameters {sorted(impl_end['params'])}, the reference's {names}")
         return out
-    out.extend(_parameters("parameters at the end", ref_end["params"], impl_end["params"], bitwise))
+    out.extend(_parameters("parameters at the end", reference_end["params"], impl_end["params"], bitwise))
     for key, what in (
         ("scale", "the scaler's scale"),
         ("scheduler", "the scheduler's state"),
         ("lrs", "the groups' lr"),
         ("step", "the trainer's step"),
     ):
-        same = impl_end[key] == ref_end[key]
+        same = impl_end[key] == reference_end[key]
         out.exact(
             f"{what} at the end",
             int(not same),
             1,
-            [] if same else [f"{what}: {impl_end[key]!r}, the reference's {ref_end[key]!r}"],
+            [] if same else [f"{what}: {impl_end[key]!r}, the reference's {reference_end[key]!r}"],
         )
     return out
 
@@ -153,7 +153,7 @@ def test_stack_resumes_like_the_reference(
     ]
     assert not failed, "\n".join(failed)
     impl_run, reference_run = (trained[0], resumed[0]), (trained[1], resumed[1])
-    gefen_judge.assert_comparisons(compare_runs(impl_run, reference_run, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(compare_runs(reference_run, impl_run, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.14", "1.9.1", "1.1.5", "5.6.24")
@@ -167,22 +167,25 @@ def test_stack_with_the_default_flags_keeps_dtensors_on_the_block_path(
     config = stack.STACK_CONFIGS["plain"]
     ranks = checkpoints.run(stack.train_with_the_default_flags, 2, ((gefen_impl, gefen_reference), config))
     problems = []
-    for rank, ((_, _, impl_keys), (_, _, ref_keys)) in enumerate(ranks):
-        if any("v_row" in keys for keys in ref_keys.values()):
+    for rank, ((_, _, impl_keys), (_, _, reference_keys)) in enumerate(ranks):
+        if any("v_row" in keys for keys in reference_keys.values()):
             problems.append(f"rank {rank}: the reference's DTensor parameters took the factored path")
         problems += [
             f"rank {rank}: {name} holds {sorted(set(keys) & ROUTES)}, the reference's "
-            f"{sorted(set(ref_keys.get(name, ())) & ROUTES)} (SPEC 1.9.1)"
+            f"{sorted(set(reference_keys.get(name, ())) & ROUTES)} (SPEC 1.9.1)"
             for name, keys in impl_keys.items()
-            if set(keys) & ROUTES != set(ref_keys.get(name, ())) & ROUTES
+            if set(keys) & ROUTES != set(reference_keys.get(name, ())) & ROUTES
         ]
     assert not problems, "\n".join(problems[:20])
-    (impl_losses, impl_end, _), (ref_losses, ref_end, _) = ranks[0]
+    (impl_losses, impl_end, _), (reference_losses, reference_end, _) = ranks[0]
     out = Comparisons()
-    out.add(_losses("losses with the default flags", ref_losses, impl_losses, gefen_judge.bitwise))
+    out.add(_losses("losses with the default flags", reference_losses, impl_losses, gefen_judge.bitwise))
     out.extend(
         _parameters(
-            "parameters with the default flags", ref_end["params"], impl_end["params"], gefen_judge.bitwise
+            "parameters with the default flags",
+            reference_end["params"],
+            impl_end["params"],
+            gefen_judge.bitwise,
         )
     )
     gefen_judge.assert_comparisons(out)
