@@ -1,5 +1,5 @@
 """The input space's cases are what SPEC 4.3.10 says they are (``gefen_conformance.workload.space`` and the
-explicit examples of ``gefen_conformance.suite.test_input_space``): the layouts have the strides and storage
+explicit examples of ``gefen_conformance.suite.space_examples``): the layouts have the strides and storage
 they claim, the GradScaler scale keeps gradients finite and unscales exactly, and the explicit
 examples cover every boundary the clause names. The suite's verdicts on these cases are proven by
 the mutant catalogue (tests/mutants.py, its input-space section) and the benign catalogue."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gefen_conformance.suite.test_input_space import BOUNDARIES, GROUPS_ADDED, LIFECYCLE, PROTOCOL_BOUNDARIES
+from gefen_conformance.suite.space_examples import BOUNDARIES, GROUPS_ADDED, LIFECYCLE, PROTOCOL_BOUNDARIES
 from gefen_conformance.workload import space, space_driver
 from gefen_conformance.workload.models import REFERENCE
 

@@ -1,19 +1,22 @@
-"""Reproducers of failed optimizer comparisons and ``gefen-conformance repro`` (SPEC 4.5.6).
+"""Reproducers of failed comparisons and ``gefen-conformance repro`` (SPEC 4.5.6).
 
-The proofs certify two mutants of the catalogue (tests/mutants.py; named from
-tests/optimizer_mutants.py, which holds them without importing DCP code) on the one suite test each
-fails, through the plugin in a subprocess, then replay that test with ``gefen-conformance repro`` in another
-and
-check that it reports the same failing comparisons with the same numbers, bit for bit:
+A drawn case (an input-space case, a staging example) is held by value and replayed in the repro
+process; every other test's reproducer names the test, which repro runs again by its id. The
+proofs certify two mutants of the catalogue (tests/mutants.py; named from
+tests/optimizer_mutants.py, which holds them without importing DCP code) on the one suite test
+each fails, through the plugin in a subprocess, then replay that test with ``gefen-conformance
+repro`` in another and check that it reports the same failing comparisons with the same numbers,
+bit for bit:
 
 * ``lr-half-percent-high`` as a kernel backend (tolerance profile) on a pinned fp32 step: the
   parameter update outside its stage bound (SPEC 5.6.8);
 * ``lr-half-percent-high`` as declared (``cpu-bit-exact``, torch-exact profile) on the free-running
   fp32 trajectory: parameters differing bit for bit after six steps (SPEC 5.6.10, 5.3.1).
 
-The repro step's wall time is printed, not asserted (benchmarks/README.md "Reproducers").
-The rest runs in-process: where the files go and what they never overwrite, a case's round trip
-through a file, the worst elements, the command's refusals.
+The repro step's wall time is printed, not asserted (benchmarks/README.md "Reproducers"). The
+rest runs in-process, apart from the runs a rerun starts: where the files go and what they never
+overwrite, a drawn case's round trip through a file, a test's reproducer by its id, the worst
+elements, the command's refusals.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ import torch
 
 from gefen_conformance import cli, judging, repro
 from gefen_conformance.certificate import repro_files
-from gefen_conformance.suite import optimizer_cases
+from gefen_conformance.implementations.contract import Implementation
+from gefen_conformance.suite import optimizer_cases, replayable, staging
+from gefen_conformance.suite.space_checks import InputSpaceCase
+from gefen_conformance.suite.space_examples import BOUNDARIES
 from gefen_conformance.workload import models, runs
 from gefen_oracles import numeric
 
@@ -74,11 +80,25 @@ def _half_percent_high(params, **hp):
     return opt
 
 
+#: ``_half_percent_high`` as an implementation (a replayable case runs an implementation's side).
+HALF_PERCENT_HIGH = Implementation(name="half-percent-high", version="0", make_optimizer=_half_percent_high)
+
+
+def _space_case() -> InputSpaceCase:
+    """A drawn input-space case, held by value: three parameters from a synthesized state, one call."""
+    return InputSpaceCase(BOUNDARIES["counter-1"].without_factored())
+
+
 def _blob(case, bitwise: bool, test_id: str, spec: str = "reference") -> tuple[bytes, list]:
-    """A reproducer as the plugin makes it, of ``case`` judged against ``_half_percent_high``."""
-    comparisons = case.compare(_half_percent_high, bitwise=bitwise)
+    """A reproducer as the plugin makes it, of ``case`` judged against ``_half_percent_high``: by
+    value for a replayable case, by the test's id for a deterministic one."""
     judge = judging.Judge(None, bitwise=bitwise)
-    judge.record(comparisons, case=case)
+    if isinstance(case, replayable.ReplayableCase):
+        comparisons = case.comparisons(HALF_PERCENT_HIGH, bitwise=bitwise)
+        judge.record(comparisons, case=case)
+    else:
+        comparisons = case.compare(_half_percent_high, bitwise=bitwise)
+        judge.record(comparisons, inputs=case.describe())
     blob = judge.reproducer(test_id, ["5.6"], {"name": "x", "version": "1", "spec": spec}, "cpu")
     return blob, comparisons
 
@@ -162,18 +182,45 @@ def test_a_failing_pinned_step_names_its_worst_elements():
 
 
 # SPEC 4.5.6
-def test_a_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
-    case = _pinned_case()
-    blob, comparisons = _blob(case, False, "test_optimizer.py::test_x[a]")
+def test_a_drawn_case_survives_its_file_and_replays_to_the_same_numbers(tmp_path):
+    case = _space_case()
+    blob, comparisons = _blob(case, False, "test_input_space.py::test_x")
+    assert not comparisons.ok
     path = tmp_path / "r.pt"
     path.write_bytes(blob)
     payload = repro_files.load(path)  # weights_only: no code runs when it is read
-    assert payload["schema"] == judging.REPRO_SCHEMA and payload["test_id"] == "test_optimizer.py::test_x[a]"
+    assert payload["schema"] == judging.REPRO_SCHEMA and payload["test_id"] == "test_input_space.py::test_x"
     (entry,) = payload["cases"]
+    assert "rerun" not in entry and entry["case"]["kind"] == "input-space"
     assert {f["what"] for f in entry["failing"]} == {c.what for c in comparisons if not c.ok}
-    again = optimizer_cases.from_payload(entry["case"]).compare(_half_percent_high, bitwise=False)
+    again = replayable.from_payload(entry["case"]).comparisons(HALF_PERCENT_HIGH, bitwise=False)
     assert [(c.what, c.error, c.bound) for c in again] == [(c.what, c.error, c.bound) for c in comparisons]
     assert again.problems == comparisons.problems == entry["problems"]
+
+
+# SPEC 4.5.6
+def test_a_deterministic_tests_reproducer_names_the_test_and_its_worst_elements(tmp_path):
+    test_id = "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]"
+    blob, comparisons = _blob(_pinned_case(), False, test_id)
+    path = tmp_path / "r.pt"
+    path.write_bytes(blob)
+    (entry,) = repro_files.load(path)["cases"]
+    assert entry["rerun"] == test_id and "case" not in entry
+    update = next(f for f in entry["failing"] if f["what"] == "pinned step: parameter update (fp32)")
+    worst = next(c for c in comparisons if c.what == update["what"]).offenders
+    assert update["worst"] and [tuple(w["index"]) for w in update["worst"]] == [o.index for o in worst]
+    assert update["worst"][0]["observed"] == worst[0].observed
+
+
+# SPEC 4.5.6
+def test_a_kind_is_one_class_and_an_unknown_kind_is_refused():
+    kinds = replayable.kinds()
+    assert kinds["input-space"] is InputSpaceCase and kinds["staging"] is staging.StagingCase
+    assert isinstance(_space_case(), replayable.ReplayableCase)
+    with pytest.raises(ValueError, match="unknown case kind 'pinned-step'"):
+        replayable.from_payload({"kind": "pinned-step"})
+    with pytest.raises(ValueError, match="already"):
+        replayable.replayable("input-space")(type("Other", (), {}))
 
 
 # SPEC 4.5.6
@@ -235,14 +282,14 @@ def _written(tmp_path: Path, tests: list, blobs: dict) -> Path:
 
 # SPEC 4.5.6
 def test_repro_of_a_fixed_implementation_passes_and_refusals_are_one_line(tmp_path, capsys):
-    blob, comparisons = _blob(_pinned_case(), True, "t.py::traj")
+    blob, comparisons = _blob(_space_case(), True, "t.py::traj")
     path = _written(
         tmp_path, [_test_entry("t.py::traj", comparisons), _test_entry("t.py::other")], {"t.py::traj": blob}
     )
     # the certificate's implementation is the reference: replayed against it, the comparison passes
     assert cli.main(["repro", str(path), "t.py::traj"]) == 0
     out = capsys.readouterr().out
-    assert "verdict: passes now" in out and "pinned step (fp32, gradient of step 3" in out
+    assert "verdict: passes now" in out and "input-space case: 3 parameters" in out
     assert (
         repro._find_test(json.loads(path.read_text()), "conformance/suite/t.py::traj")["id"] == "t.py::traj"
     )
@@ -262,6 +309,24 @@ def test_repro_of_a_fixed_implementation_passes_and_refusals_are_one_line(tmp_pa
     (tmp_path / json.loads(path.read_text())["tests"][0]["repro"]).write_bytes(b"garbage")
     assert cli.main(["repro", str(path), "t.py::traj"]) == 2
     assert "not a reproducer" in capsys.readouterr().err
+
+
+# SPEC 4.5.6
+def test_repro_runs_a_deterministic_test_again_by_its_id(tmp_path, capsys):
+    test_id = "test_optimizer.py::test_pinned_block_step[plain-torch.float32-pinned-after-3]"
+    blob, comparisons = _blob(_pinned_case(), False, test_id)
+    path = _written(tmp_path, [_test_entry(test_id, comparisons)], {test_id: blob})
+    # the reference passes the test it runs again (in a pytest process of its own)
+    assert cli.main(["repro", str(path), test_id]) == 0
+    out = capsys.readouterr().out
+    assert "the test run again by its id; profile torch-exact (bitwise)" in out, out
+    assert "verdict: passes now" in out and "pinned step (fp32, gradient of step 3" in out
+    # a test the suite no longer has is a usage error
+    gone = "test_optimizer.py::test_no_such_test"
+    blob, _ = _blob(_pinned_case(), False, gone)
+    path = _written(tmp_path, [_test_entry(gone, comparisons)], {gone: blob})
+    assert cli.main(["repro", str(path), gone]) == 4
+    assert "test_no_such_test" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- proofs
@@ -338,8 +403,9 @@ def test_repro_reproduces_a_mutants_failure_bit_for_bit(spec, select, test_id, t
 
 
 #: One failure of each other kind the suite replays (SPEC 4.5.6): the mutant, its selection, the
-#: failing test, and the replay's bound in seconds (10 s for the single-rank kinds; the multi-rank
-#: ones start their rank processes).
+#: failing test, the start of its input in words, and the replay's bound in seconds (10 s for the
+#: drawn cases, replayed in the repro process; the multi-rank tests run again by their ids, in a
+#: pytest process that starts its rank processes, trains, saves and restores).
 OTHER_KINDS = [
     pytest.param(
         "tests.mutants:tolerant_factored_mean_unclamped",
@@ -369,24 +435,24 @@ OTHER_KINDS = [
         "tests.mutants:mutant_fresh_buffer_per_load",
         "reshard_restores and not many and not empty",
         "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[1->2]",
-        "restore case (restore): ",
-        60.0,
+        "model 'base' trained and saved by ",
+        90.0,
         id="restore",
     ),
     pytest.param(
         "tests.mutants:mutant_bf16_restore_rounding",
         "restore_into_a_stepped",
         "test_dcp_continuation.py::test_restore_into_a_stepped_optimizer[bf16-2->1]",
-        "continuation case (restore): ",
-        60.0,
+        "model 'wide' in bf16 saved by the reference on 2 ranks",
+        90.0,
         id="continuation",
     ),
     pytest.param(
         "tests.mutants:mutant_dense_momentum_rounding",
         "goldens",
         "test_goldens.py::test_saves_match_the_goldens",
-        "golden case: ",
-        60.0,
+        "the 3 cases of the golden catalogue",
+        90.0,
         id="golden",
     ),
 ]

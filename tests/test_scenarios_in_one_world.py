@@ -158,15 +158,15 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
     with launch.using(fake):
         cache = checkpoints.Checkpoints(tmp_path / "one-world")
         reference = registry.resolve("reference")
-        restore = cache.restored(reference, reference, "base", 2, 3)
+        saved = cache.trained_and_saved(reference, "base", ranks=2)
+        restore = cache.restored(saved, by=reference, ranks=3)
     assert fake.calls == [("save_trained", 2), ("restore_report", 3)]
     assert len(restore.reports) == 3
-    compared = restore_checks.restore(restore)
+    compared = restore_checks.restored_and_resaved(restore)
     assert compared.ok, "\n".join(compared.problems)
-    pool = checkpoints.Checkpoints(tmp_path / "pool")
-    pool_path, pool_params = pool.saved(reference, "base", 2)
-    assert payload_md5s(restore.source) == payload_md5s(pool_path)
-    assert all(torch.equal(restore.saved_params[n], v) for n, v in pool_params.items())
+    pool = checkpoints.Checkpoints(tmp_path / "pool").trained_and_saved(reference, "base", ranks=2)
+    assert payload_md5s(restore.source) == payload_md5s(pool.path)
+    assert all(torch.equal(restore.saved_params[n], v) for n, v in pool.params.items())
 
 
 def test_a_scenario_larger_than_the_world_is_skipped_with_the_launchers_reason(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gefen_conformance import cli, vectors
-from gefen_conformance.suite import test_optimizer
+from gefen_conformance.suite import pinned_steps, test_optimizer
 from gefen_conformance.workload import models, runs
 from gefen_oracles import pinned_step, safetensors_io, vector_check
 
@@ -153,9 +153,13 @@ def test_export_writes_every_pinned_step_of_the_suite_with_its_manifest(exported
     assert {"param", "codeword", "m_magnitude", "not here"} <= set(manifest["bounds"])
     # the vectors are the suite's pinned steps, by test id, in collection order
     ids = [e["id"] for e in manifest["vectors"]]
-    assert ids == [step.test_id for step in test_optimizer.PINNED_STEPS] and len(ids) == 15
+    assert ids == [step.test_id for step in pinned_steps.PINNED_STEPS] and len(ids) == 15
     pinned_tests = {name for name in dir(test_optimizer) if name.startswith("test_pinned_")}
-    assert {step.test for step in test_optimizer.PINNED_STEPS} == pinned_tests
+    assert {step.test for step in pinned_steps.PINNED_STEPS} == pinned_tests
+    for name in pinned_tests:  # a vector carries its test's clauses, as the test's mark names them
+        marks = getattr(test_optimizer, name).pytestmark
+        clauses = [c for m in marks if m.name == "gefen_clause" for c in m.args]
+        assert clauses == list(pinned_steps.CLAUSES[name])
     for entry in manifest["vectors"]:
         assert entry["clauses"] and "5.6" in entry["clauses"]
         tensors = safetensors_io.read(exported / entry["file"])[0]
@@ -187,7 +191,7 @@ def test_export_writes_every_pinned_step_of_the_suite_with_its_manifest(exported
 def test_a_vector_holds_the_references_step_and_the_oracles_bounds(exported, vector_id):
     """Read back, a vector's inputs and state are the suite case's, its after-state and parameters
     the reference's step on them, and its bounds the oracle's for that step, element for element."""
-    step = next(s for s in test_optimizer.PINNED_STEPS if s.test_id == vector_id)
+    step = next(s for s in pinned_steps.PINNED_STEPS if s.test_id == vector_id)
     case = step.case()
     reference = case.run(models.REFERENCE)
     codebook = case.state_dict["gefen_codebook"]
@@ -231,7 +235,7 @@ def test_the_parameters_rounding_allowance_is_the_suites_or_wider():
     (3.6% of the elements here are not: a bf16 magnitude may move the parameter across a binade)."""
     from gefen_oracles import kernel_bounds
 
-    step = next(s for s in test_optimizer.PINNED_STEPS if s.test_id == BF16_WD)
+    step = next(s for s in pinned_steps.PINNED_STEPS if s.test_id == BF16_WD)
     case = step.case()
     codebook = case.state_dict["gefen_codebook"]
     wider = total = 0
@@ -505,7 +509,7 @@ def _kernel_results(make_optimizer, out: Path) -> Path:
     from gefen_conformance import vectors as vectors_cli
 
     out.mkdir(parents=True)
-    for step in test_optimizer.PINNED_STEPS:
+    for step in pinned_steps.PINNED_STEPS:
         case = step.case()
         ran = case.run(make_optimizer)
         results = {}

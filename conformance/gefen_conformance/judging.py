@@ -6,13 +6,15 @@ under test, the run's numeric profile and this test's record. The oracles return
 :class:`~gefen_oracles.numeric.Comparisons` and record nothing; the test hands them to the judge::
 
     def test_reshard(gefen_impl, gefen_checkpoints, gefen_judge, model, source, target):
-        restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-        gefen_judge.assert_comparisons(restore_checks.restore(restore, gefen_judge.bitwise))
+        saved = gefen_checkpoints.trained_and_saved(gefen_impl, model, ranks=source)
+        restore = gefen_checkpoints.restored(saved, by=gefen_impl, ranks=target)
+        gefen_judge.assert_comparisons(restore_checks.resaved(restore), inputs=restore.describe())
 
 :meth:`Judge.assert_comparisons` records every comparison as a margin of the test (a tolerance
 comparison's worst error and bound, a bitwise one's differing count: the certificate's
-``margins``), keeps the notes, offers a replayable case as the test's reproducer when one failed
-(SPEC 4.5.6), and raises ``AssertionError`` listing the problems. :meth:`Judge.record` does the
+``margins``), keeps the notes, keeps the last failing comparisons for the test's reproducer (SPEC
+4.5.6: the drawn case they judged, or the test's id), and raises ``AssertionError`` listing the
+problems. :meth:`Judge.record` does the
 same without raising, for a test that judges in stages. What a test recorded reaches its report
 through the judge alone (the plugin reads it from the test item), so nothing of it is module state.
 """
@@ -112,17 +114,22 @@ class Judge:
         self.impl = impl
         self.bitwise = bool(bitwise)
         self.observations = Observations()
-        self._offered: dict | None = None
-        #: the failing input in words (:meth:`describe` of the last failing case), for the certificate
+        self._failure: dict | None = None
+        #: the failing input in words (the last failure's case or inputs), for the certificate
         self.failing_input: str | None = None
 
     # ---------------------------------------------------------------------------------- recording
 
-    def record(self, comparisons, *, case=None, bitwise: bool | None = None) -> list[str]:
+    def record(
+        self, comparisons, *, case=None, inputs: str | None = None, bitwise: bool | None = None
+    ) -> list[str]:
         """Record every comparison (a :class:`Comparisons`, a :class:`Comparison` or an iterable of
-        them) and its notes; return the problems found. ``case``: the replayable case they judged
-        (``gefen_conformance.suite.optimizer_cases``), offered as the test's reproducer when they
-        found a problem; ``bitwise`` (default: the run's profile) says how it was judged."""
+        them) and its notes; return the problems found. When they found a problem they are the
+        test's reproducer (the last failure recorded): ``case``, the replayable case they judged
+        (drawn inputs, :mod:`gefen_conformance.suite.replayable`), is held by value; without one
+        the reproducer names the test, which ``gefen-conformance repro`` runs again. ``inputs``
+        says a deterministic test's inputs in words (a case says its own); ``bitwise`` (default:
+        the run's profile) says how they were judged."""
         if isinstance(comparisons, Comparison):
             comparisons = Comparisons([comparisons])
         elif not isinstance(comparisons, Comparisons):
@@ -135,8 +142,8 @@ class Judge:
         for text in comparisons.notes:
             self.observations.note(text)
         problems = list(comparisons.problems)
-        if case is not None and problems:
-            self._offer(case, self.bitwise if bitwise is None else bitwise, comparisons, problems)
+        if problems:
+            self._remember(case, inputs, self.bitwise if bitwise is None else bitwise, comparisons, problems)
         return problems
 
     def assert_comparisons(
@@ -144,12 +151,13 @@ class Judge:
         comparisons,
         *,
         case=None,
+        inputs: str | None = None,
         bitwise: bool | None = None,
         prefix: str = "",
         limit: int = SHOWN_PROBLEMS,
     ) -> None:
         """:meth:`record`, then raise ``AssertionError`` listing the problems (each after ``prefix``)."""
-        problems = self.record(comparisons, case=case, bitwise=bitwise)
+        problems = self.record(comparisons, case=case, inputs=inputs, bitwise=bitwise)
         assert_no_problems([f"{prefix}{p}" for p in problems], limit)
 
     def assert_exact(self, what: str, differing: int, total: int, problems: Iterable[str] = ()) -> None:
@@ -174,38 +182,35 @@ class Judge:
 
     # -------------------------------------------------------------------------------- reproducers
 
-    def _offer(self, case, bitwise: bool, comparisons: Comparisons, problems: list) -> None:
-        """The test's reproducer holds the last failing case it judged (hypothesis runs the smallest
+    def _remember(self, case, inputs, bitwise: bool, comparisons: Comparisons, problems: list) -> None:
+        """The test's reproducer holds the last failure it recorded (hypothesis runs the smallest
         failing example last)."""
-        """The test's reproducer holds the last failing case it judged (hypothesis runs the
-        smallest failing example last)."""
-        failing = [
-            {
-                "what": c.what,
-                "kind": c.kind,
-                "error": float(c.error),
-                "bound": float(c.bound),
-                "differing": int(c.differing),
-                "total": int(c.total),
-                "problems": list(c.problems),
-            }
-            for c in comparisons
-            if c.problems
-        ]
-        self._offered = {"case": case, "bitwise": bool(bitwise), "failing": failing, "problems": problems}
-        describe = getattr(case, "describe", None)
-        self.failing_input = describe() if callable(describe) else None
+        failing = [_failing_entry(c) for c in comparisons if c.problems]
+        self.failing_input = case.describe() if case is not None else inputs
+        self._failure = {
+            "case": case,
+            "input": self.failing_input,
+            "bitwise": bool(bitwise),
+            "failing": failing,
+            "problems": problems,
+        }
 
     def reproducer(self, test_id: str, clauses: list, implementation: dict, device: str) -> bytes | None:
         """The failed test's reproducer (SPEC 4.5.6): the bytes of a ``torch.save`` d dict of schema
         :data:`REPRO_SCHEMA` with the test id and clauses, the implementation (name, version, spec),
-        the device, the torch version and per offered case its inputs, profile and failing
-        comparisons; None when the test offered no case. Forgets what was offered."""
-        offered, self._offered = self._offered, None
-        if offered is None:
+        the device, the torch version and its case: the drawn case's inputs (``case``), or the test
+        id to run again (``rerun``) with its inputs in words (``input``, None when the test gave
+        none); the profile and the failing comparisons; None when no comparison failed. Forgets the
+        failure."""
+        failure, self._failure = self._failure, None
+        if failure is None:
             return None
         import torch
 
+        case = failure["case"]
+        replay = (
+            {"case": case.payload()} if case is not None else {"rerun": test_id, "input": failure["input"]}
+        )
         payload = {
             "schema": REPRO_SCHEMA,
             "test_id": test_id,
@@ -215,10 +220,10 @@ class Judge:
             "torch": str(torch.__version__),
             "cases": [
                 {
-                    "case": offered["case"].payload(),
-                    "bitwise": offered["bitwise"],
-                    "failing": offered["failing"],
-                    "problems": offered["problems"],
+                    **replay,
+                    "bitwise": failure["bitwise"],
+                    "failing": failure["failing"],
+                    "problems": failure["problems"],
                 }
             ],
         }
@@ -227,4 +232,28 @@ class Judge:
         return buffer.getvalue()
 
     def forget_reproducers(self) -> None:
-        self._offered = None
+        self._failure = None
+
+
+def _failing_entry(c: Comparison) -> dict:
+    """A failing comparison as a reproducer records it: its margin, its problems and its worst
+    elements (plain values)."""
+    return {
+        "what": c.what,
+        "kind": c.kind,
+        "error": float(c.error),
+        "bound": float(c.bound),
+        "differing": int(c.differing),
+        "total": int(c.total),
+        "problems": list(c.problems),
+        "worst": [
+            {
+                "label": str(o.label),
+                "index": [int(i) for i in o.index],
+                "expected": float(o.expected),
+                "observed": float(o.observed),
+                "allowed": float(o.allowed),
+            }
+            for o in c.offenders
+        ],
+    }

@@ -1,18 +1,24 @@
 """``gefen-conformance repro CERT TEST_ID``: replay one failed comparison from its reproducer (SPEC 4.5.6).
 
-Every failed comparison of the suite (a pinned step, a trajectory, an input-space case, a staging
-example, a restore, a continuation after a restore, the goldens) left a reproducer beside its
-certificate (:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's
-``repro``. This command loads it, resolves the implementation the certificate names (its spec,
-through the registry, as the plugin does; ``--impl`` replays against another), and runs the case
-again (:mod:`gefen_conformance.suite.replayable`): in this one process for the single-rank kinds,
-on local rank processes at the scenario's world size for the multi-rank ones (restore,
-continuation, goldens), never the whole suite. It prints the input in words, then the
-implementation's side on the saved inputs against the reference's side and the oracles recomputed
-from the same inputs. It prints, for every comparison that fails, its margin (``error``, ``bound``,
-``used``; or ``differing`` of ``total``) beside the certificate's, the problems the suite printed,
-and its worst elements (index, expected, observed, allowed), then one verdict line: reproduced bit
-for bit (every margin and problem equal to the certificate's), failing differently, or passing now.
+Every suite test that failed a comparison left a reproducer beside its certificate
+(:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's ``repro``. This
+command loads it, resolves the implementation the certificate names (its spec, through the
+registry, as the plugin does; ``--impl`` replays against another), and runs the comparison again,
+never the rest of the suite:
+
+* a drawn case (an input-space case, a staging example: the kinds of
+  :mod:`gefen_conformance.suite.replayable`) is rebuilt from its inputs and judged in this one
+  process, the implementation's side on the saved inputs against the reference's side and the
+  oracles recomputed from the same inputs;
+* any other test is deterministic, so its reproducer names it and it runs again, by its id, in a
+  new pytest process (``pytest --impl=SPEC ID``, with the rank processes a scenario needs); the
+  comparisons it failed are read from the reproducer that run leaves.
+
+It prints the input in words, then for every comparison that fails its margin (``error``,
+``bound``, ``used``; or ``differing`` of ``total``) beside the certificate's, the problems the
+suite printed, and its worst elements (index, expected, observed, allowed), then one verdict
+line: reproduced bit for bit (every margin and problem equal to the certificate's), failing
+differently, or passing now.
 
 Exit status: 1 when the comparison still fails, 0 when it passes now, 2 when the certificate or
 the reproducer cannot be read, 4 for a usage error (a test the certificate does not hold, a test
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -112,7 +120,6 @@ def _run(args, started: float) -> int:
     device = _device(args, payload)
 
     from gefen_conformance.certificate import numeric_profile
-    from gefen_conformance.suite import replayable
 
     print(
         f"reproducer {path} of {test['id']} (SPEC "
@@ -124,21 +131,31 @@ def _run(args, started: float) -> int:
     )
     certified = {m.get("what"): m for m in test.get("margins") or []}
     failing, same = 0, True
+    count = len(payload["cases"])
     for k, entry in enumerate(payload["cases"], 1):
-        try:
-            case = replayable.from_payload(entry["case"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
-        bitwise = (
-            entry["bitwise"]
-            if args.impl is None and args.device is None
-            else numeric_profile.bitwise(impl, device)
-        )
-        profile = "torch-exact (bitwise)" if bitwise else "tolerance"
-        print(f"case {k} of {len(payload['cases'])}: {case.describe()}; profile {profile}")
-        began = time.monotonic()
-        comparisons = replayable.replay(case, impl, bitwise=bitwise)
-        print(f"replayed in {time.monotonic() - began:.2f} s")
+        if "rerun" in entry:
+            words = entry.get("input") or test.get("input") or "the inputs of the test as the suite runs it"
+            print(f"case {k} of {count}: {words}")
+            began = time.monotonic()
+            comparisons, profile = _rerun(str(entry["rerun"]), spec, device)
+            elapsed = time.monotonic() - began
+            print(f"replayed in {elapsed:.2f} s (the test run again by its id; profile {profile})")
+        else:
+            from gefen_conformance.suite import replayable, space_checks, staging  # noqa: F401 - the kinds
+
+            try:
+                case = replayable.from_payload(entry["case"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
+            bitwise = (
+                entry["bitwise"]
+                if args.impl is None and args.device is None
+                else numeric_profile.bitwise(impl, device)
+            )
+            print(f"case {k} of {count}: {case.describe()}; profile {_profile(bitwise)}")
+            began = time.monotonic()
+            comparisons = case.comparisons(impl, bitwise=bitwise)
+            print(f"replayed in {time.monotonic() - began:.2f} s")
         failing += _print_comparisons(comparisons, certified, max(args.top, 0))
         same &= _same_as_recorded(comparisons, certified, entry)
     elapsed = time.monotonic() - started
@@ -156,6 +173,61 @@ def _run(args, started: float) -> int:
             f"{'s' if failing != 1 else ''} of {test['id']} ({elapsed:.2f} s)"
         )
     return STILL_FAILS
+
+
+def _profile(bitwise: bool) -> str:
+    return "torch-exact (bitwise)" if bitwise else "tolerance"
+
+
+def _rerun(test_id: str, spec: str, device) -> tuple:
+    """Run the suite test ``test_id`` again, alone, in a new pytest process in a scratch directory
+    (the current directory first on its path, where the run resolved ``spec``): ``(comparisons,
+    profile)``, the comparisons it failed as its reproducer records them (none when it passes)."""
+    from gefen_conformance.certificate import read, repro_files
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="gefen-repro-") as scratch:
+        target = Path(scratch) / "rerun.json"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--impl={spec}"]
+        command += [f"--gefen-device={device}", f"--certificate={target}", test_id]
+        ran = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
+        written = sorted(Path(scratch).glob("rerun*.json"))
+        if not written:
+            tail = "\n".join((ran.stdout + ran.stderr).strip().splitlines()[-20:])
+            print(tail, file=sys.stderr)
+            status = USAGE_ERROR if ran.returncode == 4 else STILL_FAILS
+            raise _Refused(
+                status, f"the rerun of {test_id} wrote no certificate (pytest exit {ran.returncode})"
+            )
+        cert = read.load(written[0])
+        test = next((t for t in cert.get("tests") or [] if t["id"] == test_id), None)
+        if test is None or test["outcome"] == "skipped":
+            why = f"it was skipped: {test.get('reason')}" if test else "no such test in the suite"
+            raise _Refused(USAGE_ERROR, f"the rerun did not run {test_id} ({why})")
+        profile = _profile((cert.get("profile") or {}).get("name") == "torch-exact")
+        if test["outcome"] in ("passed", "xpassed"):
+            return _comparisons([], []), profile
+        if not test.get("repro"):
+            return _comparisons([], [f"the rerun failed outside a comparison: {test.get('reason')}"]), profile
+        (entry,) = repro_files.load(written[0].parent / test["repro"])["cases"]
+        return _comparisons(entry["failing"], entry["problems"]), profile
+
+
+def _comparisons(failing: list, problems: list):
+    """The comparisons a reproducer recorded as failing (with their worst elements) and its problems."""
+    from gefen_oracles.numeric import Comparison, Comparisons, Offender
+
+    out = Comparisons()
+    for f in failing:
+        worst = [
+            Offender(w["label"], tuple(w["index"]), w["expected"], w["observed"], w["allowed"])
+            for w in f["worst"]
+        ]
+        fields = {k: f[k] for k in ("what", "kind", "error", "bound", "differing", "total")}
+        out.add(Comparison(**fields, problems=list(f["problems"]), offenders=worst))
+    out.problems = list(problems)
+    return out
 
 
 def _implementation(args, cert: dict, payload: dict):

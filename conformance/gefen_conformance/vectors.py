@@ -1,7 +1,7 @@
 """``gefen-conformance vectors export DIR`` and ``vectors check DIR RESULTS`` (SPEC 4.5.8).
 
 ``export`` writes every pinned step the certify profile runs (``test_optimizer.py``'s
-:data:`~gefen_conformance.suite.test_optimizer.PINNED_STEPS`, the same cases, through the same
+:data:`~gefen_conformance.suite.pinned_steps.PINNED_STEPS`, the same cases, through the same
 :class:`~gefen_conformance.suite.optimizer_cases.PinnedCase`) as test vectors a kernel's own unit
 test can read without this suite: one safetensors file per step (written by
 :mod:`gefen_oracles.safetensors_io`) with the step's inputs, the state before it, the reference's
@@ -223,14 +223,14 @@ def export(directory: Path) -> dict:
     import json
 
     from gefen_conformance.certificate.build import suite_facts
-    from gefen_conformance.suite import test_optimizer
+    from gefen_conformance.suite import pinned_steps
     from gefen_oracles import numeric, vector_check
 
     directory.mkdir(parents=True, exist_ok=True)
     _remove_previous(directory)
     vectors = []
-    for step in test_optimizer.PINNED_STEPS:
-        vectors.append(_write_vector(directory, step, getattr(test_optimizer, step.test)))
+    for step in pinned_steps.PINNED_STEPS:
+        vectors.append(_write_vector(directory, step, list(pinned_steps.CLAUSES[step.test])))
     manifest = {
         "schema": {"name": vector_check.SCHEMA, "version": vector_check.SCHEMA_VERSION},
         "generated_by": "gefen-conformance vectors export",
@@ -264,13 +264,7 @@ def _remove_previous(directory: Path) -> None:
                 pass
 
 
-def _clauses(test) -> list[str]:
-    """The SPEC clauses of a suite test's ``gefen_clause`` marker."""
-    marks = getattr(test, "pytestmark", [])
-    return [c for mark in marks if mark.name == "gefen_clause" for c in mark.args]
-
-
-def _write_vector(directory: Path, step, test) -> dict:
+def _write_vector(directory: Path, step, clauses: list) -> dict:
     import torch
 
     from gefen_conformance.workload import models, runs
@@ -298,7 +292,7 @@ def _write_vector(directory: Path, step, test) -> dict:
         "test": step.test_id,
         "file": name,
         "sha256": hashlib.sha256((directory / name).read_bytes()).hexdigest(),
-        "clauses": _clauses(test),
+        "clauses": clauses,
         "case": case.describe(),
         "dtype": str(step.dtype).removeprefix("torch."),
         "pin_at": step.pin_at,

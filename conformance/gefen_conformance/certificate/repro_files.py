@@ -1,9 +1,9 @@
 """Reproducer files beside a certificate (SPEC 4.5.6).
 
-A failed suite test that judged a replayable case (a pinned step or a free-running trajectory)
-carries its reproducer: the bytes :meth:`gefen_conformance.judging.Judge.reproducer` made in the
-test process. The process that writes the certificate writes each, just before the certificate
-and only then, to ``<certificate stem>.repro/<safe test id>.pt`` beside it (so a run whose
+A failed suite test whose judge recorded a failing comparison carries its reproducer: the bytes
+:meth:`gefen_conformance.judging.Judge.reproducer` made in the test process (a drawn case by value,
+or the test's id to run again). The process that writes the certificate writes each, just before
+the certificate and only then, to ``<certificate stem>.repro/<safe test id>.pt`` beside it (so a run whose
 certificate goes to ``<stem>.partial.json`` writes ``<stem>.partial.repro/``), and records its
 path relative to the certificate's directory as the test entry's ``repro``.
 

@@ -298,7 +298,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _reproducer(item, judge, run) -> bytes | None:
-    """A failed test's reproducer (SPEC 4.5.6), when its judge was offered a replayable case."""
+    """A failed test's reproducer (SPEC 4.5.6), when its judge recorded a failing comparison."""
     from gefen_conformance.harness import devices
 
     clauses = [str(c) for m in item.iter_markers("gefen_clause") for c in m.args]

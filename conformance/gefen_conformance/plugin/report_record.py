@@ -27,7 +27,7 @@ class ReportRecord:
     needs and the implementation lacks (a skip); ``where``: the failed ranks' source lines;
     ``not_run_here``: skipped because this launcher or machine is too small (SPEC 4.4.2);
     ``warm_up``: this process's warm-up, carried by its first report; ``input``: the failing input
-    in words, when its judge judged a replayable case that failed.
+    in words, when its judge recorded a failing comparison with its inputs.
     """
 
     id: str

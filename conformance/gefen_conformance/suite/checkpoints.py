@@ -6,8 +6,10 @@ Not collected. Several scenario modules use what is here, by name:
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
-* :class:`Checkpoints`, the session's cache of their results (the ``gefen_checkpoints`` fixture): a
-  checkpoint is trained and saved once per session and read by every module that needs it;
+* :class:`Checkpoints`, the session's cache of their results (the ``gefen_checkpoints`` fixture),
+  whose steps a test calls in order: :meth:`Checkpoints.trained_and_saved` (a :class:`Saved`
+  checkpoint, trained and saved once per session and read by every module that needs it), then
+  :meth:`Checkpoints.restored` (a :class:`Restore` of it at another world size);
 * the checks run in the test process on a restore live in
   :mod:`gefen_conformance.suite.restore_checks`.
 
@@ -79,16 +81,46 @@ class RestoreReport:
     unrestored: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint of ``model`` trained and saved by ``saver`` on ``ranks`` ranks, at ``path``, with
+    the full parameters it saved."""
+
+    saver: Implementation
+    model: str
+    ranks: int
+    path: Path
+    params: dict
+
+
 @dataclass
 class Restore:
-    """A checkpoint saved at one world size (``source``, with the ``saved_params`` it was saved
-    from) restored at another: each rank's :class:`RestoreReport` and where the restored state was
-    saved again (``resave``)."""
+    """A :class:`Saved` checkpoint restored by ``loader`` on ``ranks`` ranks: each rank's
+    :class:`RestoreReport` and where the restored state was saved again (``resave``)."""
 
-    source: Path
-    saved_params: dict
+    saved: Saved
+    loader: Implementation
+    ranks: int
     resave: Path
     reports: list
+
+    @property
+    def source(self) -> Path:
+        """The checkpoint restored."""
+        return self.saved.path
+
+    @property
+    def saved_params(self) -> dict:
+        """The full parameters the checkpoint was saved from."""
+        return self.saved.params
+
+    def describe(self) -> str:
+        """The restore in words (a failed test's ``input``)."""
+        saved = self.saved
+        return (
+            f"model {saved.model!r} trained and saved by {saved.saver.name} on {saved.ranks} rank(s), "
+            f"restored by {self.loader.name} on {self.ranks}"
+        )
 
 
 # ------------------------------------------------------------------------------ rank bodies
@@ -188,29 +220,26 @@ class Checkpoints:
             raise error
         return value
 
-    def saved(self, impl: Implementation, model: str, world: int) -> tuple[Path, dict]:
-        """``(directory, full params)`` of ``model`` trained and saved by ``impl`` on ``world`` ranks."""
-        path = self.root / f"{_safe(impl.spec)}-{model}-w{world}"
+    def trained_and_saved(self, saver: Implementation, model: str, *, ranks: int) -> Saved:
+        """``model`` trained and saved by ``saver`` on ``ranks`` ranks (:func:`save_trained`)."""
+        path = self.root / f"{_safe(saver.spec)}-{model}-w{ranks}"
 
         def make():
-            values = run(save_trained, world, (impl, model, str(path)))
-            return path, values[0]
+            values = run(save_trained, ranks, (saver, model, str(path)))
+            return Saved(saver, model, ranks, path, values[0])
 
-        return self.once(("saved", impl.spec, model, world), make)
+        return self.once(("saved", saver.spec, model, ranks), make)
 
-    def restored(
-        self, loader: Implementation, saver: Implementation, model: str, source: int, target: int
-    ) -> Restore:
-        """A checkpoint of ``saver`` at ``source`` ranks restored by ``loader`` at ``target`` ranks
-        (see :func:`restore_report`)."""
-        path, saved_params = self.saved(saver, model, source)
-        resave = self.root / f"restore-{_safe(loader.spec)}-from-{path.name}-w{target}"
+    def restored(self, saved: Saved, *, by: Implementation, ranks: int) -> Restore:
+        """``saved`` restored by ``by`` on ``ranks`` ranks, re-saved at once and continued one step
+        (:func:`restore_report`)."""
+        resave = self.root / f"restore-{_safe(by.spec)}-from-{saved.path.name}-w{ranks}"
 
         def make():
-            reports = run(restore_report, target, (loader, model, str(path), str(resave)))
-            return Restore(path, saved_params, resave, reports)
+            reports = run(restore_report, ranks, (by, saved.model, str(saved.path), str(resave)))
+            return Restore(saved, by, ranks, resave, reports)
 
-        return self.once(("restored", loader.spec, saver.spec, model, source, target), make)
+        return self.once(("restored", by.spec, saved.saver.spec, saved.model, saved.ranks, ranks), make)
 
     def directory(self, *parts) -> Path:
         """A directory under the cache's root for ``parts`` (strings, or implementations by their

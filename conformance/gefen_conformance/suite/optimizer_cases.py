@@ -1,16 +1,17 @@
-"""The optimizer comparisons of the suite as replayable cases (SPEC 5.6, 4.5.6).
+"""The optimizer comparisons of the suite: each case holds its inputs and judges both sides on them
+(SPEC 5.6).
 
 A case holds every input of one comparison of an implementation with the reference: the pinned
 native state (a pinned step), the parameters it starts from, the gradients of each step, the
 groups and their hyperparameters, the constructor's other keywords. :meth:`compare` runs both
 sides on those inputs (the implementation's on the run's device, the reference's on CPU) and
 judges them, bitwise or by the stage bounds of SPEC 5.6, returning the oracles'
-:class:`~gefen_oracles.numeric.Comparisons`. The suite tests build their cases from the workload
-(:func:`pinned`, :func:`trajectory`) and judge them with the test's judge
-(:meth:`gefen_conformance.judging.Judge.assert_comparisons`);
-a failing one is written as a reproducer (:meth:`payload`), and ``gefen-conformance repro``
-rebuilds it (:func:`from_payload`) and runs the same :meth:`compare`: the same inputs through the
-same code give the same numbers.
+:class:`~gefen_oracles.numeric.Comparisons`; :meth:`describe` says the inputs in words (a failed
+test's ``input`` in the certificate). The suite tests build their cases from the workload
+(:func:`pinned`, :func:`trajectory`, :func:`long_trajectory`) and judge them with the test's judge
+(:meth:`gefen_conformance.judging.Judge.assert_comparisons`). The inputs are deterministic, so a
+failing test's reproducer names the test and ``gefen-conformance repro`` runs it again (SPEC
+4.5.6).
 
 * :class:`PinnedCase` (SPEC 5.6.1-5.6.9): one step from a loaded state; bitwise against the
   reference's same step, or against exact arithmetic, with the exact rules in both profiles;
@@ -42,22 +43,10 @@ __all__ = [
     "LongCase",
     "PinnedCase",
     "TrajectoryCase",
-    "from_payload",
     "long_trajectory",
     "pinned",
     "trajectory",
 ]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _model(start: dict, groups) -> models.Model:
@@ -82,7 +71,6 @@ class PinnedCase:
     options: dict = field(default_factory=dict)
     groups: tuple = models.OPTIMIZER.groups
     about: str = ""
-    kind = "pinned-step"
 
     def run(self, make_optimizer) -> runs.PinnedStep:
         """The step of the optimizer ``make_optimizer`` builds (the reference's:
@@ -102,46 +90,33 @@ class PinnedCase:
         return bool(self.options.get("factored_v_2d", False))
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
-        theirs = self.run(make_optimizer)
-        ours = self.run(models.REFERENCE)
+        impl = self.run(make_optimizer)
+        reference = self.run(models.REFERENCE)
         if bitwise:
             comparisons = native_compare.compare(
-                ours.state_dict, theirs.state_dict, bitwise=True, grad_dtype=self.dtype
+                reference.state_dict, impl.state_dict, bitwise=True, grad_dtype=self.dtype
             )
             for n in self.start:
                 comparisons.add(
                     bitwise_comparison(
                         f"pinned step: parameter update ({_short(self.dtype)})",
-                        ours.after[n],
-                        theirs.after[n],
+                        reference.after[n],
+                        impl.after[n],
                         label=f"parameter {n}",
                     )
                 )
             return comparisons
         comparisons = Comparisons()
-        for p in native_compare.exact_problems(ours.state_dict, theirs.state_dict, codebook_exact=True):
+        for p in native_compare.exact_problems(reference.state_dict, impl.state_dict, codebook_exact=True):
             comparisons.problem(p)
         if comparisons.ok:
             comparisons.merge(
                 pinned_step.check_step(
-                    runs.param_steps(self.state_dict, theirs, factored=self.factored),
+                    runs.param_steps(self.state_dict, impl, factored=self.factored),
                     self.state_dict["gefen_codebook"],
                 )
             )
         return comparisons
-
-    def payload(self) -> dict:
-        return {
-            "kind": self.kind,
-            "dtype": _dtype_name(self.dtype),
-            "state_dict": self.state_dict,
-            "start": self.start,
-            "grads": self.grads,
-            "hypers": list(self.hypers),
-            "options": dict(self.options),
-            "groups": [list(g) for g in self.groups],
-            "about": self.about,
-        }
 
     def describe(self) -> str:
         return (
@@ -162,21 +137,20 @@ class TrajectoryCase:
     options: dict = field(default_factory=dict)
     judge: str = "parameters"
     groups: tuple = models.OPTIMIZER.groups
-    kind = "trajectory"
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
-        ours = runs.trajectory_from(
+        reference = runs.trajectory_from(
             models.REFERENCE, self.start, self.grads, self.hypers, model=model, **self.options
         )
-        theirs = runs.trajectory_from(
+        impl = runs.trajectory_from(
             make_optimizer, self.start, self.grads, self.hypers, model=model, **self.options
         )
         if self.judge == "state":
-            return self._state(ours, theirs, bitwise)
-        return self._parameters(ours, theirs, bitwise)
+            return self._state(reference, impl, bitwise)
+        return self._parameters(reference, impl, bitwise)
 
-    def _parameters(self, ours, theirs, bitwise: bool) -> Comparisons:
+    def _parameters(self, reference, impl, bitwise: bool) -> Comparisons:
         """Bitwise, or SPEC 5.6.10 per element and the displacement bias."""
         comparisons = Comparisons()
         if bitwise:
@@ -184,57 +158,27 @@ class TrajectoryCase:
                 comparisons.add(
                     bitwise_comparison(
                         f"free-running: parameters ({_short(self.dtype)})",
-                        ours.history[n][-1],
-                        theirs.history[n][-1],
+                        reference.history[n][-1],
+                        impl.history[n][-1],
                         label=f"parameter {n}",
                     )
                 )
             return comparisons
-        gap = codebook_quality.largest_gap(ours.optimizer.codebook)
-        betas = {
-            name: (g["beta1"], g["beta2"]) for g in ours.optimizer.param_groups for name in g["param_names"]
-        }
-        displacements, systematic = [], 0.0
-        for n in self.start:
-            beta1, beta2 = betas[n]
-            factor = free_running.momentum_factor(len(self.grads), beta1, gap, self.dtype)
-            comparison, moved = free_running.trajectory(
-                n, self.dtype, ours.history[n], theirs.history[n][-1], factor
-            )
-            comparisons.add(comparison)
-            displacements.append(moved)
-            bound = kernel_bounds.second_moment(ours.params[n].numel(), self.dtype, beta2)
-            systematic = max(systematic, kernel_bounds.update(self.dtype, kernel_bounds.stepsize(bound)))
-        bias = free_running.displacement_bias(self.dtype, displacements, systematic)
-        if bias is not None:
-            comparisons.add(bias)
-        return comparisons
+        return _free_running(self.dtype, len(self.grads), list(self.start), reference, impl)
 
-    def _state(self, ours, theirs, bitwise: bool) -> Comparisons:
+    def _state(self, reference, impl, bitwise: bool) -> Comparisons:
         """The exact rules, the codebook (bitwise, or SPEC 5.6.7 on the reference's step-1
         histogram) and the float state."""
-        expected = ours.optimizer.state_dict()
+        expected = reference.optimizer.state_dict()
         first = self.grads[0] if self.grads else {}
         histogram = codebook_quality.histogram(runs.first_step_pieces(expected, self.dtype, first))
         return native_compare.compare(
             expected,
-            models.state_to_cpu(theirs.optimizer.state_dict()),
+            models.state_to_cpu(impl.optimizer.state_dict()),
             bitwise=bitwise,
             grad_dtype=self.dtype,
             histogram=histogram,
         )
-
-    def payload(self) -> dict:
-        return {
-            "kind": self.kind,
-            "dtype": _dtype_name(self.dtype),
-            "start": self.start,
-            "grads": self.grads,
-            "hypers": list(self.hypers),
-            "options": dict(self.options),
-            "judge": self.judge,
-            "groups": [list(g) for g in self.groups],
-        }
 
     def describe(self) -> str:
         return (
@@ -259,7 +203,6 @@ class LongCase:
     native: bool = True
     steps: list = field(default_factory=list)
     groups: tuple = models.LONG.groups
-    kind = "long-trajectory"
 
     def compare(self, make_optimizer, *, bitwise: bool) -> Comparisons:
         model = _model(self.start, self.groups)
@@ -269,102 +212,72 @@ class LongCase:
         for make, record in ((models.REFERENCE, False), (make_optimizer, shadowed)):
             params, optimizer = runs.built_from(make, model, self.start, self.hypers, **self.options)
             sides.append(runs.run_steps_from(optimizer, params, self.grads, steps, record_states=record))
-        ours, theirs = sides
+        reference, impl = sides
         if bitwise:
-            return self._bitwise(ours, theirs)
+            return self._bitwise(reference, impl)
         if self.native:
-            return self._shadowed(ours, theirs)
-        return self._free_running(ours, theirs)
+            return self._shadowed(reference, impl)
+        return self._free_running(reference, impl)
 
-    def _bitwise(self, ours, theirs) -> Comparisons:
+    def _bitwise(self, reference, impl) -> Comparisons:
         comparisons = Comparisons()
-        for name, history in ours.history.items():
+        for name, history in reference.history.items():
             comparisons.add(
                 bitwise_comparison(
                     f"long trajectory: parameters ({_short(self.dtype)}, every step)",
                     torch.stack(history),
-                    torch.stack(theirs.history[name]),
+                    torch.stack(impl.history[name]),
                     label=f"{name} (step, element)",
                 )
             )
         if self.native:
             comparisons.merge(
                 native_compare.compare(
-                    runs.native_state(ours.optimizer),
-                    runs.native_state(theirs.optimizer),
+                    runs.native_state(reference.optimizer),
+                    runs.native_state(impl.optimizer),
                     bitwise=True,
                     grad_dtype=self.dtype,
                 )
             )
         return comparisons
 
-    def _shadowed(self, ours, theirs) -> Comparisons:
+    def _shadowed(self, reference, impl) -> Comparisons:
         """SPEC 5.6.20: the final exact rules against the reference, the codebook learned at the
         first step (SPEC 5.6.7) and frozen afterwards, every step from the implementation's own state."""
         comparisons = Comparisons()
-        expected = runs.native_state(ours.optimizer)
-        last = len(theirs.states) - 1
-        for p in native_compare.exact_problems(expected, theirs.states[-1], codebook_exact=False):
+        expected = runs.native_state(reference.optimizer)
+        last = len(impl.states) - 1
+        for p in native_compare.exact_problems(expected, impl.states[-1], codebook_exact=False):
             comparisons.problem(f"after {last} steps: {p}")
-        codebook = theirs.states[1]["gefen_codebook"]
+        codebook = impl.states[1]["gefen_codebook"]
         comparisons.add(
             codebook_quality.compare(
-                "codebook", expected["gefen_codebook"], codebook, _first_step_histogram(ours, expected)
+                "codebook", expected["gefen_codebook"], codebook, _first_step_histogram(reference, expected)
             )
         )
         changed = sum(
-            not native_compare._same_value(codebook, sd["gefen_codebook"]) for sd in theirs.states[2:]
+            not native_compare._same_value(codebook, sd["gefen_codebook"]) for sd in impl.states[2:]
         )
         frozen = Comparison(
             "long trajectory: codebook frozen after the first step",
             "bitwise",
             differing=changed,
-            total=len(theirs.states) - 2,
+            total=len(impl.states) - 2,
         )
         if changed:
             frozen.problems.append(
-                f"the codebook changed in {changed} of {len(theirs.states) - 2} steps after the "
+                f"the codebook changed in {changed} of {len(impl.states) - 2} steps after the "
                 "first (SPEC 1.6.1: it is learned once and frozen)"
             )
         comparisons.add(frozen)
         if comparisons.ok:
             factored = bool(self.options.get("factored_v_2d", False))
-            comparisons.merge(shadowing.check_runs(runs.param_runs(theirs, factored_v_2d=factored), codebook))
+            comparisons.merge(shadowing.check_runs(runs.param_runs(impl, factored_v_2d=factored), codebook))
         return comparisons
 
-    def _free_running(self, ours, theirs) -> Comparisons:
+    def _free_running(self, reference, impl) -> Comparisons:
         """SPEC 5.6.21: without a native state, the parameters at the free-running bounds after the run."""
-        comparisons = Comparisons()
-        gap = codebook_quality.largest_gap(ours.optimizer.codebook)
-        groups = {name: g for g in ours.optimizer.param_groups for name in g["param_names"]}
-        displacements, systematic = [], 0.0
-        for name, history in ours.history.items():
-            beta1, beta2 = groups[name]["beta1"], groups[name]["beta2"]
-            factor = free_running.momentum_factor(len(self.grads), beta1, gap, self.dtype)
-            comparison, moved = free_running.trajectory(
-                name, self.dtype, history, theirs.history[name][-1], factor
-            )
-            comparisons.add(comparison)
-            displacements.append(moved)
-            bound = kernel_bounds.second_moment(history[0].numel(), self.dtype, beta2)
-            systematic = max(systematic, kernel_bounds.update(self.dtype, kernel_bounds.stepsize(bound)))
-        bias = free_running.displacement_bias(self.dtype, displacements, systematic)
-        if bias is not None:
-            comparisons.add(bias)
-        return comparisons
-
-    def payload(self) -> dict:
-        return {
-            "kind": self.kind,
-            "dtype": _dtype_name(self.dtype),
-            "start": self.start,
-            "grads": self.grads,
-            "hypers": list(self.hypers),
-            "options": dict(self.options),
-            "native": self.native,
-            "steps": list(self.steps),
-            "groups": [list(g) for g in self.groups],
-        }
+        return _free_running(self.dtype, len(self.grads), list(reference.history), reference, impl)
 
     def describe(self) -> str:
         how = "shadowed step by step" if self.native else "at the free-running bounds"
@@ -372,6 +285,28 @@ class LongCase:
             f"long trajectory ({_short(self.dtype)}, {len(self.grads)} steps, {how} under tolerance; "
             f"{_options(self)})"
         )
+
+
+def _free_running(dtype: torch.dtype, steps: int, names: list, reference, impl) -> Comparisons:
+    """SPEC 5.6.10: each parameter of ``names`` after ``steps`` free-running steps of both runs, per
+    element within the momentum-amplified bound and, over all of them, the displacement bias."""
+    comparisons = Comparisons()
+    gap = codebook_quality.largest_gap(reference.optimizer.codebook)
+    groups = {name: g for g in reference.optimizer.param_groups for name in g["param_names"]}
+    displacements, systematic = [], 0.0
+    for name in names:
+        history = reference.history[name]
+        beta1, beta2 = groups[name]["beta1"], groups[name]["beta2"]
+        factor = free_running.momentum_factor(steps, beta1, gap, dtype)
+        comparison, moved = free_running.trajectory(name, dtype, history, impl.history[name][-1], factor)
+        comparisons.add(comparison)
+        displacements.append(moved)
+        bound = kernel_bounds.second_moment(history[0].numel(), dtype, beta2)
+        systematic = max(systematic, kernel_bounds.update(dtype, kernel_bounds.stepsize(bound)))
+    bias = free_running.displacement_bias(dtype, displacements, systematic)
+    if bias is not None:
+        comparisons.add(bias)
+    return comparisons
 
 
 def _first_step_histogram(run, state_dict: dict) -> torch.Tensor:
@@ -461,46 +396,4 @@ def long_trajectory(
         native=native,
         steps=list(range(steps)),
         groups=model.groups,
-    )
-
-
-def from_payload(payload: dict):
-    """The case a reproducer holds (:meth:`PinnedCase.payload`, :meth:`TrajectoryCase.payload`);
-    ValueError naming what is wrong with it."""
-    kind = payload.get("kind")
-    dtype = _DTYPES.get(payload.get("dtype"))
-    if dtype is None:
-        raise ValueError(f"unknown dtype {payload.get('dtype')!r}")
-    common = dict(
-        hypers=tuple(payload["hypers"]),
-        options=dict(payload.get("options") or {}),
-        groups=tuple(tuple(g) for g in payload["groups"]),
-    )
-    if kind == PinnedCase.kind:
-        return PinnedCase(
-            dtype,
-            payload["state_dict"],
-            dict(payload["start"]),
-            dict(payload["grads"]),
-            about=payload.get("about", ""),
-            **common,
-        )
-    if kind == TrajectoryCase.kind:
-        judge = payload.get("judge", "parameters")
-        if judge not in ("parameters", "state"):
-            raise ValueError(f"unknown trajectory judge {judge!r}")
-        return TrajectoryCase(
-            dtype, dict(payload["start"]), [dict(g) for g in payload["grads"]], judge=judge, **common
-        )
-    if kind == LongCase.kind:
-        return LongCase(
-            dtype,
-            dict(payload["start"]),
-            [dict(g) for g in payload["grads"]],
-            native=bool(payload.get("native", True)),
-            steps=list(payload.get("steps") or []),
-            **common,
-        )
-    raise ValueError(
-        f"unknown case kind {kind!r} (known: {PinnedCase.kind}, {TrajectoryCase.kind}, {LongCase.kind})"
     )

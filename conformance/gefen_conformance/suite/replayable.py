@@ -1,68 +1,85 @@
-"""Every kind of case a failed test can leave as its reproducer, and how to rebuild one (SPEC 4.5.6).
+"""The cases a reproducer holds by value: the inputs hypothesis drew (SPEC 4.5.6).
 
-A *replayable case* has a ``kind``, a :meth:`payload` (plain values and tensors: what
-``gefen-conformance repro`` reads back with ``torch.load(weights_only=True)``), a ``describe()``
-(the input in words, for the certificate and the reports) and a ``replay(impl, *, bitwise)`` that
-runs the failing comparison again and returns its
-:class:`~gefen_oracles.numeric.Comparisons`. Each kind lives beside the checks it replays:
+A test whose inputs are drawn judges a *replayable case*: an object with the
+:class:`ReplayableCase` protocol whose :meth:`~ReplayableCase.payload` (plain values and tensors,
+what ``gefen-conformance repro`` reads back with ``torch.load(weights_only=True)``) is every input
+of the comparison. ``repro`` rebuilds it with :func:`from_payload` and runs
+:meth:`~ReplayableCase.comparisons` again in one process. A class becomes a kind with the
+:func:`replayable` decorator, in the module that defines it:
 
-====================  ===========================================================================
-``pinned-step``       ``optimizer_cases.PinnedCase`` (one process)
-``trajectory``        ``optimizer_cases.TrajectoryCase`` (one process)
-``long-trajectory``   ``optimizer_cases.LongCase`` (one process)
-``input-space``       ``space_checks.InputSpaceCase`` (one process)
-``staging``           ``test_hyper_staging.StagingCase`` (one process, a group of one)
-``golden``            ``test_goldens.GoldenCase`` (the goldens' world sizes, on the active launcher)
-``restore``           ``restore_checks.RestoreCase`` (the restore's world size, on the launcher)
-``continuation``      ``test_dcp_continuation.ContinuationCase`` (likewise)
-``calling-protocol``  ``test_calling_protocol.ProtocolCase`` (one process)
-====================  ===========================================================================
+===============  ====================================================================
+``input-space``  :class:`gefen_conformance.suite.space_checks.InputSpaceCase`
+``staging``      :class:`gefen_conformance.suite.staging.StagingCase`
+===============  ====================================================================
+
+A kind is known once its module is imported (each test module imports its own; ``repro`` imports
+both).
+Every other suite test is deterministic: its inputs follow from its test id, so its reproducer
+records that id and ``repro`` runs the test again.
 """
 
 from __future__ import annotations
 
-import importlib
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-KINDS = {
-    "pinned-step": "gefen_conformance.suite.optimizer_cases:PinnedCase",
-    "trajectory": "gefen_conformance.suite.optimizer_cases:TrajectoryCase",
-    "long-trajectory": "gefen_conformance.suite.optimizer_cases:LongCase",
-    "input-space": "gefen_conformance.suite.space_checks:InputSpaceCase",
-    "staging": "gefen_conformance.suite.test_hyper_staging:StagingCase",
-    "golden": "gefen_conformance.suite.test_goldens:GoldenCase",
-    "restore": "gefen_conformance.suite.restore_checks:RestoreCase",
-    "continuation": "gefen_conformance.suite.test_dcp_continuation:ContinuationCase",
-    "calling-protocol": "gefen_conformance.suite.test_calling_protocol:ProtocolCase",
-}
+from gefen_oracles.numeric import Comparisons
+
+__all__ = ["ReplayableCase", "from_payload", "kinds", "replayable"]
 
 
-def case_class(kind: str):
-    if kind not in KINDS:
-        raise ValueError(f"unknown case kind {kind!r} (known: {', '.join(KINDS)})")
-    module, _, name = KINDS[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
+@runtime_checkable
+class ReplayableCase(Protocol):
+    """One drawn input of a suite test, held by value."""
+
+    #: The name a reproducer records (set by :func:`replayable`).
+    kind: ClassVar[str]
+
+    def payload(self) -> dict:
+        """Every input as plain values and tensors, with ``"kind"``."""
+        ...
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> ReplayableCase:
+        """The case :meth:`payload` describes; ``ValueError`` naming what is wrong with it."""
+        ...
+
+    def describe(self) -> str:
+        """The input in words (the certificate's ``input``)."""
+        ...
+
+    def comparisons(self, impl: Any, *, bitwise: bool) -> Comparisons:
+        """Both sides run on these inputs and judged: the implementation ``impl`` against the
+        reference, bitwise or by the tolerance profile."""
+        ...
 
 
-def from_payload(payload: dict):
-    """The case a reproducer holds; ValueError naming what is wrong with it."""
+_KINDS: dict[str, type] = {}
+
+
+def replayable(kind: str):
+    """Class decorator: the class is the replayable case of ``kind`` (one class per kind)."""
+
+    def register(cls: type) -> type:
+        known = _KINDS.get(kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"case kind {kind!r} is already {known.__module__}.{known.__qualname__}")
+        cls.kind = kind
+        _KINDS[kind] = cls
+        return cls
+
+    return register
+
+
+def kinds() -> dict[str, type]:
+    """``{kind: class}`` of every kind registered so far."""
+    return dict(_KINDS)
+
+
+def from_payload(payload: dict) -> ReplayableCase:
+    """The case a reproducer holds; ``ValueError`` naming what is wrong with it."""
     if not isinstance(payload, dict):
         raise ValueError("a case payload is a dict")
     kind = payload.get("kind")
-    if kind in ("pinned-step", "trajectory", "long-trajectory"):
-        from gefen_conformance.suite import optimizer_cases
-
-        return optimizer_cases.from_payload(payload)
-    return case_class(kind).from_payload(payload)
-
-
-def replay(case, impl, *, bitwise: bool):
-    """The case's comparisons, run again for ``impl``."""
-    own = getattr(case, "replay", None)
-    if callable(own):
-        return own(impl, bitwise=bitwise)
-    return case.compare(impl.make_optimizer, bitwise=bitwise)
-
-
-def runs_ranks(case) -> bool:
-    """Whether replaying ``case`` runs rank processes (it then needs the launcher's ranks)."""
-    return bool(getattr(case, "ranks", False))
+    if kind not in _KINDS:
+        raise ValueError(f"unknown case kind {kind!r} (known: {', '.join(sorted(_KINDS)) or 'none'})")
+    return _KINDS[kind].from_payload(payload)

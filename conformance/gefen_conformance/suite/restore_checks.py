@@ -12,8 +12,6 @@ implementation's loader.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from gefen_conformance.suite.checkpoints import Restore
@@ -98,15 +96,22 @@ def continuation(restore: Restore) -> Comparisons:
     return out
 
 
-def restore(restore: Restore, *, resave: bool = True) -> Comparisons:
-    """Everything checked after a restore (model, continuation, and with ``resave`` the re-saved
-    state); the load's error alone when the load failed."""
+def restored(restore: Restore) -> Comparisons:
+    """The restored model parameters exact and one step after the restore within its bound
+    (:func:`model`, :func:`continuation`); the load's error alone when the load failed."""
     failures = load_failures(restore)
     if failures:
         return _failed(failures)
     out = model(restore)
     out.merge(continuation(restore))
-    if resave:
+    return out
+
+
+def restored_and_resaved(restore: Restore) -> Comparisons:
+    """:func:`restored`, and the state re-saved right after the restore (:func:`resaved`); the
+    load's error alone when the load failed."""
+    out = restored(restore)
+    if not load_failures(restore):
         out.merge(resaved(restore))
     return out
 
@@ -269,118 +274,3 @@ def restores_agree(reference_restore: Restore, impl_restore: Restore, bitwise: b
     expected = read_nested(reference_restore.resave)["optimizer"]
     actual = read_nested(impl_restore.resave)["optimizer"]
     return checkpoint_compare.compare_restores(expected, actual, bitwise=bitwise)
-
-
-# ------------------------------------------------------------------------- the replayable case
-
-
-def pack(directory) -> dict:
-    """Every file under ``directory`` as ``{relative path: bytes}`` (a checkpoint in a reproducer)."""
-    root = Path(directory)
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def unpack(files: dict, directory) -> Path:
-    """Write :func:`pack` ed ``files`` under ``directory``; returns it."""
-    root = Path(directory)
-    for rel, data in files.items():
-        target = root / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise ValueError(f"a packed file may not leave its directory: {rel!r}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    return root
-
-
-class RestoreCase:
-    """A restore check as a replayable case (kind ``restore``, SPEC 4.5.6): the checkpoint restored
-    (its files), the model, the world sizes, which side the implementation was (``loader``: the
-    implementation restored a checkpoint; ``saver``: the reference restored the implementation's),
-    and the check (``restore``: model and continuation; ``resaved``: the re-save; ``full``: both;
-    ``agree``: the implementation's restore and re-save against the reference's of the same
-    checkpoint). Replayed on the active launcher at the restore's world size."""
-
-    kind = "restore"
-    ranks = True
-    CHECKS = ("restore", "resaved", "full", "agree")
-
-    def __init__(
-        self,
-        check: str,
-        model: str,
-        source: int,
-        target: int,
-        role: str,
-        restore: Restore | None = None,
-        files: dict | None = None,
-        saved_params: dict | None = None,
-    ):
-        if check not in self.CHECKS or role not in ("loader", "saver"):
-            raise ValueError(f"restore case: check {check!r}, role {role!r}")
-        self.check, self.model, self.source, self.target, self.role = check, model, source, target, role
-        self._restore, self._files, self._saved = restore, files, saved_params
-
-    @classmethod
-    def of(cls, check: str, restore: Restore, model: str, source: int, target: int, role: str = "loader"):
-        return cls(check, model, source, target, role, restore=restore)
-
-    def payload(self) -> dict:
-        files = self._files if self._files is not None else pack(self._restore.source)
-        saved = self._saved if self._saved is not None else dict(self._restore.saved_params)
-        return {
-            "kind": self.kind,
-            "check": self.check,
-            "model": self.model,
-            "source": self.source,
-            "target": self.target,
-            "role": self.role,
-            "files": files,
-            "saved_params": saved,
-        }
-
-    @classmethod
-    def from_payload(cls, payload: dict) -> RestoreCase:
-        return cls(
-            payload["check"],
-            payload["model"],
-            int(payload["source"]),
-            int(payload["target"]),
-            payload["role"],
-            files=dict(payload["files"]),
-            saved_params=dict(payload["saved_params"]),
-        )
-
-    def describe(self) -> str:
-        who = (
-            "the implementation restores"
-            if self.role == "loader"
-            else "the reference restores the implementation's"
-        )
-        return (
-            f"restore case ({self.check}): {who} checkpoint of model {self.model!r} saved on {self.source} "
-            f"rank(s), restored on {self.target}"
-        )
-
-    def replay(self, impl, *, bitwise: bool) -> Comparisons:
-        import tempfile
-
-        from gefen_conformance.harness import launch
-        from gefen_conformance.implementations import registry
-        from gefen_conformance.suite.checkpoints import restore_report
-
-        reference = registry.resolve("reference")
-        loader = impl if self.role == "loader" else reference
-        with tempfile.TemporaryDirectory(prefix="gefen-repro-restore-") as scratch:
-            source = unpack(self._files, Path(scratch) / "checkpoint")
-
-            def restored(by, name):
-                resave = Path(scratch) / name
-                reports = launch.run(restore_report, self.target, (by, self.model, str(source), str(resave)))
-                return Restore(source, self._saved, resave, reports)
-
-            mine = restored(loader, "resave")
-            if self.check == "agree":
-                return restores_agree(restored(reference, "reference-resave"), mine, bitwise)
-            if self.check == "resaved":
-                return resaved(mine)
-            return restore(mine, resave=self.check == "full")

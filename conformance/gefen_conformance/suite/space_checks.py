@@ -2,9 +2,10 @@
 
 :func:`compare_case` judges one :class:`~gefen_conformance.workload.space.InputCase` run by the
 implementation against the reference's run of it, call by call; :class:`InputSpaceCase` is the
-case as a reproducer holds it (SPEC 4.5.6): its payload is the case's fields alone (every value is
-a deterministic function of them), :meth:`InputSpaceCase.replay` runs both sides and judges them
-in one process, and :meth:`InputSpaceCase.describe` says the input in words.
+drawn case as a reproducer holds it (kind ``input-space``, SPEC 4.5.6): its payload is the case's
+fields alone (every value is a deterministic function of them),
+:meth:`InputSpaceCase.comparisons` runs both sides and judges them in one process, and
+:meth:`InputSpaceCase.describe` says the input in words.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import Counter
 
 import torch
 
+from gefen_conformance.suite import step_checks
+from gefen_conformance.suite.replayable import replayable
 from gefen_conformance.workload.models import REFERENCE
 from gefen_conformance.workload.space import (
     GroupCase,
@@ -27,22 +30,6 @@ from gefen_oracles import codebook_quality, native_compare, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 __all__ = ["InputSpaceCase", "compare_case"]
-
-
-def _unchanged(
-    comparisons: Comparisons, what: str, name: str, before_p, after_p, before_entry, after_entry
-) -> None:
-    """A parameter that did not step: value and state entry bit for bit as before (both profiles)."""
-    comparisons.add(bitwise_comparison(what, before_p, after_p, label=f"parameter {name}"))
-    for key, value in before_entry.items():
-        if torch.is_tensor(value):
-            comparisons.add(
-                bitwise_comparison(what, value, after_entry.get(key), label=f"state[{name}].{key}")
-            )
-        elif after_entry.get(key) != value:
-            comparisons.problem(
-                f"state[{name}].{key}: {after_entry.get(key)!r}, expected {value!r} (unchanged)"
-            )
 
 
 def normalizes_exactly(grad: torch.Tensor, period: int) -> torch.Tensor:
@@ -64,7 +51,13 @@ def normalizes_exactly(grad: torch.Tensor, period: int) -> torch.Tensor:
 
 
 def _learned_codebook(
-    comparisons: Comparisons, case: InputCase, k: int, t, o, learned: torch.Tensor | None, bitwise: bool
+    comparisons: Comparisons,
+    case: InputCase,
+    k: int,
+    reference_call,
+    impl_call,
+    learned: torch.Tensor | None,
+    bitwise: bool,
 ) -> torch.Tensor | None:
     """SPEC 1.6, 5.6.7, for a case whose codebook is learned: the codebook the implementation holds
     after call ``k`` against the reference's. At the call that learns it: bitwise under the
@@ -72,38 +65,39 @@ def _learned_codebook(
     call's gradients normalizes exactly (:func:`normalizes_exactly`: nothing can move an element
     across a bin edge), else by its cost on the reference's histogram; after it: unchanged (frozen,
     SPEC 1.6.1). Returns the codebook learned so far."""
-    ours, theirs = o.state_dict.get("gefen_codebook"), t.state_dict.get("gefen_codebook")
+    reference = reference_call.state_dict.get("gefen_codebook")
+    impl = impl_call.state_dict.get("gefen_codebook")
     where = f"call {k} of {case.calls}"
     if learned is not None:
         what = "input space: codebook frozen once learned"
-        comparisons.add(bitwise_comparison(what, learned, theirs, label="gefen_codebook"))
+        comparisons.add(bitwise_comparison(what, learned, impl, label="gefen_codebook"))
         return learned
-    if ours is None or theirs is None:
-        if (ours is None) != (theirs is None):
+    if reference is None or impl is None:
+        if (reference is None) != (impl is None):
             comparisons.problem(
-                f"{where}: gefen_codebook is {'None' if theirs is None else 'learned'}, the reference's "
-                f"{'None' if ours is None else 'learned'} (SPEC 1.6.1)"
+                f"{where}: gefen_codebook is {'None' if impl is None else 'learned'}, the reference's "
+                f"{'None' if reference is None else 'learned'} (SPEC 1.6.1)"
             )
         return None
     ids = {i: pid for pid, i in enumerate(case.order())}
     pieces = []
-    for i, grad in t.grads.items():
+    for i, grad in impl_call.grads.items():
         if grad is None or grad.numel() == 0 or not registered(case, i, k):
             continue
-        pieces.append((grad, o.state_dict["state"][ids[i]]["automatic_period"]))
+        pieces.append((grad, reference_call.state_dict["state"][ids[i]]["automatic_period"]))
     if bitwise:
         what = "input space: learned codebook"
-        comparisons.add(bitwise_comparison(what, ours, theirs, label="gefen_codebook"))
+        comparisons.add(bitwise_comparison(what, reference, impl, label="gefen_codebook"))
     elif all(bool(normalizes_exactly(grad, period).all()) for grad, period in pieces):
         what = "input space: codebook learned from exactly normalized gradients"
-        comparisons.add(bitwise_comparison(what, ours, theirs, label="gefen_codebook"))
+        comparisons.add(bitwise_comparison(what, reference, impl, label="gefen_codebook"))
     else:
         histogram = codebook_quality.histogram(pieces)
-        comparisons.add(codebook_quality.compare("input space: learned codebook", ours, theirs, histogram))
-    return theirs
+        comparisons.add(codebook_quality.compare("input space: learned codebook", reference, impl, histogram))
+    return impl
 
 
-def _run_indices(comparisons: Comparisons, name: str, grad, period: int, codebook, ours, theirs) -> None:
+def _run_indices(comparisons: Comparisons, name: str, grad, period: int, codebook, reference, impl) -> None:
     """SPEC 1.7.3 and 5.6.6 under the tolerance profile: with ``beta1 = 0`` the new momentum is the
     gradient in any arithmetic, so in a block that normalizes exactly (:func:`normalizes_exactly`)
     each normalized value is exact, and which index of a run of equal codewords it takes (the
@@ -111,15 +105,15 @@ def _run_indices(comparisons: Comparisons, name: str, grad, period: int, codeboo
     an index of the same codeword value as the reference's but another index differs from the rule.
     Elsewhere equal codewords are not told apart under this profile (the decoded value, every later
     step and every checkpoint are the same)."""
-    t_idx, o_idx = theirs.long().reshape(-1, period), ours.long().reshape(-1, period)
-    exact = normalizes_exactly(grad, period).unsqueeze(1).expand_as(t_idx)
+    impl, reference = impl.long().reshape(-1, period), reference.long().reshape(-1, period)
+    exact = normalizes_exactly(grad, period).unsqueeze(1).expand_as(impl)
     cb = codebook.detach().cpu()
-    differing = exact & (t_idx != o_idx) & (cb[t_idx] == cb[o_idx])
+    differing = exact & (impl != reference) & (cb[impl] == cb[reference])
     count = int(differing.sum())
     problems = []
     if count:
         block, j = (int(v) for v in differing.nonzero()[0])
-        got, rule = int(t_idx[block, j]), int(o_idx[block, j])
+        got, rule = int(impl[block, j]), int(reference[block, j])
         problems.append(
             f"state[{name}].m_codebook: {count} exactly normalized values take another index of a run of "
             f"equal codewords than SPEC 1.7.3 gives (first at block {block}, element {j}: index {got}, "
@@ -130,74 +124,90 @@ def _run_indices(comparisons: Comparisons, name: str, grad, period: int, codeboo
     )
 
 
-def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> Comparisons:
-    """Every comparison of SPEC 4.3.10 for one case run by the implementation (``theirs``) and the
-    reference (``ours``) from the state ``start``."""
+def compare_case(case: InputCase, start: dict, reference, impl, bitwise: bool) -> Comparisons:
+    """Every comparison of SPEC 4.3.10 for one case run by the reference (``reference``) and the
+    implementation (``impl``) from the state ``start``."""
     comparisons = Comparisons()
     ids = {i: pid for pid, i in enumerate(case.order())}
     # a loaded codebook is frozen (exact in both profiles); a learned one is exact under the
     # torch-exact profile and judged by SPEC 5.6.7 under the tolerance profile
     codebook_exact = case.codebook != "learned"
-    for problem in native_compare.exact_problems(ours.loaded, theirs.loaded, codebook_exact=True):
+    for problem in native_compare.exact_problems(reference.loaded, impl.loaded, codebook_exact=True):
         comparisons.problem(f"after the load: {problem}")
     before_sd = start
     learned = None
-    for k, (t, o) in enumerate(zip(theirs.calls, ours.calls), 1):
-        where = f"call {k} of {case.calls}" + (" (found_inf set)" if t.skipped else "")
-        exact = native_compare.exact_problems(o.state_dict, t.state_dict, codebook_exact=codebook_exact)
+    for k, (reference_call, impl_call) in enumerate(zip(reference.calls, impl.calls), 1):
+        where = f"call {k} of {case.calls}" + (" (found_inf set)" if impl_call.skipped else "")
+        exact = native_compare.exact_problems(
+            reference_call.state_dict, impl_call.state_dict, codebook_exact=codebook_exact
+        )
         for problem in exact:
             comparisons.problem(f"{where}: {problem}")
         if case.protocol == "closure" and not (
-            torch.is_tensor(t.loss) and torch.equal(t.loss, t.expected_loss)
+            torch.is_tensor(impl_call.loss) and torch.equal(impl_call.loss, impl_call.expected_loss)
         ):
-            comparisons.problem(f"{where}: step(closure) returned {t.loss!r}, not the closure's loss")
+            comparisons.problem(f"{where}: step(closure) returned {impl_call.loss!r}, not the closure's loss")
         if exact:
             break
         if not codebook_exact:
-            learned = _learned_codebook(comparisons, case, k, t, o, learned, bitwise)
-        codebook = t.state_dict.get("gefen_codebook")
-        same_codebook = codebook is not None and torch.equal(codebook, o.state_dict.get("gefen_codebook"))
+            learned = _learned_codebook(comparisons, case, k, reference_call, impl_call, learned, bitwise)
+        codebook = impl_call.state_dict.get("gefen_codebook")
+        same_codebook = codebook is not None and torch.equal(
+            codebook, reference_call.state_dict.get("gefen_codebook")
+        )
         steps = []
         for i in range(len(case.params)):
             name, pid = case.name(i), ids[i]
             if not registered(case, i, k):  # not in the optimizer yet: it must not move
                 what = "input space: not registered yet, no change"
-                comparisons.add(bitwise_comparison(what, t.before[i], t.after[i], label=f"parameter {name}"))
+                comparisons.add(
+                    bitwise_comparison(
+                        what, impl_call.before[i], impl_call.after[i], label=f"parameter {name}"
+                    )
+                )
                 continue
             # a group added before this call starts fresh
             entry_before = before_sd["state"].get(pid, {"name": name})
-            entry_after = t.state_dict["state"][pid]
-            grad = t.grads[i]
+            entry_after = impl_call.state_dict["state"][pid]
+            grad = impl_call.grads[i]
             if case.params[i].numel == 0:  # no elements: skipped entirely, no state (SPEC 1.5.2 row 0)
                 if entry_after != {"name": name}:
                     comparisons.problem(
                         f"{where}: state[{name}] of an empty parameter is {sorted(entry_after)}"
                     )
                 continue
-            if t.skipped or grad is None:
-                what = "found_inf: nothing changes" if t.skipped else "input space: no gradient, no change"
-                _unchanged(comparisons, what, name, t.before[i], t.after[i], entry_before, entry_after)
+            if impl_call.skipped or grad is None:
+                what = (
+                    "found_inf: nothing changes"
+                    if impl_call.skipped
+                    else "input space: no gradient, no change"
+                )
+                before, after = impl_call.before[i], impl_call.after[i]
+                step_checks.unchanged(comparisons, what, name, before, after, entry_before, entry_after)
                 continue
             if bitwise and case.params[i].dtype != "fp64":
                 what = f"input space: parameters and state ({case.params[i].dtype})"
-                comparisons.add(bitwise_comparison(what, o.after[i], t.after[i], label=f"parameter {name}"))
-                for key, value in o.state_dict["state"][pid].items():
-                    if torch.is_tensor(value):
-                        comparisons.add(
-                            bitwise_comparison(what, value, entry_after[key], label=f"state[{name}].{key}")
-                        )
+                step_checks.same_step(
+                    comparisons,
+                    what,
+                    name,
+                    reference_call.after[i],
+                    impl_call.after[i],
+                    reference_call.state_dict["state"][pid],
+                    entry_after,
+                )
                 continue
-            hypers = o.hypers[case.params[i].group]
+            hypers = reference_call.hypers[case.params[i].group]
             if same_codebook and hypers["beta1"] == 0.0:
-                ours_idx, theirs_idx = o.state_dict["state"][pid]["m_codebook"], entry_after["m_codebook"]
-                if torch.is_tensor(theirs_idx) and theirs_idx.shape == ours_idx.shape:
+                indices = reference_call.state_dict["state"][pid]["m_codebook"], entry_after["m_codebook"]
+                if torch.is_tensor(indices[1]) and indices[1].shape == indices[0].shape:
                     period = entry_after["automatic_period"]
-                    _run_indices(comparisons, name, grad, period, codebook, ours_idx, theirs_idx)
+                    _run_indices(comparisons, name, grad, period, codebook, *indices)
             steps.append(
                 pinned_step.ParamStep(
                     name=name,
-                    p0=t.before[i],
-                    p1=t.after[i],
+                    p0=impl_call.before[i],
+                    p1=impl_call.after[i],
                     grad=grad,
                     before=entry_before,
                     after=entry_after,
@@ -209,23 +219,23 @@ def compare_case(case: InputCase, start: dict, theirs, ours, bitwise: bool) -> C
             comparisons.problem(f"{where}: parameters stepped without a codebook in the state dict")
         elif steps:
             comparisons.merge(pinned_step.check_step(steps, codebook))
-        before_sd = t.state_dict
+        before_sd = impl_call.state_dict
     return comparisons
 
 
+@replayable("input-space")
 class InputSpaceCase:
-    """One input-space case as a replayable case (kind ``input-space``)."""
-
-    kind = "input-space"
+    """One input-space case, drawn or explicit, as a replayable case."""
 
     def __init__(self, case: InputCase):
         self.case = case
 
-    def replay(self, impl, *, bitwise: bool) -> Comparisons:
+    def comparisons(self, impl, *, bitwise: bool) -> Comparisons:
+        """The reference and ``impl`` driven through the case from its starting state, compared."""
         start = starting_state(self.case)
-        ours = run(REFERENCE, self.case, start)
-        theirs = run(impl.make_optimizer, self.case, start)
-        return compare_case(self.case, start, theirs, ours, bitwise)
+        reference_run = run(REFERENCE, self.case, start)
+        impl_run = run(impl.make_optimizer, self.case, start)
+        return compare_case(self.case, start, reference_run, impl_run, bitwise)
 
     def payload(self) -> dict:
         return {"kind": self.kind, "case": dataclasses.asdict(self.case)}

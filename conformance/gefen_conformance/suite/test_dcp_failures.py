@@ -166,7 +166,7 @@ def test_load_refused_by_one_rank_changes_no_rank(gefen_impl, gefen_checkpoints,
     """Rank 1's target optimizer was built with ``deterministic=True``; the checkpoint says False.
     Rank 1 raises ValueError naming "deterministic", rank 0 raises naming "another rank", and the
     live state of both, saved before and after the attempt, has identical content digests."""
-    source, _ = gefen_checkpoints.saved(gefen_impl, "base", WORLD)
+    source = gefen_checkpoints.trained_and_saved(gefen_impl, "base", ranks=WORLD).path
     scratch = gefen_checkpoints.scratch("refused-load")
     before, after = scratch / "before", scratch / "after"
     errors = checkpoints.run(

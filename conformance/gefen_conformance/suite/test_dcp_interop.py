@@ -18,7 +18,6 @@ import pytest
 
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
-from gefen_conformance.suite.restore_checks import RestoreCase
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.8.1", "3.7.1", "3.7.3")
@@ -31,11 +30,11 @@ def test_cross_implementation_restore(
     saver, loader = (
         (gefen_impl, gefen_reference) if direction == "impl-to-reference" else (gefen_reference, gefen_impl)
     )
-    restore = gefen_checkpoints.restored(loader, saver, "base", source, target)
+    saved = gefen_checkpoints.trained_and_saved(saver, "base", ranks=source)
+    restore = gefen_checkpoints.restored(saved, by=loader, ranks=target)
     # the re-saved state is the loader's, judged against its own input (SPEC 5.6.14)
-    role = "saver" if direction == "impl-to-reference" else "loader"
-    case = RestoreCase.of("full", restore, "base", source, target, role)
-    gefen_judge.assert_comparisons(restore_checks.restore(restore), case=case)
+    compared = restore_checks.restored_and_resaved(restore)
+    gefen_judge.assert_comparisons(compared, inputs=restore.describe())
 
 
 @pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
@@ -44,9 +43,8 @@ def test_cross_implementation_restore(
 def test_restore_and_resave_match_the_reference(
     gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, source, target
 ):
-    ours = gefen_checkpoints.restored(gefen_reference, gefen_reference, "base", source, target)
-    theirs = gefen_checkpoints.restored(gefen_impl, gefen_reference, "base", source, target)
-    case = RestoreCase.of("agree", theirs, "base", source, target)
-    gefen_judge.assert_comparisons(
-        restore_checks.restores_agree(ours, theirs, gefen_judge.bitwise), case=case
-    )
+    saved = gefen_checkpoints.trained_and_saved(gefen_reference, "base", ranks=source)
+    reference = gefen_checkpoints.restored(saved, by=gefen_reference, ranks=target)
+    impl = gefen_checkpoints.restored(saved, by=gefen_impl, ranks=target)
+    compared = restore_checks.restores_agree(reference, impl, gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=impl.describe())

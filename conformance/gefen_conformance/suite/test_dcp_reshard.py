@@ -1,8 +1,11 @@
 """Resharding: save on N ranks, restore on M (SPEC 4.3.2, Part 3).
 
-Each path trains the implementation on ``gefen_conformance.workload.models.BASE`` (or ``EMPTY``)
-at N ranks and saves model and optimizer; at M ranks a fresh optimizer (other hyperparameters,
-other parameter values) is restored with ``dcp.load``. Two tests per path:
+Each path trains the implementation on ``gefen_conformance.workload.models.BASE`` (or ``EMPTY``,
+``MANY``) at N ranks and saves model and optimizer; at M ranks a fresh optimizer (other
+hyperparameters, other parameter values) is restored with ``dcp.load``, its state saved again at
+once, and one step taken (:meth:`gefen_conformance.suite.checkpoints.Checkpoints.restored`). Each
+checkpoint and each restore is made once per session and judged by both tests. Two tests per
+path:
 
 * the restore: model parameters exact, and one continuation step within 5e-3 max-abs of a
   native run of the same implementation at M ranks on the same gradients (SPEC 3.7.3);
@@ -23,7 +26,6 @@ import pytest
 
 from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
-from gefen_conformance.suite.restore_checks import RestoreCase
 
 PATHS = [
     pytest.param("base", 2, 4, id="2->4"),
@@ -47,9 +49,10 @@ PATHS = [
 def test_reshard_restores_model_and_continues_within_bound(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
-    restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    case = RestoreCase.of("restore", restore, model, source, target)
-    gefen_judge.assert_comparisons(restore_checks.restore(restore, resave=False), case=case)
+    saved = gefen_checkpoints.trained_and_saved(gefen_impl, model, ranks=source)
+    restore = gefen_checkpoints.restored(saved, by=gefen_impl, ranks=target)
+    compared = restore_checks.restored(restore)  # the model exact, the next step within its bound
+    gefen_judge.assert_comparisons(compared, inputs=restore.describe())
 
 
 @pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3", "5.6.14")
@@ -58,6 +61,7 @@ def test_reshard_restores_model_and_continues_within_bound(
 def test_reshard_resaved_state_is_consistent(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
-    restore = gefen_checkpoints.restored(gefen_impl, gefen_impl, model, source, target)
-    case = RestoreCase.of("resaved", restore, model, source, target)
-    gefen_judge.assert_comparisons(restore_checks.resaved(restore), case=case)
+    saved = gefen_checkpoints.trained_and_saved(gefen_impl, model, ranks=source)
+    restore = gefen_checkpoints.restored(saved, by=gefen_impl, ranks=target)
+    compared = restore_checks.resaved(restore)  # the re-save against the checkpoint it restored
+    gefen_judge.assert_comparisons(compared, inputs=restore.describe())

@@ -68,8 +68,8 @@ def _expected_values(model: str, state: dict) -> list[str]:
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
 def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
-    path, saved_params = gefen_checkpoints.saved(gefen_impl, model, world)
-    nested = read_nested(path)  # CheckpointError when unreadable, incomplete or badly tiled
+    saved = gefen_checkpoints.trained_and_saved(gefen_impl, model, ranks=world)
+    nested = read_nested(saved.path)  # CheckpointError when unreadable, incomplete or badly tiled
     optimizer = nested.get("optimizer", {})
     checked = Comparisons()
     for problem in gefen_schema.problems(optimizer) + _expected_values(model, optimizer):
@@ -80,10 +80,10 @@ def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, gefen_j
     # the saved model parameters are the implementation's own bytes: exact in every profile (SPEC 5.6.11)
     differs = [
         f"model.{name}: differs from the trained parameter"
-        for name, value in saved_params.items()
+        for name, value in saved.params.items()
         if not _same(nested.get("model", {}).get(name), value)
     ]
-    checked.exact("saved model parameters against the trained ones", len(differs), len(saved_params), differs)
+    checked.exact("saved model parameters against the trained ones", len(differs), len(saved.params), differs)
     gefen_judge.assert_comparisons(checked)
 
 

@@ -21,26 +21,5 @@ def test_saves_match_the_goldens(gefen_impl, gefen_ranks, gefen_judge, request):
             f"goldens regenerated from the reference into {path.parent}; review and commit them, then rerun"
         )
     compared = golden.compare_goldens(gefen_impl, bitwise=gefen_judge.bitwise, run=gefen_ranks)
-    gefen_judge.assert_comparisons(compared, case=GoldenCase())
-
-
-class GoldenCase:
-    """The golden comparison as a replayable case (kind ``golden``, SPEC 4.5.6): the catalogue
-    saved again by the implementation on the active launcher and compared with the committed
-    goldens."""
-
-    kind = "golden"
-    ranks = True
-
-    def payload(self) -> dict:
-        return {"kind": self.kind}
-
-    @classmethod
-    def from_payload(cls, payload: dict) -> GoldenCase:
-        return cls()
-
-    def describe(self) -> str:
-        return f"golden case: the {len(golden.CASES)} cases of the golden catalogue, saved and compared"
-
-    def replay(self, impl, *, bitwise: bool):
-        return golden.compare_goldens(impl, bitwise=bitwise, run=launch.run)
+    inputs = f"the {len(golden.CASES)} cases of the golden catalogue, saved and compared"
+    gefen_judge.assert_comparisons(compared, inputs=inputs)

@@ -34,6 +34,7 @@ import torch
 
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
 from gefen_conformance.judging import assert_no_problems
+from gefen_conformance.suite import step_checks
 from gefen_conformance.workload import models, runs
 from gefen_oracles import native_compare, shadowing
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
@@ -77,23 +78,7 @@ def _loaded_exactly(judge, label: str, loaded: dict, observed: dict) -> list[str
     comparisons = Comparisons()
     for p in native_compare.exact_problems(loaded, observed, codebook_exact=True):
         comparisons.problem(p)
-    what = "state dict right after a load (bitwise)"
-    comparisons.add(
-        bitwise_comparison(
-            what, loaded["gefen_codebook"], observed.get("gefen_codebook"), label="gefen_codebook"
-        )
-    )
-    for pid, entry in loaded["state"].items():
-        for key, value in entry.items():
-            if torch.is_tensor(value):
-                comparisons.add(
-                    bitwise_comparison(
-                        what,
-                        value,
-                        observed["state"].get(pid, {}).get(key),
-                        label=f"state[{entry.get('name', pid)}].{key}",
-                    )
-                )
+    step_checks.same_tensors(comparisons, "state dict right after a load (bitwise)", loaded, observed)
     return [f"right after the {label}: {p}" for p in judge.record(comparisons)]
 
 
@@ -101,30 +86,32 @@ def _load(optimizer, state_dict: dict) -> None:
     optimizer.load_state_dict(copy.deepcopy(state_dict))
 
 
-def _judge(judge, ours: runs.TrainingRun, theirs: runs.TrainingRun, factored: bool, label: str) -> list[str]:
+def _judge(
+    judge, reference: runs.TrainingRun, impl: runs.TrainingRun, factored: bool, label: str
+) -> list[str]:
     """One continuation after a load: bitwise against the reference's, or shadowed (SPEC 5.6.20)
     with the exact rules against the reference's."""
-    expected = runs.native_state(ours.optimizer)
-    observed = theirs.states[-1] if theirs.states else runs.native_state(theirs.optimizer)
+    expected = runs.native_state(reference.optimizer)
+    observed = impl.states[-1] if impl.states else runs.native_state(impl.optimizer)
     if judge.bitwise:
         comparisons = native_compare.compare(expected, observed, bitwise=True, grad_dtype=DTYPE)
-        for name, history in ours.history.items():
+        for name, history in reference.history.items():
             comparisons.add(
                 bitwise_comparison(
                     "continuation after a load: parameters (fp32, every step)",
                     torch.stack(history),
-                    torch.stack(theirs.history[name]),
+                    torch.stack(impl.history[name]),
                     label=f"{label}: {name} (step, element)",
                 )
             )
         return [f"{label}: {p}" for p in judge.record(comparisons)]
     comparisons = Comparisons()
     for p in native_compare.exact_problems(expected, observed, codebook_exact=True):
-        comparisons.problem(f"after {len(theirs.steps)} steps: {p}")
+        comparisons.problem(f"after {len(impl.steps)} steps: {p}")
     if comparisons.ok:
         comparisons.merge(
             shadowing.check_runs(
-                runs.param_runs(theirs, factored_v_2d=factored), theirs.states[0]["gefen_codebook"]
+                runs.param_runs(impl, factored_v_2d=factored), impl.states[0]["gefen_codebook"]
             )
         )
     return [f"{label}: {p}" for p in judge.record(comparisons)]
@@ -136,21 +123,21 @@ def test_load_into_a_stepped_optimizer(gefen_impl, gefen_judge):
     checkpoint = _checkpoint(False)
     shadow = not gefen_judge.bitwise
     problems, trained = [], {}
-    for side, make in (("reference", models.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
+    for side, make in (("reference", models.REFERENCE), ("impl", gefen_impl.make_optimizer)):
         params, optimizer = _live(make, False)
         models.train(models.other_stream(models.OPTIMIZER), optimizer, params, LIVE_STEPS)
         _load(optimizer, checkpoint)
-        if side == "implementation":
+        if side == "impl":
             problems += _loaded_exactly(
                 gefen_judge, "load into a stepped optimizer", checkpoint, runs.native_state(optimizer)
             )
         steps = range(CHECKPOINT_STEPS, CHECKPOINT_STEPS + CONTINUATION)
         trained[side] = runs.run_steps(
-            models.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "implementation"
+            models.OPTIMIZER, optimizer, params, steps, record_states=shadow and side == "impl"
         )
     if not problems:
         label = "after the load"
-        problems += _judge(gefen_judge, trained["reference"], trained["implementation"], False, label)
+        problems += _judge(gefen_judge, trained["reference"], trained["impl"], False, label)
     assert_no_problems(problems)
 
 
@@ -160,16 +147,16 @@ def test_load_into_a_stepped_optimizer(gefen_impl, gefen_judge):
 def test_mode_migration(gefen_impl, gefen_judge, first_mode_factored):
     shadow = not gefen_judge.bitwise
     problems = []
-    start = {side: _checkpoint(first_mode_factored) for side in ("reference", "implementation")}
+    start = {side: _checkpoint(first_mode_factored) for side in ("reference", "impl")}
     values = {side: runs.pinned_start(DTYPE) for side in start}
     step = CHECKPOINT_STEPS
     for phase, factored in enumerate((not first_mode_factored, first_mode_factored)):
         label = f"phase {phase + 1} ({'factored' if factored else 'block'} optimizer)"
         trained = {}
-        for side, make in (("reference", models.REFERENCE), ("implementation", gefen_impl.make_optimizer)):
+        for side, make in (("reference", models.REFERENCE), ("impl", gefen_impl.make_optimizer)):
             params, optimizer = _live(make, factored, values[side])
             _load(optimizer, start[side])
-            if side == "implementation":
+            if side == "impl":
                 problems += _loaded_exactly(
                     gefen_judge, f"load of {label}", start[side], runs.native_state(optimizer)
                 )
@@ -178,12 +165,12 @@ def test_mode_migration(gefen_impl, gefen_judge, first_mode_factored):
                 optimizer,
                 params,
                 range(step, step + PHASE_STEPS),
-                record_states=shadow and side == "implementation",
+                record_states=shadow and side == "impl",
             )
             start[side] = runs.native_state(optimizer)
             values[side] = {n: models.to_cpu(p) for n, p in params.items()}
         if problems:
             break
-        problems += _judge(gefen_judge, trained["reference"], trained["implementation"], factored, label)
+        problems += _judge(gefen_judge, trained["reference"], trained["impl"], factored, label)
         step += PHASE_STEPS
     assert_no_problems(problems)

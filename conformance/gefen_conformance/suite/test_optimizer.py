@@ -16,27 +16,17 @@ reference's on CPU; every comparison takes CPU copies. Bitwise means ``cpu-bit-e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite import optimizer_cases, reference_side
+from gefen_conformance.suite import optimizer_cases, pinned_steps, reference_side
 from gefen_conformance.workload import models
 from gefen_oracles import pinned_step
 from gefen_oracles.numeric import bitwise_comparison
 
 STEPS = reference_side.STEPS
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-PIN_POINTS = [pytest.param(0, id="pinned-codebook"), pytest.param(3, id="pinned-after-3")]
-
-
-def _judge(gefen_impl, gefen_judge, case) -> None:
-    """Run ``case`` (:mod:`gefen_conformance.suite.optimizer_cases`) against the implementation in
-    the run's profile and judge it; a failing case is the test's reproducer (SPEC 4.5.6)."""
-    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
-    gefen_judge.assert_comparisons(compared, case=case)
+DTYPES = pinned_steps.DTYPES
 
 
 @pytest.mark.gefen_clause("1.8", "1.10.1", "1.4", "5.6.10")
@@ -48,7 +38,8 @@ def test_block_step_matches_reference(gefen_impl, gefen_judge, dtype, weight_dec
     case = optimizer_cases.trajectory(
         dtype, STEPS, tensor_lr=tensor_lr, weight_decay=weight_decay, factored_v_2d=False
     )
-    _judge(gefen_impl, gefen_judge, case)
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @pytest.mark.gefen_clause("1.9", "5.6.10")
@@ -56,83 +47,26 @@ def test_block_step_matches_reference(gefen_impl, gefen_judge, dtype, weight_dec
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_factored_step_matches_reference(gefen_impl, gefen_judge, dtype):
     case = optimizer_cases.trajectory(dtype, STEPS, weight_decay=0.05, factored_v_2d=True)
-    _judge(gefen_impl, gefen_judge, case)
-
-
-def _pinned(dtype, pin_at, **kw):
-    """One pinned step (SPEC 5.6): bitwise against the reference's same step, or against exact
-    arithmetic; the exact rules (counters, periods, names, hyperparameters, the frozen codebook)
-    in both profiles."""
-    return optimizer_cases.pinned(dtype, pin_at, reference_side.pinned_state(dtype, pin_at, **kw), **kw)
-
-
-@dataclass(frozen=True)
-class PinnedStep:
-    """One pinned step this module certifies: its test, its parameter id and its case's inputs.
-    ``gefen-conformance vectors export`` writes these same cases as test vectors (SPEC 4.5.8)."""
-
-    test: str
-    id: str
-    dtype: torch.dtype
-    pin_at: int
-    options: tuple
-
-    @property
-    def test_id(self) -> str:
-        return f"test_optimizer.py::{self.test}[{self.id}]"
-
-    def case(self) -> optimizer_cases.PinnedCase:
-        return _pinned(self.dtype, self.pin_at, **dict(self.options))
-
-
-BLOCK_VARIANTS = [
-    ("plain", (("tensor_lr", False), ("weight_decay", 0.0))),
-    ("wd-tensor-lr", (("tensor_lr", True), ("weight_decay", 0.05))),
-]
-#: Every pinned step of :func:`test_pinned_block_step` and :func:`test_pinned_factored_step`, in
-#: collection order.
-PINNED_STEPS = (
-    *(
-        PinnedStep(
-            "test_pinned_block_step",
-            f"{variant}-{dtype}-{pin.id}",
-            dtype,
-            pin.values[0],
-            (*options, ("factored_v_2d", False)),
-        )
-        for variant, options in BLOCK_VARIANTS
-        for dtype in DTYPES
-        for pin in PIN_POINTS
-    ),
-    *(
-        PinnedStep(
-            "test_pinned_factored_step",
-            str(dtype),
-            dtype,
-            3,
-            (("weight_decay", 0.05), ("factored_v_2d", True)),
-        )
-        for dtype in DTYPES
-    ),
-)
-
-
-def _steps_of(test: str) -> list:
-    return [pytest.param(step, id=step.id) for step in PINNED_STEPS if step.test == test]
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
-@pytest.mark.parametrize("pinned", _steps_of("test_pinned_block_step"))
+@pytest.mark.parametrize("pinned", pinned_steps.of_test("test_pinned_block_step"))
 def test_pinned_block_step(gefen_impl, gefen_judge, pinned):
-    _judge(gefen_impl, gefen_judge, pinned.case())
+    case = pinned.case()
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @pytest.mark.gefen_clause("1.9", "1.7", "5.6")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
-@pytest.mark.parametrize("pinned", _steps_of("test_pinned_factored_step"))
+@pytest.mark.parametrize("pinned", pinned_steps.of_test("test_pinned_factored_step"))
 def test_pinned_factored_step(gefen_impl, gefen_judge, pinned):
-    _judge(gefen_impl, gefen_judge, pinned.case())
+    case = pinned.case()
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
@@ -148,7 +82,8 @@ def test_state_matches_reference(gefen_impl, gefen_judge, factored):
     """Six free-running bf16 steps: the exact rules (periods, counters, names, hyperparameters), the
     codebook (bitwise, or by SPEC 5.6.7 on the reference's step-1 histogram), and the float state."""
     case = optimizer_cases.trajectory(torch.bfloat16, STEPS, judge="state", factored_v_2d=factored)
-    _judge(gefen_impl, gefen_judge, case)
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @pytest.mark.gefen_clause("1.10.6")
@@ -254,20 +189,22 @@ def test_nearest_codeword_ties_follow_the_rule(gefen_impl, gefen_judge):
         )
         return step, after["state"][0]["m_codebook"].clone()
 
-    ours, ours_idx = run(models.REFERENCE)
-    theirs, theirs_idx = run(gefen_impl.make_optimizer)
-    assert int(ours_idx[0, 1]) == 127
+    reference, reference_indices = run(models.REFERENCE)
+    impl, impl_indices = run(gefen_impl.make_optimizer)
+    assert int(reference_indices[0, 1]) == 127
     differing = (
-        int((theirs_idx != ours_idx).sum()) if theirs_idx.shape == ours_idx.shape else ours_idx.numel()
+        int((impl_indices != reference_indices).sum())
+        if impl_indices.shape == reference_indices.shape
+        else reference_indices.numel()
     )
     gefen_judge.assert_exact(
         "nearest-codeword ties (indices)",
         differing,
-        ours_idx.numel(),
+        reference_indices.numel(),
         ["indices differ from the tie rule (ties go to the lower index)"],
     )
     if gefen_judge.bitwise:
         label = "pinned step: parameter update (fp32)"
-        gefen_judge.assert_comparisons(bitwise_comparison(label, ours.p1, theirs.p1, label="parameter"))
+        gefen_judge.assert_comparisons(bitwise_comparison(label, reference.p1, impl.p1, label="parameter"))
     else:
-        gefen_judge.assert_comparisons(pinned_step.check_step([theirs], torch.linspace(-1, 1, 256)))
+        gefen_judge.assert_comparisons(pinned_step.check_step([impl], torch.linspace(-1, 1, 256)))

@@ -55,7 +55,8 @@ def test_long_trajectory(gefen_impl, gefen_judge):
     # run would leave no displacement visible to the bias statistic (SPEC 5.6.21)
     dtype = DTYPE if native or bitwise else UNSHADOWED_DTYPE
     case = optimizer_cases.long_trajectory(dtype, HYPERS, native=native, factored_v_2d=factored)
-    gefen_judge.assert_comparisons(case.compare(gefen_impl.make_optimizer, bitwise=bitwise), case=case)
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,6 +89,5 @@ def test_pinned_step_at_synthesized_counters(gefen_impl, gefen_judge, counters):
     dtype = torch.float32
     kw = dict(weight_decay=0.05, factored_v_2d=False)
     case = optimizer_cases.pinned(dtype, 3, _with_counters(_pinned_after_three(), *counters), **kw)
-    gefen_judge.assert_comparisons(
-        case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise), case=case
-    )
+    compared = case.compare(gefen_impl.make_optimizer, bitwise=gefen_judge.bitwise)
+    gefen_judge.assert_comparisons(compared, inputs=case.describe())
