@@ -108,7 +108,18 @@ RULES = {
     "I9": lambda: _violations([f"{C}.plugin"], forbidden=[f"{C}.cli", f"{C}.repro"]),
     "I10": lambda: [" -> ".join(cycle) for cycle in _cycles()],
     "I11": lambda: _example_violations(),
+    "I12": lambda: _test_module_imports(),
 }
+
+
+def _test_module_imports() -> list[str]:
+    """Imports of a suite test module (``suite/test_*.py``), by any module of the three packages."""
+    return [
+        f"{name} imports {target}"
+        for name, targets in sorted(GRAPH.items())
+        for target in sorted(targets)
+        if (_ours(target) or "").startswith(f"{C}.suite.test_")
+    ]
 
 
 def _cycles() -> list:
@@ -192,6 +203,19 @@ def test_the_checks_find_a_planted_violation(tmp_path):
         assert len(RULES["I4"]()) == 2
     finally:
         del GRAPH["gefen_conformance.harness.planted"]
+
+
+def test_an_import_of_a_test_module_is_found(tmp_path):
+    """I12: a module that imports a suite test module, by ``from suite import test_x`` or by name."""
+    planted = tmp_path / "conformance" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from gefen_conformance.suite import test_optimizer\n")
+    modules = dict(MODULES, **{"gefen_conformance.planted": planted})
+    GRAPH["gefen_conformance.planted"] = _imports("gefen_conformance.planted", planted, modules)
+    try:
+        assert RULES["I12"]() == ["gefen_conformance.planted imports gefen_conformance.suite.test_optimizer"]
+    finally:
+        del GRAPH["gefen_conformance.planted"]
 
 
 def test_every_module_is_reached_by_the_rules():
