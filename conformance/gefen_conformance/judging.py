@@ -14,9 +14,9 @@ under test, the run's numeric profile and this test's record. The oracles return
 comparison's worst error and bound, a bitwise one's differing count: the certificate's
 ``margins``), keeps the notes, keeps the last failing comparisons for the test's reproducer (SPEC
 4.5.6: the drawn case they judged, or the test's id), and raises ``AssertionError`` listing the
-problems. :meth:`Judge.record` does the
-same without raising, for a test that judges in stages. What a test recorded reaches its report
-through the judge alone (the plugin reads it from the test item), so nothing of it is module state.
+problems. :meth:`Judge.record` does the same without raising, for a test that judges in stages.
+What a test recorded reaches its report through the judge alone (the plugin reads it from the test
+item), so nothing of it is module state.
 """
 
 from __future__ import annotations
