@@ -184,9 +184,11 @@ def _rerun(test_id: str, spec: str, device) -> tuple:
     (the current directory first on its path, where the run resolved ``spec``): ``(comparisons,
     profile)``, the comparisons it failed as its reproducer records them (none when it passes)."""
     from gefen_conformance.certificate import read, repro_files
+    from gefen_conformance.plugin.selection import CENSUS_ENV
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    env[CENSUS_ENV] = "1"  # one test's run: no census of the whole suite (SPEC 4.4.2) to wait for
     with tempfile.TemporaryDirectory(prefix="gefen-repro-") as scratch:
         target = Path(scratch) / "rerun.json"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--impl={spec}"]
