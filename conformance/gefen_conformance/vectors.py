@@ -10,8 +10,8 @@ state and parameters after it, and the per-element bounds of the tolerance profi
 bounds of :mod:`gefen_oracles.kernel_bounds`), and a JSON manifest naming the suite, every
 file and tensor, the hyperparameters and counters, what each bound means and its SPEC clause.
 
-``check`` judges a kernel's results against them (:mod:`gefen_oracles.vector_check`): numpy and
-the standard library only, neither torch (whose import loads ``torch.distributed``) nor pytest.
+``check`` judges a kernel's results against them (:mod:`gefen_oracles.vector_check`): numpy,
+safetensors and ml_dtypes only, neither torch (whose import loads ``torch.distributed``) nor pytest.
 
 Exit status: ``export`` 0 written, 4 usage error (a DIR that holds other files, or cannot be
 written: refused before any work); ``check`` 0 every vector passes, 1 one fails, 2 a manifest,
@@ -285,14 +285,15 @@ def _write_vector(directory: Path, step, test) -> dict:
     for s in stepped:
         bounds = pinned_step.element_bounds(s, codebook)
         parameters.append(_parameter(tensors, s, bounds, codebook))
-    tensors = {k: safetensors_io.as_stored(k, v) for k, v in tensors.items()}
     name = file_name(step.test_id)
     safetensors_io.write(
         directory / name,
         tensors,
         metadata={"schema": "gefen-test-vectors/1", "vector": step.test_id},
     )
-    described = {n: {"dtype": t.dtype, "shape": list(t.array.shape)} for n, t in sorted(tensors.items())}
+    described = {
+        n: {"dtype": safetensors_io.dtype_name(t), "shape": list(t.shape)} for n, t in sorted(tensors.items())
+    }
     return {
         "id": step.test_id,
         "test": step.test_id,
@@ -317,7 +318,7 @@ def _parameter(tensors: dict, s, bounds, codebook) -> dict:
     """Add one parameter's tensors to ``tensors``; its manifest entry."""
     import numpy as np
 
-    from gefen_oracles import vector_check
+    from gefen_oracles import safetensors_io, vector_check
 
     n = s.name
     shape = tuple(s.p0.shape)
@@ -361,15 +362,16 @@ def _parameter(tensors: dict, s, bounds, codebook) -> dict:
     )
     tensors[f"{n}.expected.param"] = expected
     tensors[f"{n}.allowed.param"] = allowed
-    results = {"param": [tensors[f"{n}.param"].dtype, list(shape)]}
+    dtype, grad_dtype = (safetensors_io.dtype_name(tensors[f"{n}.{t}"]) for t in ("param", "grad"))
+    results = {"param": [dtype, list(shape)]}
     for key in state_keys:
         results[key] = [vector_check.STATE_DTYPES[key], list(s.after[key].shape)]
     period = s.after["automatic_period"]
     return {
         "name": n,
         "shape": list(shape),
-        "dtype": tensors[f"{n}.param"].dtype,
-        "grad_dtype": tensors[f"{n}.grad"].dtype,
+        "dtype": dtype,
+        "grad_dtype": grad_dtype,
         "factored": s.factored,
         "period": period,
         "blocks": s.grad.numel() // period,
@@ -395,26 +397,13 @@ def _f64(t):
 
 
 def _array(t):
-    """A CPU tensor as what :func:`gefen_oracles.safetensors_io.write` takes (bf16: its bits)."""
+    """A CPU tensor as the numpy array :func:`gefen_oracles.safetensors_io.write` takes (bf16 as
+    ``ml_dtypes.bfloat16``, its bits unchanged)."""
     import torch
 
     from gefen_oracles import safetensors_io
 
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        return safetensors_io.bfloat16(t.view(torch.int16).numpy().view("<u2"))
-    return safetensors_io.Stored(_dtype_names()[t.dtype], t.numpy())
-
-
-def _dtype_names():
-    import torch
-
-    return {
-        torch.float64: "F64",
-        torch.float32: "F32",
-        torch.float16: "F16",
-        torch.int64: "I64",
-        torch.int32: "I32",
-        torch.uint8: "U8",
-        torch.bool: "BOOL",
-    }
+        return t.view(torch.int16).numpy().view(safetensors_io.BFLOAT16)
+    return t.numpy()
