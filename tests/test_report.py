@@ -286,7 +286,7 @@ def test_html_leads_with_what_did_not_pass_and_keeps_expected_failures_apart():
     )
     assert failing.count('class="k-failed" style="border-color:#c92a2a"') == 3
     assert (
-        "pytest --impl=tests.mutants:beta_rounding &#x27;test_optimizer.py::test_block_step_matches_reference"
+        "pytest --impl=tests.mutants:beta_rounding &#39;test_optimizer.py::test_block_step_matches_reference"
         in failing
     )
 
