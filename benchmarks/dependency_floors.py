@@ -6,11 +6,11 @@
 COMBINATION is ``floors`` or ``newest`` (default: both, in that order):
 
 * ``floors``: the lowest versions pyproject.toml admits (torch 2.7.0, pytest 8.1.1,
-  hypothesis 6.100.0, safetensors 0.4.1, ml_dtypes 0.4.0, jinja2 3.0) and pytest-xdist 3.0.2, the oldest
-  release that runs under pytest 8.0 (the 1.x and 2.x releases declare ``pytest>=...`` with no
-  upper bound, but those tried, 1.25.0 to 2.5.0, import ``py.log``, which pytest 8 no longer
-  provides, and fail at ``-n 2``;
-  ``pip check`` passes all the same, the ``py`` dependency being undeclared); numpy is unpinned
+  hypothesis 6.100.0, safetensors 0.4.1, ml_dtypes 0.4.0, jinja2 3.0, jsonschema 4.0.1) and
+  pytest-xdist 3.0.2, the oldest release that runs under pytest 8.0 (the 1.x and 2.x releases
+  declare ``pytest>=...`` with no upper bound, but those tried, 1.25.0 to 2.5.0, import
+  ``py.log``, which pytest 8 no longer provides, and fail at ``-n 2``; ``pip check`` passes all
+  the same, the ``py`` dependency being undeclared); numpy is unpinned
   (pyproject.toml sets no floor and torch 2.7.0 declares no numpy requirement), so pip picks the
   newest it can;
 * ``newest``: the newest release pip finds of each, except torch 2.13.0, which pip takes from
@@ -59,7 +59,17 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "dependency_floors.results.txt"
 
 #: The packages pinned per combination; None: unpinned, the newest pip finds.
-PINNED = ("torch", "pytest", "pytest-xdist", "hypothesis", "numpy", "safetensors", "ml_dtypes", "jinja2")
+PINNED = (
+    "torch",
+    "pytest",
+    "pytest-xdist",
+    "hypothesis",
+    "numpy",
+    "safetensors",
+    "ml_dtypes",
+    "jinja2",
+    "jsonschema",
+)
 COMBINATIONS = {
     "floors": {
         "torch": "2.7.0",
@@ -70,6 +80,7 @@ COMBINATIONS = {
         "safetensors": "0.4.1",
         "ml_dtypes": "0.4.0",
         "jinja2": "3.0.0",
+        "jsonschema": "4.0.1",
     },
     "newest": {
         "torch": "2.13.0",
@@ -80,6 +91,7 @@ COMBINATIONS = {
         "safetensors": None,
         "ml_dtypes": None,
         "jinja2": None,
+        "jsonschema": None,
     },
 }
 #: What the results record from ``pip freeze``: the pinned packages and the two the runner rests on.

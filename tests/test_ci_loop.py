@@ -257,7 +257,7 @@ def test_a_hand_edited_certificate_does_not_verify(narrow_certification, tmp_pat
         edited.pop("integrity")
     else:  # a test marked passed whose own margin says its comparison fell outside its bound
         test = next(t for t in edited["tests"] if t["outcome"] == "passed")
-        test["margins"] = [{"kind": "tolerance", "what": "state", "used": 3.5}]
+        test["margins"] = [dict(kind="tolerance", what="state", error=3.5e-6, bound=1e-6, used=3.5)]
     (tmp_path / "c.json").write_text(json.dumps(edited))
     run = command("verify", tmp_path / "c.json")
     assert run.returncode == 3, run.stdout + run.stderr
