@@ -11,11 +11,13 @@ and every tensor's offsets against the file before it hands out data. bfloat16 i
 safetensors builds a ``BF16`` tensor's array with. Neither package imports torch, so
 ``gefen-conformance vectors check`` runs without it.
 
-Writing stays here, in a few lines: safetensors' writer orders a file's tensors by dtype alignment
-before name, and the vectors hold theirs in name order, contiguous, the header padded with spaces to
-a multiple of 8 bytes, byte for byte the files of every earlier export (their SHA-256 in the
-manifest stays comparable across suite versions). Any safetensors reader, and a C or CUDA test that
-parses the header itself, reads either order.
+Writing stays here, in a few lines, because an export must be byte-reproducible (the manifest
+records each file's SHA-256, and two exports of one suite version are compared by it): the
+package's writer (``safetensors.numpy.save_file``, 0.8) serialises ``__metadata__`` from a hash map
+whose key order changes from one process to the next, so the same vector gets another digest on
+every export. The files here hold their tensors in name order, contiguous, the header's keys sorted
+and padded with spaces to a multiple of 8 bytes; any safetensors reader, and a C or CUDA test that
+parses the header itself, reads them.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def write(path, tensors: dict, metadata: dict | None = None) -> None:
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise SafetensorsError("metadata maps strings to strings")
-        header["__metadata__"] = dict(metadata)
+        header["__metadata__"] = dict(sorted(metadata.items()))
     chunks, offset = [], 0
     for name in sorted(tensors):
         if not isinstance(name, str) or not name or name == "__metadata__":
