@@ -92,7 +92,7 @@ RULES = {
     "I1": lambda: _violations(["gefen_reference"], allowed=[], exact=()),
     "I2": lambda: _violations(["gefen_oracles"], allowed=[], exact=()),
     "I3": lambda: _violations([f"{C}.implementations"], allowed=["gefen_reference", "gefen"]),
-    "I4": lambda: _violations([f"{C}.harness"], allowed=[f"{C}.implementations"]),
+    "I4": lambda: _violations([f"{C}.harness"], allowed=[f"{C}.implementations", f"{C}.exit_codes"]),
     "I5": lambda: _violations(
         [f"{C}.workload"],
         allowed=[f"{C}.harness", f"{C}.implementations", "gefen_oracles", "gefen_reference"],
@@ -108,6 +108,7 @@ RULES = {
     "I9": lambda: _violations([f"{C}.plugin"], forbidden=[f"{C}.cli", f"{C}.repro"]),
     "I10": lambda: [" -> ".join(cycle) for cycle in _cycles()],
     "I11": lambda: _example_violations(),
+    "I12": lambda: _violations([f"{C}.exit_codes"], allowed=[], exact=()),
 }
 
 
@@ -208,6 +209,7 @@ def test_every_module_is_reached_by_the_rules():
             f"{C}.{m}"
             for m in ("implementations", "harness", "workload", "judging", "certificate", "suite", "plugin")
         ),
-        *(f"{C}.{m}" for m in ("cli", "cli_usage", "golden", "repro", "vectors")),  # the command line
+        *(f"{C}.{m}" for m in ("cli", "golden", "repro", "vectors")),  # the command line and its library
+        f"{C}.exit_codes",
     }
     assert set(layers) <= named, sorted(set(layers) - named)
