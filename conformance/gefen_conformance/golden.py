@@ -178,18 +178,9 @@ def compare_goldens(
         for name, info in manifest["cases"].items():
             mine = ours["cases"][name]
             if same_torch:
-                same_metadata = mine["metadata_digest"] == info["metadata_digest"]
-                out.add(
-                    Comparison(
-                        "golden metadata digest",
-                        "bitwise",
-                        differing=int(not same_metadata),
-                        total=1,
-                        problems=[]
-                        if same_metadata
-                        else [f"{name}: metadata digest differs from the golden"],
-                    )
-                )
+                differs = mine["metadata_digest"] != info["metadata_digest"]
+                problems = [f"{name}: metadata digest differs from the golden"] if differs else []
+                out.add(_differing("golden metadata digest", 1, problems))
             expected = read_nested(Path(golden_root) / name).get("optimizer", {})
             actual = read_nested(Path(tmp) / name).get("optimizer", {})
             gap = (
@@ -212,15 +203,8 @@ def compare_goldens(
             if bitwise:
                 keys = sorted(set(info["content"]) | set(mine["content"]))
                 changed = [k for k in keys if info["content"].get(k) != mine["content"].get(k)]
-                out.add(
-                    Comparison(
-                        "golden content digests",
-                        "bitwise",
-                        differing=len(changed),
-                        total=len(keys),
-                        problems=[f"{name}/{k}: content differs from the golden" for k in changed],
-                    )
-                )
+                problems = [f"{name}/{k}: content differs from the golden" for k in changed]
+                out.add(_differing("golden content digests", len(keys), problems))
     if not same_torch:
         skipped = "md5s and metadata digests" if bitwise else "metadata digests"
         out.note(
@@ -237,13 +221,10 @@ def compare_goldens(
                 changed.append(f"{rel}: not written")
             elif mine["md5"] != file_info["md5"]:
                 changed.append(f"{rel}: md5 differs from the golden")
-        out.add(
-            Comparison(
-                "golden payload files (md5)",
-                "bitwise",
-                differing=len(changed),
-                total=len(payloads),
-                problems=changed,
-            )
-        )
+        out.add(_differing("golden payload files (md5)", len(payloads), changed))
     return out
+
+
+def _differing(what: str, total: int, problems: list[str]) -> Comparison:
+    """A bitwise comparison of ``total`` items, one problem for each that differs."""
+    return Comparison(what, "bitwise", differing=len(problems), total=total, problems=problems)

@@ -25,6 +25,12 @@ STATUSES = (
         "cannot be written, an unknown option",
     ),
 )
+#: ``golden``'s actions and what each does
+ACTIONS = {
+    "generate": "write the golden cases and their manifest into DIR",
+    "check": "verify DIR against its MANIFEST.json",
+    "compare": "save the cases with an implementation and compare with the goldens",
+}
 IMPL_HELP = (
     "the implementation that saves the cases: registered name or package.module:attribute "
     "(default: reference)"
@@ -41,26 +47,12 @@ def register(subparsers) -> None:
         statuses=STATUSES,
     )
     actions = golden.add_subparsers(dest="action", required=True, metavar="ACTION")
-    generate = add_command(
-        actions,
-        "generate",
-        None,
-        help="write the golden cases and their manifest into DIR",
-        statuses=STATUSES,
+    generate, check, compare = (
+        add_command(actions, name, None, help=text, statuses=STATUSES) for name, text in ACTIONS.items()
     )
     generate.add_argument("dir", type=Path, metavar="DIR", help="directory to write (made if missing)")
     generate.add_argument("--impl", default="reference", metavar="NAME", help=IMPL_HELP)
-    check = add_command(
-        actions, "check", None, help="verify DIR against its MANIFEST.json", statuses=STATUSES
-    )
     check.add_argument("dir", type=Path, metavar="DIR", help="a directory `golden generate` wrote")
-    compare = add_command(
-        actions,
-        "compare",
-        None,
-        help="save the cases with an implementation and compare with the goldens",
-        statuses=STATUSES,
-    )
     compare.add_argument(
         "dir",
         type=Path,

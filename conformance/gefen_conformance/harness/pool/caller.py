@@ -44,15 +44,6 @@ from gefen_conformance.harness.outcomes import RankOutcome, from_report
 from gefen_conformance.harness.pool.processes import Pool, Worker, fork_server_pid, startup_timeout_s
 from gefen_conformance.harness.pool.supervision import supervise
 
-__all__ = [
-    "kill_all",
-    "prepare_workers",
-    "run_on_ranks",
-    "shutdown_pool",
-    "start_server",
-    "start_workers",
-]
-
 _HOST = "127.0.0.1"
 
 
