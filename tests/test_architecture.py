@@ -99,6 +99,10 @@ PLANTED = {
         "examples/gefen-fast/gefen_fast/planted_i11.py",
         "from gefen_conformance.implementations import contract\n",
     ),
+    "I12": (
+        "conformance/gefen_conformance/exit_codes.py",
+        "\n\ndef planted_i12():\n    from . import judging\n",
+    ),
 }
 PLANTED_I10_BACK = ("oracles/gefen_oracles/planted_i10_back.py", "from gefen_oracles import planted_i10\n")
 
@@ -137,8 +141,17 @@ def test_every_module_lies_in_a_layer_the_architecture_names():
         for path in (ROOT / folder / package).rglob("*.py"):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             layers.add(".".join(parts[:2]) if package == "gefen_conformance" else package)
-    conformance = ("__init__", "implementations", "harness", "workload", "judging", "certificate", "suite")
-    command_line = ("cli", "cli_usage", "golden", "repro", "vectors")
+    conformance = (
+        "__init__",
+        "exit_codes",
+        "implementations",
+        "harness",
+        "workload",
+        "judging",
+        "certificate",
+        "suite",
+    )
+    command_line = ("cli", "golden", "repro", "vectors")
     named = {
         "gefen_reference",
         "gefen_oracles",

@@ -355,7 +355,7 @@ def merge(certs: list, sources: list) -> dict:
         platform_=first.get("platform") or {},
         execution=execution,
     )
-    out["run"]["exit_status"] = build.EXIT_STATUS[build.Verdict(out["verdict"])]
+    out["run"]["exit_status"] = int(build.EXIT_STATUS[build.Verdict(out["verdict"])])
     out["run"]["merged_from"] = [str(s) for s in sources]
     if suite_tests is not None:
         out["run"]["suite_tests"] = list(suite_tests)
@@ -370,9 +370,18 @@ def merge(certs: list, sources: list) -> dict:
         out["expectations"] = exp
     for t in out["tests"]:
         test, source, _ = by_id[t["id"]]
-        if test.get("repro"):  # where it lies: the caller makes it relative to the merged certificate
+        if test.get("repro"):  # where it lies: write_merged makes it relative to the merged certificate
             t["repro"] = str((Path(source).parent / test["repro"]).absolute())
     return out
+
+
+def write_merged(merged: dict, path: Path) -> Path:
+    """Write what :func:`merge` returned to ``path``, every reproducer named relative to it."""
+    directory = Path(path).absolute().parent
+    for t in merged["tests"]:
+        if t.get("repro"):
+            t["repro"] = Path(os.path.relpath(t["repro"], directory)).as_posix()
+    return build.write(merged, path)
 
 
 def outcome_counts(cert: dict) -> Counter:
