@@ -6,10 +6,11 @@
 COMBINATION is ``floors`` or ``newest`` (default: both, in that order):
 
 * ``floors``: the lowest versions pyproject.toml admits (torch 2.7.0, pytest 8.1.1,
-  hypothesis 6.100.0) and pytest-xdist 3.0.2, the oldest release that runs under pytest 8.0
-  (the 1.x and 2.x releases declare ``pytest>=...`` with no upper bound, but those tried,
-  1.25.0 to 2.5.0, import ``py.log``, which pytest 8 no longer provides, and fail at ``-n 2``;
-  ``pip check`` passes all the same, the ``py`` dependency being undeclared); numpy is unpinned
+  hypothesis 6.100.0, safetensors 0.4.1, ml_dtypes 0.4.0, jinja2 3.0, jsonschema 4.0.1) and
+  pytest-xdist 3.0.2, the oldest release that runs under pytest 8.0 (the 1.x and 2.x releases
+  declare ``pytest>=...`` with no upper bound, but those tried, 1.25.0 to 2.5.0, import
+  ``py.log``, which pytest 8 no longer provides, and fail at ``-n 2``; ``pip check`` passes all
+  the same, the ``py`` dependency being undeclared); numpy is unpinned
   (pyproject.toml sets no floor and torch 2.7.0 declares no numpy requirement), so pip picks the
   newest it can;
 * ``newest``: the newest release pip finds of each, except torch 2.13.0, which pip takes from
@@ -22,7 +23,7 @@ The repository at REF (default HEAD) is exported once (``git archive``) into a t
 directory, so the measurement is of one commit whatever happens to the work tree meanwhile. For
 each combination, in DIR/deps-NAME (default DIR: /work/venvs; never inside the repository):
 
-1. a fresh virtualenv; ``pip install torch==X pytest==Y pytest-xdist==Z hypothesis==W numpy``
+1. a fresh virtualenv; ``pip install torch==X pytest==Y pytest-xdist==Z hypothesis==W numpy ...``
    (pip's configured indexes: PyPI and the machine's local wheel directories; PyPI's Linux torch
    wheels pull NVIDIA's CUDA libraries, a few GB);
 2. ``pip install --no-deps <the export>`` after that, so pip cannot upgrade a pinned floor;
@@ -58,7 +59,17 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "dependency_floors.results.txt"
 
 #: The packages pinned per combination; None: unpinned, the newest pip finds.
-PINNED = ("torch", "pytest", "pytest-xdist", "hypothesis", "numpy")
+PINNED = (
+    "torch",
+    "pytest",
+    "pytest-xdist",
+    "hypothesis",
+    "numpy",
+    "safetensors",
+    "ml_dtypes",
+    "jinja2",
+    "jsonschema",
+)
 COMBINATIONS = {
     "floors": {
         "torch": "2.7.0",
@@ -66,6 +77,10 @@ COMBINATIONS = {
         "pytest-xdist": "3.0.2",
         "hypothesis": "6.100.0",
         "numpy": None,
+        "safetensors": "0.4.1",
+        "ml_dtypes": "0.4.0",
+        "jinja2": "3.0.0",
+        "jsonschema": "4.0.1",
     },
     "newest": {
         "torch": "2.13.0",
@@ -73,6 +88,10 @@ COMBINATIONS = {
         "pytest-xdist": None,
         "hypothesis": None,
         "numpy": None,
+        "safetensors": None,
+        "ml_dtypes": None,
+        "jinja2": None,
+        "jsonschema": None,
     },
 }
 #: What the results record from ``pip freeze``: the pinned packages and the two the runner rests on.

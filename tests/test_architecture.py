@@ -1,237 +1,175 @@
-"""ARCHITECTURE.md's import rules, checked on the source (every import statement, module level or
-inside a function, read with ``ast``): each rule there has an id (``I1`` ...) and a check here, and
-the two lists are the same."""
+"""ARCHITECTURE.md's import rules are import-linter contracts in pyproject.toml (``[tool.importlinter]``),
+one a rule, each named by its rule's id (``I1`` ...). Here: ``lint-imports`` keeps every contract on
+the source, the document and the contracts name the same rules, and each contract breaks on an import
+planted against it in a copy of the source.
+
+Every rule is a contract. I1-I9 and I11 are ``forbidden`` contracts; I10 (no import cycle between
+modules) is the one rule no built-in contract type states: ``acyclic_siblings`` squashes each sibling
+package into one node, so it also refuses two packages that import each other through different
+modules (``certificate.report_cli`` imports ``cli_usage``, which imports ``certificate.build``),
+which is no cycle between modules. I10's contract is of the type ``acyclic_modules``,
+``tools/import_contracts.py``, registered through import-linter's ``contract_types``.
+"""
 
 from __future__ import annotations
 
-import ast
+import os
 import re
-from collections import defaultdict
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"reference": "gefen_reference", "conformance": "gefen_conformance", "oracles": "gefen_oracles"}
-C = "gefen_conformance"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)[1:]  # the folder holds the package
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict:
-    """``{module name: path}`` of the three packages (the golden data holds no Python)."""
-    return {
-        _module_name(p): p
-        for folder, package in PACKAGES.items()
-        for p in sorted((ROOT / folder / package).rglob("*.py"))
-    }
-
-
-MODULES = _modules()
-
-
-def _imports(name: str, path: Path, modules=MODULES) -> set:
-    """Every module ``name`` imports: ``from X import a`` counts as ``X.a`` where that is a module,
-    else as ``X``; an import of a module's own package (Python's package loading) is not counted."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module
-            for alias in node.names:
-                out.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
-    return {m for m in out if not (name == m or name.startswith(m + "."))}
-
-
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
-
-
-def _ours(target: str, modules=MODULES) -> str | None:
-    """The module of the three packages ``target`` is (or lies in), None for anything else."""
-    while target and target not in modules:
-        target = target.rpartition(".")[0]
-    return target or None
-
-
-def _within(module: str, prefixes) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
-
-
-def _violations(importers, allowed=None, forbidden=(), exact=("gefen_conformance",)) -> list[str]:
-    """Imports of the modules under ``importers`` that leave ``allowed`` (prefixes; None: anything)
-    or enter ``forbidden`` (prefixes), among the three packages and gefen-x (``gefen``). The
-    modules in ``exact`` (the top-level ``gefen_conformance``, whose names are its public API) are
-    allowed themselves wherever ``allowed`` is given, but not what lies under them."""
-    out = []
-    for name, targets in sorted(GRAPH.items()):
-        if not _within(name, importers):
-            continue
-        for target in sorted(targets):
-            ours = _ours(target) or (target if _within(target, ["gefen"]) else None)
-            if ours is None:
-                continue
-            if (
-                allowed is not None
-                and ours not in exact
-                and not _within(ours, list(importers) + list(allowed))
-            ) or _within(ours, forbidden):
-                out.append(f"{name} imports {target}")
-    return out
-
-
-RULES = {
-    "I1": lambda: _violations(["gefen_reference"], allowed=[], exact=()),
-    "I2": lambda: _violations(["gefen_oracles"], allowed=[], exact=()),
-    "I3": lambda: _violations([f"{C}.implementations"], allowed=["gefen_reference", "gefen"]),
-    "I4": lambda: _violations([f"{C}.harness"], allowed=[f"{C}.implementations"]),
-    "I5": lambda: _violations(
-        [f"{C}.workload"],
-        allowed=[f"{C}.harness", f"{C}.implementations", "gefen_oracles", "gefen_reference"],
-    ),
-    "I6": lambda: _violations([f"{C}.judging"], allowed=["gefen_oracles"]),
-    "I7": lambda: _violations(
-        [f"{C}.certificate"],
-        forbidden=[f"{C}.{m}" for m in ("plugin", "suite", "workload", "judging", "golden", "repro", "cli")],
-    ),
-    "I8": lambda: _violations(
-        [f"{C}.suite"], forbidden=[f"{C}.{m}" for m in ("plugin", "certificate", "cli", "repro")]
-    ),
-    "I9": lambda: _violations([f"{C}.plugin"], forbidden=[f"{C}.cli", f"{C}.repro"]),
-    "I10": lambda: [" -> ".join(cycle) for cycle in _cycles()],
-    "I11": lambda: _example_violations(),
-    "I12": lambda: _test_module_imports(),
+PACKAGE_FOLDERS = {
+    "reference": "gefen_reference",
+    "conformance": "gefen_conformance",
+    "oracles": "gefen_oracles",
 }
+EXAMPLE_PACKAGES = sorted(ROOT.glob("examples/*/gefen_*/__init__.py"))
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+CONTRACT_LINE = re.compile(r"^(I\d+) .* (KEPT|BROKEN)\b", re.M)
 
 
-def _test_module_imports() -> list[str]:
-    """Imports of a suite test module (``suite/test_*.py``), by any module of the three packages."""
-    return [
-        f"{name} imports {target}"
-        for name, targets in sorted(GRAPH.items())
-        for target in sorted(targets)
-        if (_ours(target) or "").startswith(f"{C}.suite.test_")
-    ]
+def _rule_id(contract: dict) -> str:
+    return contract["name"].split()[0]
 
 
-def _cycles() -> list:
-    """The import cycles among the modules (strongly connected components of more than one)."""
-    graph = {n: {_ours(t) for t in ts} - {None, n} for n, ts in GRAPH.items()}
-    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
-def _example_violations() -> list[str]:
-    """An example backend's own package imports the suite only through its top-level names."""
-    out = []
-    for path in sorted((ROOT / "examples").glob("*/gefen_*/**/*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom) and not node.level
-                else []
-            )
-            for name in names:
-                if name.startswith(f"{C}.") or name.startswith("gefen_oracles"):
-                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
-    return out
-
-
-def _stated_rules() -> dict:
-    text = (ROOT / "ARCHITECTURE.md").read_text()
-    return dict(re.findall(r"^- \*\*(I\d+)\*\*\s+(.+)$", text, re.M))
-
-
-def test_architecture_states_exactly_the_rules_checked_here():
-    assert set(_stated_rules()) == set(RULES), sorted(set(_stated_rules()) ^ set(RULES))
-
-
-@pytest.mark.parametrize("rule", sorted(RULES, key=lambda r: int(r[1:])))
-def test_import_rule_holds(rule):
-    violations = RULES[rule]()
-    assert not violations, f"{rule} ({_stated_rules().get(rule, '?')}):\n" + "\n".join(violations)
-
-
-def test_the_checks_find_a_planted_violation(tmp_path):
-    """The graph and the rules catch an import they forbid, a relative one included."""
-    planted = tmp_path / "conformance" / "harness" / "planted.py"
-    planted.parent.mkdir(parents=True)
-    planted.write_text(
-        "from ..plugin import hooks\n\ndef f():\n    import gefen_conformance.suite.checkpoints\n"
+def _lint(root: Path) -> tuple[int, str]:
+    """``lint-imports`` on the tree at ``root`` with its pyproject.toml: its exit status and report.
+    The three packages and the example backends are found by their folders under ``root``."""
+    folders = [*PACKAGE_FOLDERS, *(p.parent.parent.relative_to(ROOT) for p in EXAMPLE_PACKAGES)]
+    path = [root / folder for folder in folders]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in path), COLUMNS="1000", NO_COLOR="1")
+    run = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
+        + ["--config", str(root / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    modules = dict(MODULES, **{"gefen_conformance.harness.planted": planted})
-    found = _imports("gefen_conformance.harness.planted", planted, modules)
-    assert {"gefen_conformance.plugin.hooks", "gefen_conformance.suite.checkpoints"} <= found
-    GRAPH["gefen_conformance.harness.planted"] = found
-    try:
-        assert len(RULES["I4"]()) == 2
-    finally:
-        del GRAPH["gefen_conformance.harness.planted"]
+    return run.returncode, run.stdout + run.stderr
 
 
-def test_an_import_of_a_test_module_is_found(tmp_path):
-    """I12: a module that imports a suite test module, by ``from suite import test_x`` or by name."""
-    planted = tmp_path / "conformance" / "planted.py"
-    planted.parent.mkdir(parents=True)
-    planted.write_text("from gefen_conformance.suite import test_optimizer\n")
-    modules = dict(MODULES, **{"gefen_conformance.planted": planted})
-    GRAPH["gefen_conformance.planted"] = _imports("gefen_conformance.planted", planted, modules)
-    try:
-        assert RULES["I12"]() == ["gefen_conformance.planted imports gefen_conformance.suite.test_optimizer"]
-    finally:
-        del GRAPH["gefen_conformance.planted"]
+def _stated_rules() -> list[str]:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    return re.findall(r"^- \*\*(I\d+)\*\*\s", text, re.M)
 
 
-def test_every_module_is_reached_by_the_rules():
-    """No module of the three packages falls outside the layers the rules name."""
-    layers = defaultdict(list)
-    for name in MODULES:
-        parts = name.split(".")
-        layers[".".join(parts[:2]) if parts[0] == C else parts[0]].append(name)
+def test_the_import_contracts_hold():
+    status, report = _lint(ROOT)
+    results = dict(CONTRACT_LINE.findall(report))
+    assert status == 0 and results and set(results.values()) == {"KEPT"}, report
+
+
+def test_architecture_states_exactly_the_rules_the_contracts_check():
+    """One contract a rule, in the document's order."""
+    assert [_rule_id(c) for c in CONFIG["contracts"]] == _stated_rules()
+
+
+def test_every_example_backend_is_held_to_I11():
+    """I11 names every example backend's own package (``examples/*/gefen_*``), and each is linted."""
+    (i11,) = [c for c in CONFIG["contracts"] if _rule_id(c) == "I11"]
+    names = [p.parent.name for p in EXAMPLE_PACKAGES]
+    assert names and sorted(i11["source_modules"]) == names
+    assert set(names) <= set(CONFIG["root_packages"])
+
+
+def test_I13_names_every_suite_test_module():
+    """I13 forbids each suite test module by name (a contract's module expressions wildcard whole
+    names only): the list is the suite's ``test_*.py`` files. Its sources are the other root
+    packages, and ``gefen_conformance``'s and the suite's modules one by one."""
+    (i13,) = [c for c in CONFIG["contracts"] if _rule_id(c) == "I13"]
+    suite = ROOT / "conformance" / "gefen_conformance" / "suite"
+    tests = sorted(f"gefen_conformance.suite.{p.stem}" for p in suite.glob("test_*.py"))
+    assert tests and sorted(i13["forbidden_modules"]) == tests
+    others = [p for p in CONFIG["root_packages"] if p != "gefen_conformance"]
+    assert sorted(i13["source_modules"]) == sorted(
+        [*others, "gefen_conformance.*", "gefen_conformance.suite.*"]
+    )
+
+
+# One import a rule forbids, planted in a copy of the source: {rule: (file, text)}. Imports inside a
+# function and relative imports count as any other.
+PLANTED = {
+    "I1": ("reference/gefen_reference/planted_i1.py", "def f():\n    import gefen_oracles\n"),
+    "I2": ("oracles/gefen_oracles/planted_i2.py", "import gefen_reference\n"),
+    "I3": ("conformance/gefen_conformance/implementations/planted_i3.py", "from ..harness import launch\n"),
+    "I4": ("conformance/gefen_conformance/harness/planted_i4.py", "from ..plugin import hooks\n"),
+    "I5": ("conformance/gefen_conformance/workload/planted_i5.py", "from gefen_conformance import judging\n"),
+    "I6": ("conformance/gefen_conformance/judging.py", "\n\ndef planted_i6():\n    import gefen_reference\n"),
+    "I7": ("conformance/gefen_conformance/certificate/planted_i7.py", "import gefen_conformance.golden\n"),
+    "I8": ("conformance/gefen_conformance/suite/planted_i8.py", "from ..certificate import build\n"),
+    "I9": ("conformance/gefen_conformance/plugin/planted_i9.py", "import gefen_conformance.repro\n"),
+    "I10": ("oracles/gefen_oracles/planted_i10.py", "from gefen_oracles import planted_i10_back\n"),
+    "I11": (
+        "examples/gefen-fast/gefen_fast/planted_i11.py",
+        "from gefen_conformance.implementations import contract\n",
+    ),
+    "I12": (
+        "conformance/gefen_conformance/exit_codes.py",
+        "\n\ndef planted_i12():\n    from . import judging\n",
+    ),
+    "I13": ("conformance/gefen_conformance/suite/planted_i13.py", "from . import test_optimizer\n"),
+}
+PLANTED_I10_BACK = ("oracles/gefen_oracles/planted_i10_back.py", "from gefen_oracles import planted_i10\n")
+
+
+def _copy_source(to: Path) -> None:
+    """The Python files of the packages, the example backends' packages and the contracts."""
+    python_only = shutil.ignore_patterns("__pycache__", "*.egg-info", "golden", "csrc")
+    for init in [ROOT / f / p / "__init__.py" for f, p in PACKAGE_FOLDERS.items()] + EXAMPLE_PACKAGES:
+        package = init.parent
+        shutil.copytree(package, to / package.relative_to(ROOT), ignore=python_only)
+    for name in ("pyproject.toml", "tools/import_contracts.py"):
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, to / name)
+
+
+def test_each_contract_breaks_on_an_import_planted_against_its_rule(tmp_path):
+    assert sorted(PLANTED) == sorted(_stated_rules())
+    _copy_source(tmp_path)
+    for name, text in [*PLANTED.values(), PLANTED_I10_BACK]:
+        with open(tmp_path / name, "a") as f:
+            f.write(text)
+    status, report = _lint(tmp_path)
+    assert status != 0 and dict(CONTRACT_LINE.findall(report)) == dict.fromkeys(PLANTED, "BROKEN"), report
+    # each contract's section of the report names its planted module
+    sections = re.split(r"^(?=I\d+ .*\n-+$)", report.partition("Broken contracts")[2], flags=re.M)
+    by_rule = {s.split()[0]: s for s in sections if s.strip()}
+    for rule, (name, _) in PLANTED.items():
+        module = ".".join(Path(name).with_suffix("").parts[-2:])
+        assert module in by_rule[rule], f"{rule} does not name {module}:\n{by_rule[rule]}"
+
+
+def test_every_module_lies_in_a_layer_the_architecture_names():
+    """No module of the three packages falls outside the layers the rules and the picture name."""
+    layers = set()
+    for folder, package in PACKAGE_FOLDERS.items():
+        for path in (ROOT / folder / package).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            layers.add(".".join(parts[:2]) if package == "gefen_conformance" else package)
+    conformance = (
+        "__init__",
+        "exit_codes",
+        "implementations",
+        "harness",
+        "workload",
+        "judging",
+        "certificate",
+        "suite",
+    )
+    command_line = ("cli", "golden", "repro", "vectors")
     named = {
         "gefen_reference",
         "gefen_oracles",
-        C,
-        *(
-            f"{C}.{m}"
-            for m in ("implementations", "harness", "workload", "judging", "certificate", "suite", "plugin")
-        ),
-        *(f"{C}.{m}" for m in ("cli", "cli_usage", "golden", "repro", "vectors")),  # the command line
+        *(f"gefen_conformance.{m}" for m in conformance + ("plugin",) + command_line),
     }
-    assert set(layers) <= named, sorted(set(layers) - named)
+    assert layers <= named, sorted(layers - named)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gefen_conformance import cli
 from gefen_conformance.certificate import diff as certificate_diff
 from gefen_conformance.certificate import read as certificate_read
-from gefen_conformance.certificate import report_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
 
@@ -23,7 +23,7 @@ def load(name):
 
 def diff_cli(capsys, old, new, *options):
     """The exit status, stdout with the text form's wrapped lines joined again (SPEC 4.5.3), stderr."""
-    status = report_cli.main(["diff", str(old), str(new), *options])
+    status = cli.main(["diff", str(old), str(new), *options])
     captured = capsys.readouterr()
     return status, re.sub(r"\n {4,6}(?=\S)", " ", captured.out), captured.err
 
@@ -248,7 +248,7 @@ def test_missing_file_exits_2(capsys, tmp_path):
 )
 def test_nonsense_options_are_refused(capsys, option, value):
     with pytest.raises(SystemExit) as stop:
-        report_cli.main(
+        cli.main(
             [
                 "diff",
                 str(FIXTURES / "reference-run1.json"),
@@ -278,10 +278,7 @@ def test_report_and_diff_of_real_suite_runs(narrow_certification, tmp_path, caps
         narrow_certification(impl, "global_step")[1] for impl in ("reference", "tests.mutants:global_step")
     )
     for fmt in ("md", "html"):
-        assert (
-            report_cli.main(["report", str(reference), "--format", fmt, "--out", str(tmp_path / f"r.{fmt}")])
-            == 0
-        )
+        assert cli.main(["report", str(reference), "--format", fmt, "--out", str(tmp_path / f"r.{fmt}")]) == 0
     assert "1.10.6" in (tmp_path / "r.html").read_text()
     status, out, _ = diff_cli(capsys, reference, reference)
     assert status == 0 and "No regression." in out

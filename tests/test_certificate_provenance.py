@@ -59,6 +59,8 @@ def test_the_files_hashed_are_the_installed_ones():
         and "gefen_reference/optimizer.py" in files
     )
     assert "gefen_conformance/golden/MANIFEST.json" in files
+    assert "gefen_conformance/certificate/certificate.schema.json" in files
+    assert "gefen_conformance/certificate/templates/report.html.j2" in files
     assert any(rel.endswith(".distcp") for rel in files)
     assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in files)
     assert provenance.content_sha256() == provenance.content_sha256()

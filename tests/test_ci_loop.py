@@ -18,6 +18,7 @@ import torch
 
 from gefen_conformance import cli
 from gefen_conformance.certificate import expectations, junit, verify
+from gefen_conformance.cli import certify
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_STEP = "test_optimizer.py::test_global_step_counts_every_step_call"
@@ -114,7 +115,7 @@ def test_a_bad_expectations_file_is_one_error_naming_the_entry_and_the_problem(t
 
 
 def test_certify_refuses_a_bad_expectations_file_before_anything_runs(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_wait_for", lambda command: pytest.fail("a run started"))
+    monkeypatch.setattr(certify, "_wait_for", lambda command: pytest.fail("a run started"))
     bad = tmp_path / "e.toml"
     bad.write_text('[[expectation]]\ntest = "t"\nkind = "maybe"\nreason = "r"\n')
     assert cli.main(["certify", "--expectations", str(bad), "--out", str(tmp_path / "c.json")]) == 4
@@ -257,7 +258,7 @@ def test_a_hand_edited_certificate_does_not_verify(narrow_certification, tmp_pat
         edited.pop("integrity")
     else:  # a test marked passed whose own margin says its comparison fell outside its bound
         test = next(t for t in edited["tests"] if t["outcome"] == "passed")
-        test["margins"] = [{"kind": "tolerance", "what": "state", "used": 3.5}]
+        test["margins"] = [dict(kind="tolerance", what="state", error=3.5e-6, bound=1e-6, used=3.5)]
     (tmp_path / "c.json").write_text(json.dumps(edited))
     run = command("verify", tmp_path / "c.json")
     assert run.returncode == 3, run.stdout + run.stderr
@@ -290,7 +291,7 @@ def test_rerun_failed_runs_exactly_the_failed_tests_of_the_certificate_s_impleme
     failed = [t["id"] for t in cert["tests"] if t["outcome"] == "failed"]
     commands = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "_wait_for", lambda command: commands.append(command) or 0)
+    monkeypatch.setattr(certify, "_wait_for", lambda command: commands.append(command) or 0)
     assert cli.main(["certify", "--rerun-failed", str(cert_path), "--out", "again.json"]) == 0
     command = commands[0]
     assert "--impl=tests.mutants:global_step" in command

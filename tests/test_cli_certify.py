@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gefen_conformance import cli
+from gefen_conformance.cli import certify
 
 REPO = Path(__file__).resolve().parents[1]
 RESHARD = "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[2->4]"
@@ -32,7 +33,7 @@ def started(monkeypatch, tmp_path):
         commands.append(command)
         return 0
 
-    monkeypatch.setattr(cli, "_wait_for", wait_for)
+    monkeypatch.setattr(certify, "_wait_for", wait_for)
     return commands
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from gefen_conformance import cli
 from gefen_conformance.certificate import diff as certificate_diff
 from gefen_conformance.certificate import read as certificate_read
-from gefen_conformance.certificate import report_cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "certificates"
@@ -34,7 +34,7 @@ REFERENCE, FAST = REPO / "certificates" / "reference-0.1.0.json", REPO / "certif
 )
 def test_report_refuses_an_out_whose_extension_is_unknown_or_disagrees(tmp_path, capsys, out, fmt, problem):
     target = tmp_path / out
-    status = report_cli.main(
+    status = cli.main(
         ["report", str(FIXTURES / "fast-run1.json"), "--out", str(target)]
         + (["--format", fmt] if fmt else [])
     )
@@ -45,12 +45,12 @@ def test_report_refuses_an_out_whose_extension_is_unknown_or_disagrees(tmp_path,
 
 @pytest.mark.parametrize("out,start", [("r.markdown", "# Gefen"), ("r.HTM", "<!DOCTYPE html>")])
 def test_report_writes_the_format_its_extension_names(tmp_path, capsys, out, start):
-    assert report_cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(tmp_path / out)]) == 0
+    assert cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(tmp_path / out)]) == 0
     assert (tmp_path / out).read_text().startswith(start)
 
 
 def _diff(capsys, old, new, *options):
-    status = report_cli.main(["diff", str(old), str(new), *options])
+    status = cli.main(["diff", str(old), str(new), *options])
     return status, capsys.readouterr().out
 
 
@@ -111,7 +111,7 @@ def test_an_interrupted_run_lists_tests_it_did_not_run_with_the_reason_not_as_re
     section = out[out.index("Not run in NEW") :].split("\n\n")[0].splitlines()
     assert len([line for line in section if line.startswith("  test_")]) == certificate_diff.NOT_RUN_SHOWN
     assert section[-1] == f"  ... and {missing - certificate_diff.NOT_RUN_SHOWN} more"
-    md = report_cli.main(["diff", str(REFERENCE), str(path), "--format", "md"])
+    md = cli.main(["diff", str(REFERENCE), str(path), "--format", "md"])
     assert md == 1 and "Not run in NEW, which is not a complete run" in capsys.readouterr().out
 
 

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from gefen_conformance.harness import deadlines
-from gefen_conformance.harness import pool as ranks
 from gefen_conformance.harness.pool import RankFailure, RankOutcome, run_on_ranks
+from gefen_conformance.harness.pool import caller as pool_caller
 from gefen_conformance.harness.pool import processes as pool_processes
 
 from .interrupt_probe import default_signals
@@ -85,7 +85,7 @@ def _assert_no_strays(before: set[int], outcomes: list[RankOutcome]) -> None:
             assert outcome.pid is not None
             assert not _alive(outcome.pid), f"rank {outcome.rank} (pid {outcome.pid}) survived"
     tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
-    allowed = set(ranks._idle_worker_pids()) | {ranks._fork_server_pid(), tracker}
+    allowed = set(pool_caller._idle_worker_pids()) | {pool_caller._fork_server_pid(), tracker}
     strays = _descendants() - before - allowed
     assert not strays, f"stray processes after the call: {sorted(strays)}"
 

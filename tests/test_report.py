@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance.certificate import problems, report, report_cli
+from gefen_conformance import cli
+from gefen_conformance.certificate import problems, report
 from gefen_conformance.certificate import read as certificate_read
 from gefen_conformance.certificate.report_html import margin_chart
 
@@ -286,7 +287,7 @@ def test_html_leads_with_what_did_not_pass_and_keeps_expected_failures_apart():
     )
     assert failing.count('class="k-failed" style="border-color:#c92a2a"') == 3
     assert (
-        "pytest --impl=tests.mutants:beta_rounding &#x27;test_optimizer.py::test_block_step_matches_reference"
+        "pytest --impl=tests.mutants:beta_rounding &#39;test_optimizer.py::test_block_step_matches_reference"
         in failing
     )
 
@@ -330,13 +331,13 @@ def test_the_rerun_command_follows_the_launcher_and_device():
 
 def test_report_command_writes_html_for_an_html_path(tmp_path, capsys):
     out = tmp_path / "sub" / "report.html"
-    assert report_cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(out)]) == 0
+    assert cli.main(["report", str(FIXTURES / "fast-run1.json"), "--out", str(out)]) == 0
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert "wrote" in capsys.readouterr().out
 
 
 def test_report_command_prints_markdown_by_default(capsys):
-    assert report_cli.main(["report", str(FIXTURES / "reference-run1.json")]) == 0
+    assert cli.main(["report", str(FIXTURES / "reference-run1.json")]) == 0
     assert capsys.readouterr().out.startswith("# Gefen conformance: reference 0.1.0")
 
 
@@ -344,7 +345,7 @@ def test_report_command_refuses_schema_1_in_one_line_and_writes_nothing(tmp_path
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": "gefen-conformance-certificate/1", "tests": []}))
     out = tmp_path / "r.md"
-    assert report_cli.main(["report", str(old), "--out", str(out)]) == 2
+    assert cli.main(["report", str(old), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert (
         len(err.splitlines()) == 1
@@ -376,7 +377,7 @@ def test_report_command_refuses_schema_1_in_one_line_and_writes_nothing(tmp_path
 def test_report_command_names_the_problem_of_a_bad_certificate(tmp_path, capsys, content, problem):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    assert report_cli.main(["report", str(bad)]) == 2
+    assert cli.main(["report", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert problem in err and str(bad) in err and len(err.splitlines()) == 1
 
@@ -413,7 +414,7 @@ def test_a_malformed_certificate_is_refused_naming_the_key(tmp_path, capsys, cha
     change(cert)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(cert))
-    assert report_cli.main(["report", str(path)]) == 2
+    assert cli.main(["report", str(path)]) == 2
     err = capsys.readouterr().err
     assert problem in err and len(err.strip().splitlines()) == 1
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gefen_conformance import cli
+from gefen_conformance.cli import certify
+from gefen_conformance.cli.usage import UsageError
 from gefen_conformance.harness import launch, torchrun
 from gefen_conformance.harness.torchrun import entry as torchrun_entry
 from gefen_conformance.harness.torchrun import job as torchrun_job
@@ -53,7 +54,7 @@ def _args(**given) -> argparse.Namespace:
 
 
 def test_one_node_is_a_standalone_job_of_four_ranks_by_default():
-    command = cli.torchrun_command(_args(), ["-q"], "/r.json")
+    command = certify.torchrun_command(_args(), ["-q"], "/r.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4" and "--standalone" in command
     assert command[command.index("-m", 3) + 1] == "gefen_conformance.harness.torchrun"
@@ -64,7 +65,7 @@ def test_one_node_is_a_standalone_job_of_four_ranks_by_default():
 
 def test_multi_node_options_reach_torchrun_and_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    command = cli.torchrun_command(
+    command = certify.torchrun_command(
         _args(
             nproc_per_node=8,
             nnodes=2,
@@ -99,8 +100,8 @@ def test_multi_node_options_reach_torchrun_and_paths_become_absolute(tmp_path, m
     ],
 )
 def test_options_that_do_not_fit_together_are_usage_errors(given, problem):
-    with pytest.raises(cli.UsageError, match=problem):
-        cli.torchrun_command(_args(**given), [], "/r")
+    with pytest.raises(UsageError, match=problem):
+        certify.torchrun_command(_args(**given), [], "/r")
 
 
 def _cli(cwd: Path, *args: str, **popen) -> subprocess.CompletedProcess:

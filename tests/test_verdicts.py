@@ -21,6 +21,7 @@ import pytest
 from gefen_conformance.certificate import build as certificate
 from gefen_conformance.certificate import report
 from gefen_conformance.certificate.build import EXIT_STATUS, RunFacts
+from gefen_conformance.exit_codes import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 REASON = "needs 2 ranks; the one-rank launcher runs at most 1 (1 node(s), world size 1)"
@@ -69,7 +70,7 @@ def test_one_exit_status_per_verdict():
         "partial": 6,
         "inconclusive": 7,
     }
-    assert certificate.USAGE_ERROR == 4
+    assert ExitCode.USAGE_ERROR == 4
     from gefen_conformance.certificate.read import VERDICTS
 
     assert set(EXIT_STATUS) == set(VERDICTS)  # every verdict a certificate can carry has its status

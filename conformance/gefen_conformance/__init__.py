@@ -1,7 +1,9 @@
 """gefen-conformance: the conformance suite for Gefen implementations.
 
-``gefen_conformance.Implementation`` is the plugin contract (SPEC Part 4); the pytest plugin lives in
-``gefen_conformance.plugin.hooks`` and the suite in ``gefen_conformance.suite``.
+``gefen_conformance.Implementation`` is the plugin contract (SPEC Part 4), with its capabilities;
+``gefen_conformance.with_reference_adapter`` builds one for an optimizer that the reference's DCP
+adapter serves (a kernel backend built on ``gefen_reference.Gefen``, SPEC 2.3.6). The pytest
+plugin lives in ``gefen_conformance.plugin.hooks`` and the suite in ``gefen_conformance.suite``.
 """
 
 from gefen_conformance.implementations.contract import (
@@ -14,6 +16,7 @@ from gefen_conformance.implementations.contract import (
     Capability,
     Implementation,
 )
+from gefen_conformance.implementations.dcp_adapter import with_reference_adapter
 
 __all__ = [
     "CPU_BIT_EXACT",
@@ -24,4 +27,5 @@ __all__ = [
     "NATIVE_STATE_DICT",
     "Capability",
     "Implementation",
+    "with_reference_adapter",
 ]

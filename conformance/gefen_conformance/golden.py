@@ -170,28 +170,19 @@ def compare_goldens(
     impl = _implementation(impl)
     if bitwise is None:
         bitwise = numeric_profile.bitwise(impl)
-    manifest = golden_manifest.read_manifest(golden_root)
-    same_torch = manifest["environment"]["torch"] == torch.__version__
+    goldens = golden_manifest.read_manifest(golden_root)  # the reference's saves
+    same_torch = goldens["environment"]["torch"] == torch.__version__
     out = Comparisons()
     with tempfile.TemporaryDirectory(prefix="gefen-golden-") as tmp:
-        ours = generate(Path(tmp), impl, cases=list(manifest["cases"]), run=run)
-        for name, info in manifest["cases"].items():
-            mine = ours["cases"][name]
+        saves = generate(Path(tmp), impl, cases=list(goldens["cases"]), run=run)  # the implementation's
+        for name, reference in goldens["cases"].items():
+            impl_case = saves["cases"][name]
             if same_torch:
-                same_metadata = mine["metadata_digest"] == info["metadata_digest"]
-                out.add(
-                    Comparison(
-                        "golden metadata digest",
-                        "bitwise",
-                        differing=int(not same_metadata),
-                        total=1,
-                        problems=[]
-                        if same_metadata
-                        else [f"{name}: metadata digest differs from the golden"],
-                    )
-                )
-            expected = read_nested(Path(golden_root) / name).get("optimizer", {})
-            actual = read_nested(Path(tmp) / name).get("optimizer", {})
+                differs = impl_case["metadata_digest"] != reference["metadata_digest"]
+                problems = [f"{name}: metadata digest differs from the golden"] if differs else []
+                out.add(_differing("golden metadata digest", 1, problems))
+            reference_state = read_nested(Path(golden_root) / name).get("optimizer", {})
+            impl_state = read_nested(Path(tmp) / name).get("optimizer", {})
             gap = (
                 2.0
                 if bitwise
@@ -201,8 +192,8 @@ def compare_goldens(
             )
             out.merge(
                 checkpoint_compare.compare(
-                    expected,
-                    actual,
+                    reference_state,
+                    impl_state,
                     bitwise=bitwise,
                     param_dtype=CASES[name].dtype,
                     where=name,
@@ -210,40 +201,30 @@ def compare_goldens(
                 )
             )
             if bitwise:
-                keys = sorted(set(info["content"]) | set(mine["content"]))
-                changed = [k for k in keys if info["content"].get(k) != mine["content"].get(k)]
-                out.add(
-                    Comparison(
-                        "golden content digests",
-                        "bitwise",
-                        differing=len(changed),
-                        total=len(keys),
-                        problems=[f"{name}/{k}: content differs from the golden" for k in changed],
-                    )
-                )
+                keys = sorted(set(reference["content"]) | set(impl_case["content"]))
+                changed = [k for k in keys if reference["content"].get(k) != impl_case["content"].get(k)]
+                problems = [f"{name}/{k}: content differs from the golden" for k in changed]
+                out.add(_differing("golden content digests", len(keys), problems))
     if not same_torch:
         skipped = "md5s and metadata digests" if bitwise else "metadata digests"
         out.note(
             f"golden {skipped} not compared: this torch {torch.__version__} is not "
-            f"the goldens' {manifest['environment']['torch']}"
+            f"the goldens' {goldens['environment']['torch']}"
         )
     if bitwise and same_torch:
         # .metadata carries a random save id and the path: it is covered by the metadata digest
-        payloads = {rel: info for rel, info in manifest["files"].items() if rel.endswith(".distcp")}
+        payloads = {rel: info for rel, info in goldens["files"].items() if rel.endswith(".distcp")}
         changed = []
-        for rel, file_info in payloads.items():
-            mine = ours["files"].get(rel)
-            if mine is None:
+        for rel, reference in payloads.items():
+            impl_file = saves["files"].get(rel)
+            if impl_file is None:
                 changed.append(f"{rel}: not written")
-            elif mine["md5"] != file_info["md5"]:
+            elif impl_file["md5"] != reference["md5"]:
                 changed.append(f"{rel}: md5 differs from the golden")
-        out.add(
-            Comparison(
-                "golden payload files (md5)",
-                "bitwise",
-                differing=len(changed),
-                total=len(payloads),
-                problems=changed,
-            )
-        )
+        out.add(_differing("golden payload files (md5)", len(payloads), changed))
     return out
+
+
+def _differing(what: str, total: int, problems: list[str]) -> Comparison:
+    """A bitwise comparison of ``total`` items, one problem for each that differs."""
+    return Comparison(what, "bitwise", differing=len(problems), total=total, problems=problems)

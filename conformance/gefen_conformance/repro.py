@@ -1,10 +1,11 @@
-"""``gefen-conformance repro CERT TEST_ID``: replay one failed comparison from its reproducer (SPEC 4.5.6).
+"""Replay one failed comparison from its reproducer (SPEC 4.5.6): ``gefen-conformance repro CERT
+TEST_ID`` (:mod:`gefen_conformance.cli.repro`).
 
 Every suite test that failed a comparison left a reproducer beside its certificate
-(:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's ``repro``. This
-command loads it, resolves the implementation the certificate names (its spec, through the
-registry, as the plugin does; ``--impl`` replays against another), and runs the comparison again,
-never the rest of the suite:
+(:mod:`gefen_conformance.certificate.repro_files`), named by the test entry's ``repro``.
+:func:`replay_test` loads it, resolves the implementation the certificate names (its spec, through
+the registry, as the plugin does; ``impl`` replays against another), and runs the comparison
+again, never the rest of the suite:
 
 * a drawn case (an input-space case, a staging example: the kinds of
   :mod:`gefen_conformance.suite.replayable`) is rebuilt from its inputs and judged in this one
@@ -20,9 +21,9 @@ suite printed, and its worst elements (index, expected, observed, allowed), then
 line: reproduced bit for bit (every margin and problem equal to the certificate's), failing
 differently, or passing now.
 
-Exit status: 1 when the comparison still fails, 0 when it passes now, 2 when the certificate or
-the reproducer cannot be read, 4 for a usage error (a test the certificate does not hold, a test
-without a reproducer, an implementation or device that cannot be loaded).
+A replay that cannot start raises :class:`Unreadable` (the certificate or the reproducer cannot be
+read) or :class:`Refused` (a test the certificate or the suite does not hold, a test without a
+reproducer, a test the implementation skips, an implementation or device that cannot be loaded).
 """
 
 from __future__ import annotations
@@ -35,52 +36,17 @@ import tempfile
 import time
 from pathlib import Path
 
-STILL_FAILS, PASSES, UNREADABLE, USAGE_ERROR = 1, 0, 2, 4
+
+class ReproError(Exception):
+    """A replay that cannot start; the message says why, in one line."""
 
 
-def add_subcommand(subparsers) -> None:
-    """Register ``repro`` on ``gefen-conformance``'s subparsers (sets ``args.handler``)."""
-    rep = subparsers.add_parser(
-        "repro",
-        help="replay a failed comparison from its reproducer (SPEC 4.5.6)",
-        description="Replay, in this process, the comparison a failed test made, from the reproducer written "
-        "beside the certificate, and print its worst elements. Exit status: 1 still fails, 0 passes "
-        "now, 2 a file that cannot be read, 4 usage error.",
-    )
-    rep.add_argument("certificate", type=Path, metavar="CERT", help="the certificate the failing run wrote")
-    rep.add_argument("test_id", metavar="TEST_ID", help="a failed test's id as the certificate lists it")
-    rep.add_argument(
-        "--impl",
-        default=None,
-        metavar="SPEC",
-        help="replay against this implementation instead of the certificate's (a registered name or "
-        "package.module:attribute)",
-    )
-    rep.add_argument(
-        "--device",
-        default=None,
-        metavar="NAME",
-        help="where the implementation's tensors live (default: the failing run's device)",
-    )
-    rep.add_argument(
-        "--top", type=int, default=10, metavar="N", help="worst elements listed per comparison (default 10)"
-    )
-    rep.set_defaults(handler=run)
+class Unreadable(ReproError):
+    """The certificate or the reproducer cannot be read."""
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-def run(args) -> int:
-    started = time.monotonic()
-    try:
-        return _run(args, started)
-    except _Refused as refused:
-        print(f"gefen-conformance repro: {refused}", file=sys.stderr)
-        return refused.status
+class Refused(ReproError):
+    """The test, the implementation or the device asked for cannot be replayed."""
 
 
 def _find_test(cert: dict, test_id: str) -> dict:
@@ -93,31 +59,38 @@ def _find_test(cert: dict, test_id: str) -> dict:
             return test
     with_repro = [t["id"] for t in tests if t.get("repro")]
     listed = ("; tests with a reproducer: " + ", ".join(with_repro[:10])) if with_repro else ""
-    raise _Refused(USAGE_ERROR, f"the certificate holds no test {test_id!r}{listed}")
+    raise Refused(f"the certificate holds no test {test_id!r}{listed}")
 
 
-def _run(args, started: float) -> int:
+def replay_test(
+    certificate: Path, test_id: str, *, impl: str | None = None, device: str | None = None, top: int = 10
+) -> bool:
+    """Replay the failed comparison of ``test_id`` from the reproducer beside ``certificate``, against
+    the implementation ``impl`` (default: the certificate's) on ``device`` (default: the failing
+    run's), listing up to ``top`` worst elements per comparison; whether a comparison still fails.
+    Raises :class:`Unreadable` or :class:`Refused` when the replay cannot start."""
     from gefen_conformance.certificate import read, repro_files
 
+    started = time.monotonic()
     try:
-        cert = read.load(args.certificate)
+        cert = read.load(certificate)
     except read.CertificateError as error:
-        raise _Refused(UNREADABLE, str(error)) from None
-    test = _find_test(cert, args.test_id)
+        raise Unreadable(str(error)) from None
+    test = _find_test(cert, test_id)
     if not test.get("repro"):
         why = (
             f"it {test['outcome']}"
             if test["outcome"] != "failed"
             else "it failed outside a comparison (an exception or an exact rule of its own)"
         )
-        raise _Refused(USAGE_ERROR, f"{test['id']} has no reproducer in {args.certificate} ({why})")
-    path = Path(args.certificate).parent / test["repro"]
+        raise Refused(f"{test['id']} has no reproducer in {certificate} ({why})")
+    path = Path(certificate).parent / test["repro"]
     try:
         payload = repro_files.load(path)
     except repro_files.ReproError as error:
-        raise _Refused(UNREADABLE, str(error)) from None
-    impl, spec = _implementation(args, cert, payload)
-    device = _device(args, payload)
+        raise Unreadable(str(error)) from None
+    implementation, spec = _implementation(impl, cert, payload)
+    chosen = _device(device, payload)
 
     from gefen_conformance.certificate import numeric_profile
 
@@ -126,8 +99,8 @@ def _run(args, started: float) -> int:
         f"{', '.join(payload.get('clauses') or test.get('clauses') or [])})"
     )
     print(
-        f"implementation {impl.name} {impl.version} ({spec}) on {device}; written under torch "
-        f"{payload.get('torch')}, replayed under torch {_torch_version()}"
+        f"implementation {implementation.name} {implementation.version} ({spec}) on {chosen}; written "
+        f"under torch {payload.get('torch')}, replayed under torch {_torch_version()}"
     )
     certified = {m.get("what"): m for m in test.get("margins") or []}
     failing, same = 0, True
@@ -137,7 +110,7 @@ def _run(args, started: float) -> int:
             words = entry.get("input") or test.get("input") or "the inputs of the test as the suite runs it"
             print(f"case {k} of {count}: {words}")
             began = time.monotonic()
-            comparisons, profile = _rerun(str(entry["rerun"]), spec, device)
+            comparisons, profile = _rerun(str(entry["rerun"]), spec, chosen)
             elapsed = time.monotonic() - began
             print(f"replayed in {elapsed:.2f} s (the test run again by its id; profile {profile})")
         else:
@@ -146,22 +119,22 @@ def _run(args, started: float) -> int:
             try:
                 case = replayable.from_payload(entry["case"])
             except (KeyError, TypeError, ValueError) as error:
-                raise _Refused(UNREADABLE, f"{path}: case {k}: {error}") from None
+                raise Unreadable(f"{path}: case {k}: {error}") from None
             bitwise = (
                 entry["bitwise"]
-                if args.impl is None and args.device is None
-                else numeric_profile.bitwise(impl, device)
+                if impl is None and device is None
+                else numeric_profile.bitwise(implementation, chosen)
             )
             print(f"case {k} of {count}: {case.describe()}; profile {_profile(bitwise)}")
             began = time.monotonic()
-            comparisons = case.comparisons(impl, bitwise=bitwise)
+            comparisons = case.comparisons(implementation, bitwise=bitwise)
             print(f"replayed in {time.monotonic() - began:.2f} s")
-        failing += _print_comparisons(comparisons, certified, max(args.top, 0))
+        failing += _print_comparisons(comparisons, certified, max(top, 0))
         same &= _same_as_recorded(comparisons, certified, entry)
     elapsed = time.monotonic() - started
     if failing == 0:
         print(f"verdict: passes now: no comparison of {test['id']} fails ({elapsed:.2f} s)")
-        return PASSES
+        return False
     if same:
         print(
             f"verdict: reproduced bit for bit: {failing} failing comparison{'s' if failing != 1 else ''} of "
@@ -172,7 +145,7 @@ def _run(args, started: float) -> int:
             f"verdict: fails differently from the certificate: {failing} failing comparison"
             f"{'s' if failing != 1 else ''} of {test['id']} ({elapsed:.2f} s)"
         )
-    return STILL_FAILS
+    return True
 
 
 def _profile(bitwise: bool) -> str:
@@ -198,15 +171,15 @@ def _rerun(test_id: str, spec: str, device) -> tuple:
         if not written:
             tail = "\n".join((ran.stdout + ran.stderr).strip().splitlines()[-20:])
             print(tail, file=sys.stderr)
-            status = USAGE_ERROR if ran.returncode == 4 else STILL_FAILS
-            raise _Refused(
-                status, f"the rerun of {test_id} wrote no certificate (pytest exit {ran.returncode})"
-            )
+            why = f"the rerun of {test_id} wrote no certificate (pytest exit {ran.returncode})"
+            if ran.returncode == 4:  # pytest's usage error: no such test, an option refused
+                raise Refused(why)
+            return _comparisons([], [why]), "unknown"
         cert = read.load(written[0])
         test = next((t for t in cert.get("tests") or [] if t["id"] == test_id), None)
         if test is None or test["outcome"] == "skipped":
             why = f"it was skipped: {test.get('reason')}" if test else "no such test in the suite"
-            raise _Refused(USAGE_ERROR, f"the rerun did not run {test_id} ({why})")
+            raise Refused(f"the rerun did not run {test_id} ({why})")
         profile = _profile((cert.get("profile") or {}).get("name") == "torch-exact")
         if test["outcome"] in ("passed", "xpassed"):
             return _comparisons([], []), profile
@@ -232,11 +205,11 @@ def _comparisons(failing: list, problems: list):
     return out
 
 
-def _implementation(args, cert: dict, payload: dict):
+def _implementation(impl: str | None, cert: dict, payload: dict):
     from gefen_conformance.implementations import registry
 
     spec = (
-        args.impl
+        impl
         or (payload.get("implementation") or {}).get("spec")
         or cert["implementation"].get("spec")
         or cert["implementation"]["name"]
@@ -246,19 +219,19 @@ def _implementation(args, cert: dict, payload: dict):
     try:
         return registry.resolve(spec), spec
     except registry.ImplementationError as error:
-        raise _Refused(USAGE_ERROR, f"--impl={spec}: {error}" if args.impl else str(error)) from None
+        raise Refused(f"--impl={spec}: {error}" if impl else str(error)) from None
 
 
-def _device(args, payload: dict):
+def _device(device: str | None, payload: dict):
     from gefen_conformance.harness import devices
 
-    name = args.device or payload.get("device") or "cpu"
+    name = device or payload.get("device") or "cpu"
     try:
-        device = devices.parse(name)
-        devices.select(device)
+        chosen = devices.parse(name)
+        devices.select(chosen)
     except devices.DeviceUnavailable as error:
-        raise _Refused(USAGE_ERROR, f"device {error}") from None
-    return device
+        raise Refused(f"device {error}") from None
+    return chosen
 
 
 def _torch_version() -> str:

@@ -1,6 +1,6 @@
-"""``gefen-conformance vectors export DIR`` and ``vectors check DIR RESULTS`` (SPEC 4.5.8).
+"""The pinned steps as test vectors (SPEC 4.5.8): what ``gefen-conformance vectors export DIR`` writes.
 
-``export`` writes every pinned step the certify profile runs (``test_optimizer.py``'s
+:func:`export` writes every pinned step the certify profile runs (``test_optimizer.py``'s
 :data:`~gefen_conformance.suite.pinned_steps.PINNED_STEPS`, the same cases, through the same
 :class:`~gefen_conformance.suite.optimizer_cases.PinnedCase`) as test vectors a kernel's own unit
 test can read without this suite: one safetensors file per step (written by
@@ -8,39 +8,19 @@ test can read without this suite: one safetensors file per step (written by
 state and parameters after it, and the per-element bounds of the tolerance profile from
 :func:`gefen_oracles.pinned_step.element_bounds` (the oracle's own float64 arithmetic and the
 bounds of :mod:`gefen_oracles.kernel_bounds`), and a JSON manifest naming the suite, every
-file and tensor, the hyperparameters and counters, what each bound means and its SPEC clause.
+file and tensor, the hyperparameters and counters, what each bound means and its SPEC clause;
+:func:`refusal` says why a directory cannot take them.
 
-``check`` judges a kernel's results against them (:mod:`gefen_oracles.vector_check`): numpy and
-the standard library only, neither torch (whose import loads ``torch.distributed``) nor pytest.
-
-Exit status: ``export`` 0 written, 4 usage error (a DIR that holds other files, or cannot be
-written: refused before any work); ``check`` 0 every vector passes, 1 one fails, 2 a manifest,
-vector or result that cannot be read, 4 usage error.
+``vectors check DIR RESULTS`` judges a kernel's results against them
+(:mod:`gefen_oracles.vector_check`): numpy, safetensors and ml_dtypes only, neither torch (whose
+import loads ``torch.distributed``) nor pytest. Both commands are :mod:`gefen_conformance.cli.vectors`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
-
-PASSED, FAILED, UNREADABLE, USAGE_ERROR = 0, 1, 2, 4
-
-EXPORT_STATUSES = (
-    (0, "the vectors and their manifest were written"),
-    (
-        USAGE_ERROR,
-        "usage error: DIR holds files and is not a vectors directory, or cannot be written (refused "
-        "before any work)",
-    ),
-)
-CHECK_STATUSES = (
-    (PASSED, "every vector passed"),
-    (FAILED, "a vector failed: an element outside its bound, a missing or misshapen result"),
-    (UNREADABLE, "the manifest, a vector or a result file cannot be read"),
-    (USAGE_ERROR, "usage error: DIR or RESULTS is not a directory, an unknown vector"),
-)
 
 #: What the tensors of a vector file hold (``NAME``: a parameter's name).
 TENSORS = {
@@ -97,94 +77,6 @@ RESULTS = (
 )
 
 
-class UsageError(Exception):
-    """A command line that cannot run (exit 4, one line)."""
-
-
-def add_subcommand(subparsers) -> None:
-    """Register ``vectors export`` and ``vectors check`` (sets ``args.handler``)."""
-    from gefen_conformance.cli_usage import statuses_text
-
-    vectors = subparsers.add_parser(
-        "vectors",
-        help="export the pinned steps as test vectors, or check a kernel's outputs against them (SPEC 4.5.8)",
-        description="Test vectors for a kernel's own unit tests: the suite's pinned steps as safetensors "
-        "files with the tolerance profile's per-element bounds.",
-    )
-    actions = vectors.add_subparsers(dest="action", required=True, metavar="ACTION")
-    export = actions.add_parser(
-        "export",
-        help="write every pinned step of the certify profile as a vector, and vectors.json",
-        description="Write the pinned steps of test_optimizer.py (inputs, state before, the reference's "
-        "state and parameters after, per-element bounds) as safetensors files and a JSON manifest.",
-        epilog=statuses_text(EXPORT_STATUSES),
-        formatter_class=_raw(),
-    )
-    export.add_argument(
-        "directory",
-        type=Path,
-        metavar="DIR",
-        help="where to write: a new or empty directory, or one an earlier export wrote",
-    )
-    export.set_defaults(handler=_export)
-    check = actions.add_parser(
-        "check",
-        help="judge a kernel's outputs against the vectors, without torch or pytest",
-        description="Judge each vector's results file in RESULTS element by element against the "
-        "vector's bounds; print per vector PASS or FAIL and the first elements outside their bound.",
-        epilog=statuses_text(CHECK_STATUSES),
-        formatter_class=_raw(),
-    )
-    check.add_argument("directory", type=Path, metavar="DIR", help="the vectors directory (vectors.json)")
-    check.add_argument(
-        "results",
-        type=Path,
-        metavar="RESULTS",
-        help="a directory of safetensors files named as the vectors' files, holding the kernel's outputs",
-    )
-    check.add_argument(
-        "--vector",
-        action="append",
-        default=None,
-        metavar="ID",
-        help="check only this vector (its id or file name; repeatable); default: every vector",
-    )
-    check.set_defaults(handler=_check)
-
-
-def _raw():
-    import argparse
-
-    return argparse.RawDescriptionHelpFormatter
-
-
-# ------------------------------------------------------------------------------------------ check
-
-
-def _check(args) -> int:
-    from gefen_oracles import vector_check
-
-    for what, path in (("DIR", args.directory), ("RESULTS", args.results)):
-        if not path.is_dir():
-            print(f"gefen-conformance vectors check: {what} {path} is not a directory", file=sys.stderr)
-            return USAGE_ERROR
-    try:
-        verdicts = vector_check.check(args.directory, args.results, args.vector)
-    except vector_check.VectorError as error:
-        text = str(error)
-        status = USAGE_ERROR if text.startswith("no vector ") else UNREADABLE
-        print(f"gefen-conformance vectors check: {text}", file=sys.stderr)
-        return status
-    for verdict in verdicts:
-        print("\n".join(verdict.lines()))
-    failed = sum(not v.ok for v in verdicts)
-    print(f"{len(verdicts) - failed} of {len(verdicts)} vectors passed")
-    return FAILED if failed else PASSED
-
-
-# ----------------------------------------------------------------------------------------- export
-
-
 def refusal(directory: Path) -> str | None:
     """Why ``vectors export`` cannot write ``directory``, or None (its missing parents are created)."""
     from gefen_conformance.certificate import outputs
@@ -196,16 +88,6 @@ def refusal(directory: Path) -> str | None:
         except vector_check.VectorError:
             return f"{directory} holds files and is not a vectors directory ({vector_check.MANIFEST})"
     return outputs.problem(directory, what="directory")
-
-
-def _export(args) -> int:
-    why = refusal(args.directory)
-    if why:
-        print(f"gefen-conformance vectors export: {why}", file=sys.stderr)
-        return USAGE_ERROR
-    manifest = export(args.directory)
-    print(f"{len(manifest['vectors'])} vectors written to {args.directory} ({manifest['suite']['version']})")
-    return PASSED
 
 
 def file_name(test_id: str) -> str:
@@ -279,14 +161,15 @@ def _write_vector(directory: Path, step, clauses: list) -> dict:
     for s in stepped:
         bounds = pinned_step.element_bounds(s, codebook)
         parameters.append(_parameter(tensors, s, bounds, codebook))
-    tensors = {k: safetensors_io.as_stored(k, v) for k, v in tensors.items()}
     name = file_name(step.test_id)
     safetensors_io.write(
         directory / name,
         tensors,
         metadata={"schema": "gefen-test-vectors/1", "vector": step.test_id},
     )
-    described = {n: {"dtype": t.dtype, "shape": list(t.array.shape)} for n, t in sorted(tensors.items())}
+    described = {
+        n: {"dtype": safetensors_io.dtype_name(t), "shape": list(t.shape)} for n, t in sorted(tensors.items())
+    }
     return {
         "id": step.test_id,
         "test": step.test_id,
@@ -311,7 +194,7 @@ def _parameter(tensors: dict, s, bounds, codebook) -> dict:
     """Add one parameter's tensors to ``tensors``; its manifest entry."""
     import numpy as np
 
-    from gefen_oracles import vector_check
+    from gefen_oracles import safetensors_io, vector_check
 
     n = s.name
     shape = tuple(s.p0.shape)
@@ -355,15 +238,16 @@ def _parameter(tensors: dict, s, bounds, codebook) -> dict:
     )
     tensors[f"{n}.expected.param"] = expected
     tensors[f"{n}.allowed.param"] = allowed
-    results = {"param": [tensors[f"{n}.param"].dtype, list(shape)]}
+    dtype, grad_dtype = (safetensors_io.dtype_name(tensors[f"{n}.{t}"]) for t in ("param", "grad"))
+    results = {"param": [dtype, list(shape)]}
     for key in state_keys:
         results[key] = [vector_check.STATE_DTYPES[key], list(s.after[key].shape)]
     period = s.after["automatic_period"]
     return {
         "name": n,
         "shape": list(shape),
-        "dtype": tensors[f"{n}.param"].dtype,
-        "grad_dtype": tensors[f"{n}.grad"].dtype,
+        "dtype": dtype,
+        "grad_dtype": grad_dtype,
         "factored": s.factored,
         "period": period,
         "blocks": s.grad.numel() // period,
@@ -389,26 +273,13 @@ def _f64(t):
 
 
 def _array(t):
-    """A CPU tensor as what :func:`gefen_oracles.safetensors_io.write` takes (bf16: its bits)."""
+    """A CPU tensor as the numpy array :func:`gefen_oracles.safetensors_io.write` takes (bf16 as
+    ``ml_dtypes.bfloat16``, its bits unchanged)."""
     import torch
 
     from gefen_oracles import safetensors_io
 
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        return safetensors_io.bfloat16(t.view(torch.int16).numpy().view("<u2"))
-    return safetensors_io.Stored(_dtype_names()[t.dtype], t.numpy())
-
-
-def _dtype_names():
-    import torch
-
-    return {
-        torch.float64: "F64",
-        torch.float32: "F32",
-        torch.float16: "F16",
-        torch.int64: "I64",
-        torch.int32: "I32",
-        torch.uint8: "U8",
-        torch.bool: "BOOL",
-    }
+        return t.view(torch.int16).numpy().view(safetensors_io.BFLOAT16)
+    return t.numpy()

@@ -7,5 +7,5 @@ reference included) nor recording anything itself: ``checkpoint_reader`` reads a
 numeric profiles, ``kernel_bounds`` what correct rounding may change, ``pinned_step``,
 ``free_running`` and ``shadowing`` judge optimizer steps, ``codebook_quality`` a learned codebook,
 ``memory`` a save's memory, ``golden_manifest`` the committed goldens, and ``safetensors_io``
-with ``vector_check`` the exported test vectors and a kernel's results against them (numpy only).
+with ``vector_check`` the exported test vectors and a kernel's results against them (without torch).
 """

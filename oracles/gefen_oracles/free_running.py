@@ -102,29 +102,29 @@ def trajectory(name: str, dtype: torch.dtype, expected: list, actual: torch.Tens
     is at least VISIBLE_UPDATE_FACTOR times that rounding, for :func:`displacement_bias`.
     """
     steps = len(expected) - 1
-    ref = [t.detach().double().reshape(-1) for t in expected]
-    got = actual.detach().double().reshape(-1)
+    reference = [t.detach().double().reshape(-1) for t in expected]
+    impl = actual.detach().double().reshape(-1)
     what = label("parameters", dtype)
-    if got.numel() == 0:
-        return Comparison(what, "tolerance", 0.0, factor), (got, got, got)
-    accumulated = sum(float((ref[t + 1] - ref[t]).abs().max()) for t in range(steps))
-    rounding = (steps + 1) * kb.ulp(ref[-1], dtype)
+    if impl.numel() == 0:
+        return Comparison(what, "tolerance", 0.0, factor), (impl, impl, impl)
+    accumulated = sum(float((reference[t + 1] - reference[t]).abs().max()) for t in range(steps))
+    rounding = (steps + 1) * kb.ulp(reference[-1], dtype)
     allowed = factor * accumulated + rounding
-    err = (got - ref[-1]).abs()
+    err = (impl - reference[-1]).abs()
     scale = max(accumulated, torch.finfo(torch.float64).tiny)
     i = int((err / allowed).argmax())
     c = Comparison(what, "tolerance", float(err[i]) / scale, float(allowed[i]) / scale)
     bad = ~(err <= allowed)
     if bool(bad.any()):
         c.problems.append(
-            f"parameter {name}: {int(bad.sum())} of {got.numel()} elements deviate from the reference "
+            f"parameter {name}: {int(bad.sum())} of {impl.numel()} elements deviate from the reference "
             f"by more than {factor:.3e} x the accumulated update {accumulated:.3e} plus {steps + 1} ulp; "
-            f"worst at flat index {i}: {got[i].item()!r} vs {ref[-1][i].item()!r}"
+            f"worst at flat index {i}: {impl[i].item()!r} vs {reference[-1][i].item()!r}"
         )
-        c.offenders = worst_elements(f"parameter {name}", ref[-1], got, allowed, shape=actual.shape)
-    moved = ref[-1] - ref[0]
+        c.offenders = worst_elements(f"parameter {name}", reference[-1], impl, allowed, shape=actual.shape)
+    moved = reference[-1] - reference[0]
     visible = moved.abs() >= kb.VISIBLE_UPDATE_FACTOR * rounding
-    return c, ((got - ref[0])[visible], moved[visible], ref[0][visible])
+    return c, ((impl - reference[0])[visible], moved[visible], reference[0][visible])
 
 
 def displacement_bias(dtype: torch.dtype, displacements: list, systematic: float):

@@ -3,7 +3,7 @@
 :class:`StorageTracker` is a dispatch mode that sees every tensor produced by a torch operator
 while it is active and counts the bytes of each *new* storage until that storage is freed (a
 finalizer on the storage object, which torch keeps alive exactly as long as the storage). Views
-share their base's storage and in-place results reuse theirs, so neither is counted twice;
+share their base's storage and in-place results their input's, so neither is counted twice;
 storages that existed before tracking started (the resident state) are never counted. So
 ``peak_bytes`` is the peak of memory allocated *on top of* what was resident. Storages created
 without a torch operator (``torch.from_numpy``) are invisible to it.

@@ -185,8 +185,7 @@ class Comparison:
     def worse_than(self, other: Comparison) -> bool:
         if self.kind == "bitwise":
             return self.differing > other.differing
-        mine = _used(self.error, self.bound)
-        return mine > _used(other.error, other.bound)
+        return _used(self.error, self.bound) > _used(other.error, other.bound)
 
 
 def _used(error: float, bound: float) -> float:

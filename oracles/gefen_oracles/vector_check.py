@@ -1,4 +1,4 @@
-"""Judging a kernel's outputs against exported test vectors, on numpy alone (SPEC 4.5.8).
+"""Judging a kernel's outputs against exported test vectors, on numpy without torch (SPEC 4.5.8).
 
 A vectors directory (``gefen-conformance vectors export``) holds a manifest, :data:`MANIFEST`, and
 one safetensors file per pinned step of the suite (:mod:`gefen_oracles.safetensors_io`). Each file
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .safetensors_io import SafetensorsError, Stored, read
+from .safetensors_io import SafetensorsError, dtype_name, read
 
 MANIFEST = "vectors.json"
 SCHEMA = "gefen-test-vectors"
@@ -135,7 +135,7 @@ def load_manifest(directory) -> dict:
 
 
 def read_file(path) -> dict:
-    """``{name: Stored}`` of one safetensors file; VectorError when it cannot be read."""
+    """``{name: numpy array}`` of one safetensors file; VectorError when it cannot be read."""
     try:
         tensors, _ = read(path)
     except FileNotFoundError:
@@ -191,16 +191,21 @@ def judge(label: str, expected: np.ndarray, observed: np.ndarray, allowed: np.nd
 
 
 def check_vector(entry: dict, vector: dict, results: dict) -> VectorResult:
-    """Judge ``results`` (``{name: Stored}``, the kernel's file) against one vector (its manifest
+    """Judge ``results`` (``{name: numpy array}``, the kernel's file) against one vector (its manifest
     ``entry`` and its file's tensors ``vector``)."""
     out = VectorResult(entry["id"], entry["file"])
-    codebook = _need(vector, "codebook", entry).values().reshape(-1)
+    codebook = _values(_need(vector, "codebook", entry)).reshape(-1)
     for param in entry["parameters"]:
         out.checks += _check_parameter(param, vector, results, codebook, entry)
     return out
 
 
-def _need(tensors: dict, name: str, entry: dict) -> Stored:
+def _values(array: np.ndarray) -> np.ndarray:
+    """``array`` as float64 (integers and booleans converted, bfloat16 and float16 widened exactly)."""
+    return array.astype(np.float64)
+
+
+def _need(tensors: dict, name: str, entry: dict) -> np.ndarray:
     if name not in tensors:
         raise VectorError(f"{entry['file']}: the vector lacks {name!r}")
     return tensors[name]
@@ -214,24 +219,21 @@ def _structure(param: dict, results: dict) -> list[Check]:
         got = results.get(name)
         if got is None:
             out.append(Check(f"{name}", problem="missing from the results"))
-        elif got.dtype != dtype or tuple(got.array.shape) != shape:
+        elif dtype_name(got) != dtype or got.shape != shape:
             out.append(
                 Check(
                     f"{name}",
-                    problem=f"{got.dtype} {list(got.array.shape)}, expected {dtype} {list(shape)} (exact)",
+                    problem=f"{dtype_name(got)} {list(got.shape)}, expected {dtype} {list(shape)} (exact)",
                 )
             )
     for counter, value in param["after"].items():
         got = results.get(f"{n}.{counter}")
         if got is None or counter == "automatic_period":
             continue
-        if (
-            got.array.size != 1
-            or got.dtype in ("F64", "F32", "F16", "BF16")
-            or int(got.array.reshape(-1)[0]) != value
-        ):
-            shown = got.array.reshape(-1).tolist()
-            out.append(Check(f"{n}.{counter}", problem=f"{shown} ({got.dtype}), expected {value} (exact)"))
+        dtype = dtype_name(got)
+        if got.size != 1 or dtype in ("F64", "F32", "F16", "BF16") or int(got.reshape(-1)[0]) != value:
+            shown = got.reshape(-1).tolist()
+            out.append(Check(f"{n}.{counter}", problem=f"{shown} ({dtype}), expected {value} (exact)"))
     return out
 
 
@@ -242,33 +244,32 @@ def _check_parameter(param: dict, vector: dict, results: dict, codebook: np.ndar
         return structure
 
     def pair(q: str):
-        return _need(vector, f"{n}.expected.{q}", entry).values(), _need(
-            vector, f"{n}.allowed.{q}", entry
-        ).values()
+        expected, allowed = (_need(vector, f"{n}.{kind}.{q}", entry) for kind in ("expected", "allowed"))
+        return _values(expected), _values(allowed)
 
     out = []
     for key in param["moments"]:
         expected, allowed = pair(key)
         out.append(
-            judge(f"{n}.{key}: second moment (SPEC 5.6.3)", expected, results[f"{n}.{key}"].values(), allowed)
+            judge(f"{n}.{key}: second moment (SPEC 5.6.3)", expected, _values(results[f"{n}.{key}"]), allowed)
         )
     expected, allowed = pair("m_magnitude")
-    magnitude = results[f"{n}.m_magnitude"].values()
+    magnitude = _values(results[f"{n}.m_magnitude"])
     out.append(judge(f"{n}.m_magnitude: block magnitude (SPEC 5.6.4)", expected, magnitude, allowed))
-    index = results[f"{n}.m_codebook"].array.astype(np.int64)
+    index = results[f"{n}.m_codebook"].astype(np.int64)
     codewords = codebook[index]
     expected, allowed = pair("codeword")
     out.append(judge(f"{n}.m_codebook: codebook[index] (SPEC 5.6.6)", expected, codewords, allowed))
     shape = tuple(param["shape"])
     target, bound = parameter_target(
-        _need(vector, f"{n}.update.rate", entry).values(),
-        _need(vector, f"{n}.update.decayed", entry).values(),
-        float(_need(vector, f"{n}.update.rtol", entry).values().reshape(-1)[0]),
-        _need(vector, f"{n}.update.rounding", entry).values(),
+        _values(_need(vector, f"{n}.update.rate", entry)),
+        _values(_need(vector, f"{n}.update.decayed", entry)),
+        float(_values(_need(vector, f"{n}.update.rtol", entry)).reshape(-1)[0]),
+        _values(_need(vector, f"{n}.update.rounding", entry)),
         codewords.reshape(shape),
         np.broadcast_to(magnitude, codewords.shape).reshape(shape),
     )
-    observed = results[f"{n}.param"].values()
+    observed = _values(results[f"{n}.param"])
     out.append(judge(f"{n}.param: the update given the codewords (SPEC 5.6.8)", target, observed, bound))
     return out
 

@@ -118,6 +118,18 @@ def _refuse_lost_counts(PW: np.ndarray, k: int) -> None:
             )
 
 
+def _prepared(centers, counts, k):
+    """What both solvers start from: the validated bins and codeword count ``(c, w, k)`` and the
+    prefix sums ``(PW, PX, PXX)`` of the bins; None for the sums when there are fewer bins than
+    codewords, whose codebook is the bins padded (:func:`_padded_codebook`)."""
+    c, w, k = _validated(centers, counts, k)
+    if k > c.shape[0]:
+        return c, w, k, None
+    sums = _prefix_sums(c, w)
+    _refuse_lost_counts(sums[0], k)
+    return c, w, k, sums
+
+
 def _fixed_center_cost(center: float, sxx, sx, sw):
     """Cost of a segment pinned to ``center`` (+-1), evaluated left to right."""
     return sxx - (2.0 * center) * sx + (center * center) * sw
@@ -170,13 +182,11 @@ def solve_codebook_plain(centers, counts, k: int = NUM_CODEWORDS) -> np.ndarray:
     minimum, which is what the strict-``<`` upward scan of the contract keeps. Every
     candidate is finite here, so no NaN can take part.
     """
-    c, w, k = _validated(centers, counts, k)
-    m = c.shape[0]
-    if k > m:
+    c, w, k, sums = _prepared(centers, counts, k)
+    if sums is None:
         return _padded_codebook(c, k)
-
-    PW, PX, PXX = _prefix_sums(c, w)
-    _refuse_lost_counts(PW, k)
+    m = c.shape[0]
+    PW, PX, PXX = sums
     dp = np.full((k + 1, m + 1), np.inf)
     dp[0, 0] = 0.0
     start_of = np.full((k + 1, m + 1), -1, dtype=np.int64)
@@ -307,13 +317,11 @@ def solve_codebook(centers, counts, k: int = NUM_CODEWORDS) -> np.ndarray:
     monotone search of :func:`_interior_layer`. If its premises fail (see
     :func:`_monotone_search_applies`) the plain solver runs.
     """
-    c, w, k = _validated(centers, counts, k)
-    m = c.shape[0]
-    if k > m:
+    c, w, k, sums = _prepared(centers, counts, k)
+    if sums is None:
         return _padded_codebook(c, k)
-
-    PW, PX, PXX = _prefix_sums(c, w)
-    _refuse_lost_counts(PW, k)
+    m = c.shape[0]
+    PW, PX, PXX = sums
     if k > 2 and not _monotone_search_applies(PW, PX):
         return solve_codebook_plain(c, w, k)
 

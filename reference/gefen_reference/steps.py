@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from .codewords import dequantize, nearest_codeword_indices
 
@@ -53,9 +54,7 @@ def new_factored_second_moment(state: dict, shape: tuple[int, int], device: torc
     state["factored_step"] = 0
 
 
-def requantized_momentum(
-    state: dict, codebook: torch.Tensor, grad_blocks: torch.Tensor, beta1: float
-) -> torch.Tensor:
+def requantized_momentum(state: dict, codebook: Tensor, grad_blocks: Tensor, beta1: float) -> Tensor:
     """Advance the quantized momentum by one step and return it dequantized (SPEC 1.8.8 steps 1-6).
 
     ``m = lerp(dequant(old), g, 1 - beta1)``; the new block magnitude is ``max|m|``;
@@ -81,19 +80,13 @@ def requantized_momentum(
     return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
 
 
-def block_mean_square(grad_blocks: torch.Tensor) -> torch.Tensor:
+def block_mean_square(grad_blocks: Tensor) -> Tensor:
     """Per-block mean of g^2 (SPEC 1.8.3): fp16 is promoted to fp32 first, bf16 stays bf16."""
     g = grad_blocks.float() if grad_blocks.dtype == torch.float16 else grad_blocks
     return torch.mean(g * g, dim=1, keepdim=True)
 
 
-def block_vmean_step(
-    param: torch.Tensor,
-    grad: torch.Tensor,
-    state: dict,
-    codebook: torch.Tensor,
-    hyper: StepHyper,
-) -> None:
+def block_vmean_step(param: Tensor, grad: Tensor, state: dict, codebook: Tensor, hyper: StepHyper) -> None:
     """One block-vmean update of ``param`` (its local tensor) from ``grad`` (SPEC 1.8)."""
     period = state["automatic_period"]
     grad_blocks = grad.reshape(-1).view(-1, period)
@@ -121,13 +114,7 @@ def block_vmean_step(
     _subtract_flat(param, update)
 
 
-def factored_step(
-    param: torch.Tensor,
-    grad: torch.Tensor,
-    state: dict,
-    codebook: torch.Tensor,
-    hyper: StepHyper,
-) -> None:
+def factored_step(param: Tensor, grad: Tensor, state: dict, codebook: Tensor, hyper: StepHyper) -> None:
     """One factored-second-moment update of a plain 2-D ``param`` (SPEC 1.9)."""
     period = state["automatic_period"]
     # SPEC 1.9.3 step 1: counters
@@ -164,7 +151,7 @@ def factored_step(
 FACTORED_CHUNK_ELEMENTS = 1 << 20
 
 
-def row_and_column_mean_squares(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_and_column_mean_squares(grad: Tensor) -> tuple[Tensor, Tensor]:
     """fp32 row and column means of g^2 for a 2-D gradient (SPEC 1.9.3).
 
     Squares are taken in fp32 for every dtype. Column sums accumulate one row chunk at
@@ -183,7 +170,7 @@ def row_and_column_mean_squares(grad: torch.Tensor) -> tuple[torch.Tensor, torch
     return row_sums.div_(cols), col_sums.div_(rows)
 
 
-def _subtract_flat(param: torch.Tensor, update: torch.Tensor) -> None:
+def _subtract_flat(param: Tensor, update: Tensor) -> None:
     """``param -= update`` in logical order; a non-contiguous param goes through a contiguous copy."""
     work = param if param.is_contiguous() else param.contiguous()
     work.view(-1).add_(update.reshape(-1), alpha=-1)

@@ -26,7 +26,9 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from gefen_conformance.certificate import outputs
 from gefen_conformance.certificate.outcomes import OUTCOMES, SEVERITY, Outcome, Verdict
+from gefen_conformance.exit_codes import ExitCode
 
 SCHEMA = "gefen-conformance-certificate/2"
 REASON_CHARS = 400
@@ -35,15 +37,13 @@ REASON_CHARS = 400
 #: are declared, each with its reason, and each ran as a strict expected failure); 1, 2 and 4 mean
 #: what they mean to pytest (tests failed, interrupted, usage error).
 EXIT_STATUS = {
-    Verdict.CONFORMANT: 0,
-    Verdict.CONFORMANT_WITH_EXPECTED_FAILURES: 0,
-    Verdict.NOT_CONFORMANT: 1,
-    Verdict.INCOMPLETE: 2,
-    Verdict.PARTIAL: 6,
-    Verdict.INCONCLUSIVE: 7,
+    Verdict.CONFORMANT: ExitCode.OK,
+    Verdict.CONFORMANT_WITH_EXPECTED_FAILURES: ExitCode.OK,
+    Verdict.NOT_CONFORMANT: ExitCode.FAILED,
+    Verdict.INCOMPLETE: ExitCode.INTERRUPTED,
+    Verdict.PARTIAL: ExitCode.PARTIAL,
+    Verdict.INCONCLUSIVE: ExitCode.INCONCLUSIVE,
 }
-#: a command line or an implementation that cannot run, refused before anything runs (SPEC 4.1.6)
-USAGE_ERROR = 4
 #: What each verdict's exit status tells a reader, beyond the verdict's name (SPEC 4.4.9).
 VERDICT_MEANINGS = {
     "conformant": "",
@@ -59,11 +59,10 @@ VERDICT_MEANINGS = {
 }
 #: The statuses a suite run has without a verdict.
 OTHER_EXIT_STATUSES = {
-    USAGE_ERROR: "usage error: nothing ran, no certificate (an unknown option or test id, an unusable "
-    "--impl or "
-    "--gefen-device, options that do not fit, an output that cannot be written)",
-    3: "pytest's internal error, no certificate",
-    5: "pytest collected no test, no certificate",
+    ExitCode.USAGE_ERROR: "usage error: nothing ran, no certificate (an unknown option or test id, an "
+    "unusable --impl or --gefen-device, options that do not fit, an output that cannot be written)",
+    ExitCode.INTERNAL_ERROR: "pytest's internal error, no certificate",
+    ExitCode.NO_TESTS_COLLECTED: "pytest collected no test, no certificate",
 }
 
 
@@ -405,10 +404,6 @@ def integrity(cert: dict) -> str:
 
 
 def write(cert: dict, path: os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``cert`` to ``path`` with its integrity digest."""
     cert["integrity"] = {"sha256": integrity(cert)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(cert, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return outputs.write_text(path, json.dumps(cert, indent=2) + "\n")

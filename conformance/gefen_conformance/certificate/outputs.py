@@ -67,3 +67,14 @@ def problem(path: os.PathLike, *, what: str = "file") -> str | None:
             break
     why = _probe(directory)
     return None if why is None else f"cannot write there: {why}"
+
+
+def write_text(path: os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed
+    over it (the missing parent directories are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -12,16 +12,22 @@ are written under the bar, so nothing needs a hover. Everything is plain HTML wi
 reflows from a phone's width up, so the page never scrolls sideways (tests/test_report_browser.py
 measures it in Chromium at 800 and 1400 px).
 
+The markup is Jinja2 templates shipped in the package: ``templates/report.html.j2`` (the page),
+``templates/report_parts.html.j2`` (its parts, as macros) and ``templates/report.css``. This module
+decides what the page shows (colours, widths, labels); the templates lay it out.
+
 The page needs nothing outside itself: inline CSS only, no scripts, no external references, and a
-Content-Security-Policy that forbids loading anything. All text taken from the certificate is
-entity-escaped (C0 control characters are shown as ``\\xNN``), so user-controlled names and
-reasons cannot inject markup.
+Content-Security-Policy that forbids loading anything. The templates autoescape every value, and
+every string taken from the certificate first has its C0 control characters shown as ``\\xNN``,
+so user-controlled names and reasons cannot inject markup.
 """
 
 from __future__ import annotations
 
-import html as _html
+import functools
 import re
+
+import jinja2
 
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES
@@ -62,55 +68,44 @@ LEGEND = [
     ("#1971c2", "expected failure"),
     ("#868e96", "bitwise equal, or exact checks only"),
 ]
-
-CSS = """
-*{box-sizing:border-box}
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#212529;
-margin:20px auto;max-width:1100px;padding:0 14px;overflow-wrap:anywhere}
-h1{font-size:21px;margin:0 0 6px}
-h2{font-size:17px;margin:24px 0 8px;border-bottom:1px solid #dee2e6;padding-bottom:4px}
-.verdict{display:inline-block;color:#fff;border-radius:4px;padding:3px 10px;font-weight:600}
-.reason{margin:6px 0 12px;color:#495057}
-code,pre{font:12px/1.4 ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere;word-break:break-all}
-pre{white-space:pre-wrap;background:#f1f3f5;border-radius:3px;padding:4px 8px;margin:4px 0 0}
-ol.problems{list-style:none;padding:0;margin:0}
-ol.problems li{border-left:5px solid;padding:6px 10px;margin:0 0 8px;background:#fff5f5}
-ol.problems li.k-xfailed{background:#e7f5ff}ol.problems li.k-not-run{background:#fff9db}
-.kind{font-weight:700;text-transform:uppercase;font-size:12px;letter-spacing:.03em;margin-right:6px}
-.clauses{color:#495057;font-size:12px}.where{font-size:12px;color:#495057}
-.chart{margin:8px 0}
-.crow{display:grid;grid-template-columns:minmax(4.5em,9em) minmax(0,1fr);gap:2px 10px;padding:4px 0;
-border-bottom:1px solid #f1f3f5}
-.clab{font-weight:600;text-align:right}
-.track{position:relative;height:14px;background:#f1f3f5;border-radius:2px}
-.bar{position:absolute;left:0;top:1px;height:12px;border-radius:2px}
-.bound{position:absolute;top:-3px;bottom:-3px;left:80%;border-left:2px dashed #c92a2a}
-.clipped{position:absolute;right:-2px;top:-1px;font-weight:700;font-size:12px;line-height:16px}
-.marker{display:inline-block;width:11px;height:11px;border-radius:50%;vertical-align:-1px;margin-right:5px}
-.cdesc{grid-column:2;font-size:12px;color:#495057}
-.axis{display:flex;justify-content:space-between;font-size:11px;color:#868e96;width:100%}
-.legend span{display:inline-block;margin-right:14px;font-size:12px}
-.sw{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px;border-radius:2px}
-table{border-collapse:collapse;margin:6px 0;width:100%}
-th,td{border:1px solid #dee2e6;padding:3px 6px;vertical-align:top;text-align:left}
-th{background:#f1f3f5}
-table.facts th{background:none;border:none;color:#868e96;font-weight:500;padding-right:14px;width:1%;
-white-space:nowrap}
-table.facts td{border:none}td.n{text-align:right;font-variant-numeric:tabular-nums;width:1%}
-td.zero{color:#ced4da}
-td.bad{color:#c92a2a;font-weight:700}
-.m-green{color:#2b8a3e}.m-amber{color:#c77700}.m-orange{color:#d9480f}.m-red{color:#c92a2a;font-weight:700}
-.m-grey{color:#868e96}
-details{margin:6px 0}summary{cursor:pointer;color:#495057}.small{font-size:12px;color:#868e96}
-@media (max-width:700px){.crow{grid-template-columns:minmax(0,1fr)}.clab{text-align:left}.cdesc{grid-column:1}
+#: The clause table's column heading per outcome, the outcome's name its tooltip.
+SHORT_OUTCOMES = {
+    "passed": "pass",
+    "failed": "fail",
+    "error": "err",
+    "skipped": "skip",
+    "xfailed": "xfail",
+    "xpassed": "xpass",
 }
-"""
+#: A chart row that is a marker, not a bar: its colour and what it says.
+MARKERS = {
+    "outside": ("#c92a2a", "failed: outside its bound"),
+    "failed": ("#c92a2a", "failed without a numeric comparison"),
+    "xfailed": ("#1971c2", "expected failure"),
+    "checked": ("#868e96", "passed: exact checks, no numeric comparison"),
+    "skipped": ("#e67700", "no test of these clauses ran"),
+}
 
 
-def esc(value) -> str:
-    """``value`` as HTML text: entities escaped, control characters made visible."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
-    return _html.escape(text, quote=True)
+def visible(value):
+    """``value`` as text with its control characters shown as ``\\xNN`` (markup the templates made
+    themselves passes unchanged); the templates' autoescaping then escapes it."""
+    if hasattr(value, "__html__"):
+        return value
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("gefen_conformance.certificate", "templates"),
+        autoescape=True,
+        finalize=visible,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
 
 
 def colour(used) -> str:
@@ -129,192 +124,84 @@ def _css_class(row) -> str:
     )
 
 
-def _chart_row(row: ChartRow) -> str:
-    """One chart row: clause labels, a bar or a marker, and the comparison written out."""
+def _chart_row(row: ChartRow) -> dict:
+    """What one chart row shows: clause labels, a bar or a marker, and the comparison written out."""
     label = (
         ", ".join(row.clauses)
         if len(row.clauses) <= 6
         else f"{', '.join(row.clauses[:5])} +{len(row.clauses) - 5}"
     )
-    title = ", ".join(row.clauses)
+    shown = {"label": label, "title": ", ".join(row.clauses), "bar": row.kind == "margin"}
     if row.kind == "margin":
         used = row.used or 0.0
         fill = colour(None if used > 1 else used)
         width = 100.0 * min(used, SCALE_MAX) / SCALE_MAX
-        clipped = f'<span class="clipped" style="color:{fill}">&#9654;</span>' if used > SCALE_MAX else ""
-        graphic = (
-            '<div class="track"><div class="bar" '
-            f'style="width:{max(width, 0.6):.2f}%;background:{fill}"></div>'
-            f'<div class="bound"></div>{clipped}</div>'
-        )
         value = percent(used) + (" of the bound: outside it" if used > 1 else " of the bound")
+        shown.update(width=f"{max(width, 0.6):.2f}", clipped=used > SCALE_MAX, value=value)
+    elif row.kind == "bitwise":
+        fill = "#c92a2a" if row.bitwise_differing else "#868e96"
+        marker = f"bitwise: {row.bitwise_differing:,} of {row.bitwise_total:,} elements differ"
+        shown.update(marker=marker)
     else:
-        fill, value = {
-            "outside": ("#c92a2a", "failed: outside its bound"),
-            "failed": ("#c92a2a", "failed without a numeric comparison"),
-            "xfailed": ("#1971c2", "expected failure"),
-            "bitwise": (
-                "#c92a2a" if row.bitwise_differing else "#868e96",
-                f"bitwise: {row.bitwise_differing:,} of {row.bitwise_total:,} elements differ",
-            ),
-            "checked": ("#868e96", "passed: exact checks, no numeric comparison"),
-            "skipped": ("#e67700", "no test of these clauses ran"),
-        }[row.kind]
-        graphic = (
-            f'<div><i class="marker" style="background:{fill}"></i><b '
-            f'style="color:{fill}">{esc(value)}</b></div>'
-        )
-        value = ""
-    described = [f'<b style="color:{fill}">{esc(value)}</b>'] if value else []
-    if row.what and row.kind not in ("xfailed", "checked", "skipped", "failed"):
-        described.append(esc(row.what))
-    if row.test:
-        described.append(f"<code>{esc(row.test)}</code>")
-    desc = f'<div class="cdesc">{" &middot; ".join(described)}</div>' if described else ""
-    return f'<div class="crow"><div class="clab" title="{esc(title)}">{esc(label)}</div>{graphic}{desc}</div>'
+        fill, marker = MARKERS[row.kind]
+        shown.update(marker=marker)
+    what = row.what if row.what and row.kind not in ("xfailed", "checked", "skipped", "failed") else ""
+    return {**shown, "fill": fill, "what": what, "test": row.test}
+
+
+def _problem(p) -> dict:
+    return {
+        "kind": p.kind,
+        "colour": KIND_COLOURS[p.kind],
+        "heading": PROBLEM_KINDS[p.kind],
+        "test": p.test,
+        "clauses": ", ".join(p.clauses) or "none named",
+        "reason": p.reason,
+        "where": p.where,
+        "input": p.input,
+        "replay": p.replay() if p.replayable else "",
+        "rerun": p.rerun,
+    }
+
+
+def _count_class(outcome: str, n: int) -> str:
+    return "n zero" if n == 0 else "n bad" if outcome in BAD_OUTCOMES else "n"
+
+
+def _clause_row(r) -> dict:
+    how, test, what = margin_text(r)
+    counts = [(r.counts[o], _count_class(o, r.counts[o])) for o in OUTCOMES]
+    return dict(clause=r.clause, counts=counts, margin_class=_css_class(r), how=how, test=test, what=what)
 
 
 def margin_chart(rows: list) -> str:
     """Every clause in one chart (rows from :func:`gefen_conformance.certificate.report.chart_rows`)."""
-    axis = "".join(f"<span>{i * 25} %</span>" for i in range(6))
-    head = f'<div class="crow"><div class="clab small">clauses</div><div class="axis">{axis}</div></div>'
-    return (
-        f'<div class="chart" role="figure" aria-label="worst share of its bound used, per clause">{head}'
-        + "".join(_chart_row(r) for r in rows)
-        + "</div>"
-    )
-
-
-def _problem(p) -> str:
-    colour_ = KIND_COLOURS[p.kind]
-    where = "".join(f'<div class="where">{esc(w)}</div>' for w in p.where)
-    if p.input:
-        where += f'<div class="where">input: {esc(p.input)}</div>'
-    if p.replayable:
-        where += f"<pre>{esc(p.replay())}</pre>"
-    return (
-        f'<li class="k-{p.kind}" style="border-color:{colour_}"><span class="kind" style="color:{colour_}">'
-        f"{esc(PROBLEM_KINDS[p.kind])}</span><code>{esc(p.test)}</code>"
-        f'<div class="clauses">clauses {esc(", ".join(p.clauses) or "none named")}</div>'
-        f"<div>{esc(p.reason)}</div>{where}<pre>{esc(p.rerun)}</pre></li>"
-    )
-
-
-def _table(header, rows, cls="") -> str:
-    head = "".join(f"<th>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(r) + "</tr>" for r in rows)
-    opening = f'<table class="{cls}">' if cls else "<table>"
-    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _count_cell(outcome: str, n: int) -> str:
-    cls = "n zero" if n == 0 else "n bad" if outcome in BAD_OUTCOMES else "n"
-    return f'<td class="{cls}">{n}</td>'
+    parts = _templates().get_template("report_parts.html.j2").module
+    return str(parts.margin_chart([_chart_row(r) for r in rows]))
 
 
 def html(cert: dict, source: str = "") -> str:
     impl, verdict = cert["implementation"], cert["verdict"]
-    title = f"Gefen conformance: {impl['name']} {impl.get('version') or ''}".strip()
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src '
-        "'unsafe-inline'\">",
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
-        f'<span class="verdict" style="background:{VERDICT_COLOURS[verdict]}">{esc(verdict)}</span>',
-        f'<div class="reason">{esc(cert.get("verdict_reason") or "")}</div>',
+    stale = list(cert.get("stale_expected_failures") or []) + [
+        f"expectation {e.get('test')}: {e.get('reason')}"
+        for e in (cert.get("expectations") or {}).get("stale") or []
     ]
-    problems, expected = not_passed(cert), not_passed(cert, expected=True)
-    if problems:
-        parts += [
-            f'<h2 id="not-passed">Did not pass ({len(problems)})</h2>',
-            '<ol class="problems">' + "".join(_problem(p) for p in problems) + "</ol>",
-        ]
-    if expected:
-        parts += [
-            f'<h2 id="expected">Expected failures ({len(expected)})</h2>',
-            '<ol class="problems">' + "".join(_problem(p) for p in expected) + "</ol>",
-        ]
-    parts += [
-        "<h2>Margins per clause</h2>",
-        '<p class="small">Per clause, the worst share of its bound any tolerance comparison used (100 '
-        "% = at the "
-        "bound, dashed), closest to failing first; clauses that share a comparison share a row.</p>",
-        '<div class="legend">'
-        + "".join(f'<span><i class="sw" style="background:{c}"></i>{esc(t)}</span>' for c, t in LEGEND)
-        + "</div>",
-        margin_chart(chart_rows(cert)),
-        "<h2>What was certified</h2>",
-    ]
-    parts.append(
-        _table(
-            ["", ""],
-            [[f"<th>{esc(k)}</th>", f"<td>{esc(v)}</td>"] for k, v in facts(cert, tolerances=False)[1:]],
-            "facts",
-        ).replace("<thead><tr><th></th><th></th></tr></thead>", "")
+    page = _templates().get_template("report.html.j2")
+    return page.render(
+        title=f"Gefen conformance: {impl['name']} {impl.get('version') or ''}".strip(),
+        verdict=verdict,
+        verdict_colour=VERDICT_COLOURS[verdict],
+        reason=cert.get("verdict_reason") or "",
+        problems=[_problem(p) for p in not_passed(cert)],
+        expected=[_problem(p) for p in not_passed(cert, expected=True)],
+        legend=LEGEND,
+        chart=[_chart_row(r) for r in chart_rows(cert)],
+        facts=facts(cert, tolerances=False)[1:],
+        bounds=tolerance_lines(cert.get("profile")),
+        outcomes=[(OUTCOME_HEADINGS[o], SHORT_OUTCOMES[o]) for o in OUTCOMES],
+        clauses=[_clause_row(r) for r in clause_rows(cert)],
+        skips=sorted((cert.get("capability_skips") or {}).items()),
+        lists=[("Stale expected-failure entries", stale), ("Notes", cert.get("notes") or [])],
+        schema=cert["schema"],
+        source=source,
     )
-    bounds = tolerance_lines(cert.get("profile"))
-    if bounds:
-        parts.append(
-            f"<details><summary>Every bound the profile applies ({len(bounds)})</summary><ul>"
-            + "".join(f"<li>{esc(line)}</li>" for line in bounds)
-            + "</ul></details>"
-        )
-    parts.append("<h2>Clauses</h2>")
-    table_rows = []
-    for r in clause_rows(cert):
-        how, test, what = margin_text(r)
-        table_rows.append(
-            [f"<td>{esc(r.clause)}</td>"]
-            + [_count_cell(o, r.counts[o]) for o in OUTCOMES]
-            + [
-                f'<td class="{_css_class(r)}">{esc(how)}</td>',
-                f"<td><code>{esc(test)}</code> {esc(what)}</td>" if test else "<td></td>",
-            ]
-        )
-    short = {
-        "passed": "pass",
-        "failed": "fail",
-        "error": "err",
-        "skipped": "skip",
-        "xfailed": "xfail",
-        "xpassed": "xpass",
-    }
-    parts.append(
-        _table(
-            ["clause"]
-            + [f'<abbr title="{OUTCOME_HEADINGS[o]}">{short[o]}</abbr>' for o in OUTCOMES]
-            + ["worst margin used", "in test"],
-            table_rows,
-        )
-    )
-    skips = cert.get("capability_skips") or {}
-    if skips:
-        parts += [
-            "<h2>Skipped for a missing capability</h2>",
-            _table(
-                ["capability", "tests skipped"],
-                [[f"<td>{esc(k)}</td>", f'<td class="n">{esc(v)}</td>'] for k, v in sorted(skips.items())],
-            ),
-        ]
-    for heading, items in (
-        (
-            "Stale expected-failure entries",
-            list(cert.get("stale_expected_failures") or [])
-            + [
-                f"expectation {e.get('test')}: {e.get('reason')}"
-                for e in (cert.get("expectations") or {}).get("stale") or []
-            ],
-        ),
-        ("Notes", cert.get("notes") or []),
-    ):
-        if items:
-            parts += [f"<h2>{heading}</h2>", "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"]
-    parts.append(
-        f'<p class="small">{esc(cert["schema"])}'
-        + (f", from {esc(source)}" if source else "")
-        + "</p></body></html>"
-    )
-    return "\n".join(parts) + "\n"

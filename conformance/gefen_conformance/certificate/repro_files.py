@@ -53,7 +53,7 @@ def is_reproducer(path: os.PathLike) -> bool:
     """True when ``path`` is a readable reproducer file (schema :data:`SCHEMA`)."""
     try:
         return _read(Path(path)).get("schema") == SCHEMA
-    except Exception:  # noqa: BLE001 - anything unreadable is not ours
+    except Exception:  # noqa: BLE001 - anything unreadable is not a reproducer
         return False
 
 

@@ -1,11 +1,15 @@
 """Checking a certificate someone else wrote, and merging partial ones (SPEC 4.4.15, 4.4.16).
 
-:func:`verify` re-derives a certificate's verdict, summary, per-clause table and capability skips
-from its per-test records with the code that built them, checks every record against its own
-margins (a passed test cannot hold a comparison outside its bound), recomputes its integrity
-digest, and compares its suite hash with the installed suite's. It returns the problems found (an
-empty list: it verifies) and the facts a reader needs: the implementation's provenance (a dirty
-checkout named), the world sizes, launchers and devices run, the expectations used.
+:func:`verify` first validates a certificate against the certificate's JSON Schema
+(``certificate.schema.json`` beside this module, draft 2020-12, with the ``jsonschema`` library):
+one that does not validate is refused, each violation named by its JSON path and the schema rule
+it breaks (:func:`schema_problems`). Then it re-derives the verdict, summary, per-clause table and
+capability skips from the per-test records with the code that built them, checks every record
+against its own margins (a passed test cannot hold a comparison outside its bound), recomputes the
+integrity digest, and compares the suite hash with the installed suite's. It returns the problems
+found (an empty list: it verifies) and the facts a reader needs: the implementation's provenance
+(a dirty checkout named), the world sizes, launchers and devices run, the expectations used.
+:func:`load` reads a certificate for it, leaving its structure to the schema.
 
 :func:`merge` makes one certificate of several (shards, reruns): all of one suite hash, one
 implementation and its provenance, one numeric and hypothesis profile, one expectations file; a
@@ -16,17 +20,89 @@ ids, ``run.suite_tests``); otherwise it is ``partial``, naming what is missing.
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import reprlib
 from collections import Counter
+from importlib import resources
 from pathlib import Path
+
+import jsonschema
 
 from gefen_conformance.certificate import build
 from gefen_conformance.certificate.outcomes import Outcome
+from gefen_conformance.certificate.read import CertificateError
 
-__all__ = ["MergeConflict", "merge", "records", "rederive", "verify"]
+__all__ = ["MergeConflict", "load", "merge", "records", "rederive", "schema", "schema_problems", "verify"]
+
+#: The certificate's JSON Schema, shipped beside this module.
+SCHEMA_FILE = "certificate.schema.json"
+#: How much of a value a schema violation shows.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 1, 3, 3, 40, 40
 
 
 class MergeConflict(ValueError):
     """Certificates that cannot be merged; the message names what differs."""
+
+
+@functools.cache
+def schema() -> dict:
+    """The certificate's JSON Schema (draft 2020-12)."""
+    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _locations() -> dict:
+    """``{id(object): its JSON pointer}`` of every object in the schema, to name where a rule stands."""
+    out: dict = {}
+
+    def walk(node, pointer: str) -> None:
+        if isinstance(node, dict):
+            out[id(node)] = pointer
+            for key, value in node.items():
+                walk(value, f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{pointer}/{i}")
+
+    walk(schema(), "#")
+    return out
+
+
+def schema_problems(cert) -> list[str]:
+    """Every way ``cert`` breaks the certificate's JSON Schema, one line each, by JSON path: the
+    JSON path, what is wrong there (a large value shown in brief), and the rule broken: the schema
+    keyword and its place in the schema."""
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(cert), key=_position)
+    # a document of another schema (or none) is judged by its schema id alone
+    errors = [e for e in errors if list(e.absolute_path) == ["schema"]] or errors
+    out = []
+    for error in errors:
+        message = error.message.replace(repr(error.instance), _SHOWN.repr(error.instance))
+        where = _locations().get(id(error.schema))
+        if where is None:  # not found by identity: the path the validation took to it instead
+            where = "#/" + "/".join(map(str, list(error.absolute_schema_path)[:-1]))
+        rule = f"{error.validator!r} at {where}/{error.validator}"
+        out.append(f"{error.json_path}: {message} (schema rule {rule})")
+    return out
+
+
+def _position(error) -> list:
+    """A violation's JSON path as a sort key: array indices in numeric order, before object keys."""
+    return [(0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in error.absolute_path]
+
+
+def load(path: os.PathLike) -> dict:
+    """The JSON at ``path``, for :func:`verify` to judge; CertificateError naming the file when it
+    cannot be read or is not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise CertificateError(f"{path}: cannot read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise CertificateError(f"{path}: not JSON ({error})") from None
 
 
 def records(cert: dict) -> list:
@@ -117,8 +193,11 @@ def _difference(stored, derived, shown: int = 3) -> str:
 
 
 def verify(cert: dict, installed_suite_sha256: str | None) -> tuple[list[str], list[str]]:
-    """``(problems, facts)`` of a certificate: problems empty when it verifies."""
-    problems = []
+    """``(problems, facts)`` of a certificate: problems empty when it verifies. A certificate that
+    breaks the schema is refused with its violations alone (no facts: nothing of it is trusted)."""
+    problems = schema_problems(cert)
+    if problems:
+        return problems, []
     stored = (cert.get("integrity") or {}).get("sha256")
     if stored is None:
         problems.append("it carries no integrity digest (written by an older suite, or edited)")
@@ -276,7 +355,7 @@ def merge(certs: list, sources: list) -> dict:
         platform_=first.get("platform") or {},
         execution=execution,
     )
-    out["run"]["exit_status"] = build.EXIT_STATUS[build.Verdict(out["verdict"])]
+    out["run"]["exit_status"] = int(build.EXIT_STATUS[build.Verdict(out["verdict"])])
     out["run"]["merged_from"] = [str(s) for s in sources]
     if suite_tests is not None:
         out["run"]["suite_tests"] = list(suite_tests)
@@ -291,9 +370,18 @@ def merge(certs: list, sources: list) -> dict:
         out["expectations"] = exp
     for t in out["tests"]:
         test, source, _ = by_id[t["id"]]
-        if test.get("repro"):  # where it lies: the caller makes it relative to the merged certificate
+        if test.get("repro"):  # where it lies: write_merged makes it relative to the merged certificate
             t["repro"] = str((Path(source).parent / test["repro"]).absolute())
     return out
+
+
+def write_merged(merged: dict, path: Path) -> Path:
+    """Write what :func:`merge` returned to ``path``, every reproducer named relative to it."""
+    directory = Path(path).absolute().parent
+    for t in merged["tests"]:
+        if t.get("repro"):
+            t["repro"] = Path(os.path.relpath(t["repro"], directory)).as_posix()
+    return build.write(merged, path)
 
 
 def outcome_counts(cert: dict) -> Counter:

@@ -4,12 +4,12 @@ A scenario's rank body is written once against ``world`` (its rank, group, devic
 ``sharding``; ``launch`` runs it as a ``call`` (the arguments and bounds, checked once) on the
 active launcher, and every launcher reports ``outcomes`` the same way. The two launchers stand
 side by side over one rank side, ``rank_side`` (what a rank does with a call): the warm pool of
-local processes (the ``pool`` package: ``processes`` starts and keeps them, ``supervision`` waits
-for and reaps them, ``worker`` is the rank side) and a torchrun job (the ``torchrun`` package:
-``entry`` is every rank's entry point, ``job`` the job's store, ``launcher`` rank 0's launcher,
-``serve`` and ``rank`` the serving ranks). ``deadlines`` bounds every wait on a clock the machine's
-load slows; ``devices`` picks each rank's device; ``exception_text`` carries tracebacks across
-processes.
+local processes (the ``pool`` package: ``caller`` runs each call, ``processes`` starts and keeps
+the workers, ``supervision`` waits for and reaps them, ``worker`` is the rank side) and a
+torchrun job (the ``torchrun`` package: ``entry`` is every rank's entry point, ``job`` the job's
+store, ``launcher`` rank 0's launcher, ``serve`` and ``rank`` the serving ranks). ``deadlines``
+bounds every wait on a clock the machine's load slows; ``devices`` picks each rank's device;
+``exception_text`` carries tracebacks across processes.
 
 The harness stands alone: it imports nothing of the plugin or the suite. What rank processes
 import and prepare before their first call is passed in by whoever runs them (the pool's

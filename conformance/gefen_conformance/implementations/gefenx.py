@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import warnings
 
-from gefen_conformance.implementations import adapter_declared
 from gefen_conformance.implementations.contract import Implementation
+from gefen_conformance.implementations.dcp_adapter import adapter_declared
 
 #: what to install for ``--impl=gefenx`` (the version the suite's expected failures describe)
 REQUIREMENT = "gefen-x==0.5.0"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 import gefen_reference as reference
-from gefen_conformance.implementations import adapter_declared
+from gefen_conformance.implementations.contract import KNOWN_CAPABILITIES
+from gefen_conformance.implementations.dcp_adapter import with_reference_adapter
 
 
 def _version() -> str:
@@ -19,4 +20,6 @@ def _make_optimizer(params, **hyperparameters):
     return reference.Gefen(params, **hyperparameters)
 
 
-IMPLEMENTATION = adapter_declared("reference", _version(), _make_optimizer, "gefen_reference.dcp")
+IMPLEMENTATION = with_reference_adapter(
+    "reference", _version(), _make_optimizer, capabilities=KNOWN_CAPABILITIES
+)

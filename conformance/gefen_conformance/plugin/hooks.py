@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from gefen_conformance.exit_codes import ExitCode
 from gefen_conformance.plugin import options
 from gefen_conformance.plugin.selection import SUITE_DIR, in_suite, item_id, names_the_suite
 
@@ -410,9 +411,10 @@ class _SessionHooks:
         run = _run(self.config)
         if run is None or run.is_worker:
             return
-        if run.guard.signum is not None and int(session.exitstatus) in (0, 1, 5):
+        clean = (ExitCode.OK, ExitCode.FAILED, ExitCode.NO_TESTS_COLLECTED)
+        if run.guard.signum is not None and int(session.exitstatus) in clean:
             # interrupted, yet the last test ended before the interrupt surfaced: still not a clean run
-            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            session.exitstatus = ExitCode.INTERRUPTED
         run.finish(session, session.exitstatus)
         if run.exit_status is not None:
             session.exitstatus = run.exit_status  # the verdict's (SPEC 4.4.9)
@@ -432,4 +434,4 @@ class _SessionHooks:
             # finalization of a heap holding torch takes seconds on a loaded machine
             from gefen_conformance.plugin.interrupts import leave_process
 
-            leave_process(int(pytest.ExitCode.INTERRUPTED), is_worker=hasattr(config, "workerinput"))
+            leave_process(int(ExitCode.INTERRUPTED), is_worker=hasattr(config, "workerinput"))

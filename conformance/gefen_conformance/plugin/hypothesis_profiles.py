@@ -25,24 +25,9 @@ def register() -> None:
     from hypothesis import HealthCheck, settings
 
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile(
-        CERTIFY,
-        derandomize=True,
-        database=None,
-        max_examples=300,
-        deadline=None,
-        suppress_health_check=quiet,
-        print_blob=True,
-    )
-    settings.register_profile(
-        FUZZ,
-        derandomize=False,
-        database=None,
-        max_examples=5000,
-        deadline=None,
-        suppress_health_check=quiet,
-        print_blob=True,
-    )
+    both = dict(database=None, deadline=None, suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(CERTIFY, derandomize=True, max_examples=300, **both)
+    settings.register_profile(FUZZ, derandomize=False, max_examples=5000, **both)
 
 
 class HypothesisProfile:

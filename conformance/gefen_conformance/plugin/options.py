@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gefen_conformance.exit_codes import ExitCode
+
 #: the run's interrupt guard (``gefen_conformance.plugin.interrupts.InterruptGuard``), in the config's stash
 GUARD_KEY = pytest.StashKey[object]()
 
@@ -161,7 +163,7 @@ def _interrupt_says(when: str, guard, config):
             sys.stdout.write(out)
             sys.stderr.write(err)
         say_interrupted(when)
-        status = int(pytest.ExitCode.INTERRUPTED)
+        status = int(ExitCode.INTERRUPTED)
         leave_process(status, is_worker=hasattr(config, "workerinput"))
         raise SystemExit(status) from None  # pytest.main() called by another program
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gefen_conformance.certificate import build as certificate
+from gefen_conformance.exit_codes import ExitCode
 from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.plugin import selection
 from gefen_conformance.plugin.hypothesis_profiles import HypothesisProfile
@@ -140,7 +141,7 @@ class SuiteRun:
         seconds of the signal, also at load."""
         import sys
 
-        status = self.exit_status if self.exit_status is not None else int(pytest.ExitCode.INTERRUPTED)
+        status = self.exit_status if self.exit_status is not None else int(ExitCode.INTERRUPTED)
         try:
             self.close()
             ranks = sys.modules.get("gefen_conformance.harness.pool")
@@ -309,7 +310,7 @@ class SuiteRun:
 
         self.guard.acknowledge()
         interrupted = self.guard.signal_name
-        if interrupted is None and int(exitstatus) == int(pytest.ExitCode.INTERRUPTED):
+        if interrupted is None and int(exitstatus) == int(ExitCode.INTERRUPTED):
             interrupted = "KeyboardInterrupt"
         if not self.record.records and not interrupted:
             self.census.cancel()  # nothing ran (--collect-only, an empty selection): nothing to certify
@@ -346,7 +347,7 @@ class SuiteRun:
             execution=certificate.execution_facts(self.record.world_sizes, self.record.warm_up_s),
         )
         # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
-        cert["run"]["exit_status"] = self.exit_status = certificate.EXIT_STATUS[cert["verdict"]]
+        cert["run"]["exit_status"] = self.exit_status = int(certificate.EXIT_STATUS[cert["verdict"]])
         explicit = self.config.getoption("certificate")
         requested = Path(explicit) if explicit else Path.cwd() / f"gefen-certificate-{self.impl.name}.json"
         if explicit and interrupted is None:

@@ -2,9 +2,9 @@
 
 Registered in this distribution's ``pyproject.toml`` under the entry-point group
 ``gefen_conformance.implementations``. The DCP adapter, planner and async writer are the
-reference's: ``gefen_fast.Gefen`` declares the reference's state layout
-(``gefen_reference.dcp.STATE_LAYOUT``), which is the adapter's documented extension point
-(SPEC 2.3.6). Judged by the tolerance profile: no ``cpu-bit-exact`` claim.
+reference's (``gefen_conformance.with_reference_adapter``): ``gefen_fast.Gefen`` declares the
+reference's state layout (``gefen_reference.dcp.STATE_LAYOUT``), which is the adapter's documented
+extension point (SPEC 2.3.6). Judged by the tolerance profile: no ``cpu-bit-exact`` claim.
 """
 
 from __future__ import annotations
@@ -16,30 +16,12 @@ from gefen_conformance import (
     DCP_SAVE_PLANNER,
     FACTORED_V,
     NATIVE_STATE_DICT,
-    Implementation,
+    with_reference_adapter,
 )
 
 
 def _make_optimizer(params, **hyperparameters):
     return gefen_fast.Gefen(params, **hyperparameters)
-
-
-def _dcp_state(optimizer):
-    from gefen_reference.dcp import GefenDCPState
-
-    return GefenDCPState(optimizer)
-
-
-def _save_planner():
-    from gefen_reference.dcp import GefenSavePlanner
-
-    return GefenSavePlanner()
-
-
-def _async_writer(path):
-    from gefen_reference.dcp import GefenFileSystemWriter
-
-    return GefenFileSystemWriter(path)
 
 
 def _prepare(device):
@@ -53,13 +35,6 @@ def _prepare(device):
 #: Every capability it has; not ``cpu-bit-exact`` (fp32 sums in another order, IEEE sqrt).
 CAPABILITIES = frozenset({NATIVE_STATE_DICT, FACTORED_V, DCP_RESHARD, DCP_SAVE_PLANNER, DCP_ASYNC_SAVE})
 
-IMPLEMENTATION = Implementation(
-    name="fast",
-    version=gefen_fast.__version__,
-    make_optimizer=_make_optimizer,
-    dcp_state=_dcp_state,
-    save_planner=_save_planner,
-    async_writer=_async_writer,
-    capabilities=CAPABILITIES,
-    prepare=_prepare,
+IMPLEMENTATION = with_reference_adapter(
+    "fast", gefen_fast.__version__, _make_optimizer, capabilities=CAPABILITIES, prepare=_prepare
 )

@@ -1,5 +1,5 @@
 """The rank side of the pool: one worker process serving calls (SPEC 4.2.1-4.2.3, 4.2.11; the
-caller's side is :mod:`gefen_conformance.harness.pool`).
+caller's side is :mod:`gefen_conformance.harness.pool.caller`).
 
 One worker is one long-lived OS process that runs scenario calls, one at a time, for whichever
 rank the parent assigns it. The parent and the worker talk over a ``multiprocessing`` pipe:

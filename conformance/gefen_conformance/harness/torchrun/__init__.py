@@ -7,6 +7,6 @@ ranks serve scenario calls (:mod:`~gefen_conformance.harness.torchrun.serve`, ea
 first call is named on its command line (``--prepare``), never imported from here.
 """
 
-from gefen_conformance.harness.torchrun.entry import PYTEST_ARGS, USAGE_ERROR, main, pytest_arguments
+from gefen_conformance.harness.torchrun.entry import PYTEST_ARGS, main, pytest_arguments
 
-__all__ = ["PYTEST_ARGS", "USAGE_ERROR", "main", "pytest_arguments"]
+__all__ = ["PYTEST_ARGS", "main", "pytest_arguments"]

@@ -42,18 +42,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gefen_conformance.exit_codes import ExitCode
 from gefen_conformance.harness import launch, rank_side
 from gefen_conformance.harness.rank_side import EXIT_PARENT_GONE, SINGLE_THREAD_ENV
 from gefen_conformance.harness.torchrun.job import Job, command_key, dumps, leave, startup_timeout_s, wait
 from gefen_conformance.harness.torchrun.launcher import StopWhenJobEnds, TorchrunLauncher
 from gefen_conformance.harness.torchrun.serve import serve
 
-__all__ = ["PYTEST_ARGS", "USAGE_ERROR", "main", "pytest_arguments"]
+__all__ = ["PYTEST_ARGS", "main", "pytest_arguments"]
 
 #: what separates this module's options from pytest's (torchrun's own parser swallows a ``--``)
 PYTEST_ARGS = "--pytest-args"
-#: exit status of a usage error (SPEC 4.1.6), as pytest's ExitCode.USAGE_ERROR
-USAGE_ERROR = 4
 _SERVER_ROLE = "GEFEN_TORCHRUN_RANK0_SERVER"
 
 
@@ -291,7 +290,7 @@ def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> in
 
     rank_side.watch_parent(parent_gone, name="torchrun-parent-watchdog")
     control, _, chosen, device = _startup(job, options, serving=False)
-    status, detail, run_dir, server = USAGE_ERROR, "", "", None
+    status, detail, run_dir, server = int(ExitCode.USAGE_ERROR), "", "", None
     try:
         try:
             run_dir = _make_run_dir(options.checkpoint_dir)
@@ -338,7 +337,7 @@ def _rank_zero(job: Job, options, passthrough: list[str], argv: list[str]) -> in
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
         _write_result(options.result_file, status, detail)
-    leave(0 if options.result_file else status)
+    leave(ExitCode.OK if options.result_file else status)
     return status  # not reached
 
 

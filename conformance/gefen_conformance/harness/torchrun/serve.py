@@ -32,7 +32,7 @@ IDLE_POLL_S = 0.1
 def serve(job: Job, control, pg_store, device, broken: str | None = None) -> None:
     """Serve scenario calls until rank 0 posts ``exit``; never returns (``os._exit``). ``broken``:
     why this rank cannot take part (its preparation failed), reported as its outcome of every call."""
-    # ``broken`` is also set once a call of ours hung: the thread is still stuck in it
+    # ``broken`` is also set once a call on this rank hung: the thread is still stuck in it
     for call_id in itertools.count(1):
         key = command_key(call_id)
         while not wait(control, [key], 3600.0, IDLE_POLL_S):

@@ -1,35 +1,23 @@
-"""``gefen-conformance``: certification, reports and golden checkpoints (SPEC 4.4, 4.5, 5.5).
+"""``gefen-conformance certify``: run the suite against an implementation and write its certificate
+(SPEC 4.4, 4.7).
 
     gefen-conformance certify [--impl NAME] [--out PATH] [--device NAME] [TEST_ID ...] [-- PYTEST_ARGS...]
     gefen-conformance certify --launcher torchrun [--nproc-per-node N] [--nnodes M --rdzv-endpoint HOST:PORT
                               [--node-rank K]] [--checkpoint-dir DIR] ...   one torchrun job (SPEC 4.7)
-    gefen-conformance golden generate DIR [--impl NAME]   write every case and MANIFEST.json
-    gefen-conformance golden check DIR                    verify DIR against its manifest
-    gefen-conformance golden compare [--impl NAME] [DIR]  save with NAME, compare with the goldens
-    gefen-conformance report CERT [--format md|html] [--out PATH]   a certificate for people (SPEC 4.5)
-    gefen-conformance diff OLD NEW [--margin-factor F ...]          exit 1 when NEW regressed (SPEC 4.5.4)
 
-Each subcommand is registered by one ``_add_*`` function (or :func:`report_cli.add_subcommands`)
-that sets ``handler``, a function of the parsed arguments returning the exit status; a handler
-raises :class:`UsageError` for a command line that cannot run (one line, exit 4). A subcommand that
-takes pytest arguments after ``--`` sets ``passthrough=True``; they arrive as ``args.pytest_args``.
-Every usage error exits 4, argparse's included (SPEC 4.4.13).
+The pool launcher runs ``python -m pytest --impl=NAME ...`` in a child process; torchrun runs one
+job whose rank 0 runs pytest and reports its status in a result file. Every option the plugin
+takes is checked here first, before anything runs (SPEC 4.4.10); the exit status is the run's
+(SPEC 4.4.9).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from gefen_conformance.cli_usage import (
-    GOLDEN_STATUSES,
-    PROG,
-    Parser,
-    add_version,
-    statuses_text,
-    suite_statuses_text,
-)
+from gefen_conformance.cli.usage import UsageError, add_command, suite_statuses_text
+from gefen_conformance.exit_codes import ExitCode
 
 CERTIFY_DESCRIPTION = """\
 Run the conformance suite against an implementation and write its JSON certificate (SPEC 4.4):
@@ -53,25 +41,18 @@ and rank 0 writes the certificate (SPEC 4.7):
 
 """
 
-USAGE_ERROR = 4  # pytest's ExitCode.USAGE_ERROR (SPEC 4.1.6, 4.4.9)
 TORCHRUN_ONLY = ("nproc_per_node", "nnodes", "rdzv_endpoint", "node_rank", "checkpoint_dir")
 
 
-class UsageError(Exception):
-    """A command line that cannot run (exit 4, one line)."""
-
-
-def _raw(**kwargs) -> dict:
-    return dict(formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
-
-
-def _add_certify(sub) -> None:
-    cert = sub.add_parser(
+def register(subparsers) -> None:
+    """``certify``, whose pytest arguments after ``--`` arrive as ``args.pytest_args``."""
+    cert = add_command(
+        subparsers,
         "certify",
+        run,
         help="run the conformance suite against an implementation, write its certificate",
         description=CERTIFY_DESCRIPTION,
         epilog=CERTIFY_EPILOG + suite_statuses_text(),
-        **_raw(),
     )
     cert.add_argument(
         "tests",
@@ -149,19 +130,19 @@ def _add_certify(sub) -> None:
         default="pool",
         help="pool: the local spawn pool (default); torchrun: one torchrun job (SPEC 4.7)",
     )
-    run = cert.add_argument_group("torchrun (with --launcher torchrun)")
-    run.add_argument(
+    job = cert.add_argument_group("torchrun (with --launcher torchrun)")
+    job.add_argument(
         "--nproc-per-node", type=int, default=None, metavar="N", help="ranks per node (default 4)"
     )
-    run.add_argument("--nnodes", type=int, default=None, metavar="M", help="nodes (default 1: --standalone)")
-    run.add_argument(
+    job.add_argument("--nnodes", type=int, default=None, metavar="M", help="nodes (default 1: --standalone)")
+    job.add_argument(
         "--rdzv-endpoint",
         default=None,
         metavar="HOST:PORT",
         help="the c10d rendezvous of a multi-node job (needed with --nnodes > 1)",
     )
-    run.add_argument("--node-rank", type=int, default=None, metavar="K", help="this node's rank (optional)")
-    run.add_argument(
+    job.add_argument("--node-rank", type=int, default=None, metavar="K", help="this node's rank (optional)")
+    job.add_argument(
         "--checkpoint-dir",
         default=None,
         metavar="DIR",
@@ -171,75 +152,10 @@ def _add_certify(sub) -> None:
     # the usage line shows what argparse cannot: pytest's arguments after `--`
     usage = cert.format_usage().removeprefix("usage: ").rstrip("\n")
     cert.usage = usage + "\n" + " " * (len("usage: ") + len(cert.prog) + 1) + "[-- PYTEST_ARGS ...]"
-    cert.set_defaults(handler=_certify, passthrough=True, options_for_pytest=True)
+    cert.set_defaults(passthrough=True, options_for_pytest=True)
 
 
-def _add_golden(sub) -> None:
-    golden = sub.add_parser(
-        "golden",
-        help="golden checkpoints: generate, check, compare (SPEC 5.5)",
-        epilog=statuses_text(GOLDEN_STATUSES),
-        **_raw(),
-    )
-    g = golden.add_subparsers(dest="action", required=True, metavar="ACTION")
-    impl_help = (
-        "the implementation that saves the cases: registered name or package.module:attribute "
-        "(default: reference)"
-    )
-    epilog = statuses_text(GOLDEN_STATUSES)
-    gen = g.add_parser(
-        "generate", help="write the golden cases and their manifest into DIR", epilog=epilog, **_raw()
-    )
-    gen.add_argument("dir", type=Path, metavar="DIR", help="directory to write (made if missing)")
-    gen.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
-    chk = g.add_parser("check", help="verify DIR against its MANIFEST.json", epilog=epilog, **_raw())
-    chk.add_argument("dir", type=Path, metavar="DIR", help="a directory `golden generate` wrote")
-    cmp_ = g.add_parser(
-        "compare",
-        help="save the cases with an implementation and compare with the goldens",
-        epilog=epilog,
-        **_raw(),
-    )
-    cmp_.add_argument(
-        "dir",
-        type=Path,
-        nargs="?",
-        default=None,
-        metavar="DIR",
-        help="goldens to compare with (default: the committed ones)",
-    )
-    cmp_.add_argument("--impl", default="reference", metavar="NAME", help=impl_help)
-    golden.set_defaults(handler=_golden)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``gefen-conformance`` command's parser, every command and option on it."""
-    parser = Parser(
-        prog=PROG,
-        description="The Gefen conformance suite: certify an implementation, render and "
-        "compare certificates, golden checkpoints.",
-        epilog=f"`{PROG} COMMAND --help` describes each command, its arguments and its exit statuses.",
-        **_raw(),
-    )
-    add_version(parser)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_certify(sub)
-    _add_golden(sub)
-    from gefen_conformance.certificate import report_cli
-
-    report_cli.add_subcommands(sub)
-    from gefen_conformance import repro
-    from gefen_conformance.certificate import ci_cli
-
-    ci_cli.add_subcommands(sub)
-    repro.add_subcommand(sub)
-    from gefen_conformance import vectors
-
-    vectors.add_subcommand(sub)
-    return parser
-
-
-def certify(
+def run_pytest(
     impl: str,
     certificate,
     pytest_args: list[str],
@@ -322,9 +238,9 @@ def certify_torchrun(args, pytest_args: list[str]) -> int:
         status = _wait_for(torchrun_command(args, pytest_args, str(result)))
         if result.exists():
             return int(json.loads(result.read_text())["exit_status"])
-    if status == 0:
+    if status == ExitCode.OK:
         print("gefen-conformance: rank 0 ran on another node; its node has the certificate", file=sys.stderr)
-        return 0
+        return ExitCode.OK
     print(
         f"gefen-conformance: the torchrun job ended (exit status {status}) before rank 0 reported a result",
         file=sys.stderr,
@@ -426,7 +342,8 @@ def _plugin_options(args) -> list[str]:
     return out
 
 
-def _certify(args) -> int:
+def run(args) -> int:
+    """Run ``certify``; its exit status is the run's (SPEC 4.4.9)."""
     _rerun_failed(args)
     args.impl = args.impl or "reference"
     pytest_args = (
@@ -440,7 +357,7 @@ def _certify(args) -> int:
                 "with --launcher torchrun"
             )
         scale = _checked_outputs(args)
-        return certify(args.impl, args.certificate, pytest_args, args.device, scale)
+        return run_pytest(args.impl, args.certificate, pytest_args, args.device, scale)
     _checked_outputs(args)
     if args.device not in (None, "cpu"):
         from gefen_conformance.harness import devices
@@ -451,94 +368,3 @@ def _certify(args) -> int:
             text = str(error)  # names the device; say which option it came from
             raise UsageError(text if text.startswith("--") else f"--device {text}") from None
     return certify_torchrun(args, pytest_args)
-
-
-def _check_golden(args) -> None:
-    """``golden``'s refusals before anything runs (SPEC 4.4.10, 4.1.6): an implementation that
-    cannot be loaded, a directory to read that is not there (or has no manifest), one to write
-    that cannot be written."""
-    from gefen_conformance.certificate import outputs
-    from gefen_conformance.implementations import registry
-
-    if args.action in ("generate", "compare"):
-        try:
-            registry.resolve(args.impl)
-        except registry.ImplementationError as error:
-            raise UsageError(f"--impl={args.impl}: {error}") from None
-    if args.action == "generate":
-        why = outputs.problem(args.dir, what="directory")
-        if why:
-            raise UsageError(f"{args.dir}: {why}")
-        return
-    directory = args.dir
-    if directory is None:
-        return  # compare: the committed goldens
-    if not Path(directory).is_dir():
-        raise UsageError(f"{directory}: no such directory")
-    if not (Path(directory) / "MANIFEST.json").is_file():
-        raise UsageError(
-            f"{directory}: no MANIFEST.json (not a golden directory; `golden generate` writes one)"
-        )
-
-
-def _golden(args) -> int:
-    _check_golden(args)
-    from gefen_conformance import golden
-    from gefen_oracles import golden_manifest
-
-    if args.action == "generate":
-        path = golden.generate_into(args.dir, args.impl)
-        print(f"wrote {len(golden.CASES)} cases and {path}")
-        return 0
-    if args.action == "check":
-        problems = golden_manifest.check(args.dir)
-    else:
-        compared = golden.compare_goldens(args.impl, golden_root=args.dir or golden.GOLDEN_DIR)
-        for note in compared.notes:
-            print(f"note: {note}")
-        problems = list(compared.problems)
-    for line in problems:
-        print(line)
-    print("ok" if not problems else f"{len(problems)} problem(s)")
-    return 0 if not problems else 1
-
-
-def _unknown_options(parser, args, unknown: list[str]) -> None:
-    """Words argparse did not take: TEST_IDs given between options join ``args.tests``; an option
-    of a subcommand that hands pytest its arguments is pointed to ``--``; anything else is the usual
-    usage error (exit 4)."""
-    options = [word for word in unknown if word.startswith("-")]
-    if getattr(args, "options_for_pytest", False):
-        if options:
-            raise UsageError(
-                f"unrecognized option {options[0]}: pytest's options go after `--` "
-                f"({PROG} {args.command} [OPTIONS] [TEST_ID ...] -- {options[0]} ...)"
-            )
-        args.tests = list(args.tests) + unknown
-        return
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    passthrough: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, passthrough = argv[:cut], argv[cut + 1 :]
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    name = " ".join(filter(None, (PROG, args.command, getattr(args, "action", None))))
-    try:
-        _unknown_options(parser, args, unknown)
-        if passthrough and not getattr(args, "passthrough", False):
-            raise UsageError(f"arguments after `--` are only for `{PROG} certify`")
-        args.pytest_args = passthrough
-        return args.handler(args)
-    except UsageError as error:
-        print(f"{name}: {error}", file=sys.stderr)
-        return USAGE_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
 """What every ``gefen-conformance`` command line shares (SPEC 4.4.13): a usage error is exit status 4
-(argparse's own errors included), ``--version``, and the exit-status tables that ``--help`` prints.
+(argparse's own errors included), ``--version``, how a command is registered, and the exit-status
+tables that ``--help`` prints.
 
 The suite run's table is generated from :data:`gefen_conformance.certificate.build.EXIT_STATUS`
 (:func:`suite_statuses`); docs/certificates.md shows the same table (:func:`suite_statuses_markdown`,
@@ -12,44 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from gefen_conformance.certificate.build import USAGE_ERROR, exit_status_rows
+from gefen_conformance.certificate.build import exit_status_rows
+from gefen_conformance.exit_codes import ExitCode
 
 PROG = "gefen-conformance"
 
-#: ``report``'s exit statuses (SPEC 4.5.1)
-REPORT_STATUSES = (
-    (0, "the report was written"),
-    (
-        2,
-        "the certificate cannot be read: not JSON, schema 1 or an unknown schema (one line, nothing written)",
-    ),
-    (
-        USAGE_ERROR,
-        "usage error: an unknown option, an --out that cannot be written or whose extension "
-        "is not .md/.markdown/.html/.htm (refused before the certificate is read)",
-    ),
-)
-#: ``diff``'s exit statuses (SPEC 4.5.4)
-DIFF_STATUSES = (
-    (0, "NEW did not regress"),
-    (
-        1,
-        "NEW regressed: a new failure, a worse verdict, a margin grown past the factor or that reached "
-        "the threshold",
-    ),
-    (2, "a certificate cannot be read: not JSON, schema 1 or an unknown schema"),
-    (USAGE_ERROR, "usage error: an unknown option or a bad value"),
-)
-#: ``golden``'s exit statuses (SPEC 4.4.9, 4.4.10)
-GOLDEN_STATUSES = (
-    (0, "verified (check, compare) or written (generate)"),
-    (1, "problems found"),
-    (
-        USAGE_ERROR,
-        "usage error: an implementation that cannot be loaded, a DIR that is not there or "
-        "cannot be written, an unknown option",
-    ),
-)
+
+class UsageError(Exception):
+    """A command line that cannot run: one line on stderr naming the problem, exit status 4."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,7 +29,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def add_command(subparsers, name: str, handler, *, statuses=None, raw: bool = True, **kwargs):
+    """Register the command ``name`` (``help``, ``description`` ... as ``add_parser`` takes them)
+    that ``handler`` runs; ``statuses``, ``(status, meaning)`` rows, become its epilog. ``raw``
+    keeps the description's and epilog's line breaks. Returns the command's parser."""
+    if statuses is not None:
+        kwargs["epilog"] = statuses_text(statuses)
+    if raw:
+        kwargs["formatter_class"] = argparse.RawDescriptionHelpFormatter
+    parser = subparsers.add_parser(name, **kwargs)
+    if handler is not None:
+        parser.set_defaults(handler=handler)
+    return parser
+
+
+def error(command: str, message: str) -> None:
+    """One line on stderr: the command, then what stopped it."""
+    print(f"{PROG} {command}: {message}" if command else f"{PROG}: {message}", file=sys.stderr)
 
 
 def version() -> str:
@@ -70,7 +60,7 @@ def version() -> str:
         number = dist_version("gefen-conformance")
     except PackageNotFoundError:
         number = "(not installed)"
-    return f"{PROG} {number} ({Path(__file__).resolve().parent})"
+    return f"{PROG} {number} ({Path(__file__).resolve().parents[1]})"
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +75,7 @@ def table(rows, width: int = 100) -> str:
         textwrap.fill(
             meaning,
             width,
-            initial_indent=f"  {status:>2}  ",
+            initial_indent=f"  {int(status):>2}  ",
             subsequent_indent=" " * 6,
             break_on_hyphens=False,
         )
@@ -105,7 +95,7 @@ def suite_statuses(code: bool = False) -> list:
         text = _verdicts(verdicts, code)
         if meaning:
             text = f"{text}: {meaning}" if text else meaning
-        rows.append((status, text))
+        rows.append((int(status), text))
     return rows
 
 
