@@ -403,16 +403,14 @@ def test_repro_reproduces_a_mutants_failure_bit_for_bit(spec, select, test_id, t
 
 
 #: One failure of each other kind the suite replays (SPEC 4.5.6): the mutant, its selection, the
-#: failing test, the start of its input in words, and the replay's bound in seconds (10 s for the
-#: drawn cases, replayed in the repro process; the multi-rank tests run again by their ids, in a
-#: pytest process that starts its rank processes, trains, saves and restores).
+#: failing test and the start of its input in words. How long a replay takes is measured by
+#: benchmarks/repro_time.py, never asserted here.
 OTHER_KINDS = [
     pytest.param(
         "tests.mutants:tolerant_factored_mean_unclamped",
         "inputs_match_reference",
         "test_input_space.py::test_inputs_match_reference",
         "input-space case: ",
-        10.0,
         id="input-space",
     ),
     pytest.param(
@@ -420,7 +418,6 @@ OTHER_KINDS = [
         "lifecycle_matches_reference",
         "test_input_space.py::test_lifecycle_matches_reference",
         "input-space case: 1",  # one of the lifecycle's counts over 128
-        10.0,
         id="lifecycle",
     ),
     pytest.param(
@@ -428,7 +425,6 @@ OTHER_KINDS = [
         "staging_regression and into-int64",
         "test_hyper_staging.py::test_staging_regression[lr-into-int64]",
         "staging case: ",
-        10.0,
         id="staging",
     ),
     pytest.param(
@@ -436,7 +432,6 @@ OTHER_KINDS = [
         "reshard_restores and not many and not empty",
         "test_dcp_reshard.py::test_reshard_restores_model_and_continues_within_bound[1->2]",
         "model 'base' trained and saved by ",
-        90.0,
         id="restore",
     ),
     pytest.param(
@@ -444,7 +439,6 @@ OTHER_KINDS = [
         "restore_into_a_stepped",
         "test_dcp_continuation.py::test_restore_into_a_stepped_optimizer[bf16-2->1]",
         "model 'wide' in bf16 saved by the reference on 2 ranks",
-        90.0,
         id="continuation",
     ),
     pytest.param(
@@ -452,7 +446,6 @@ OTHER_KINDS = [
         "goldens",
         "test_goldens.py::test_saves_match_the_goldens",
         "the 3 cases of the golden catalogue",
-        90.0,
         id="golden",
     ),
 ]
@@ -460,8 +453,8 @@ OTHER_KINDS = [
 
 @pytest.mark.proof
 # SPEC 4.5.6
-@pytest.mark.parametrize("spec,select,test_id,described,bound_s", OTHER_KINDS)
-def test_repro_replays_every_kind_of_failure(spec, select, test_id, described, bound_s, tmp_path):
+@pytest.mark.parametrize("spec,select,test_id,described", OTHER_KINDS)
+def test_repro_replays_every_kind_of_failure(spec, select, test_id, described, tmp_path):
     cert = run_suite(spec, select, tmp_path)
     failed = next(t for t in failed_tests(cert) if t["id"] == test_id)
     assert failed.get("repro") and failed.get("input", "").startswith(described), failed
@@ -470,4 +463,4 @@ def test_repro_replays_every_kind_of_failure(spec, select, test_id, described, b
     assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
     assert "verdict: reproduced bit for bit" in out, out[-3000:]
     assert f"case 1 of 1: {failed['input']}" in out
-    assert elapsed < bound_s, f"the replay took {elapsed:.1f} s"
+    print(f"repro of {spec} {test_id}: {elapsed:.2f} s wall (interpreter start included)")
