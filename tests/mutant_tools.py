@@ -38,36 +38,28 @@ def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.
     when ``select`` is None); return its certificate."""
     import json
     import os
-    import subprocess
     from pathlib import Path
+
+    from .forked_pytest import FORKED
 
     root = Path(__file__).resolve().parents[1]
     cert = Path(workdir) / "certificate.json"
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "gefen_conformance",
-            f"--impl={impl_spec}",
-            *(["-k", select] if select is not None else []),
-            f"--certificate={cert}",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-p",
-            "no:xdist",
-        ],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    args = [
+        "--pyargs",
+        "gefen_conformance",
+        f"--impl={impl_spec}",
+        *(["-k", select] if select is not None else []),
+        f"--certificate={cert}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-p",
+        "no:xdist",
+    ]
+    proc = FORKED.run(args, cwd=workdir, env=env, timeout=timeout)
     if not cert.exists():
         raise RuntimeError(
             "the suite wrote no certificate (exit "
