@@ -1,0 +1,102 @@
+"""Which of the SPEC's rules a run certified (SPEC 0.2.4).
+
+The register (``rules.json`` beside this module, generated from SPEC.md by
+``tools/rule_register.py``) lists every rule of Parts 1-3 by id, and the rules the suite does not
+certify with their reason. A suite test certifies the rules it names in its ``gefen_clause`` marks
+by id: ``1.1.2#3`` names row 3 of §1.1.2's table, and a clause number names the clause's rule only
+where the clause is a single rule. A mark of a clause that holds several rules (``1.12.4``), or of
+a section (``1.8``), certifies none of them: the word covers what a test checks, never more.
+
+A rule's status in a run, from the certificate's tests:
+
+* ``certified``: a test that names it passed, and none that names it failed;
+* ``failed``: a test that names it failed or errored (or failed as an expected failure);
+* ``skipped``: every test that names it was skipped (a missing capability);
+* ``unchecked``: no test of this run names it (never checked by the suite, or deselected);
+* ``not-certified``: the register says the suite does not certify it, and why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import cache
+from importlib import resources
+
+STATUSES = ("certified", "failed", "skipped", "unchecked", "not-certified")
+_FAILED = {"failed", "error", "xfailed"}
+
+
+@cache
+def register() -> dict:
+    """The register shipped with the suite: ``{"reasons": {...}, "rules": [{id, clause, text, ...}]}``."""
+    text = resources.files(__package__).joinpath("rules.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def rule_ids() -> frozenset:
+    return frozenset(r["id"] for r in register()["rules"])
+
+
+def named_rules(clauses) -> set:
+    """The rule ids a test's ``gefen_clause`` marks name (see the module's docstring)."""
+    ids = rule_ids()
+    return {str(c) for c in clauses if str(c) in ids}
+
+
+def statuses(tests: list) -> dict:
+    """Each rule's status (``STATUSES``) in a run whose certificate lists ``tests``."""
+    outcomes: dict[str, set] = {}
+    for test in tests:
+        for rule in named_rules(test.get("clauses", ())):
+            outcomes.setdefault(rule, set()).add(test.get("outcome"))
+    status = {}
+    for rule in register()["rules"]:
+        seen = outcomes.get(rule["id"], set())
+        if rule.get("not_certified"):
+            status[rule["id"]] = "not-certified"
+        elif seen & _FAILED:
+            status[rule["id"]] = "failed"
+        elif "passed" in seen or "xpassed" in seen:
+            status[rule["id"]] = "certified"
+        elif seen:
+            status[rule["id"]] = "skipped"
+        else:
+            status[rule["id"]] = "unchecked"
+    return status
+
+
+def section(tests: list) -> dict:
+    """The certificate's ``rules`` section: counts, the ids of each status but ``certified``'s
+    complement listed in full, and the reasons of the rules the suite does not certify."""
+    status = statuses(tests)
+    counts = Counter(status.values())
+    reasons = Counter(r["not_certified"] for r in register()["rules"] if r.get("not_certified"))
+    by_status = {s: sorted((i for i, v in status.items() if v == s), key=_key) for s in STATUSES}
+    return {
+        "total": len(status),
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "not_certified_reasons": dict(sorted(reasons.items())),
+        "ids": by_status,
+        "summary": summary(counts, len(status)),
+    }
+
+
+def summary(counts, total: int) -> str:
+    """One line: ``"12 of 258 rules certified; 3 not certified by this suite (reasons: see
+    SPEC 0.2.4); 240 checked by no test of this run"``, with failed and skipped counts where any."""
+    parts = [f"{counts.get('certified', 0)} of {total} rules certified"]
+    if counts.get("failed"):
+        parts.append(f"{counts['failed']} failed")
+    if counts.get("skipped"):
+        parts.append(f"{counts['skipped']} skipped for a missing capability")
+    if counts.get("not-certified"):
+        parts.append(f"{counts['not-certified']} not certified by this suite (SPEC 0.2.4)")
+    if counts.get("unchecked"):
+        parts.append(f"{counts['unchecked']} checked by no test of this run")
+    return "; ".join(parts)
+
+
+def _key(rule_id: str) -> tuple:
+    clause, _, row = rule_id.partition("#")
+    return (*(int(p) if p.isdigit() else 0 for p in clause.split(".")), int(row) if row.isdigit() else 0)
