@@ -28,6 +28,8 @@ COUNTER_KEYS = ("step", "vmean_step", "factored_step")
 SCRATCH_KEYS = ("stepsize", "_h_buf")
 #: Keys a load drops silently: scratch and the legacy index-shape hint (SPEC 1.12.4 item 6, 1.14 D9).
 DROPPED_KEYS = SCRATCH_KEYS + ("m_codebook_shape",)
+#: Capturable scratch keys begin so (``_capt_scalars``, ``_capt_row``, ...): a load drops them too.
+DROPPED_PREFIX = "_capt_"
 #: Every per-parameter key a native state may carry (SPEC 1.11.3).
 STATE_KEYS = (
     "name",
@@ -373,7 +375,7 @@ def stage_load(optimizer, state_dict: dict) -> StagedLoad:
     for saved_id, (p, name) in position.items():
         entry = {}
         for key, value in (saved_state.get(saved_id) or {}).items():
-            if key in DROPPED_KEYS:
+            if key in DROPPED_KEYS or (isinstance(key, str) and key.startswith(DROPPED_PREFIX)):
                 continue
             if key not in STATE_KEYS:
                 raise ValueError(f"parameter {name!r}: unknown state key {key!r}")

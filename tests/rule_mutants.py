@@ -1,0 +1,554 @@
+"""Rule mutants: for each rule the suite certifies from the constructor's and the native load's
+examples (SPEC 1.1.2, 1.1.6, 1.12.2-1.12.7), an implementation correct in everything but that rule.
+
+A *lenient* mutant lacks a refusal: it repairs what the rule refuses and goes on, as a backend
+without the check does (``betas`` of three items truncated, a ``format_version`` it does not know
+read as 1, an unknown state key dropped). A *strict* mutant refuses or mangles what the rule
+accepts (a legacy checkpoint not packed, a one-element counter tensor refused, scratch keys kept).
+Every mutant is the reference with its input rewritten before the reference sees it (constructor
+arguments, or a deep copy of the checkpoint a load is given), or its result changed after: a
+valid input passes through untouched, so each differs from the reference on its rule alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+import gefen_reference as reference
+from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+
+# ------------------------------------------------------------------------------ constructor
+
+
+def _finite_or(value, default, *, low=0.0, high=math.inf):
+    try:
+        v = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return default
+    return (
+        value if (low <= v < high or (high == math.inf and v == math.inf)) and not math.isnan(v) else default
+    )
+
+
+def _kwargs(fix):
+    def rewrite(params, kwargs):
+        return params, fix(dict(kwargs))
+
+    return rewrite
+
+
+def _set(key, fix):
+    return _kwargs(lambda kw: {**kw, key: fix(kw[key])} if key in kw else kw)
+
+
+def _betas(kw):
+    if "betas" not in kw:
+        return kw
+    b = tuple(kw["betas"])
+    return {**kw, "betas": (tuple(b) + (0.9, 0.999)[len(b) :])[:2]}
+
+
+def _beta_range(kw):
+    if "betas" not in kw:
+        return kw
+    b1, b2 = kw["betas"]
+    return {**kw, "betas": (_finite_or(b1, 0.9, high=1.0), _finite_or(b2, 0.999, high=1.0))}
+
+
+def _lr(lr):
+    if torch.is_tensor(lr) and lr.numel() != 1:
+        return lr.reshape(-1)[:1].reshape(())
+    return _finite_or(lr, 1e-3)
+
+
+def _substrings(value):
+    return tuple(str(s) for s in value)
+
+
+def _params(fix):
+    return lambda params, kwargs: (fix(params), kwargs)
+
+
+def _no_bare_tensor(params):
+    if torch.is_tensor(params):
+        raise TypeError(f"params must be an iterable of Tensors or dicts, got {type(params).__name__}")
+    return params
+
+
+def _empty_gets_a_placeholder(params):
+    params = list(params)
+    return params or [torch.nn.Parameter(torch.zeros(0))]
+
+
+def _later_tensors_grouped(params):
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return [p if isinstance(p, dict) else {"params": [p]} for p in params]
+    return params
+
+
+def _one_group_per_tensor(params):
+    params = list(params)
+    if params and not isinstance(params[0], dict):
+        return [{"params": [p]} for p in params]
+    return params
+
+
+def _non_tensors_dropped(params):
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return params
+    keep = [p for p in params if torch.is_tensor(p) or (isinstance(p, tuple) and torch.is_tensor(p[-1]))]
+    return [p for p in keep if not isinstance(p, tuple) or len(p) != 2 or torch.is_tensor(p[1])]
+
+
+def _tuples_cut_to_two(params):
+    params = list(params)
+    return [p[:2] if isinstance(p, tuple) and len(p) > 2 else p for p in params]
+
+
+def _complex_as_real(params):
+    params = list(params)
+    return [
+        torch.nn.Parameter(torch.zeros(p.shape, device=p.device))
+        if torch.is_tensor(p) and p.is_complex()
+        else p
+        for p in params
+    ]
+
+
+def _duplicates_dropped(params):
+    seen = set()
+    out = []
+    for item in list(params):
+        if isinstance(item, dict):
+            group = dict(item, params=[p for p in item["params"] if id(p) not in seen])
+            seen.update(id(p) for p in item["params"])
+            out.append(group)
+        elif id(item) not in seen:
+            seen.add(id(item))
+            out.append(item)
+    return out
+
+
+def _groups_without_params_get_one(params):
+    params = list(params)
+    return [
+        dict(p, params=[torch.nn.Parameter(torch.zeros(4))])
+        if isinstance(p, dict) and "params" not in p
+        else p
+        for p in params
+    ]
+
+
+def _empty_groups_get_a_placeholder(params):
+    params = list(params)
+    return [
+        dict(p, params=[torch.nn.Parameter(torch.zeros(0))]) if isinstance(p, dict) and not p["params"] else p
+        for p in params
+    ]
+
+
+#: rule id -> (what the mutant does, how it rewrites ``(params, kwargs)``)
+CONSTRUCTOR = {
+    "1.1.2#1": ("deterministic taken by truthiness", _set("deterministic", bool)),
+    "1.1.2#2": ("an invalid lr replaced by the default", _set("lr", _lr)),
+    "1.1.2#3": ("betas cut or padded to two items", _kwargs(_betas)),
+    "1.1.2#4": ("a beta out of range replaced by the default", _kwargs(_beta_range)),
+    "1.1.2#5": ("an invalid weight decay replaced by 0", _set("weight_decay", lambda v: _finite_or(v, 0.0))),
+    "1.1.2#6": (
+        "an invalid eps replaced by 1e-8",
+        _set("eps", lambda v: _finite_or(v, 1e-8, low=1e-45, high=1e38)),
+    ),
+    "1.1.2#7": ("a negative refresh period read as 0", _set("codebook_refresh_every", lambda v: max(v, 0))),
+    "1.1.2#11": ("period_one_substrings items taken by str()", _set("period_one_substrings", _substrings)),
+    "1.1.6#1": ("a bare tensor refused, as torch's Optimizer does", _params(_no_bare_tensor)),
+    "1.1.6#2": ("an empty list given a placeholder parameter", _params(_empty_gets_a_placeholder)),
+    "1.1.6#3": ("a tensor after group dicts made its own group", _params(_later_tensors_grouped)),
+    "1.1.6#4": ("a list of tensors split into one group each", _params(_one_group_per_tensor)),
+    "1.1.6#5": ("elements that are not tensors dropped", _params(_non_tensors_dropped)),
+    "1.1.6#6": ("a tuple cut to its first two items", _params(_tuples_cut_to_two)),
+    "1.1.6#7": ("a complex parameter replaced by a real one", _params(_complex_as_real)),
+    "1.1.6#8": ("a tensor given twice kept once", _params(_duplicates_dropped)),
+    "1.1.6#9": ("a group without params given one", _params(_groups_without_params_get_one)),
+    "1.1.6#10": ("an empty group given a placeholder parameter", _params(_empty_groups_get_a_placeholder)),
+}
+
+
+# ------------------------------------------------------------------------------ native loads
+
+_META = "_gefen_checkpoint_metadata"
+
+
+def _metadata(sd):
+    return [g[_META] for g in sd["param_groups"] if _META in g]
+
+
+def _each_metadata(fix):
+    def rewrite(sd):
+        for g in sd["param_groups"]:
+            if _META in g:
+                g[_META] = fix(dict(g[_META]))
+
+    return rewrite
+
+
+def _tag_as_bool(sd):
+    if "gefen_deterministic" in sd:
+        sd["gefen_deterministic"] = bool(sd["gefen_deterministic"])
+
+
+def _metadata_everywhere_or_nowhere(sd):
+    if 0 < len(_metadata(sd)) < len(sd["param_groups"]):
+        for g in sd["param_groups"]:
+            g.pop(_META, None)
+
+
+def _groups_agree(sd):
+    first = _metadata(sd)[0] if _metadata(sd) else None
+    if first is not None:
+        for g in sd["param_groups"]:
+            g[_META] = dict(first)
+
+
+def _top_from_metadata(sd):
+    first = _metadata(sd)[0] if _metadata(sd) else {}
+    for top, key in (("gefen_global_step", "global_step"), ("gefen_codebook", "codebook")):
+        if top in sd and key in first:
+            sd[top] = first[key]
+
+
+def _live_deterministic(optimizer, sd):
+    for key in ("gefen_deterministic",):
+        if key in sd:
+            sd[key] = optimizer.deterministic
+    _each_metadata(lambda m: {**m, "deterministic": optimizer.deterministic} if "deterministic" in m else m)(
+        sd
+    )
+
+
+def _codebook_invented(sd):
+    if sd.get("gefen_codebook") is None and any("m_codebook" in e for e in sd["state"].values()):
+        cb = torch.linspace(-1.0, 1.0, 256)
+        sd["gefen_codebook"] = cb
+        _each_metadata(lambda m: {**m, "codebook": cb.clone()})(sd)
+
+
+def _params_repacked(optimizer, sd):
+    saved = sd["param_groups"]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if len(saved) != len(sizes) or [len(g["params"]) for g in saved] == sizes:
+        return
+    flat = [
+        (p, n, s)
+        for g in saved
+        for p, n, s in zip(g["params"], g["param_names"], g["param_names_synthesized"])
+    ]
+    for g, size in zip(saved, sizes):
+        taken, flat = flat[:size], flat[size:]
+        g["params"], g["param_names"], g["param_names_synthesized"] = (list(x) for x in zip(*taken))
+
+
+def _missing_hypers_from_live(optimizer, sd):
+    for saved, live in zip(sd["param_groups"], optimizer.param_groups):
+        for key in ("lr", "beta1", "beta2", "eps", "weight_decay"):
+            saved.setdefault(key, live[key])
+
+
+def _names_of_another_length_dropped(sd):
+    for g in sd["param_groups"]:
+        if "param_names" in g and len(g["param_names"]) != len(g["params"]):
+            del g["param_names"]
+            g.pop("param_names_synthesized", None)
+
+
+def _counter(value):
+    if torch.is_tensor(value):
+        value = value.reshape(-1)[0].item()
+    return abs(int(round(float(value))))
+
+
+def _counters_coerced(sd):
+    if "gefen_global_step" in sd:
+        sd["gefen_global_step"] = _counter(sd["gefen_global_step"])
+    _each_metadata(lambda m: {**m, "global_step": _counter(m["global_step"])} if "global_step" in m else m)(
+        sd
+    )
+    for entry in sd["state"].values():
+        for key in ("step", "vmean_step", "factored_step"):
+            if key in entry:
+                entry[key] = _counter(entry[key])
+
+
+def _one_element_counters_refused(sd):
+    for entry in sd["state"].values():
+        for key in ("step", "vmean_step", "factored_step"):
+            if torch.is_tensor(entry.get(key)) and entry[key].dim() == 1:
+                raise ValueError(f"counter {key} must be a scalar")
+
+
+def _period_from_indices(sd):
+    for entry in sd["state"].values():
+        if "automatic_period" in entry and "m_codebook" in entry:
+            entry["automatic_period"] = int(entry["m_codebook"].shape[-1])
+
+
+def _stateless_entries_cleared(sd):
+    for entry in sd["state"].values():
+        if "m_codebook" not in entry and "m_magnitude" not in entry:
+            for key in [k for k in entry if k != "name"]:
+                del entry[key]
+
+
+def _momentum_repaired(optimizer, sd):
+    sizes = [p.numel() for g in optimizer.param_groups for p in g["params"]]
+    for pid, entry in sd["state"].items():
+        if "m_codebook" not in entry:
+            continue
+        period = int(entry.get("automatic_period", 1))
+        rows = sizes[int(pid)] // period
+        entry["m_codebook"] = entry["m_codebook"].to(torch.uint8).reshape(rows, period)
+        magnitude = entry.get("m_magnitude", torch.ones(rows, 1))
+        entry["m_magnitude"] = torch.nan_to_num(magnitude.abs(), nan=1.0)
+        entry["step"] = max(int(entry.get("step", 1)), 1)
+
+
+def _second_moment_repaired(optimizer, sd):
+    for entry in sd["state"].values():
+        if "m_codebook" not in entry:
+            continue
+        rows = entry["m_codebook"].shape[0]
+        vmean = entry.get("vmean", torch.zeros(rows, 1))
+        entry["vmean"] = vmean.abs().reshape(rows, 1)
+        if "vmean_step" in entry:
+            entry["vmean_step"] = max(int(entry["vmean_step"]), 1)
+
+
+def _vmean_without_step_refused(sd):
+    for entry in sd["state"].values():
+        if "vmean" in entry and "vmean_step" not in entry:
+            raise ValueError("vmean without vmean_step")
+
+
+def _unknown_keys_dropped(sd):
+    known = {"name", "automatic_period", "step", "m_codebook", "m_magnitude", "vmean", "vmean_step"}
+    known |= {"v_row", "v_col", "factored_step"}
+    for entry in sd["state"].values():
+        for key in [
+            k for k in entry if k not in known and not k.startswith("_capt_") and k != "m_codebook_shape"
+        ]:
+            del entry[key]
+
+
+def _codebook_repaired(sd):
+    def fix(cb):
+        if cb is None:
+            return None
+        cb = cb.float().reshape(-1)
+        cb = torch.nn.functional.interpolate(cb.view(1, 1, -1), size=256, mode="linear").view(-1)
+        cb, _ = torch.sort(cb)
+        cb[0], cb[-1] = -1.0, 1.0
+        return cb
+
+    if sd.get("gefen_codebook") is not None:
+        sd["gefen_codebook"] = fix(sd["gefen_codebook"])
+    _each_metadata(lambda m: {**m, "codebook": fix(m.get("codebook"))})(sd)
+
+
+def _group_hypers_repaired(sd):
+    for g in sd["param_groups"]:
+        g["lr"] = _lr(g["lr"]) if not torch.is_tensor(g["lr"]) else g["lr"]
+        g["eps"] = _finite_or(g["eps"], 1e-8, low=1e-45, high=1e38)
+        g["beta1"] = _finite_or(g["beta1"], 0.9, high=1.0)
+        g["beta2"] = _finite_or(g["beta2"], 0.999, high=1.0)
+
+
+def _legacy_first_hypers(optimizer, sd):
+    saved = sd["param_groups"]
+    if len(saved) == len(optimizer.param_groups) or any(len(g["params"]) != 1 for g in saved):
+        return
+    at = 0
+    for live in optimizer.param_groups:
+        first = saved[at]
+        for g in saved[at : at + len(live["params"])]:
+            for key in ("lr", "beta1", "beta2", "eps", "weight_decay"):
+                g[key] = first[key]
+        at += len(live["params"])
+
+
+def _legacy_refused(optimizer, sd):
+    if len(sd["param_groups"]) != len(optimizer.param_groups):
+        raise ValueError("the checkpoint's groups do not match the optimizer's")
+
+
+def _version_1(m):
+    return {**m, "format_version": 1} if m.get("format_version") not in (1, 2) else m
+
+
+def _version_2_refused(sd):
+    if any(m.get("format_version") == 2 for m in _metadata(sd)):
+        raise ValueError("unsupported checkpoint format_version 2")
+
+
+def _global_step_absent_is_zero(sd):
+    sd.setdefault("gefen_global_step", 0)
+
+
+def _untagged_resets(optimizer, sd):
+    if "gefen_deterministic" not in sd and not any("deterministic" in m for m in _metadata(sd)):
+        optimizer.deterministic = False
+
+
+def _bool_metadata_tag(m):
+    return {**m, "deterministic": bool(m["deterministic"])} if "deterministic" in m else m
+
+
+#: rule id -> [(lenient|strict, what the mutant does, rewrite(sd) or rewrite(optimizer, sd), before|after)]
+NATIVE_LOAD = {
+    "1.12.2#1": [("lenient", "a deterministic tag taken by truthiness", _tag_as_bool)],
+    "1.12.2#2": [("lenient", "metadata on some groups ignored", _metadata_everywhere_or_nowhere)],
+    "1.12.2#3": [
+        ("lenient", "an unknown format version read as 1", _each_metadata(_version_1)),
+        ("strict", "format version 2 refused", _version_2_refused),
+    ],
+    "1.12.2#4": [("lenient", "a metadata tag taken by truthiness", _each_metadata(_bool_metadata_tag))],
+    "1.12.2#5": [("lenient", "group 0's metadata taken for every group", _groups_agree)],
+    "1.12.2#6": [
+        ("lenient", "the top level overridden by the metadata", _top_from_metadata),
+        ("strict", "a global step absent at the top level read as 0", _global_step_absent_is_zero),
+    ],
+    "1.12.2#7": [
+        ("lenient", "the live deterministic setting kept over the checkpoint's", _live_deterministic),
+        ("strict", "an untagged checkpoint resets deterministic", _untagged_resets, "after"),
+    ],
+    "1.12.2#8": [("lenient", "a missing codebook replaced by an even one", _codebook_invented)],
+    "1.12.3#2": [("lenient", "parameters re-split by the live group sizes", _params_repacked)],
+    "1.12.3#3": [
+        ("lenient", "a missing hyperparameter taken from the live group", _missing_hypers_from_live)
+    ],
+    "1.12.3#4": [("lenient", "param_names of another length ignored", _names_of_another_length_dropped)],
+    "1.12.4#1": [
+        ("lenient", "counters coerced to non-negative ints", _counters_coerced),
+        ("strict", "one-element 1-D counter tensors refused", _one_element_counters_refused),
+    ],
+    "1.12.4#2": [("lenient", "the period taken from the indices' shape", _period_from_indices)],
+    "1.12.4#3": [("lenient", "counters of a state without momentum dropped", _stateless_entries_cleared)],
+    "1.12.4#4": [("lenient", "momentum reshaped, cast and clamped", _momentum_repaired)],
+    "1.12.4#5": [
+        ("lenient", "the second moment reshaped, clamped or zero-filled", _second_moment_repaired),
+        ("strict", "vmean without vmean_step refused", _vmean_without_step_refused),
+    ],
+    "1.12.4#6": [
+        ("lenient", "unknown state keys dropped", _unknown_keys_dropped),
+        ("strict", "scratch keys kept in the live state", None, "keep-scratch"),
+    ],
+    "1.12.5": [("lenient", "the codebook cast, resized, sorted and pinned to -1 and 1", _codebook_repaired)],
+    "1.12.6": [("lenient", "saved hyperparameters repaired instead of validated", _group_hypers_repaired)],
+    "1.12.7": [
+        ("lenient", "legacy groups packed with the first group's hyperparameters", _legacy_first_hypers),
+        ("strict", "legacy checkpoints not packed", _legacy_refused),
+    ],
+}
+
+
+def _takes_optimizer(fn) -> bool:
+    return fn.__code__.co_argcount == 2
+
+
+class _LoadMutant(reference.Gefen):
+    rewrite = None
+    when = "before"
+
+    def load_state_dict(self, state_dict):
+        if self.when == "keep-scratch":
+            scratch = {
+                pid: {k: v for k, v in e.items() if k.startswith("_capt_") or k == "m_codebook_shape"}
+                for pid, e in state_dict["state"].items()
+            }
+            super().load_state_dict(state_dict)
+            params = [p for g in self.param_groups for p in g["params"]]
+            for pid, extra in scratch.items():
+                self.state[params[int(pid)]].update(extra)
+            return
+        if self.when == "after":
+            super().load_state_dict(state_dict)
+            type(self).rewrite(self, state_dict)
+            return
+        state_dict = copy.deepcopy(state_dict)
+        rewrite = type(self).rewrite
+        rewrite(self, state_dict) if _takes_optimizer(rewrite) else rewrite(state_dict)
+        super().load_state_dict(state_dict)
+
+    def state_dict(self):
+        sd = super().state_dict()
+        if self.when == "keep-scratch":
+            params = [p for g in self.param_groups for p in g["params"]]
+            for i, p in enumerate(params):
+                for k, v in self.state[p].items():
+                    if k.startswith("_capt_") or k == "m_codebook_shape":
+                        sd["state"][i][k] = v
+        return sd
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleMutant:
+    rule: str
+    kind: str  # lenient or strict
+    what: str
+    implementation: object
+
+    @property
+    def id(self) -> str:
+        return f"{self.rule}-{self.kind}"
+
+
+def _implementation(name: str, make_optimizer, profile: str):
+    base = registry.resolve("reference")
+    capabilities = base.capabilities - ({CPU_BIT_EXACT} if profile == "tolerance" else set())
+    return dataclasses.replace(base, name=name, make_optimizer=make_optimizer, capabilities=capabilities)
+
+
+def _constructor_mutant(rewrite):
+    def make_optimizer(params, **kwargs):
+        params, kwargs = rewrite(params, kwargs)
+        return reference.Gefen(params, **kwargs)
+
+    return make_optimizer
+
+
+def _load_mutant(rewrite, when):
+    cls = type(
+        "LoadMutant", (_LoadMutant,), {"rewrite": staticmethod(rewrite) if rewrite else None, "when": when}
+    )
+    if rewrite is not None:
+        cls.rewrite = rewrite  # a plain function: called as rewrite(sd) or rewrite(optimizer, sd)
+
+    def make_optimizer(params, **kwargs):
+        return cls(params, **kwargs)
+
+    return make_optimizer
+
+
+def mutants(profile: str) -> list:
+    """Every rule mutant, declared in ``profile`` (``torch-exact`` or ``tolerance``)."""
+    out = []
+    for rule, (what, rewrite) in CONSTRUCTOR.items():
+        kind = "strict" if rule in ("1.1.6#1", "1.1.6#4") else "lenient"
+        impl = _implementation(f"rule-{rule}-{kind}", _constructor_mutant(rewrite), profile)
+        out.append(RuleMutant(rule, kind, what, impl))
+    for rule, entries in NATIVE_LOAD.items():
+        for kind, what, rewrite, *when in entries:
+            impl = _implementation(
+                f"rule-{rule}-{kind}", _load_mutant(rewrite, (when or ["before"])[0]), profile
+            )
+            out.append(RuleMutant(rule, kind, what, impl))
+    return out
+
+
+__all__ = ["CONSTRUCTOR", "NATIVE_LOAD", "RuleMutant", "mutants", "np"]

@@ -1,0 +1,97 @@
+"""Certified means killed (SPEC 0.2.4): every rule the suite names by id has a mutant, an
+implementation wrong in that rule alone, that a suite test naming the rule fails, in both
+profiles; and the reference passes every example.
+
+The constructor's and the native load's rules are proven here in-process (their checks are exact
+and take milliseconds, tests/rule_mutants.py); rules that are single clauses are proven by the
+catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from gefen_conformance.certificate import rules
+from gefen_conformance.implementations import registry
+from gefen_conformance.suite import rule_checks
+from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted
+
+from . import rule_mutants
+from .mutants import CATALOGUE, PROFILES
+
+SUITE = Path(rule_checks.__file__).parent
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD
+
+#: Rules the suite names by id that no mutant kills yet: the suite checks them, and the
+#: certificate counts them, but no mutant has shown that the check can fail for that rule alone.
+#: An entry that gains a mutant must leave; a rule newly named without one fails the test below.
+WITHOUT_A_MUTANT = frozenset(
+    {
+        "1.1.5", "1.2.6", "1.3.6", "1.5.1", "1.6.1", "1.8.2", "1.8.4", "1.9.2", "1.10.7",
+        "1.10.12", "1.12.1", "1.12.9", "2.2.1", "2.2.4", "2.4.1", "2.4.5", "2.5.2", "2.6.2",
+        "3.1.2", "3.2.3", "3.3.7", "3.4.4", "3.4.5", "3.5.1", "3.5.2", "3.5.3", "3.5.4",
+        "3.5.5", "3.6.5", "3.7.1", "3.7.2", "3.8.1", "3.10.2",
+    }
+)  # fmt: skip
+
+
+def _check(example):
+    return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("mutant", rule_mutants.mutants("torch-exact"), ids=lambda m: m.id)
+def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
+    (declared,) = [m for m in rule_mutants.mutants(profile) if m.id == mutant.id]
+    failures = []
+    for example in (e for e in EXAMPLES if e.rule == mutant.rule):
+        try:
+            _check(example)(declared.implementation, example)
+        except AssertionError as failure:
+            failures.append(str(failure))
+    assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
+    assert all(f.startswith(f"SPEC {mutant.rule} (") for f in failures), failures
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.rule}-{e.what}")
+def test_the_reference_passes_every_example(example):
+    _check(example)(registry.resolve("reference"), example)
+
+
+def test_every_rule_of_the_examples_has_its_mutants():
+    """A refusal needs a lenient mutant (the check left out), an acceptance a strict one."""
+    kinds = {(m.rule, m.kind) for m in rule_mutants.mutants("torch-exact")}
+    needed = {(e.rule, "strict" if isinstance(e, (Built, LoadAccepted)) else "lenient") for e in EXAMPLES}
+    assert needed <= kinds, sorted(needed - kinds)
+    assert {r for r, _ in kinds} <= {e.rule for e in EXAMPLES}
+
+
+def _named_by_the_suite() -> set:
+    """The rule ids the suite's tests name: their ``gefen_clause`` marks' strings, the pinned
+    steps' clauses and the examples' rules."""
+    named = {e.rule for e in EXAMPLES}
+    for path in SUITE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "gefen_clause":
+                named |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    from gefen_conformance.suite.pinned_steps import CLAUSES
+
+    named |= {c for clauses in CLAUSES.values() for c in clauses}
+    return named & rules.rule_ids()
+
+
+def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
+    named = _named_by_the_suite()
+    killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
+    killed |= {m.rule for m in rule_mutants.mutants("torch-exact")}
+    unproven = named - killed
+    assert not unproven - WITHOUT_A_MUTANT, (
+        f"named by the suite, killed by no mutant: {sorted(unproven - WITHOUT_A_MUTANT)}"
+    )
+    assert not WITHOUT_A_MUTANT - unproven, (
+        f"listed but killed or no longer named: {sorted(WITHOUT_A_MUTANT - unproven)}"
+    )
+    marked = {r["id"] for r in rules.register()["rules"] if r.get("not_certified")}
+    assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
