@@ -30,7 +30,7 @@ import torch
 from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.suite import reference_side, step_checks
 from gefen_conformance.workload import models, runs
-from gefen_oracles import codebook_quality, native_compare, pinned_step
+from gefen_oracles import codebook_quality, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 DTYPE = torch.float32
@@ -169,12 +169,15 @@ def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact:
     if len(impl.calls) != len(reference.calls):
         out.problem(f"{len(impl.calls)} calls recorded, expected {len(reference.calls)}")
     for k, (reference_call, impl_call) in enumerate(zip(reference.calls, impl.calls), 1):
-        where = f"call {k} of {len(reference.calls)}" + (" (found_inf set)" if reference_call.skipped else "")
-        exact = native_compare.exact_problems(
-            reference_call.state_after, impl_call.state_after, codebook_exact=codebook_exact
+        _, exact = step_checks.exact_rules(
+            out,
+            k,
+            len(reference.calls),
+            reference_call.skipped,
+            reference_call.state_after,
+            impl_call.state_after,
+            codebook_exact=codebook_exact,
         )
-        for problem in exact:
-            out.problem(f"{where}: {problem}")
         if exact:
             break
         steps = []
@@ -201,16 +204,10 @@ def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact:
                         entry_after,
                     )
                 else:
+                    hypers = reference_call.hypers[g]
                     steps.append(
-                        pinned_step.ParamStep(
-                            name=name,
-                            p0=impl_call.before[name],
-                            p1=impl_call.after[name],
-                            grad=grad,
-                            before=entry_before,
-                            after=entry_after,
-                            factored=False,
-                            **reference_call.hypers[g],
+                        step_checks.pinned(
+                            impl_call, name, name, grad, entry_before, entry_after, hypers, factored=False
                         )
                     )
         if steps:
