@@ -5,7 +5,8 @@ A scenario is a function of one :class:`Side` (its parameters and optimizer over
 :data:`gefen_conformance.workload.models.OPTIMIZER`, fp32, block path, at the pinned start, SPEC
 5.6.1, with the reference's state after three steps loaded or fresh) that makes its calls through
 :meth:`Side.call` or :meth:`Side.step`; :func:`run_both` runs it on the reference's side (CPU) and
-on the implementation's (the run's device), and :func:`compare` judges the implementation's side:
+on the implementation's (the run's device), and :func:`compare` judges the implementation's side
+(:func:`compared` does both):
 
 * what that side observed of the protocol itself (``Side.seen``: a closure's loss returned,
   gradients unscaled in place, compact state dict tensors, a load that copies; exact in both
@@ -160,6 +161,15 @@ def compare(reference: Side, impl: Side, bitwise: bool, *, codebook_exact: bool 
     out.merge(impl.seen)
     out.merge(compare_calls(reference, impl, bitwise, codebook_exact=codebook_exact))
     return out
+
+
+def compared(
+    impl: Implementation, scenario: Callable[[Side], Any], bitwise: bool, *, load: bool = True
+) -> Comparisons:
+    """``scenario`` run by the reference and by the implementation ``impl`` (:func:`run_both`), the
+    implementation's side judged against the reference's (:func:`compare`)."""
+    reference, side = run_both(impl, scenario, load=load)
+    return compare(reference, side, bitwise)
 
 
 def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact: bool = True) -> Comparisons:
