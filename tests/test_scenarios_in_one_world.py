@@ -165,8 +165,8 @@ def test_a_reshard_on_part_of_one_world_passes_the_suites_checks(tmp_path):
     compared = restore_checks.restored_and_resaved(restore)
     assert compared.ok, "\n".join(compared.problems)
     pool = checkpoints.Checkpoints(tmp_path / "pool").trained_and_saved(reference, "base", ranks=2)
-    assert payload_md5s(restore.source) == payload_md5s(pool.path)
-    assert all(torch.equal(restore.saved_params[n], v) for n, v in pool.params.items())
+    assert payload_md5s(restore.saved.path) == payload_md5s(pool.path)
+    assert all(torch.equal(restore.saved.params[n], v) for n, v in pool.params.items())
 
 
 def test_a_scenario_larger_than_the_world_is_skipped_with_the_launchers_reason(tmp_path):

@@ -104,16 +104,6 @@ class Restore:
     resave: Path
     reports: list
 
-    @property
-    def source(self) -> Path:
-        """The checkpoint restored."""
-        return self.saved.path
-
-    @property
-    def saved_params(self) -> dict:
-        """The full parameters the checkpoint was saved from."""
-        return self.saved.params
-
     def describe(self) -> str:
         """The restore in words (a failed test's ``input``)."""
         saved = self.saved

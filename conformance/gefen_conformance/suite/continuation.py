@@ -4,10 +4,11 @@ items 3 and 5): what ``test_dcp_continuation.py`` runs and checks.
 * the rank bodies: :func:`save_reference` (the reference trains :data:`MODEL` and saves it) and
   :func:`restore_and_continue` (a stepped optimizer restores a checkpoint, re-saves at once and
   after each of ``CONTINUATION`` steps);
-* the steps a test calls, each made once per session in the ``gefen_checkpoints`` cache:
+* the steps, each made once per session in the ``gefen_checkpoints`` cache:
   :func:`trained_and_saved` (the reference's checkpoint on ``SOURCE`` ranks), then
   :func:`restored_and_continued` (one side's restore and continuation on a :class:`Target`; a
-  rank that raised fails the test there);
+  rank that raised fails the test there); a test calls :func:`run_both`, which takes them for
+  both sides;
 * the checks: :func:`restore_comparisons` (the restore, SPEC 5.6.11) and
   :func:`steps_comparisons` (the steps after it, SPEC 5.6.22).
 
@@ -213,6 +214,23 @@ def restored_and_continued(
     continued = cache.once(("continued", by.spec, MODEL, dtype, SOURCE, target), make)
     assert_no_problems(failures(continued))
     return continued
+
+
+def run_both(
+    cache: checkpoints.Checkpoints,
+    reference: Implementation,
+    impl: Implementation,
+    *,
+    dtype: str,
+    target: Target,
+) -> tuple[Continued, Continued]:
+    """``(reference, impl)``: the reference's checkpoint for ``target`` (:func:`trained_and_saved`)
+    restored and continued by the implementation ``impl``, then by the reference
+    (:func:`restored_and_continued`)."""
+    checkpoint = trained_and_saved(cache, reference, dtype, steps=target.source_steps)
+    by_impl = restored_and_continued(cache, checkpoint, by=impl, dtype=dtype, target=target)
+    by_reference = restored_and_continued(cache, checkpoint, by=reference, dtype=dtype, target=target)
+    return by_reference, by_impl
 
 
 def failures(continued: Continued) -> list[str]:

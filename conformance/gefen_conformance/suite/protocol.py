@@ -5,7 +5,8 @@ A scenario is a function of one :class:`Side` (its parameters and optimizer over
 :data:`gefen_conformance.workload.models.OPTIMIZER`, fp32, block path, at the pinned start, SPEC
 5.6.1, with the reference's state after three steps loaded or fresh) that makes its calls through
 :meth:`Side.call` or :meth:`Side.step`; :func:`run_both` runs it on the reference's side (CPU) and
-on the implementation's (the run's device), and :func:`compare` judges the implementation's side:
+on the implementation's (the run's device), and :func:`compare` judges the implementation's side
+(:func:`compared` does both):
 
 * what that side observed of the protocol itself (``Side.seen``: a closure's loss returned,
   gradients unscaled in place, compact state dict tensors, a load that copies; exact in both
@@ -30,7 +31,7 @@ import torch
 from gefen_conformance.implementations.contract import Implementation
 from gefen_conformance.suite import reference_side, step_checks
 from gefen_conformance.workload import models, runs
-from gefen_oracles import codebook_quality, native_compare, pinned_step
+from gefen_oracles import codebook_quality, pinned_step
 from gefen_oracles.numeric import Comparisons, bitwise_comparison
 
 DTYPE = torch.float32
@@ -162,6 +163,15 @@ def compare(reference: Side, impl: Side, bitwise: bool, *, codebook_exact: bool 
     return out
 
 
+def compared(
+    impl: Implementation, scenario: Callable[[Side], Any], bitwise: bool, *, load: bool = True
+) -> Comparisons:
+    """``scenario`` run by the reference and by the implementation ``impl`` (:func:`run_both`), the
+    implementation's side judged against the reference's (:func:`compare`)."""
+    reference, side = run_both(impl, scenario, load=load)
+    return compare(reference, side, bitwise)
+
+
 def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact: bool = True) -> Comparisons:
     """Each call of the implementation against the reference's same call (SPEC 5.6.13); the first
     call whose exact rules differ ends the comparison."""
@@ -169,12 +179,15 @@ def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact:
     if len(impl.calls) != len(reference.calls):
         out.problem(f"{len(impl.calls)} calls recorded, expected {len(reference.calls)}")
     for k, (reference_call, impl_call) in enumerate(zip(reference.calls, impl.calls), 1):
-        where = f"call {k} of {len(reference.calls)}" + (" (found_inf set)" if reference_call.skipped else "")
-        exact = native_compare.exact_problems(
-            reference_call.state_after, impl_call.state_after, codebook_exact=codebook_exact
+        _, exact = step_checks.exact_rules(
+            out,
+            k,
+            len(reference.calls),
+            reference_call.skipped,
+            reference_call.state_after,
+            impl_call.state_after,
+            codebook_exact=codebook_exact,
         )
-        for problem in exact:
-            out.problem(f"{where}: {problem}")
         if exact:
             break
         steps = []
@@ -201,16 +214,10 @@ def compare_calls(reference: Side, impl: Side, bitwise: bool, *, codebook_exact:
                         entry_after,
                     )
                 else:
+                    hypers = reference_call.hypers[g]
                     steps.append(
-                        pinned_step.ParamStep(
-                            name=name,
-                            p0=impl_call.before[name],
-                            p1=impl_call.after[name],
-                            grad=grad,
-                            before=entry_before,
-                            after=entry_after,
-                            factored=False,
-                            **reference_call.hypers[g],
+                        step_checks.pinned(
+                            impl_call, name, name, grad, entry_before, entry_after, hypers, factored=False
                         )
                     )
         if steps:

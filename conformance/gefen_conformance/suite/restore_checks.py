@@ -51,12 +51,12 @@ def resave_failures(restore: Restore) -> list[str]:
 def model(restore: Restore) -> Comparisons:
     """Restored model parameters (gathered) against those saved and those the oracle reads: DCP
     copies the parameters' bytes, exact in every profile (SPEC 3.7.1)."""
-    on_disk = read_nested(restore.source)["model"]
+    on_disk = read_nested(restore.saved.path)["model"]
     differing = total = 0
     problems = []
     for rank, report in enumerate(restore.reports):
         for name, value in report.full_params.items():
-            for what, expected in (("saved", restore.saved_params[name]), ("checkpoint", on_disk[name])):
+            for what, expected in (("saved", restore.saved.params[name]), ("checkpoint", on_disk[name])):
                 total += expected.numel()
                 if value.dtype != expected.dtype or value.shape != expected.shape:
                     differing += expected.numel()
@@ -123,7 +123,7 @@ def resaved(restore: Restore) -> Comparisons:
     failures = resave_failures(restore)
     if failures:
         return _failed(failures)
-    original = read_nested(restore.source)
+    original = read_nested(restore.saved.path)
     again = read_nested(restore.resave)
     out = resaved_state(original["optimizer"], again["optimizer"], len(restore.reports))
     out.merge(

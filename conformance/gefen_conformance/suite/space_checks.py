@@ -137,12 +137,15 @@ def compare_case(case: InputCase, start: dict, reference, impl, bitwise: bool) -
     before_sd = start
     learned = None
     for k, (reference_call, impl_call) in enumerate(zip(reference.calls, impl.calls), 1):
-        where = f"call {k} of {case.calls}" + (" (found_inf set)" if impl_call.skipped else "")
-        exact = native_compare.exact_problems(
-            reference_call.state_dict, impl_call.state_dict, codebook_exact=codebook_exact
+        where, exact = step_checks.exact_rules(
+            comparisons,
+            k,
+            case.calls,
+            impl_call.skipped,
+            reference_call.state_dict,
+            impl_call.state_dict,
+            codebook_exact=codebook_exact,
         )
-        for problem in exact:
-            comparisons.problem(f"{where}: {problem}")
         if case.protocol == "closure" and not (
             torch.is_tensor(impl_call.loss) and torch.equal(impl_call.loss, impl_call.expected_loss)
         ):
@@ -204,15 +207,8 @@ def compare_case(case: InputCase, start: dict, reference, impl, bitwise: bool) -
                     period = entry_after["automatic_period"]
                     _run_indices(comparisons, name, grad, period, codebook, *indices)
             steps.append(
-                pinned_step.ParamStep(
-                    name=name,
-                    p0=impl_call.before[i],
-                    p1=impl_call.after[i],
-                    grad=grad,
-                    before=entry_before,
-                    after=entry_after,
-                    factored=factored(case, i),
-                    **hypers,
+                step_checks.pinned(
+                    impl_call, i, name, grad, entry_before, entry_after, hypers, factored=factored(case, i)
                 )
             )
         if steps and codebook is None:

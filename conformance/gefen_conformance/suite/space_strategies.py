@@ -61,16 +61,7 @@ BETAS = [(0.9, 0.999), (0.8, 0.99), (0.5, 0.9), (0.95, 0.9999), (0.0, 0.999)]
 EPS = [1e-8, 1e-6, 1e-3]
 WEIGHT_DECAYS = [0.0, 0.0, 0.01, 0.1]
 #: Gradient patterns drawn for a parameter: mostly ordinary values.
-_GRADIENT_DRAWS = ["normal"] * 5 + [
-    "zero",
-    "zero-half",
-    "tiny",
-    "huge",
-    "none",
-    "late",
-    "powers-of-two",
-    "signs",
-]
+_GRADIENT_DRAWS = ["normal"] * 5 + "zero zero-half tiny huge none late powers-of-two signs".split()
 
 _shape = st.sampled_from(SHAPES)
 _dtype = st.sampled_from(list(DTYPES))
@@ -133,14 +124,7 @@ def input_cases(draw, protocols=("plain",), frozen_share: int = 8):
 
 #: Small shapes a lifecycle case repeats (cheap even a hundred times over).
 _REPEATED = [(8,), (37,), (16, 8), (2, 3, 4, 5), (1,), (64,)]
-_LIFECYCLE_GRADIENTS = ["normal"] * 4 + [
-    "odd-calls",
-    "even-calls",
-    "near-constant",
-    "row-scaled",
-    "signs",
-    "none",
-]
+_LIFECYCLE_GRADIENTS = ["normal"] * 4 + "odd-calls even-calls near-constant row-scaled signs none".split()
 
 
 @st.composite

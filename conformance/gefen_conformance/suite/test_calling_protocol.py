@@ -5,9 +5,8 @@ Each test is one scenario: a function of one side (:class:`gefen_conformance.sui
 parameters and an optimizer over :data:`gefen_conformance.workload.models.OPTIMIZER`, fp32, block
 path, the pinned workload's start, SPEC 5.6.1, from the reference's state after three steps or
 fresh) that makes the calls. The reference (on CPU) and the implementation (on the run's device)
-each run it (:func:`~gefen_conformance.suite.protocol.run_both`), and every call of the
-implementation is judged against the reference's same call (SPEC 5.6.13,
-:func:`~gefen_conformance.suite.protocol.compare`):
+each run it, and every call of the implementation is judged against the reference's same call
+(SPEC 5.6.13; :func:`~gefen_conformance.suite.protocol.compared`):
 
 * exact in both profiles: counters, periods, names, hyperparameters, key sets, dtypes and shapes of
   the state, the codebook and the global step; a parameter that must not step (no gradient, or a
@@ -101,8 +100,9 @@ def test_found_inf_skips_the_step(gefen_impl, gefen_judge, variant):
         side.call(later, opt.step)
         del opt.grad_scale, opt.found_inf
 
-    reference, impl = protocol.run_both(gefen_impl, overflowed_call_then_a_clean_one)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, overflowed_call_then_a_clean_one, gefen_judge.bitwise)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.3", "1.10.4", "1.10.12", "5.6.13")
@@ -127,8 +127,7 @@ def test_grad_scale_unscales_the_gradients_in_place(gefen_impl, gefen_judge, var
             what = "grad_scale: gradients unscaled in place"
             side.seen.add(bitwise_comparison(what, grads[n], given[n], label=f"{n}.grad after the step"))
 
-    reference, impl = protocol.run_both(gefen_impl, call_under_grad_scale)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(protocol.compared(gefen_impl, call_under_grad_scale, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.11", "1.2.6", "5.6.13")
@@ -158,8 +157,9 @@ def test_zero_grad_then_some_parameters_get_no_gradient(gefen_impl, gefen_judge,
             side.params[n].grad = later[n].to(side.params[n].device)
         side.call(later, side.optimizer.step)
 
-    reference, impl = protocol.run_both(gefen_impl, step_zero_grad_then_some_gradients)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, step_zero_grad_then_some_gradients, gefen_judge.bitwise)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.1", "1.10.11", "5.6.13")
@@ -196,8 +196,7 @@ def test_closure_runs_forward_and_backward(gefen_impl, gefen_judge, variant):
             wrong.append(f"grad mode after step is {enabled_after}, not the caller's")
         side.seen.exact("closure: forward and backward inside step", len(wrong), 2, wrong)
 
-    reference, impl = protocol.run_both(gefen_impl, step_with_a_closure)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(protocol.compared(gefen_impl, step_with_a_closure, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.13", "1.12.12", "5.6.13")
@@ -212,8 +211,7 @@ def test_hyperparameter_change_alone_takes_effect(gefen_impl, gefen_judge, varia
         HYPERPARAMETER_CHANGES[variant](side.optimizer)
         side.step(protocol.grads(2))
 
-    reference, impl = protocol.run_both(gefen_impl, step_change_step)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(protocol.compared(gefen_impl, step_change_step, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.4.2", "5.6.13")
@@ -228,8 +226,7 @@ def test_tensor_lr_written_through_an_alias_takes_effect(gefen_impl, gefen_judge
         LR_WRITES[variant](side.optimizer.param_groups[0]["lr"])
         side.step(protocol.grads(2))
 
-    reference, impl = protocol.run_both(gefen_impl, step_halve_the_lr_step)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(protocol.compared(gefen_impl, step_halve_the_lr_step, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.11.5", "5.6.13")
@@ -242,8 +239,9 @@ def test_state_dict_tensors_are_compact(gefen_impl, gefen_judge):
             side.step(protocol.grads(call))
             protocol.compact(side.seen, f"after call {call}", side.optimizer.state_dict())
 
-    reference, impl = protocol.run_both(gefen_impl, two_steps_each_inspected)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, two_steps_each_inspected, gefen_judge.bitwise)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.12.8", "1.12.9", "1.12.12", "5.6.13")
@@ -264,8 +262,9 @@ def test_load_copies_the_callers_state(gefen_impl, gefen_judge):
         side.step(protocol.grads(1))
         step_checks.same_tensors(side.seen, "the caller's dict after a load and a step", kept, sd)
 
-    reference, impl = protocol.run_both(gefen_impl, load_change_the_dict_step, load=False)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, load_change_the_dict_step, gefen_judge.bitwise, load=False)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.13", "5.6.13")
@@ -284,8 +283,7 @@ def test_tensor_hyperparameter_changed_in_place_takes_effect(gefen_impl, gefen_j
             group[variant].fill_(CHANGED[variant](float(group[variant])))
         side.step(protocol.grads(2))
 
-    reference, impl = protocol.run_both(gefen_impl, step_fill_step)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(protocol.compared(gefen_impl, step_fill_step, gefen_judge.bitwise))
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.11.2", "1.12.3", "1.12.4", "1.12.8", "5.6.13")
@@ -305,8 +303,9 @@ def test_load_of_another_checkpoint_form(gefen_impl, gefen_judge, variant):
             side.step(protocol.grads(call))
             protocol.int_counters(side.seen, f"after call {call}", side.optimizer.state_dict())
 
-    reference, impl = protocol.run_both(gefen_impl, load_the_form_then_two_steps, load=False)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, load_the_form_then_two_steps, gefen_judge.bitwise, load=False)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.12.13", "5.6.13")
@@ -330,5 +329,6 @@ def test_load_pre_hook_result_is_loaded(gefen_impl, gefen_judge):
         for call in (1, 2):
             side.step(protocol.grads(call))
 
-    reference, impl = protocol.run_both(gefen_impl, load_through_the_hook_then_two_steps, load=False)
-    gefen_judge.assert_comparisons(protocol.compare(reference, impl, gefen_judge.bitwise))
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, load_through_the_hook_then_two_steps, gefen_judge.bitwise, load=False)
+    )

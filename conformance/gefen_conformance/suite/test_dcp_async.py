@@ -60,16 +60,23 @@ def _wait(response):
     return future.result()
 
 
-def _async_save(impl: Implementation, optimizer, writer):
+def _async_save_while(impl: Implementation, optimizer, writer, steps, release: threading.Event) -> None:
     """``dcp.async_save`` of the adapter's state through ``writer``, with the implementation's
-    planner (when it has one), on the scenario's group; its response."""
+    planner (when it has one), on the scenario's group; then ``steps()`` while the writer holds
+    the background write, ``release`` set when they are done (or raised) so that the write goes
+    on, and the save waited for."""
     planner = impl.save_planner() if impl.save_planner is not None else None
-    return dcp.async_save(
+    response = dcp.async_save(
         {"optimizer": impl.dcp_state(optimizer)},
         storage_writer=writer,
         planner=planner,
         process_group=world.current().group,
     )
+    try:
+        steps()
+    finally:
+        release.set()
+    _wait(response)
 
 
 def async_snapshot(impl: Implementation, root: str) -> dict:
@@ -95,12 +102,7 @@ def async_snapshot(impl: Implementation, root: str) -> dict:
     # The next gradients are sharded now: sharding is a collective, and the background save runs
     # its own collectives on the scenario's group while the step is taken.
     models.set_gradients(model, params, models.DCP_STEPS + 1)
-    response = _async_save(impl, optimizer, writer)
-    try:
-        optimizer.step()
-    finally:
-        gate.set()
-    _wait(response)
+    _async_save_while(impl, optimizer, writer, optimizer.step, gate)
     saving.save(impl, optimizer, os.path.join(root, "sync_after"))
     return {"write_data_calls": len(gated)}
 
@@ -133,8 +135,8 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
 
     writer.write_data = write_data_while_stepping
     grads = [models.DCP_STEPS + k for k in range(1, STEPS_DURING_WRITE + 1)]
-    response = _async_save(impl, optimizer, writer)
-    try:
+
+    def steps_during_the_write():
         if not deadlines.wait_until(writing.wait, GATE_S):
             raise RuntimeError("the background write never started")
         for step in grads:
@@ -143,9 +145,8 @@ def async_snapshot_while_stepping(impl: Implementation, root: str) -> dict:
                 g = models.gradient(LARGE, name, step, dtype=p.dtype)
                 p.grad = None if g is None else shard_like(g, p)
             optimizer.step()
-    finally:
-        stepped.set()
-    _wait(response)
+
+    _async_save_while(impl, optimizer, writer, steps_during_the_write, stepped)
     saving.save(impl, optimizer, os.path.join(root, "sync_after"))
     return {"items_resolved": len(resolved)}
 

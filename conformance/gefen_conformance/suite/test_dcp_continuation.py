@@ -2,9 +2,9 @@
 stepped, across world sizes, each followed by several steps (SPEC 4.3.11 items 3 and 5, 3.6, 3.7,
 2.3.6 item 4, 5.6.11, 5.6.22).
 
-Each test shows its steps (:mod:`gefen_conformance.suite.continuation`, each run once per
-session): the reference trains :data:`gefen_conformance.workload.models.WIDE` in bf16 on two ranks
-and saves it; on the target world size the implementation, then the reference, each build an
+Each test runs both sides (:func:`gefen_conformance.suite.continuation.run_both`, each step made
+once per session): the reference trains :data:`gefen_conformance.workload.models.WIDE` in bf16 on
+two ranks and saves it; on the target world size the implementation, then the reference, each build an
 optimizer over other parameter values with other hyperparameters, step it twice on another
 gradient stream, the large slot joining at the second (its codebook, counters and anything derived
 from them are then stale), restore the checkpoint with ``dcp.load`` (model and optimizer), re-save
@@ -63,14 +63,8 @@ def _every_restore(test):
 def test_restore_into_a_stepped_optimizer(
     gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target
 ):
-    checkpoint = continuation.trained_and_saved(
-        gefen_checkpoints, gefen_reference, dtype, steps=target.source_steps
-    )
-    impl = continuation.restored_and_continued(
-        gefen_checkpoints, checkpoint, by=gefen_impl, dtype=dtype, target=target
-    )
-    reference = continuation.restored_and_continued(
-        gefen_checkpoints, checkpoint, by=gefen_reference, dtype=dtype, target=target
+    reference, impl = continuation.run_both(
+        gefen_checkpoints, gefen_reference, gefen_impl, dtype=dtype, target=target
     )
     compared = continuation.restore_comparisons(gefen_checkpoints, reference, impl, gefen_judge.bitwise)
     gefen_judge.assert_comparisons(compared, inputs=impl.describe())
@@ -79,14 +73,8 @@ def test_restore_into_a_stepped_optimizer(
 @pytest.mark.gefen_clause("4.3.11", "3.6.5", "3.7.1", "2.3.6", "1.12.12", "5.6.22")
 @_every_restore
 def test_steps_after_the_restore(gefen_impl, gefen_reference, gefen_checkpoints, gefen_judge, dtype, target):
-    checkpoint = continuation.trained_and_saved(
-        gefen_checkpoints, gefen_reference, dtype, steps=target.source_steps
-    )
-    impl = continuation.restored_and_continued(
-        gefen_checkpoints, checkpoint, by=gefen_impl, dtype=dtype, target=target
-    )
-    reference = continuation.restored_and_continued(
-        gefen_checkpoints, checkpoint, by=gefen_reference, dtype=dtype, target=target
+    reference, impl = continuation.run_both(
+        gefen_checkpoints, gefen_reference, gefen_impl, dtype=dtype, target=target
     )
     compared = continuation.steps_comparisons(gefen_checkpoints, reference, impl, gefen_judge.bitwise)
     gefen_judge.assert_comparisons(compared, inputs=impl.describe())

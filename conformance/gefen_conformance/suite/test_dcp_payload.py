@@ -44,6 +44,10 @@ WORLDS = [
     pytest.param("base", 4, id="w4"),
     pytest.param("empty", 4, id="w4-empty-shards", marks=pytest.mark.gefen_clause("2.4.5")),
 ]
+#: Pairs of saves of one state by the implementation (:func:`payload_saves`) that must be byte
+#: identical, and what the comparison is called: the same save twice, and with and without its planner.
+SAVED_TWICE = ("impl_planned", "impl_planned_again", "one state saved twice")
+PLANNED_AND_DEFAULT = ("impl_planned", "impl_default", "planned and default saves of one state")
 
 
 def payload_saves(impl: Implementation, model: str, root: str) -> float:
@@ -173,16 +177,16 @@ def test_retained_adapter_saves_the_live_state(gefen_impl, gefen_checkpoints, ge
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_same_state_saved_twice_is_byte_identical(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
-    saves = ("impl_planned", "impl_planned_again", "one state saved twice")
-    gefen_judge.assert_comparisons(_byte_identical(gefen_checkpoints, gefen_impl, model, world, *saves))
+    gefen_judge.assert_comparisons(_byte_identical(gefen_checkpoints, gefen_impl, model, world, *SAVED_TWICE))
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "2.5.2")
 @pytest.mark.gefen_requires(DCP_RESHARD, DCP_SAVE_PLANNER)
 @pytest.mark.parametrize("model,world", WORLDS)
 def test_planner_does_not_change_the_bytes(gefen_impl, gefen_checkpoints, gefen_judge, model, world):
-    saves = ("impl_planned", "impl_default", "planned and default saves of one state")
-    gefen_judge.assert_comparisons(_byte_identical(gefen_checkpoints, gefen_impl, model, world, *saves))
+    gefen_judge.assert_comparisons(
+        _byte_identical(gefen_checkpoints, gefen_impl, model, world, *PLANNED_AND_DEFAULT)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.4", "2.2.5", "5.2.1")

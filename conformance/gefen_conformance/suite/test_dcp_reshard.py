@@ -28,11 +28,7 @@ from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
 
 PATHS = [
-    pytest.param("base", 2, 4, id="2->4"),
-    pytest.param("base", 4, 2, id="4->2"),
-    pytest.param("base", 2, 1, id="2->1"),
-    pytest.param("base", 1, 2, id="1->2"),
-    pytest.param("base", 3, 2, id="3->2"),
+    *(pytest.param("base", n, m, id=f"{n}->{m}") for n, m in ((2, 4), (4, 2), (2, 1), (1, 2), (3, 2))),
     pytest.param(
         "empty", 2, 4, id="2->4-empty-target-shards", marks=pytest.mark.gefen_clause("3.4.5", "3.6.3")
     ),
@@ -43,9 +39,18 @@ PATHS = [
 ]
 
 
+def _every_path(test):
+    """Needs DCP; once per path of :data:`PATHS`."""
+    for mark in (
+        pytest.mark.parametrize("model,source,target", PATHS),
+        pytest.mark.gefen_requires(DCP_RESHARD),
+    ):
+        test = mark(test)
+    return test
+
+
 @pytest.mark.gefen_clause("4.3.2", "3.1.2", "3.7.1", "3.7.3", "5.3.3")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("model,source,target", PATHS)
+@_every_path
 def test_reshard_restores_model_and_continues_within_bound(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
@@ -56,8 +61,7 @@ def test_reshard_restores_model_and_continues_within_bound(
 
 
 @pytest.mark.gefen_clause("4.3.2", "3.6.4", "3.6.5", "3.7.1", "3.7.2", "2.1", "5.1.3", "5.6.14")
-@pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("model,source,target", PATHS)
+@_every_path
 def test_reshard_resaved_state_is_consistent(
     gefen_impl, gefen_checkpoints, gefen_judge, model, source, target
 ):
