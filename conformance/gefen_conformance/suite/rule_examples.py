@@ -18,33 +18,29 @@ import torch
 
 
 @dataclass(frozen=True)
-class Refused:
-    """A call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), before anything is built."""
+class Example:
+    """One example of the rule ``rule`` (SPEC 0.2.4), named ``what`` within its test."""
 
     rule: str
     what: str
+
+
+@dataclass(frozen=True)
+class Refused(Example):
+    """A call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), before anything is built."""
+
     call: Callable
     error: type = ValueError
     words: str | None = None
 
-    @property
-    def id(self) -> str:
-        return f"{self.rule}-{self.what}"
-
 
 @dataclass(frozen=True)
-class Built:
+class Built(Example):
     """A call the rule accepts, and what it builds: ``holds(optimizer, params)`` returns what is
     wrong, or None."""
 
-    rule: str
-    what: str
     call: Callable
     holds: Callable
-
-    @property
-    def id(self) -> str:
-        return f"{self.rule}-{self.what}"
 
 
 def _p(device, *shape, dtype=torch.float32) -> torch.nn.Parameter:
@@ -154,33 +150,21 @@ CONSTRUCTOR = [
 
 
 @dataclass(frozen=True)
-class LoadRefused:
+class LoadRefused(Example):
     """A checkpoint the rule refuses: ValueError (or ``error``), and nothing changed (SPEC 1.12.9)."""
 
-    rule: str
-    what: str
     change: Callable[[dict], None]
     error: type = ValueError
     words: str | None = None
 
-    @property
-    def id(self) -> str:
-        return f"{self.rule}-{self.what}"
-
 
 @dataclass(frozen=True)
-class LoadAccepted:
+class LoadAccepted(Example):
     """A checkpoint the rule accepts: it loads as the reference loads it, exactly (every profile),
     into an optimizer built with ``options``."""
 
-    rule: str
-    what: str
     change: Callable[[dict], None]
     options: tuple = ()
-
-    @property
-    def id(self) -> str:
-        return f"{self.rule}-{self.what}"
 
 
 def _metadata(sd: dict) -> list:
