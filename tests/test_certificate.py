@@ -1,5 +1,5 @@
-"""The certificate's verdict rules, its per-clause margins and where an incomplete run is written
-(SPEC 4.4), without running the suite."""
+"""The certificate's verdict rules, its per-clause margins, its rules section (SPEC 4.4.17: built,
+verified and merged) and where an incomplete run is written (SPEC 4.4), without running the suite."""
 
 from __future__ import annotations
 
