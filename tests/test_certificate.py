@@ -272,7 +272,7 @@ def test_verify_prints_the_rules_line_with_the_verdict(tmp_path, capsys):
     assert "rules certified" in out[verdict + 1] and "failed" in out[verdict + 1]  # expected failures
 
 
-def test_a_merge_recomputes_the_rules_section_from_the_merged_tests(tmp_path):
+def test_a_merge_recomputes_the_rules_section_from_the_merged_tests(tmp_path, capsys):
     from gefen_conformance.certificate import verify
 
     whole = json.loads((FIXTURES / "mutant-beta-rounding.json").read_text())
@@ -284,4 +284,13 @@ def test_a_merge_recomputes_the_rules_section_from_the_merged_tests(tmp_path):
     certified = set(merged["rules"]["ids"]["certified"])
     assert certified == set(halves[0]["rules"]["ids"]["certified"]) | set(
         halves[1]["rules"]["ids"]["certified"]
+    )
+    # the merge command prints the merged rules line with the merged verdict
+    from gefen_conformance import cli
+
+    paths = [certificate.write(half, tmp_path / f"{i}.json") for i, half in enumerate(halves)]
+    cli.main(["merge", *map(str, paths), "--out", str(tmp_path / "m.json")])
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0].startswith("merged 2 certificates into ") and out[1] == f"rules: {merged['rules']['summary']}"
     )
