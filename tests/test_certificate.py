@@ -1,14 +1,16 @@
-"""The certificate's verdict rules, its per-clause margins and where an incomplete run is written
-(SPEC 4.4), without running the suite."""
+"""The certificate's verdict rules, its per-clause margins, its rules section (SPEC 4.4.17: built,
+verified and merged) and where an incomplete run is written (SPEC 4.4), without running the suite."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from gefen_conformance.certificate import build as certificate
+from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.build import RunFacts, TestRecord
 
 
@@ -81,7 +83,11 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
         {"what": "param", "kind": "tolerance", "error": 1e-6, "bound": 1e-4, "used": 0.01},
         {"what": "state", "kind": "tolerance", "error": 1.0, "bound": 0.0, "used": None},
     ]
-    run.add(TestRecord("test_a.py::t1", ["1.8", "1.4"], "passed", 0.5, "", tol, ["golden md5s not compared"]))
+    run.add(
+        TestRecord(
+            "test_a.py::t1", ["1.8", "1.4", "1.12.9"], "passed", 0.5, "", tol, ["golden md5s not compared"]
+        )
+    )
     run.add(
         TestRecord(
             "test_a.py::t2",
@@ -98,7 +104,14 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
     )
     run.add(
         TestRecord(
-            "test_b.py::t3", ["1.9"], "skipped", 0.0, "x lacks capability factored-v", [], [], ["factored-v"]
+            "test_b.py::t3",
+            ["1.9", "1.1.2#6"],
+            "skipped",
+            0.0,
+            "x lacks capability factored-v",
+            [],
+            [],
+            ["factored-v"],
         )
     )
     cert = certificate.build(
@@ -120,6 +133,7 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
         "summary",
         "verdict",
         "verdict_reason",
+        "rules",
         "capability_skips",
         "clauses",
         "notes",
@@ -127,6 +141,13 @@ def test_build_keeps_schema_2_keys_in_order_with_margins_notes_and_skips():
         "tests",
     ]
     assert cert["schema"] == "gefen-conformance-certificate/2"
+    # what the verdict covers, by rule: a section (1.8) or a clause of several rules certifies none
+    assert cert["rules"] == rules.section(cert["tests"])
+    assert cert["rules"]["ids"]["certified"] == ["1.12.9"] and cert["rules"]["ids"]["skipped"] == ["1.1.2#6"]
+    assert cert["rules"]["counts"]["failed"] == 0 and cert["rules"]["ids"]["failed"] == []
+    assert cert["rules"]["summary"].startswith(
+        f"1 of {cert['rules']['total']} rules certified; 1 skipped for a missing capability; "
+    )
     assert cert["clauses"]["1.8"]["worst_margin"] == {"test": "test_a.py::t2", "what": "m", "used": 0.3}
     assert (
         cert["clauses"]["1.4"]["worst_margin"]["used"] == 0.01
@@ -190,3 +211,86 @@ def test_the_terminal_profile_line_names_the_tolerance_bounds():
     line = terminal_summary.profile_line(certificate.profile_facts(set()))
     assert "SPEC 5.6" in line and "pinned_step" in line and "max-abs 0.005" in line
     assert "torch-exact" in terminal_summary.profile_line(certificate.profile_facts({"cpu-bit-exact"}))
+
+
+# ------------------------------------------------------------------ the rules section: verify and merge
+
+FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
+
+
+def _rebuilt(name: str, tests=None, **suite) -> dict:
+    """A certificate as the current code builds it from a fixture's records (``tests``: ids kept)."""
+    from gefen_conformance.certificate import verify
+
+    cert = json.loads((FIXTURES / name).read_text())
+    if tests is not None:
+        cert["tests"] = [t for t in cert["tests"] if t["id"] in tests]
+    recs = verify.records(cert)
+    return certificate.build(
+        verify._run_record(cert, recs),
+        verify._facts(cert, len(recs)),
+        profile=cert["profile"],
+        suite={**cert["suite"], **suite},
+        platform_=cert["platform"],
+        execution=cert["execution"],
+    )
+
+
+def test_verify_rederives_the_rules_section_and_names_what_differs(tmp_path):
+    from gefen_conformance.certificate import verify
+
+    cert = _rebuilt("mutant-beta-rounding.json")
+    assert cert["rules"]["ids"]["failed"] and cert["rules"]["counts"]["failed"] == len(
+        cert["rules"]["ids"]["failed"]
+    )
+    certificate.write(cert, tmp_path / "c.json")
+    assert verify.verify(json.loads((tmp_path / "c.json").read_text()), None)[0] == []
+    # a failed rule claimed certified, the digest recomputed: only the re-derivation shows it
+    edited = json.loads((tmp_path / "c.json").read_text())
+    moved = edited["rules"]["ids"]["failed"].pop(0)
+    edited["rules"]["ids"]["certified"].append(moved)
+    edited["rules"]["counts"]["failed"] -= 1
+    edited["rules"]["counts"]["certified"] += 1
+    edited["integrity"] = {"sha256": certificate.integrity(edited)}
+    problems, _ = verify.verify(edited, None)
+    assert len(problems) == 1 and problems[0].startswith("its rules is not what its test records give: ")
+    n = cert["rules"]["counts"]["certified"]
+    assert f"counts.certified: stored {n + 1}, derived {n}" in problems[0] and "ids.certified" in problems[0]
+    assert len(problems[0]) < 1000  # ids in brief, never the whole list
+
+
+def test_verify_prints_the_rules_line_with_the_verdict(tmp_path, capsys):
+    from gefen_conformance import cli
+    from gefen_conformance.certificate import provenance
+
+    cert = _rebuilt("fast-run1.json", content_sha256=provenance.content_sha256())
+    certificate.write(cert, tmp_path / "c.json")
+    assert cli.main(["verify", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    verdict = next(i for i, line in enumerate(out) if line.startswith("verdict: "))
+    assert out[verdict + 1] == f"rules: {cert['rules']['summary']}"
+    assert "rules certified" in out[verdict + 1] and "failed" in out[verdict + 1]  # expected failures
+
+
+def test_a_merge_recomputes_the_rules_section_from_the_merged_tests(tmp_path, capsys):
+    from gefen_conformance.certificate import verify
+
+    whole = json.loads((FIXTURES / "mutant-beta-rounding.json").read_text())
+    ids = [t["id"] for t in whole["tests"]]
+    halves = [_rebuilt("mutant-beta-rounding.json", ids[:6]), _rebuilt("mutant-beta-rounding.json", ids[6:])]
+    assert halves[0]["rules"] != halves[1]["rules"]
+    merged = verify.merge(halves, ["a.json", "b.json"])
+    assert merged["rules"] == rules.section(merged["tests"]) == _rebuilt("mutant-beta-rounding.json")["rules"]
+    certified = set(merged["rules"]["ids"]["certified"])
+    assert certified == set(halves[0]["rules"]["ids"]["certified"]) | set(
+        halves[1]["rules"]["ids"]["certified"]
+    )
+    # the merge command prints the merged rules line with the merged verdict
+    from gefen_conformance import cli
+
+    paths = [certificate.write(half, tmp_path / f"{i}.json") for i, half in enumerate(halves)]
+    cli.main(["merge", *map(str, paths), "--out", str(tmp_path / "m.json")])
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0].startswith("merged 2 certificates into ") and out[1] == f"rules: {merged['rules']['summary']}"
+    )

@@ -49,6 +49,11 @@ def test_reference_against_its_mutant_exits_1_and_lists_the_mutants_failures(cap
     assert "implementation: reference -> tests.mutants:beta_rounding" in out
     assert "1.8: passed 2 -> 0, failed 0 -> 2" in out
     assert "parameters (float32) after 8 steps: 0 -> 311 differ" in out
+    # the rule counts that changed, in one line, and each certificate's rules beside its verdict
+    old_n, new_n = load("reference-run1.json")["rules"]["counts"], mutant["rules"]["counts"]
+    changed = f"certified {old_n['certified']} -> {new_n['certified']}, failed 0 -> {new_n['failed']}"
+    assert f"Rule counts changed (1):\n  {changed}\n" in out and new_n["failed"] > 0
+    assert f"not-conformant ({new_n['certified']} of {mutant['rules']['total']} rules certified)" in out
 
 
 def test_two_runs_of_the_reference_exit_0(capsys):
@@ -58,6 +63,7 @@ def test_two_runs_of_the_reference_exit_0(capsys):
     assert (
         "Identity changed" not in out and "Margins" not in out
     )  # durations and tiny margin noise are not changes
+    assert "Rule counts changed" not in out
 
 
 def test_margin_growth_and_a_margin_near_the_bound_are_flagged(capsys):

@@ -61,9 +61,21 @@ def test_the_files_hashed_are_the_installed_ones():
     assert "gefen_conformance/golden/MANIFEST.json" in files
     assert "gefen_conformance/certificate/certificate.schema.json" in files
     assert "gefen_conformance/certificate/templates/report.html.j2" in files
+    assert "gefen_conformance/certificate/rules.json" in files  # what a certificate's rules count against
     assert any(rel.endswith(".distcp") for rel in files)
     assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in files)
     assert provenance.content_sha256() == provenance.content_sha256()
+
+
+def test_the_rule_register_is_part_of_the_suites_identity(tmp_path, monkeypatch):
+    """Another register counts the same tests' rules differently: it is another suite (SPEC 4.4.3)."""
+    _copy_suite(tmp_path)
+    copied = {name: tmp_path / name for name in provenance.SUITE_PACKAGES}
+    monkeypatch.setattr(provenance, "package_dirs", lambda: copied)
+    before = provenance.content_sha256()
+    register = tmp_path / "gefen_conformance" / "certificate" / "rules.json"
+    register.write_text(register.read_text().replace('"id": "1.12.9"', '"id": "1.12.99"', 1))
+    assert provenance.content_sha256() != before
 
 
 def test_a_copy_outside_git_has_the_same_hash_and_no_git_state_even_inside_a_repository(tmp_path):

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from gefen_conformance import cli
-from gefen_conformance.certificate import build, verify
+from gefen_conformance.certificate import build, rules, verify
 from gefen_conformance.certificate.outcomes import OUTCOMES, VERDICTS
 from gefen_conformance.implementations.contract import Capability
 from gefen_oracles.numeric import Profile
@@ -47,6 +47,10 @@ def test_the_schemas_vocabularies_are_the_codes():
     assert sorted(defs["capability"]["enum"]) == sorted(c.value for c in Capability)
     assert defs["profile"]["properties"]["name"]["enum"] == [p.value for p in Profile]
     assert verify.schema()["properties"]["schema"]["const"] == build.SCHEMA
+    assert defs["rule_status"]["enum"] == list(rules.STATUSES)
+    reasons = defs["rules"]["properties"]["not_certified_reasons"]["propertyNames"]["enum"]
+    assert reasons == list(rules.register()["reasons"])
+    assert "rules" in verify.schema()["required"]  # every certificate says what its verdict covers
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -98,13 +102,31 @@ def test_a_certificate_the_code_writes_validates_with_every_optional_key(tmp_pat
         (lambda c: c["summary"].update(failed=-1), "$.summary.failed: -1 is less than the minimum of 0"),
         (lambda c: c["execution"].update(world_sizes="4"), "$.execution.world_sizes: '4' is not of type"),
         (lambda c: c.update(verdit="conformant"), "$: Additional properties are not allowed ('verdit'"),
+        (lambda c: c.pop("rules"), "$: 'rules' is a required property"),
+        (
+            lambda c: c["rules"]["ids"].update(certified=["1.1.2 row 3"]),
+            "$.rules.ids.certified[0]: '1.1.2 row 3' does not match",
+        ),
+        (lambda c: c["rules"]["counts"].update(proven=3), "$.rules.counts: 'proven' is not one of"),
         (
             lambda c: c["tests"][0]["margins"].append(dict(what="w", kind="tolerance", error=1, used=1)),
             "$.tests[0].margins[1]: 'bound' is a required property (schema rule 'required' at "
             "#/$defs/tolerance_margin/required)",
         ),
     ],
-    ids=["wrong-type", "missing", "missing-in-test", "enum", "minimum", "nested", "unknown-key", "margin"],
+    ids=[
+        "wrong-type",
+        "missing",
+        "missing-in-test",
+        "enum",
+        "minimum",
+        "nested",
+        "unknown-key",
+        "no-rules",
+        "rule-id",
+        "rule-status",
+        "margin",
+    ],
 )
 def test_verify_refuses_a_certificate_that_breaks_the_schema_naming_path_and_rule(tmp_path, change, named):
     cert = json.loads(FIXTURE.read_text())

@@ -66,6 +66,28 @@ def test_diff_between_two_profiles_says_so_in_one_line_and_wraps_every_line(caps
     assert "was outside its bound" not in out and "(no such tolerance comparison in OLD)" in out
 
 
+def test_a_change_of_the_rule_counts_is_one_line_and_no_regression(capsys, tmp_path):
+    old = certificate_read.load(FIXTURES / "reference-run1.json")
+    new = copy.deepcopy(old)
+    n = old["rules"]["counts"]
+    new["rules"]["counts"].update(certified=0, unchecked=n["unchecked"] + n["certified"])
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    for path, cert in zip(paths, (old, new)):
+        path.write_text(json.dumps(cert))
+    status, out = _diff(capsys, *paths)
+    assert status == 0, out  # reported, not judged: a failing test is what regresses
+    lines = out.splitlines()
+    at = lines.index("Rule counts changed (1):")
+    moved = (
+        f"certified {n['certified']} -> 0, unchecked {n['unchecked']} -> {n['unchecked'] + n['certified']}"
+    )
+    assert lines[at + 1] == f"  {moved}" and lines[at + 2 : at + 3] in ([], [""])  # one line
+    new.pop("rules")  # a certificate written before SPEC 0.2.4
+    paths[1].write_text(json.dumps(new))
+    status, out = _diff(capsys, *paths)
+    assert f"  rules: {old['rules']['summary']} -> rules not recorded" in out.replace("\n      ", " ")
+
+
 def test_a_changed_bound_within_one_profile_is_one_line_per_bound(capsys, tmp_path):
     old = certificate_read.load(FAST)
     new = copy.deepcopy(old)

@@ -62,6 +62,15 @@ def test_reference_selection_is_partial_and_its_certificate_says_what_ran(pytest
     assert cert["execution"]["launcher"] == "pool"
     assert len(cert["suite"]["content_sha256"]) == 64
     assert set(cert["clauses"]["1.1.3"]) >= {"passed", "worst_margin"}
+    # what the run certified, by rule: the rules its passing tests name, and no rule they do not
+    from gefen_conformance.certificate import rules, verify
+
+    assert cert["rules"] == rules.section(cert["tests"]) and verify.schema_problems(cert) == []
+    named = {c for t in cert["tests"] for c in t["clauses"]} & rules.rule_ids()
+    assert (
+        set(cert["rules"]["ids"]["certified"]) == named - set(cert["rules"]["ids"]["not-certified"]) != set()
+    )
+    assert f"rules: {cert['rules']['summary']}" in result.stdout.str()
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,38 @@ def test_markdown_lists_failed_tests_with_reasons_and_bitwise_counts():
     assert "620 % (outside its bound)" in md
 
 
+def test_markdown_puts_the_rules_line_under_the_verdict_and_lists_the_rules_by_status():
+    cert = load("mutant-beta-rounding.json")
+    section = cert["rules"]
+    lines = report.render(cert, "md").splitlines()
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("**Verdict: "))
+    assert lines[verdict + 2] == report.md_text(f"**rules: {section['summary']}**").replace("\\*", "*")
+    assert " rules certified; 5 failed; " in lines[verdict + 2]
+    at = lines.index("## Rules by status")
+    assert at < lines.index("## Clauses named by tests") and "## Clauses" not in lines
+    rows = {
+        _cells(line)[0].strip(): _cells(line)[1:] for line in lines[at + 4 : at + 9] if line.startswith("|")
+    }
+    assert rows["failed"] == [
+        " 5 ",
+        " 2.4.5; 3.1.2; 3.4.4; 3.7.1; 3.7.3 ",
+    ]  # the failing reshard tests' rules
+    assert rows["checked by no test of this run"][0].strip() == str(section["counts"]["unchecked"])
+    not_certified = next(k for k in rows if k.startswith("not certified by this suite: reference-only"))
+    assert rows[not_certified] == [" 3 ", " 1.1.2 \\#8-10 "]
+    assert "skipped for a missing capability" not in rows  # no rule was only skipped
+    assert set(rows["certified"][1].strip().split("; ")) == set(section["ids"]["certified"])
+
+
+def test_a_report_of_a_certificate_without_rules_says_it_counts_none():
+    cert = load("reference-run1.json")
+    cert.pop("rules")
+    md = report.render(cert, "md")
+    assert "rules: not recorded (a certificate written before SPEC 0.2.4 counts no rules)" in md
+    assert "## Rules by status" not in md
+    assert "not recorded" in report.render(cert, "html")
+
+
 def test_markdown_of_a_partial_run_says_what_narrowed_it():
     md = report.render(load("reference-partial.json"), "md")
     assert "**Verdict: partial**" in md
@@ -278,6 +310,17 @@ def test_html_leads_with_what_did_not_pass_and_keeps_expected_failures_apart():
     ):
         assert expected in page, expected
     assert "Did not pass" not in page  # expected failures are not failures
+    # the rules line right under the verdict: an expected failure certifies no rule
+    rules_line = f'<div class="rules-line">rules: {html.escape(cert["rules"]["summary"], quote=True)}</div>'
+    assert rules_line in page and page.index('class="reason"') < page.index(rules_line) < page.index("<h2")
+    assert "; 7 failed; 1 skipped for a missing capability; " in page
+    table = page[
+        page.index('<h2 id="rules">Rules by status</h2>') : page.index("<h2>Clauses named by tests</h2>")
+    ]
+    failed = "2.4.5; 3.1.2; 3.4.4; 3.7.1; 3.7.3; 3.10.1; 3.10.2"  # the expected failures' rules
+    assert f'<tr><td>failed</td><td class="n">7</td><td>{failed}</td></tr>' in table
+    assert '<tr><td>skipped for a missing capability</td><td class="n">1</td><td>2.6.1</td></tr>' in table
+    assert "reference-only" in table and "1.1.2 #8-10" in table
     assert 'class="k-xfailed" style="border-color:#1971c2"' in page
     failing = report.render(load("mutant-beta-rounding.json"), "html")
     assert (
@@ -407,6 +450,8 @@ def test_report_command_names_the_problem_of_a_bad_certificate(tmp_path, capsys,
             "'implementation.capabilities' must be a list",
         ),
         (lambda c: c["tests"][0].update(outcome="crashed"), "unknown outcome 'crashed'"),
+        (lambda c: c["rules"].pop("summary"), "'rules' must be an object with a string 'summary'"),
+        (lambda c: c["rules"]["ids"].update(failed="3.1.2"), "'rules.ids' must map to lists of rule ids"),
     ],
 )
 def test_a_malformed_certificate_is_refused_naming_the_key(tmp_path, capsys, change, problem):

@@ -35,17 +35,32 @@ def test_failures_come_right_after_the_verdict_each_with_clauses_reason_where_an
     failing["where"] = [WHERE]
     lines = _text(cert, path=Path("c.json"))
     assert lines[0].startswith("tests.mutants:beta_rounding 0.1.0: not-conformant")
-    assert lines[1].startswith("verdict: not-conformant") and lines[2] == "did not pass (4):"
+    assert lines[1].startswith("verdict: not-conformant") and lines[3] == "did not pass (4):"
+    # the verdict never reads alone: what it covers, by rule, is the next line
+    assert lines[2] == f"rules: {cert['rules']['summary']}" and " rules certified; " in lines[2]
+    assert f"; {cert['rules']['counts']['failed']} failed" in lines[2]
     at = lines.index(f"  ERRORED {failing['id']}  (SPEC {', '.join(failing['clauses'])})")
     assert lines[at + 1].strip() == failing["reason"].splitlines()[0]
     assert lines[at + 2].strip() == WHERE
     rerun = lines[at + 3].strip()
     assert rerun == f"rerun: pytest --impl=tests.mutants:beta_rounding {shlex.quote(failing['id'])}"
     failed = [t for t in cert["tests"] if t["outcome"] in ("failed", "error")]
-    assert all(any(t["id"] in line for line in lines[2 : at + 20]) for t in failed)
+    assert all(any(t["id"] in line for line in lines[3 : at + 20]) for t in failed)
     # the summary's other parts follow the failures
     assert lines.index("exit status 1 (not-conformant; SPEC 4.4.9)") > at + 3
     assert lines[-1] == "certificate: c.json"
+    # the clause count follows the rules line and does not read as the SPEC certified whole
+    clauses = [line for line in lines if "without failures" in line]
+    clean = sum(1 for c in cert["clauses"].values() if not (c["failed"] or c["error"] or c["xpassed"]))
+    assert clauses == [f"clauses named by tests: {clean} of {len(cert['clauses'])} without failures"]
+    assert lines.index(clauses[0]) > 2
+
+
+def test_a_certificate_without_a_rules_section_says_it_counts_none():
+    cert = _cert("reference-run1.json")
+    cert.pop("rules")
+    lines = _text(cert)
+    assert lines[2] == "rules: not recorded (a certificate written before SPEC 0.2.4 counts no rules)"
 
 
 def test_a_rerun_command_without_a_recorded_spec_names_the_implementation():
@@ -107,7 +122,7 @@ def test_tests_that_did_not_run_here_are_grouped_by_reason():
     cert["run"]["not_run"] = [{"id": i, "reason": reason} for i in ids]
     lines = _text(cert)
     head = lines.index("did not run here, so the run cannot be conformant (SPEC 4.4.2): 3 suite tests")
-    assert head == 2 and lines[head + 1] == f"  {reason} (3):"
+    assert head == 3 and lines[head + 1] == f"  {reason} (3):"
     assert [line.split()[0] for line in lines[head + 2 : head + 5]] == ids
 
 

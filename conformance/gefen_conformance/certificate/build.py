@@ -3,12 +3,14 @@
 Schema ``gefen-conformance-certificate/2``, keys in this order: ``schema``, ``implementation``,
 ``profile`` (the numeric profile and every tolerance applied), ``suite`` (name, version, content
 hash, git state), ``platform``, ``execution`` (how ranks were launched), ``run`` (start, finish,
-whether the whole suite ran, interruption, what narrowed it, expected and executed test counts,
-the hypothesis profile, the exit status), ``summary``, ``verdict``, ``verdict_reason``,
-``capability_skips``, ``clauses`` (counts and the worst tolerance margin per clause), ``notes``,
-``stale_expected_failures`` and ``tests`` (id, clauses, outcome, duration, reason, where, margins,
-notes). ``implementation`` holds ``spec``, the ``--impl`` value the run was given, so that a rerun
-command names the same implementation (SPEC 4.4.1, 4.5.5).
+whether the whole suite ran, interruption, what narrowed it, expected and executed test counts, the
+hypothesis profile, the exit status), ``summary``, ``verdict``, ``verdict_reason``, ``rules`` (which
+of the SPEC's rules the tests certified, what the verdict covers:
+:func:`gefen_conformance.certificate.rules.section`), ``capability_skips``, ``clauses`` (counts and
+the worst tolerance margin per clause), ``notes``, ``stale_expected_failures`` and ``tests`` (id,
+clauses, outcome, duration, reason, where, margins, notes). ``implementation`` holds ``spec``, the
+``--impl`` value the run was given, so that a rerun command names the same implementation (SPEC
+4.4.1, 4.5.5).
 
 The verdict never claims more than was run; see :func:`verdict`.
 """
@@ -26,7 +28,7 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from gefen_conformance.certificate import outputs
+from gefen_conformance.certificate import outputs, rules
 from gefen_conformance.certificate.outcomes import OUTCOMES, SEVERITY, Outcome, Verdict
 from gefen_conformance.exit_codes import ExitCode
 
@@ -332,6 +334,21 @@ def build(
     for r in records:
         notes += [n for n in r.notes if n not in notes]
     name, reason = verdict(counts, facts)
+    tests = [
+        {
+            "id": r.nodeid,
+            "clauses": r.clauses,
+            "outcome": r.outcome.value,
+            "duration_s": round(r.duration, 3),
+            "reason": r.reason,
+            "where": list(r.where),
+            **({"input": r.input} if r.input else {}),
+            **({"missing_capabilities": list(r.missing_capabilities)} if r.missing_capabilities else {}),
+            "margins": r.margins,
+            "notes": r.notes,
+        }
+        for r in records
+    ]
     return {
         "schema": SCHEMA,
         "implementation": run.implementation,
@@ -343,26 +360,13 @@ def build(
         "summary": {k.value: counts.get(k, 0) for k in OUTCOMES},
         "verdict": name.value,
         "verdict_reason": reason,
+        "rules": rules.section(tests),
         "capability_skips": dict(sorted(skips.items())),
         "clauses": clauses,
         "notes": notes,
         "stale_expected_failures": list(run.stale_expected_failures),
         **({"expectations": run.expectations} if run.expectations is not None else {}),
-        "tests": [
-            {
-                "id": r.nodeid,
-                "clauses": r.clauses,
-                "outcome": r.outcome.value,
-                "duration_s": round(r.duration, 3),
-                "reason": r.reason,
-                "where": list(r.where),
-                **({"input": r.input} if r.input else {}),
-                **({"missing_capabilities": list(r.missing_capabilities)} if r.missing_capabilities else {}),
-                "margins": r.margins,
-                "notes": r.notes,
-            }
-            for r in records
-        ],
+        "tests": tests,
     }
 
 

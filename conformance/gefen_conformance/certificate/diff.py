@@ -9,6 +9,8 @@
   python, numpy and machine; execution target; hypothesis profile; how complete the run was;
 * the verdict change, and whether it got worse (verdicts ordered as
   :data:`gefen_conformance.certificate.read.VERDICTS`);
+* the change of the rule counts (SPEC 4.4.17), one line: each status whose count changed; reported,
+  not judged (a rule that newly failed is a new failure of a test already);
 * tests by outcome change: new failures (NEW failed, errored or passed unexpectedly where OLD did
   not, or the test is new), fixed tests, other outcome changes, added and removed tests; clauses
   whose outcome counts changed;
@@ -63,6 +65,7 @@ class Diff:
     identity: list = field(default_factory=list)  # (what, old text, new text)
     verdict: tuple | None = None  # (old, new) when it changed
     verdict_worse: bool = False
+    rules: str = ""  # the rule counts that changed, one line ("" when none did)
     new_failures: list = field(default_factory=list)  # (test id, old outcome or None, new outcome, reason)
     fixed: list = field(default_factory=list)  # (test id, old outcome, new outcome)
     other_changes: list = field(default_factory=list)  # (test id, old outcome, new outcome)
@@ -197,6 +200,7 @@ def compare(
     if old["verdict"] != new["verdict"]:
         diff.verdict = (old["verdict"], new["verdict"])
         diff.verdict_worse = verdict_rank(new["verdict"]) > verdict_rank(old["verdict"])
+    diff.rules = _rules_change(old.get("rules"), new.get("rules"))
     old_tests, new_tests = {t["id"]: t for t in old["tests"]}, {t["id"]: t for t in new["tests"]}
     for tid in sorted(old_tests.keys() | new_tests.keys()):
         was, now = old_tests.get(tid), new_tests.get(tid)
@@ -222,6 +226,25 @@ def compare(
         if counts[0] != counts[1]:
             diff.clauses.append((clause, counts[0], counts[1]))
     return diff
+
+
+_RULE_STATUSES = ("certified", "failed", "skipped", "unchecked", "not-certified")
+
+
+def _rules_change(old, new) -> str:
+    """The rule counts that changed from ``old`` to ``new`` (``rules`` sections), in one line."""
+    if not isinstance(old, dict) and not isinstance(new, dict):
+        return ""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        shown = [
+            f"rules: {s['summary']}" if isinstance(s, dict) else "rules not recorded" for s in (old, new)
+        ]
+        return f"{shown[0]} -> {shown[1]}"
+    a, b = old.get("counts") or {}, new.get("counts") or {}
+    changed = [f"{s} {a.get(s, 0)} -> {b.get(s, 0)}" for s in _RULE_STATUSES if a.get(s, 0) != b.get(s, 0)]
+    if old.get("total") != new.get("total"):
+        changed.append(f"rules in the register {old.get('total')} -> {new.get('total')}")
+    return ", ".join(changed)
 
 
 def _incomplete(cert: dict) -> str:
@@ -364,6 +387,7 @@ def sections(diff: Diff) -> list:
             if diff.verdict
             else [],
         ),
+        ("Rule counts changed", [diff.rules] if diff.rules else []),
         (
             "New failures",
             [
@@ -426,7 +450,10 @@ def _wrap(text: str, first: str, rest: str) -> list:
 def _describe(cert: dict) -> str:
     impl, run = cert["implementation"], cert.get("run") or {}
     started = f", started {run['started']}" if run.get("started") else ""
-    return f"{impl['name']} {impl.get('version') or ''}".strip() + f", {cert['verdict']}{started}"
+    rules = cert.get("rules")
+    counts = (rules.get("counts") or {}) if isinstance(rules, dict) else {}
+    covered = f" ({counts.get('certified', 0)} of {rules.get('total')} rules certified)" if counts else ""
+    return f"{impl['name']} {impl.get('version') or ''}".strip() + f", {cert['verdict']}{covered}{started}"
 
 
 def render(

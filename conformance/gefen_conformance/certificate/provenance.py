@@ -1,8 +1,8 @@
 """Which suite produced a certificate: a content hash of its files, and its git state (SPEC 4.4.3).
 
 The suite is the three packages a certificate's verdict depends on: ``conformance`` (plugin,
-harness, suite modules, the committed goldens, and the certificate's JSON Schema and report
-templates), ``oracles`` and ``reference``. Its identity is
+harness, suite modules, the committed goldens, and the certificate's JSON Schema, report templates
+and rule register, ``rules.json``), ``oracles`` and ``reference``. Its identity is
 :func:`content_sha256`, computed from the files as they are loaded in this process, so an
 installed wheel and a checkout of the same commit give the same hash, and a local edit changes it.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 SUITE_PACKAGES = ("gefen_conformance", "gefen_oracles", "gefen_reference")
 # what an install carries: the packages' Python modules and their package data (the goldens, and the
-# certificate's JSON Schema and report templates, which verify and report read)
+# certificate's JSON Schema, report templates and rule register, which verify, report and build read)
 _DATA_DIRS = (("gefen_conformance", "golden"), ("gefen_conformance", "certificate"))
 
 

@@ -4,7 +4,8 @@
 (SPEC 4.4) after checking every key the report and the diff rely on, or raises
 :class:`CertificateError` with one line naming the file and the problem: unreadable file, not
 JSON, not an object, schema 1 ("not supported, re-run the suite"), an unknown schema, a missing
-or mistyped key. Keys the readers only display (platform, execution, run, ...) may be absent;
+or mistyped key. A certificate without a ``rules`` section (written before SPEC 0.2.4) is read; the
+readers say it counts no rules. Keys the readers only display (platform, execution, run, ...) may be absent;
 the readers show what is there.
 
 The rest are small shared helpers: the outcome and verdict vocabularies
@@ -94,6 +95,9 @@ def check(cert) -> str:
             return f"clause {clause!r} must map to an object of counts and a worst_margin object or null"
         if not all(_is_int(counts.get(o, 0)) for o in OUTCOMES):
             return f"clause {clause!r}: outcome counts must be integers"
+    problem = _check_rules(cert.get("rules"))
+    if problem:
+        return problem
     tests = cert.get("tests")
     if not isinstance(tests, list):
         return "'tests' must be a list"
@@ -101,6 +105,22 @@ def check(cert) -> str:
         problem = _check_test(test)
         if problem:
             return f"tests[{i}]: {problem}"
+    return ""
+
+
+def _check_rules(section) -> str:
+    """The ``rules`` section as the readers show it: absent (a certificate before SPEC 0.2.4), or a
+    summary line with lists of rule ids by status and by reason."""
+    if section is None:
+        return ""
+    if not isinstance(section, dict) or not isinstance(section.get("summary"), str):
+        return "'rules' must be an object with a string 'summary'"
+    for key in ("ids", "not_certified_reasons"):
+        listed = section.get(key, {})
+        if not isinstance(listed, dict) or not all(
+            isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in listed.values()
+        ):
+            return f"'rules.{key}' must map to lists of rule ids"
     return ""
 
 

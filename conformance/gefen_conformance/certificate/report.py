@@ -8,14 +8,17 @@ and unexpectedly passing
 tests, and tests that did not run for lack of ranks or devices), each with its clauses, its one-line
 reason, where a rank failed, and the command that reruns exactly that test;
 then the expected failures, apart; then the margins per clause; then what was certified (identity,
-profile and tolerances, execution, suite, platform, completeness), the per-clause table, capability
-skips, stale expected-failure entries and notes.
+profile and tolerances, execution, suite, platform, completeness), the SPEC's rules by status, the
+per-clause table, capability skips, stale expected-failure entries and notes. The rules line
+(:func:`gefen_conformance.certificate.rules.line`) stands under the verdict: the verdict says no
+test failed, the rules line how much of the SPEC those tests check.
 
 Every string taken from the certificate is escaped for the target format (a Markdown table cell
 keeps ``|`` and line breaks inside the cell; HTML gets entity-escaped text); nothing from the
 certificate is ever emitted as markup.
 
-The content model (:func:`facts`, :func:`clause_rows`, :func:`chart_rows`, :func:`margin_text`, and
+The content model (:func:`facts`, :func:`rule_rows`, :func:`clause_rows`, :func:`chart_rows`,
+:func:`margin_text`, and
 :mod:`~gefen_conformance.certificate.problems`) is shared by both formats.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import re
 
+from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import OUTCOMES
 from gefen_conformance.certificate.report_html import html
@@ -35,6 +39,7 @@ from gefen_conformance.certificate.report_model import (  # noqa: F401 - the rep
     facts,
     margin_text,
     percent,
+    rule_rows,
     tests_with,
     tolerance_lines,
 )
@@ -111,6 +116,9 @@ def markdown(cert: dict, source: str = "") -> str:
         f"**Verdict: {md_text(cert['verdict'])}**"
         + (f": {md_text(cert['verdict_reason'])}" if cert.get("verdict_reason") else ""),
         "",
+        # what the verdict covers, always beside it
+        f"**{md_text(rules.line(cert))}**",
+        "",
     ]
     problems, expected = not_passed(cert), not_passed(cert, expected=True)
     if problems:
@@ -119,7 +127,14 @@ def markdown(cert: dict, source: str = "") -> str:
         out += [f"## Expected failures ({len(expected)})", ""] + _md_problems(expected) + [""]
     out += ["## What was certified", ""]
     out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in facts(cert)[1:]])
-    out += ["", "## Clauses", ""]
+    listed = rule_rows(cert)
+    if listed:
+        out += ["", "## Rules by status", ""]
+        out += _md_table(
+            ["status", "rules", "ids"], [[md_text(h), str(n), md_text(ids)] for h, n, ids in listed]
+        )
+        out += ["", "A rule is certified when a test that names its id passed and none failed (SPEC 4.4.17)."]
+    out += ["", "## Clauses named by tests", ""]
     rows = []
     for row in clause_rows(cert):
         how, test, what = margin_text(row)

@@ -1,16 +1,17 @@
 """A certificate as one self-contained HTML page, failures first, with a chart of margins per clause (SPEC
 4.5).
 
-:func:`html` returns a complete page in the order of :mod:`gefen_conformance.certificate.report`: the verdict,
-what did not pass (each with its clauses, reason, rank locations and rerun command), the expected
-failures (blue, apart from the failures' red), :func:`margin_chart`, then what was certified and
-the per-clause table. The chart has one row per clause, or per group of clauses that share the
-same worst comparison: a bar for the worst share of a tolerance bound used on a scale of 0 to
-125 % (the bound dashed; a failed comparison runs past it), a marker for a failure without a
-comparison, an expected failure, bitwise-only and exact-only clauses; the comparison and its test
-are written under the bar, so nothing needs a hover. Everything is plain HTML with inline CSS that
-reflows from a phone's width up, so the page never scrolls sideways (tests/test_report_browser.py
-measures it in Chromium at 800 and 1400 px).
+:func:`html` returns a complete page in the order of :mod:`gefen_conformance.certificate.report`:
+the verdict and the rules line under it, what did not pass (each with its clauses, reason, rank
+locations and rerun command), the expected failures (blue, apart from the failures' red),
+:func:`margin_chart`, then what was certified, the rules by status and the per-clause table. The
+chart has one row per clause, or per group of clauses that share the same worst comparison: a bar
+for the worst share of a tolerance bound used on a scale of 0 to 125 % (the bound dashed; a failed
+comparison runs past it), a marker for a failure without a comparison, an expected failure,
+bitwise-only and exact-only clauses; the comparison and its test are written under the bar, so
+nothing needs a hover. Everything is plain HTML with inline CSS that reflows from a phone's width
+up, so the page never scrolls sideways (tests/test_report_browser.py measures it in Chromium at 800
+and 1400 px).
 
 The markup is Jinja2 templates shipped in the package: ``templates/report.html.j2`` (the page),
 ``templates/report_parts.html.j2`` (its parts, as macros) and ``templates/report.css``. This module
@@ -29,6 +30,7 @@ import re
 
 import jinja2
 
+from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import BAD_OUTCOMES, OUTCOMES
 from gefen_conformance.certificate.report_model import (
@@ -39,6 +41,7 @@ from gefen_conformance.certificate.report_model import (
     facts,
     margin_text,
     percent,
+    rule_rows,
     tolerance_lines,
 )
 
@@ -192,6 +195,8 @@ def html(cert: dict, source: str = "") -> str:
         verdict=verdict,
         verdict_colour=VERDICT_COLOURS[verdict],
         reason=cert.get("verdict_reason") or "",
+        rules_line=rules.line(cert),
+        rules=rule_rows(cert),
         problems=[_problem(p) for p in not_passed(cert)],
         expected=[_problem(p) for p in not_passed(cert, expected=True)],
         legend=LEGEND,

@@ -1,5 +1,5 @@
 """What a certificate's report shows, independent of its format (SPEC 4.5): the facts of what
-was certified, the per-clause rows, the margins chart's rows; shared by the Markdown
+was certified, the rules by status, the per-clause rows, the margins chart's rows; shared by the Markdown
 (:mod:`gefen_conformance.certificate.report`) and HTML
 (:mod:`gefen_conformance.certificate.report_html`) renderings."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.read import (
     BAD_OUTCOMES,
     OUTCOMES,
@@ -47,6 +48,36 @@ class ClauseRow:
 
 
 # --- content model -------------------------------------------------------------------------------
+
+#: How the reports head each status of a rule (SPEC 4.4.17), in the order they list them.
+RULE_HEADINGS = {
+    "failed": "failed",
+    "skipped": "skipped for a missing capability",
+    "unchecked": "checked by no test of this run",
+    "not-certified": "not certified by this suite",
+    "certified": "certified",
+}
+
+
+def rule_rows(cert: dict) -> list:
+    """``(heading, count, ids in brief)`` of each status of the certificate's ``rules`` section
+    that holds a rule, what did not pass first; a rule the suite does not certify is listed under
+    its reason (``not certified by this suite: reference-only``). Empty for a certificate without
+    the section."""
+    section = cert.get("rules")
+    if not isinstance(section, dict):
+        return []
+    ids = section.get("ids") or {}
+    rows = []
+    for status, heading in RULE_HEADINGS.items():
+        if status == "not-certified":
+            reasons = rules.register()["reasons"]
+            for reason, listed in (section.get("not_certified_reasons") or {}).items():
+                why = f" \N{EM DASH} {reasons[reason]}" if reason in reasons else ""
+                rows.append((f"{heading}: {reason}{why}", len(listed), rules.compact(listed)))
+        elif ids.get(status):
+            rows.append((heading, len(ids[status]), rules.compact(ids[status])))
+    return rows
 
 
 def _join(values) -> str:

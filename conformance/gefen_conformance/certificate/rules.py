@@ -67,24 +67,59 @@ def statuses(tests: list) -> dict:
 
 
 def section(tests: list) -> dict:
-    """The certificate's ``rules`` section: counts, the ids of each status but ``certified``'s
-    complement listed in full, and the reasons of the rules the suite does not certify."""
+    """The certificate's ``rules`` section: how many rules the register holds (``total``), the count
+    and the ids of each status, the ids the suite does not certify by reason
+    (``not_certified_reasons``, a key of the register's ``reasons``), and :func:`summary`'s line."""
     status = statuses(tests)
     counts = Counter(status.values())
-    reasons = Counter(r["not_certified"] for r in register()["rules"] if r.get("not_certified"))
+    reasons: dict[str, list] = {}
+    for rule in register()["rules"]:
+        if rule.get("not_certified"):
+            reasons.setdefault(rule["not_certified"], []).append(rule["id"])
     by_status = {s: sorted((i for i, v in status.items() if v == s), key=_key) for s in STATUSES}
     return {
         "total": len(status),
         "counts": {s: counts.get(s, 0) for s in STATUSES},
-        "not_certified_reasons": dict(sorted(reasons.items())),
+        "not_certified_reasons": {r: sorted(ids, key=_key) for r, ids in sorted(reasons.items())},
         "ids": by_status,
         "summary": summary(counts, len(status)),
     }
 
 
+def line(cert: dict) -> str:
+    """The rules line a reader prints beside a certificate's verdict: what the verdict covers."""
+    section_ = cert.get("rules")
+    if not isinstance(section_, dict) or not isinstance(section_.get("summary"), str):
+        return "rules: not recorded (a certificate written before SPEC 0.2.4 counts no rules)"
+    return f"rules: {section_['summary']}"
+
+
+def compact(ids) -> str:
+    """``ids`` in brief, by clause, consecutive rows as a range: ``"1.1.2 #1-4, #6; 1.12.9"``."""
+    by_clause: dict[str, list] = {}
+    for rule_id in sorted(ids, key=_key):
+        clause, _, row = rule_id.partition("#")
+        by_clause.setdefault(clause, [])
+        if row:
+            by_clause[clause].append(row)
+    parts = []
+    for clause, rows in by_clause.items():
+        numbers = [int(r) for r in rows if r.isdigit()]
+        spans: list[list[int]] = []
+        for n in numbers:
+            if spans and n == spans[-1][1] + 1:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        shown = [f"#{a}" if a == b else f"#{a}-{b}" for a, b in spans]
+        shown += [f"#{r}" for r in rows if not r.isdigit()]
+        parts.append(f"{clause} {', '.join(shown)}" if shown else clause)
+    return "; ".join(parts)
+
+
 def summary(counts, total: int) -> str:
-    """One line: ``"12 of 258 rules certified; 3 not certified by this suite (reasons: see
-    SPEC 0.2.4); 240 checked by no test of this run"``, with failed and skipped counts where any."""
+    """One line: ``"12 of 258 rules certified; 3 not certified by this suite (SPEC 0.2.4); 240
+    checked by no test of this run"``, with failed and skipped counts where any."""
     parts = [f"{counts.get('certified', 0)} of {total} rules certified"]
     if counts.get("failed"):
         parts.append(f"{counts['failed']} failed")

@@ -2,14 +2,14 @@
 
 :func:`verify` first validates a certificate against the certificate's JSON Schema
 (``certificate.schema.json`` beside this module, draft 2020-12, with the ``jsonschema`` library):
-one that does not validate is refused, each violation named by its JSON path and the schema rule
-it breaks (:func:`schema_problems`). Then it re-derives the verdict, summary, per-clause table and
-capability skips from the per-test records with the code that built them, checks every record
-against its own margins (a passed test cannot hold a comparison outside its bound), recomputes the
-integrity digest, and compares the suite hash with the installed suite's. It returns the problems
-found (an empty list: it verifies) and the facts a reader needs: the implementation's provenance
-(a dirty checkout named), the world sizes, launchers and devices run, the expectations used.
-:func:`load` reads a certificate for it, leaving its structure to the schema.
+one that does not validate is refused, each violation named by its JSON path and the schema rule it
+breaks (:func:`schema_problems`). Then it re-derives the verdict, summary, rules section, per-clause
+table and capability skips from the per-test records with the code that built them, checks every
+record against its own margins (a passed test cannot hold a comparison outside its bound),
+recomputes the integrity digest, and compares the suite hash with the installed suite's. It returns
+the problems found (an empty list: it verifies) and the facts a reader needs: the implementation's
+provenance (a dirty checkout named), the world sizes, launchers and devices run, the expectations
+used. :func:`load` reads a certificate for it, leaving its structure to the schema.
 
 :func:`merge` makes one certificate of several (shards, reruns): all of one suite hash, one
 implementation and its provenance, one numeric and hypothesis profile, one expectations file; a
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jsonschema
 
-from gefen_conformance.certificate import build
+from gefen_conformance.certificate import build, rules
 from gefen_conformance.certificate.outcomes import Outcome
 from gefen_conformance.certificate.read import CertificateError
 
@@ -38,6 +38,8 @@ __all__ = ["MergeConflict", "load", "merge", "records", "rederive", "schema", "s
 
 #: The certificate's JSON Schema, shipped beside this module.
 SCHEMA_FILE = "certificate.schema.json"
+#: The parts of a certificate :func:`verify` re-derives from its test records and run facts.
+DERIVED = ("summary", "verdict", "rules", "clauses", "capability_skips")
 #: How much of a value a schema violation shows.
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 1, 3, 3, 40, 40
@@ -164,7 +166,7 @@ def rederive(cert: dict) -> dict:
         platform_=cert.get("platform") or {},
         execution=cert.get("execution") or {},
     )
-    return {k: rebuilt[k] for k in ("summary", "verdict", "clauses", "capability_skips")}
+    return {k: rebuilt[k] for k in DERIVED}
 
 
 def _contradictions(test: dict) -> list[str]:
@@ -192,6 +194,21 @@ def _difference(stored, derived, shown: int = 3) -> str:
     return "; ".join(parts)
 
 
+def _rules_in_brief(section) -> dict:
+    """A ``rules`` section flattened to one short value per key, so a mismatch names what differs
+    (``ids.unchecked``, ``counts.failed``) without printing hundreds of ids."""
+    if not isinstance(section, dict):
+        return {"rules": section}
+    out = {k: section.get(k) for k in ("total", "summary")}
+    for status, n in (section.get("counts") or {}).items():
+        out[f"counts.{status}"] = n
+    for status, ids in (section.get("ids") or {}).items():
+        out[f"ids.{status}"] = build.cut(rules.compact(ids), 120)
+    for reason, ids in (section.get("not_certified_reasons") or {}).items():
+        out[f"not_certified_reasons.{reason}"] = build.cut(rules.compact(ids), 120)
+    return out
+
+
 def verify(cert: dict, installed_suite_sha256: str | None) -> tuple[list[str], list[str]]:
     """``(problems, facts)`` of a certificate: problems empty when it verifies. A certificate that
     breaks the schema is refused with its violations alone (no facts: nothing of it is trusted)."""
@@ -204,11 +221,12 @@ def verify(cert: dict, installed_suite_sha256: str | None) -> tuple[list[str], l
     elif stored != build.integrity(cert):
         problems.append("its integrity digest does not match its content: it was edited after it was written")
     again = rederive(cert)
-    for key in ("summary", "verdict", "clauses", "capability_skips"):
+    for key in DERIVED:
         if again[key] != cert.get(key):
-            problems.append(
-                f"its {key} is not what its test records give: {_difference(cert.get(key), again[key])}"
-            )
+            stored, derived = cert.get(key), again[key]
+            if key == "rules":
+                stored, derived = _rules_in_brief(stored), _rules_in_brief(derived)
+            problems.append(f"its {key} is not what its test records give: {_difference(stored, derived)}")
     for test in cert.get("tests") or []:
         problems += _contradictions(test)
     suite = cert.get("suite") or {}

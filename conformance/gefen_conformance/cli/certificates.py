@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from gefen_conformance.certificate import diff as certificate_diff
+from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.read import CertificateError, load
 from gefen_conformance.cli.usage import add_command, error
 from gefen_conformance.exit_codes import ExitCode
@@ -174,11 +175,11 @@ def _register_ci(subparsers) -> None:
         run_verify,
         raw=False,
         help="re-derive a certificate's verdict and check its integrity and suite (SPEC 4.4.15)",
-        description="Re-derive the verdict, summary and clause table from the per-test records, check "
-        "each record against its own margins, the integrity digest, and the suite hash against the "
-        "installed suite; report the implementation's provenance (a dirty checkout named), the world "
-        "sizes, launchers and devices run, and the expectations used. Exit status: the verdict's (as "
-        "certify's) when it verifies, 3 when it does not, 2 unreadable, 4 usage error.",
+        description="Re-derive the verdict, summary, rules section and clause table from the per-test "
+        "records, check each record against its own margins, the integrity digest, and the suite hash "
+        "against the installed suite; report the implementation's provenance (a dirty checkout "
+        "named), the world sizes, launchers and devices run, and the expectations used. Exit status: "
+        "the verdict's (as certify's) when it verifies, 3 when it does not, 2 unreadable, 4 usage error.",
     )
     verify.add_argument("certificate", type=Path, metavar="CERT")
     expectations = add_command(
@@ -236,6 +237,7 @@ def run_report(args) -> ExitCode:
     else:
         outputs.write_text(args.out, text)
         print(f"wrote {args.out} ({fmt}, verdict {cert['verdict']})")
+        print(rules.line(cert))
     return ExitCode.OK
 
 
@@ -298,6 +300,7 @@ def run_merge(args) -> int:
     print(
         f"merged {len(certs)} certificates into {args.out}: {merged['verdict']}: {merged['verdict_reason']}"
     )
+    print(rules.line(merged))
     return merged["run"]["exit_status"]
 
 
@@ -318,6 +321,7 @@ def run_verify(args) -> ExitCode:
         print(f"verdict: {args.certificate} does NOT verify ({len(problems)} problem(s))")
         return ExitCode.DOES_NOT_VERIFY
     print(f"verdict: {cert['verdict']}: {cert['verdict_reason']} (verified: re-derived from its records)")
+    print(rules.line(cert))
     return build.EXIT_STATUS[build.Verdict(cert["verdict"])]
 
 

@@ -1,13 +1,14 @@
 """The "gefen conformance" section of pytest's terminal summary, failure first (SPEC 4.4.2, 4.5.5).
 
-:func:`lines` turns a run's certificate into the section's lines, each with pytest terminal
-markup: the verdict and its reason; every test that did not pass (failed, errored, passed
-unexpectedly), each with its clauses, its one-line reason, where each failed rank was (the
-certificate's ``where``) and the command that reruns exactly it; the tests that did not run here
-(too few ranks or devices), grouped by reason; the expected failures; every tolerance comparison
-that used at least :data:`NEAR_BOUND` of its bound, with its test and clauses; then the exit
-status, the numeric and hypothesis profiles, capability skips, notes, the clause count and where
-the certificate went. Pure: it reads the certificate only, so a test can render any certificate.
+:func:`lines` turns a run's certificate into the section's lines, each with pytest terminal markup:
+the verdict and its reason, and the rules line (what of the SPEC the tests certified, which is all
+the verdict covers); every test that did not pass (failed, errored, passed unexpectedly), each with
+its clauses, its one-line reason, where each failed rank was (the certificate's ``where``) and the
+command that reruns exactly it; the tests that did not run here (too few ranks or devices), grouped
+by reason; the expected failures; every tolerance comparison that used at least :data:`NEAR_BOUND`
+of its bound, with its test and clauses; then the exit status, the numeric and hypothesis profiles,
+capability skips, notes, the count of clauses named by tests and where the certificate went. Pure:
+it reads the certificate only, so a test can render any certificate.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gefen_conformance.certificate import problems, report
+from gefen_conformance.certificate import problems, report, rules
 from gefen_conformance.certificate.diff import DEFAULT_MARGIN_THRESHOLD
 from gefen_conformance.certificate.read import finite_used, tolerance_margins
 
@@ -147,6 +148,8 @@ def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) 
             },
         ),
         (f"verdict: {verdict}: {cert['verdict_reason']}", {}),
+        # what the verdict covers: the verdict says no test failed, this says which rules were checked
+        (rules.line(cert), {}),
     ]
     out += _problems(cert, path)
     out += _expected(cert)
@@ -191,7 +194,7 @@ def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) 
     passing = sum(
         1 for c in cert["clauses"].values() if not (c.get("failed") or c.get("error") or c.get("xpassed"))
     )
-    out.append((f"clauses: {passing} of {len(cert['clauses'])} without failures", {}))
+    out.append((f"clauses named by tests: {passing} of {len(cert['clauses'])} without failures", {}))
     if path is not None and instead_of is not None:
         out.append((f"certificate: {path} (not a complete run, so not written to {instead_of})", _YELLOW))
     elif path is not None:
