@@ -264,6 +264,13 @@ def _global_step(value) -> Callable:
     return change
 
 
+def _no_global_step(sd: dict) -> None:
+    """No global step at the top level nor in any group's metadata: it is 0 (SPEC 1.12.2#6)."""
+    sd.pop("gefen_global_step")
+    for m in _metadata(sd):
+        m.pop("global_step")
+
+
 def _no_metadata_on_group(index: int) -> Callable:
     return lambda sd: sd["param_groups"][index].pop("_gefen_checkpoint_metadata")
 
@@ -327,6 +334,7 @@ NATIVE_LOAD = [
     ),
     LoadRefused("1.12.2#6", "top-global-step-disagrees", _top("gefen_global_step", 5)),
     LoadAccepted("1.12.2#6", "global-step-from-metadata", _drop_top("gefen_global_step")),
+    LoadAccepted("1.12.2#6", "global-step-absent-everywhere", _no_global_step),
     LoadRefused("1.12.2#7", "deterministic-differs", _tagged_true),
     LoadAccepted("1.12.2#7", "untagged-keeps-live-setting", _untagged, (("deterministic", True),)),
     LoadRefused("1.12.2#8", "momentum-without-codebook", _codebook(lambda cb: None)),
@@ -338,6 +346,7 @@ NATIVE_LOAD = [
     LoadRefused("1.12.4#1", "counter-numpy", _state(0, "step", np.int64(3))),
     LoadRefused("1.12.4#1", "global-step-negative", _global_step(-1)),
     LoadRefused("1.12.4#1", "counter-fractional-tensor", _state(0, "step", torch.tensor(2.5))),
+    LoadRefused("1.12.4#1", "global-step-negative-tensor", _global_step(torch.tensor(-1))),
     LoadRefused("1.12.4#1", "counter-two-element-tensor", _state(0, "step", torch.tensor([3, 3]))),
     LoadRefused("1.12.4#1", "global-step-float", _top("gefen_global_step", 3.0)),
     LoadAccepted("1.12.4#1", "counter-one-element-1d-tensor", _state(0, "step", torch.tensor([3]))),
@@ -354,14 +363,14 @@ NATIVE_LOAD = [
         _state(0, "m_codebook", lambda e: e["m_codebook"].reshape(80, 24).clone()),
     ),
     LoadRefused(
-        "1.12.4#4", "magnitude-negative", _state(0, "m_magnitude", _poked("m_magnitude", (5, 0), -1.0))
+        "1.12.4#4", "magnitude-negative", _state(0, "m_magnitude", _poked("m_magnitude", (5, 0), -0.5))
     ),
     LoadRefused(
         "1.12.4#4", "magnitude-nan", _state(0, "m_magnitude", _poked("m_magnitude", (23, 0), float("nan")))
     ),
     LoadRefused("1.12.4#4", "momentum-at-step-0", _state(0, "step", 0)),
     LoadRefused("1.12.4#4", "momentum-without-magnitude", _drop_state(0, "m_magnitude")),
-    LoadRefused("1.12.4#5", "vmean-negative", _state(2, "vmean", _poked("vmean", (7, 0), -1.0))),
+    LoadRefused("1.12.4#5", "vmean-negative", _state(2, "vmean", _poked("vmean", (7, 0), -0.5))),
     LoadRefused("1.12.4#5", "vmean-shape", _state(2, "vmean", lambda e: e["vmean"].reshape(1, 24).clone())),
     LoadRefused("1.12.4#5", "vmean-step-without-vmean", _drop_state(2, "vmean")),
     LoadRefused("1.12.4#5", "vmean-step-zero", _state(2, "vmean_step", 0)),
