@@ -42,6 +42,7 @@ from gefen_conformance.certificate.read import (
     tolerance_margins,
     verdict_rank,
 )
+from gefen_conformance.certificate.rules import STATUSES
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # never echo terminal escapes from a certificate
 DEFAULT_MARGIN_FACTOR = 2.0
@@ -228,9 +229,6 @@ def compare(
     return diff
 
 
-_RULE_STATUSES = ("certified", "failed", "skipped", "unchecked", "not-certified")
-
-
 def _rules_change(old, new) -> str:
     """The rule counts that changed from ``old`` to ``new`` (``rules`` sections), in one line."""
     if not isinstance(old, dict) and not isinstance(new, dict):
@@ -241,7 +239,7 @@ def _rules_change(old, new) -> str:
         ]
         return f"{shown[0]} -> {shown[1]}"
     a, b = old.get("counts") or {}, new.get("counts") or {}
-    changed = [f"{s} {a.get(s, 0)} -> {b.get(s, 0)}" for s in _RULE_STATUSES if a.get(s, 0) != b.get(s, 0)]
+    changed = [f"{s} {a.get(s, 0)} -> {b.get(s, 0)}" for s in STATUSES if a.get(s, 0) != b.get(s, 0)]
     if old.get("total") != new.get("total"):
         changed.append(f"rules in the register {old.get('total')} -> {new.get('total')}")
     return ", ".join(changed)

@@ -54,6 +54,7 @@ RULE_HEADINGS = {
     "failed": "failed",
     "skipped": "skipped for a missing capability",
     "unchecked": "checked by no test of this run",
+    "unproven": "checked without a mutant proof",
     "not-certified": "not certified by this suite",
     "certified": "certified",
 }

@@ -9,7 +9,10 @@ a section (``1.8``), certifies none of them: the word covers what a test checks,
 
 A rule's status in a run, from the certificate's tests:
 
-* ``certified``: a test that names it passed, and none that names it failed;
+* ``certified``: a test that names it passed, none that names it failed, and a mutant wrong in
+  that rule alone has been shown to fail such a test (the project's proofs);
+* ``unproven``: as ``certified``, but no mutant has shown yet that the tests naming the rule can
+  fail for it alone (``unproven_rules.json``, kept equal to the proofs by the project's tests);
 * ``failed``: a test that names it failed or errored (or failed as an expected failure);
 * ``skipped``: every test that names it was skipped (a missing capability);
 * ``unchecked``: no test of this run names it (never checked by the suite, or deselected);
@@ -23,7 +26,7 @@ from collections import Counter
 from functools import cache
 from importlib import resources
 
-STATUSES = ("certified", "failed", "skipped", "unchecked", "not-certified")
+STATUSES = ("certified", "unproven", "failed", "skipped", "unchecked", "not-certified")
 _FAILED = {"failed", "error", "xfailed"}
 
 
@@ -32,6 +35,13 @@ def register() -> dict:
     """The register shipped with the suite: ``{"reasons": {...}, "rules": [{id, clause, text, ...}]}``."""
     text = resources.files(__package__).joinpath("rules.json").read_text(encoding="utf-8")
     return json.loads(text)
+
+
+@cache
+def unproven() -> frozenset:
+    """The rules the suite names that no mutant has been shown to fail for (see the docstring)."""
+    text = resources.files(__package__).joinpath("unproven_rules.json").read_text(encoding="utf-8")
+    return frozenset(json.loads(text)["rules"])
 
 
 def rule_ids() -> frozenset:
@@ -58,7 +68,7 @@ def statuses(tests: list) -> dict:
         elif seen & _FAILED:
             status[rule["id"]] = "failed"
         elif "passed" in seen or "xpassed" in seen:
-            status[rule["id"]] = "certified"
+            status[rule["id"]] = "unproven" if rule["id"] in unproven() else "certified"
         elif seen:
             status[rule["id"]] = "skipped"
         else:
@@ -121,6 +131,8 @@ def summary(counts, total: int) -> str:
     """One line: ``"12 of 258 rules certified; 3 not certified by this suite (SPEC 0.2.4); 240
     checked by no test of this run"``, with failed and skipped counts where any."""
     parts = [f"{counts.get('certified', 0)} of {total} rules certified"]
+    if counts.get("unproven"):
+        parts.append(f"{counts['unproven']} checked without a mutant proof")
     if counts.get("failed"):
         parts.append(f"{counts['failed']} failed")
     if counts.get("skipped"):
