@@ -551,4 +551,59 @@ def mutants(profile: str) -> list:
     return out
 
 
-__all__ = ["CONSTRUCTOR", "NATIVE_LOAD", "RuleMutant", "mutants", "np"]
+# ------------------------------------------------------------------------------ DCP layouts
+
+#: rule id -> the words of the reference's refusal (SPEC 2.4.1): the mutant saves where the
+#: reference refuses with them, as an adapter without that check does.
+LAYOUT = {
+    "2.4.1#2": "factored_v_2d",
+    "2.4.1#3": "sharded mode",
+    "2.4.1#4": "stable param_names",
+    "2.4.1#5": "synthesized",
+    "2.4.1#6": "plain tensor",
+    "2.4.1#7": "one-dimensional",
+    "2.4.1#8": "canonical order",
+    "2.4.1#10": "Shard(0) parameters",
+    "2.4.1#11": "at least one parameter",
+    "2.4.1#12": "unique across every group",
+}
+
+
+class _LayoutCheckLeftOut:
+    """The reference's DCP adapter, except that a save its layout check ``words`` refuses returns
+    an empty state instead (every rank has the same layout, so every rank does the same)."""
+
+    def __init__(self, adapter, words: str):
+        self._adapter, self._words = adapter, words
+
+    def state_dict(self):
+        try:
+            return self._adapter.state_dict()
+        except RuntimeError as exc:
+            if self._words in str(exc):
+                return {}
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._adapter, name)
+
+
+def _layout_mutant(rule: str, profile: str):
+    base = _implementation(f"layout-{rule}", registry.resolve("reference").make_optimizer, profile)
+    words = LAYOUT[rule]
+    return dataclasses.replace(
+        base, dcp_state=lambda optimizer: _LayoutCheckLeftOut(base.dcp_state(optimizer), words)
+    )
+
+
+def layout_spec(rule: str, profile: str) -> str:
+    """The ``--impl`` spec of the layout mutant of ``rule`` in ``profile``."""
+    return f"tests.rule_mutants:layout_{rule.replace('.', '_').replace('#', '_')}_{profile.replace('-', '_')}"
+
+
+for _rule in LAYOUT:
+    for _profile in ("torch-exact", "tolerance"):
+        globals()[layout_spec(_rule, _profile).partition(":")[2]] = _layout_mutant(_rule, _profile)
+
+
+__all__ = ["CONSTRUCTOR", "LAYOUT", "NATIVE_LOAD", "RuleMutant", "layout_spec", "mutants", "np"]

@@ -300,7 +300,7 @@ def test_a_project_with_its_own_device_option_still_starts(pytester, child_env):
 
 
 def test_the_report_shows_the_backend_and_world_sizes():
-    from gefen_conformance.certificate import report
+    from gefen_conformance.certificate import report_model
 
     cert = {
         "implementation": {"name": "x", "version": "1"},
@@ -316,7 +316,7 @@ def test_the_report_shows_the_backend_and_world_sizes():
             "world_sizes": [1, 2],
         },
     }
-    rows = dict(report.facts(cert))
+    rows = dict(report_model.facts(cert))
     assert rows["execution"] == "cuda (cuda:0 H200), nccl, world sizes 1, 2, 1 node(s), pool launcher"
     old = dict(cert, execution={"distributed_backend": "gloo", "device_type": "cpu", "world_sizes": [4]})
-    assert dict(report.facts(old))["execution"] == "cpu, gloo, world sizes 4"
+    assert dict(report_model.facts(old))["execution"] == "cpu, gloo, world sizes 4"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gefen_conformance import cli
-from gefen_conformance.certificate import problems, report
+from gefen_conformance.certificate import problems, report, report_model
 from gefen_conformance.certificate import read as certificate_read
 from gefen_conformance.certificate.report_html import margin_chart
 
@@ -256,14 +256,14 @@ def test_html_is_self_contained_and_its_chart_has_every_clause(name):
     assert set(parser.tags) <= ALLOWED_TAGS
     assert not {a for a in parser.attributes if a.startswith("on")}
     charted = sorted(c for label in chart_labels(page) for c in label.split(", "))
-    assert charted == sorted(r.clause for r in report.clause_rows(cert))
+    assert charted == sorted(r.clause for r in report_model.clause_rows(cert))
     for clause in cert["clauses"]:
         assert f"<td>{clause}</td>" in page
 
 
 def test_html_chart_puts_the_clause_closest_to_its_bound_first_and_colours_it():
     cert = load("fast-run2-drift.json")
-    rows = report.chart_rows(cert)
+    rows = report_model.chart_rows(cert)
     assert rows[0].kind == "margin" and rows[0].clauses == [
         "1.4",
         "1.8",
@@ -278,7 +278,7 @@ def test_html_chart_puts_the_clause_closest_to_its_bound_first_and_colours_it():
 
 def test_html_chart_shows_failed_clauses_outside_their_bound_and_without_a_comparison():
     cert = load("mutant-beta-rounding.json")
-    rows = report.chart_rows(cert)
+    rows = report_model.chart_rows(cert)
     kinds = [r.kind for r in rows]
     assert kinds[:3] == ["margin", "bitwise", "failed"]
     assert (
@@ -349,7 +349,7 @@ def test_html_escapes_hostile_strings():
 
 def test_chart_of_a_certificate_without_comparisons_names_every_clause():
     cert = load("reference-run1.json")
-    silent = [r for r in report.chart_rows(cert) if r.kind in ("checked", "skipped")]
+    silent = [r for r in report_model.chart_rows(cert) if r.kind in ("checked", "skipped")]
     assert margin_chart(silent).count('class="crow"') == len(silent) + 1  # the axis row too
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gefen_conformance.certificate import problems, report
+from gefen_conformance.certificate import problems, report, report_model
 from gefen_conformance.certificate import read as certificate_read
 
 FIXTURES = Path(__file__).parent / "fixtures" / "certificates"
@@ -119,4 +119,4 @@ def test_the_report_fits_the_width_and_leads_with_what_did_not_pass(tmp_path, wi
         box = named["box"]
         assert box["width"] > 0 and box["height"] > 0 and box["left"] >= 0 and box["right"] <= width, named
     chart_clauses = sorted(c for label in m["chart_labels"] for c in label.split(", "))
-    assert chart_clauses == sorted(r.clause for r in report.clause_rows(cert))
+    assert chart_clauses == sorted(r.clause for r in report_model.clause_rows(cert))

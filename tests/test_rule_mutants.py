@@ -19,6 +19,7 @@ from gefen_conformance.suite import rule_checks
 from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted
 
 from . import rule_mutants
+from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
 
 SUITE = Path(rule_checks.__file__).parent
@@ -78,7 +79,7 @@ def _named_by_the_suite() -> set:
 def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     named = _named_by_the_suite()
     killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
-    killed |= {m.rule for m in rule_mutants.mutants("torch-exact")}
+    killed |= {m.rule for m in rule_mutants.mutants("torch-exact")} | set(rule_mutants.LAYOUT)
     unproven = named - killed
     assert not unproven - WITHOUT_A_MUTANT, (
         f"named by the suite, killed by no mutant: {sorted(unproven - WITHOUT_A_MUTANT)}"
@@ -88,3 +89,15 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     )
     marked = {r["id"] for r in rules.register()["rules"] if r.get("not_certified")}
     assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("rule", sorted(rule_mutants.LAYOUT))
+def test_a_layout_mutant_is_failed_by_the_test_naming_its_rule(rule, profile, tmp_path):
+    """A DCP adapter without one layout refusal of SPEC 2.4.1 (a 2-rank partial certification)."""
+    cert = run_suite(rule_mutants.layout_spec(rule, profile), "test_dcp_layout_rules", tmp_path)
+    assert failures(cert) > 0, f"the adapter without {rule}'s check survived [{profile}]: {cert['summary']}"
+    failed = {c for t in failed_tests(cert) for c in t["clauses"]}
+    assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"
+    assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"

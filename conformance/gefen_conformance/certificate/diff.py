@@ -339,7 +339,7 @@ def _check_threshold(diff: Diff, tid: str, was: dict | None, now: dict) -> None:
 
 
 def _pct(used: float | None) -> str:
-    from gefen_conformance.certificate.report import percent
+    from gefen_conformance.certificate.report_model import percent
 
     return "outside its bound" if used is None else percent(used)
 

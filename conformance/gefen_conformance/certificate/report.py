@@ -26,23 +26,11 @@ from __future__ import annotations
 
 import re
 
+from gefen_conformance.certificate import report_model as model
 from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.problems import PROBLEM_KINDS, not_passed
 from gefen_conformance.certificate.read import OUTCOMES
 from gefen_conformance.certificate.report_html import html
-from gefen_conformance.certificate.report_model import (  # noqa: F401 - the report's content model
-    OUTCOME_HEADINGS,
-    ChartRow,
-    ClauseRow,
-    chart_rows,
-    clause_rows,
-    facts,
-    margin_text,
-    percent,
-    rule_rows,
-    tests_with,
-    tolerance_lines,
-)
 
 
 def render(cert: dict, fmt: str, source: str = "") -> str:
@@ -126,8 +114,8 @@ def markdown(cert: dict, source: str = "") -> str:
     if expected:
         out += [f"## Expected failures ({len(expected)})", ""] + _md_problems(expected) + [""]
     out += ["## What was certified", ""]
-    out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in facts(cert)[1:]])
-    listed = rule_rows(cert)
+    out += _md_table(["", ""], [[md_text(k), md_text(v)] for k, v in model.facts(cert)[1:]])
+    listed = model.rule_rows(cert)
     if listed:
         out += ["", "## Rules by status", ""]
         out += _md_table(
@@ -136,12 +124,12 @@ def markdown(cert: dict, source: str = "") -> str:
         out += ["", "A rule is certified when a test that names its id passed and none failed (SPEC 4.4.17)."]
     out += ["", "## Clauses named by tests", ""]
     rows = []
-    for row in clause_rows(cert):
-        how, test, what = margin_text(row)
+    for row in model.clause_rows(cert):
+        how, test, what = model.margin_text(row)
         where = f"{md_code(test)} {md_text(what)}" if test else ""
         rows.append([md_text(row.clause)] + [str(row.counts[o]) for o in OUTCOMES] + [md_text(how), where])
     out += _md_table(
-        ["clause"] + [OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows
+        ["clause"] + [model.OUTCOME_HEADINGS[o] for o in OUTCOMES] + ["worst margin used", "in test"], rows
     )
     out.append("")
     out.append(

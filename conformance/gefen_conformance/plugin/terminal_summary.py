@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gefen_conformance.certificate import problems, report, rules
+from gefen_conformance.certificate import problems, report_model, rules
 from gefen_conformance.certificate.diff import DEFAULT_MARGIN_THRESHOLD
 from gefen_conformance.certificate.read import finite_used, tolerance_margins
 
@@ -123,13 +123,13 @@ def _near(cert: dict) -> list:
         return []
     out = [
         (
-            f"near their bound (at least {report.percent(NEAR_BOUND)} of it): {len(near)} tolerance "
+            f"near their bound (at least {report_model.percent(NEAR_BOUND)} of it): {len(near)} tolerance "
             "comparison(s)",
             _YELLOW,
         )
     ]
     for used, test, what, clauses in near:
-        share = "outside" if used is None else report.percent(used)
+        share = "outside" if used is None else report_model.percent(used)
         out.append((f"  {share:>8}  {test} :: {what}{_clauses(clauses)}", {}))
     return out
 
