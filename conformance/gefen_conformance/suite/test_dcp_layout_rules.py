@@ -30,7 +30,7 @@ LAYOUTS = [
     ("2.4.1#5", "synthesized-name", "synthesized"),
     ("2.4.1#6", "plain-tensor", "DTensor"),
     ("2.4.1#7", "two-dimensional-mesh", "one-dimensional"),
-    ("2.4.1#8", "reordered-mesh", "canonical order"),
+    ("2.4.1#8", "reordered-mesh", "canonical"),
     ("2.4.1#10", "replicated", None),
     ("2.4.1#10", "shard-1", None),
     ("2.4.1#11", "no-parameter", None),
