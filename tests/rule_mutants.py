@@ -606,4 +606,135 @@ for _rule in LAYOUT:
         globals()[layout_spec(_rule, _profile).partition(":")[2]] = _layout_mutant(_rule, _profile)
 
 
-__all__ = ["CONSTRUCTOR", "LAYOUT", "NATIVE_LOAD", "RuleMutant", "layout_spec", "mutants", "np"]
+# ------------------------------------------------------------------------------ DCP restores
+
+
+def _slots(sd):
+    return sorted({k.split(".")[0] for k in sd if k.startswith("slot_")})
+
+
+def _format_version_2(optimizer, sd):
+    sd["format_version"] = torch.tensor(2)
+
+
+def _slot_count_of_the_target(optimizer, sd):
+    sd["slot_count"] = torch.tensor(sum(len(g["params"]) for g in optimizer.param_groups))
+
+
+def _identities_of_the_target(optimizer, sd):
+    for identity, group_index, name in (
+        (identity, gi, n)
+        for identity, (gi, n) in zip(
+            sd["param_identities"],
+            [(gi, n) for gi, g in enumerate(optimizer.param_groups) for n in g["param_names"]],
+        )
+    ):
+        identity["name"], identity["group"] = name, group_index
+
+
+def _deterministic_of_the_target(optimizer, sd):
+    sd["deterministic"] = torch.tensor(int(bool(optimizer.deterministic)), dtype=torch.uint8)
+
+
+def _flags_clamped(optimizer, sd):
+    for slot in _slots(sd):
+        flag = sd[f"{slot}.initialized"]
+        sd[f"{slot}.initialized"] = torch.clamp(flag, max=1).to(flag.dtype)
+
+
+def _dense_repaired(optimizer, sd):
+    for slot in _slots(sd):
+        for key in ("momentum", "second_moment"):
+            t = sd[f"{slot}.{key}"]
+            fixed = torch.nan_to_num(t.float(), nan=0.0, posinf=0.0, neginf=0.0)
+            sd[f"{slot}.{key}"] = fixed.abs() if key == "second_moment" else fixed
+
+
+def _counters_made_coherent(optimizer, sd):
+    for slot in _slots(sd):
+        if int(sd[f"{slot}.initialized"]) == 1:
+            for key in ("step", "vmean_step"):
+                if int(sd[f"{slot}.{key}"]) < 1:
+                    sd[f"{slot}.{key}"] = torch.tensor(1)
+        else:
+            for key in ("step", "vmean_step"):
+                sd[f"{slot}.{key}"] = torch.tensor(0)
+
+
+def _hypers_of_the_target(optimizer, sd):
+    for saved, live in zip(sd["param_group_hypers"], optimizer.param_groups):
+        for key in ("lr", "beta1", "beta2", "eps", "weight_decay"):
+            value = saved[key]
+            number = float(value.item() if torch.is_tensor(value) else value)
+            valid = {
+                "lr": number >= 0,
+                "beta1": 0 <= number < 1,
+                "beta2": 0 <= number < 1,
+                "eps": number > 0,
+                "weight_decay": number >= 0,
+            }[key]
+            if not valid or not math.isfinite(number):
+                live_value = live[key]
+                saved[key] = float(live_value.item() if torch.is_tensor(live_value) else live_value)
+
+
+#: rule id -> (what the restoring adapter does instead of refusing, its repair of the loaded dict)
+RESTORE = {
+    "3.3.2": ("any format version read as 2", _format_version_2),
+    "3.3.3": ("the slot count taken from the target", _slot_count_of_the_target),
+    "3.3.5": ("identities renamed to the target's", _identities_of_the_target),
+    "3.3.7": ("the target's deterministic flag kept", _deterministic_of_the_target),
+    "3.4.2": ("an initialized flag above 1 read as 1", _flags_clamped),
+    "3.4.3": ("non-finite values zeroed, negative second moments made positive", _dense_repaired),
+    "3.4.4": ("incoherent counters repaired", _counters_made_coherent),
+    "3.5.1": ("invalid saved hyperparameters replaced by the target's", _hypers_of_the_target),
+}
+
+
+class _RestoreCheckLeftOut:
+    """The reference's DCP adapter, except that the dict a load hands it is repaired first where
+    one rule of SPEC 3.3-3.5 would refuse it."""
+
+    def __init__(self, adapter, optimizer, repair):
+        self._adapter, self._optimizer, self._repair = adapter, optimizer, repair
+
+    def state_dict(self):
+        return self._adapter.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self._repair(self._optimizer, state_dict)
+        return self._adapter.load_state_dict(state_dict)
+
+    def __getattr__(self, name):
+        return getattr(self._adapter, name)
+
+
+def _restore_mutant(rule: str, profile: str):
+    base = _implementation(f"restore-{rule}", registry.resolve("reference").make_optimizer, profile)
+    repair = RESTORE[rule][1]
+    return dataclasses.replace(
+        base, dcp_state=lambda optimizer: _RestoreCheckLeftOut(base.dcp_state(optimizer), optimizer, repair)
+    )
+
+
+def restore_spec(rule: str, profile: str) -> str:
+    """The ``--impl`` spec of the restore mutant of ``rule`` in ``profile``."""
+    return f"tests.rule_mutants:restore_{rule.replace('.', '_')}_{profile.replace('-', '_')}"
+
+
+for _rule in RESTORE:
+    for _profile in ("torch-exact", "tolerance"):
+        globals()[restore_spec(_rule, _profile).partition(":")[2]] = _restore_mutant(_rule, _profile)
+
+
+__all__ = [
+    "CONSTRUCTOR",
+    "LAYOUT",
+    "NATIVE_LOAD",
+    "RESTORE",
+    "RuleMutant",
+    "layout_spec",
+    "mutants",
+    "np",
+    "restore_spec",
+]

@@ -79,7 +79,11 @@ def _named_by_the_suite() -> set:
 def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     named = _named_by_the_suite()
     killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
-    killed |= {m.rule for m in rule_mutants.mutants("torch-exact")} | set(rule_mutants.LAYOUT)
+    killed |= (
+        {m.rule for m in rule_mutants.mutants("torch-exact")}
+        | set(rule_mutants.LAYOUT)
+        | set(rule_mutants.RESTORE)
+    )
     unproven = named - killed
     assert not unproven - WITHOUT_A_MUTANT, (
         f"named by the suite, killed by no mutant: {sorted(unproven - WITHOUT_A_MUTANT)}"
@@ -101,3 +105,14 @@ def test_a_layout_mutant_is_failed_by_the_test_naming_its_rule(rule, profile, tm
     failed = {c for t in failed_tests(cert) for c in t["clauses"]}
     assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"
     assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("rule", sorted(rule_mutants.RESTORE))
+def test_a_restore_mutant_is_failed_by_the_test_naming_its_rule(rule, profile, tmp_path):
+    """A DCP adapter that repairs what one rule of SPEC 3.3-3.5 refuses (one-process hostile loads)."""
+    cert = run_suite(rule_mutants.restore_spec(rule, profile), "test_refused_without_mutation", tmp_path)
+    assert failures(cert) > 0, f"the adapter without {rule}'s check survived [{profile}]: {cert['summary']}"
+    failed = {c for t in failed_tests(cert) for c in t["clauses"]}
+    assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"

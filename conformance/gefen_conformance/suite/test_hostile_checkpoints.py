@@ -105,6 +105,28 @@ CONTENT_LEVEL = {
 }
 
 CASES = sorted(BYTE_LEVEL) + sorted(CONTENT_LEVEL)
+#: The rule a content-level case breaks alone, and the words its ValueError names (SPEC 3.3-3.5);
+#: the other cases are refused by DCP or by the rules of §3.10.1 with no words of their own.
+RULES = {
+    "wrong-format-version": ("3.3.2", "format version"),
+    "extra-slot": ("3.3.3", "parameter count differs"),
+    "renamed-parameter": ("3.3.5", "parameter identities"),
+    "deterministic-flag-set": ("3.3.7", "deterministic"),
+    "initialized-flag-two": ("3.4.2", None),
+    "nan-momentum": ("3.4.3", "non-finite"),
+    "inf-second-moment": ("3.4.3", "non-finite"),
+    "negative-second-moment": ("3.4.3", "nonnegative"),
+    "initialized-with-zero-step": ("3.4.4", "initialized but carries step"),
+    "fresh-with-counters": ("3.4.4", "uninitialized but carries nonzero counters"),
+    "negative-lr": ("3.5.1", "invalid lr"),
+    "beta-of-one": ("3.5.1", "invalid beta2"),
+}
+
+
+def _cases():
+    for case in CASES:
+        rule, _ = RULES.get(case, (None, None))
+        yield pytest.param(case, id=case, marks=[pytest.mark.gefen_clause(rule)] if rule else [])
 
 
 def craft_all(root: str) -> dict:
@@ -177,12 +199,12 @@ def load_attempt(impl, path: str) -> dict:
     steps = range(LIVE_FIRST_STEP, LIVE_FIRST_STEP + STEPS)
     params, opt = saving.trained(impl, MODEL, world_mesh(), steps=steps)
     before = snapshot(params, opt)
-    error = None
+    error, value_error = None, False
     try:
         saving.load(impl, opt, path)
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
-        error = f"{type(exc).__name__}: {exc}"
-    return {"error": error, "unchanged": same(before, snapshot(params, opt))}
+        error, value_error = f"{type(exc).__name__}: {exc}", isinstance(exc, ValueError)
+    return {"error": error, "value_error": value_error, "unchanged": same(before, snapshot(params, opt))}
 
 
 def load_attempt_on_rank(impl: Implementation, path: str) -> dict:
@@ -207,10 +229,16 @@ def test_the_valid_checkpoint_loads(gefen_impl, variants):
 
 @pytest.mark.gefen_clause("3.10.1", "3.10.2")
 @pytest.mark.gefen_requires(DCP_RESHARD)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", _cases())
 def test_refused_without_mutation(gefen_impl, gefen_judge, variants, case):
     outcome = load_attempt(gefen_impl, variants[case])
     assert outcome["error"] is not None, f"{case}: the load was accepted"
+    rule, words = RULES.get(case, (None, None))
+    if rule is not None:
+        named = f"ValueError naming {words!r}" if words else "ValueError"
+        assert outcome["value_error"] and (words or "") in outcome["error"], (
+            f"{case} (SPEC {rule}): raised {outcome['error']}; expected {named}"
+        )
     gefen_judge.assert_exact(
         "live state after a refused hostile load",
         int(not outcome["unchanged"]),
