@@ -114,6 +114,29 @@ class _UnscaledOnRead(_Backend):
         return loss
 
 
+class _InverseScaleInHalf(_UnscaledOnRead):
+    """GradScaler: the inverse scale is formed in fp16, as an fp16 kernel forms its constants, and
+    ``.grad`` is unscaled in place by it (SPEC 1.10.4 asks for ``r32(1 / double(scale))``). Exact
+    for a power of two, as GradScaler's default scale is; off by up to 2^-11 relative for any other
+    ``init_scale`` or growth factor."""
+
+    def step(self, closure=None):
+        scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        if scale is None or (found_inf is not None and bool(found_inf)):
+            return super(_UnscaledOnRead, self).step(closure)
+        loss = _with_closure(closure)
+        inverse = torch.tensor(float(scale), dtype=torch.float16).reciprocal().float()
+        for _, _, p in self.named_params():
+            if p.grad is not None:
+                p.grad.mul_(inverse.to(p.grad.device))
+        del self.grad_scale
+        try:
+            super(_UnscaledOnRead, self).step()
+        finally:
+            self.grad_scale = scale
+        return loss
+
+
 class _SkipReturnsNone(_Backend):
     """GradScaler: an overflow skip returns None instead of the closure's loss (SPEC 1.10.11)."""
 
@@ -391,6 +414,12 @@ _MUTANTS = {
         "1.10.4",
         "grad_scale_unscales",
         ".grad left scaled after the step (unscaled on read)",
+    ),
+    "inverse-scale-in-half": (
+        _InverseScaleInHalf,
+        "1.10.4",
+        "no_power_of_two",
+        "the inverse of a GradScaler scale formed in fp16",
     ),
     "skip-returns-none": (
         _SkipReturnsNone,

@@ -42,7 +42,7 @@ from gefen_conformance.suite.protocol_variants import (
     TENSOR_HYPERPARAMETERS,
 )
 from gefen_conformance.workload import runs
-from gefen_oracles.numeric import bitwise_comparison
+from gefen_oracles.numeric import bitwise_comparison, relative_comparison
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.6.1", "1.6.7", "1.10.1", "5.6.7", "5.6.13")
@@ -128,6 +128,39 @@ def test_grad_scale_unscales_the_gradients_in_place(gefen_impl, gefen_judge, var
             side.seen.add(bitwise_comparison(what, grads[n], given[n], label=f"{n}.grad after the step"))
 
     gefen_judge.assert_comparisons(protocol.compared(gefen_impl, call_under_grad_scale, gefen_judge.bitwise))
+
+
+@pytest.mark.gefen_clause("4.3.13", "1.10.4", "1.10.12", "5.6.13")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_a_scale_that_is_no_power_of_two_unscales_by_its_fp32_inverse(gefen_impl, gefen_judge):
+    """GradScaler takes any ``init_scale`` and growth factor: under ``grad_scale = 3 * 2^9`` each
+    ``.grad`` becomes ``grad * r32(1 / S)`` in place (SPEC 1.10.4), the gradient the step uses.
+    Bitwise under torch-exact; under tolerance within one fp32 rounding of it (a kernel that
+    divides by ``S``), never an inverse formed in a narrower type."""
+    scale = 3.0 * 2.0**9
+    inverse = torch.tensor(1.0 / scale, dtype=torch.float64).float()
+
+    def call_under_an_odd_scale(side: Side) -> None:
+        opt, grads = side.optimizer, protocol.grads(1)
+        given = side.assign(grads, scale)
+        unscaled = {n: None if g is None else (g * scale) * inverse for n, g in grads.items()}
+        opt.grad_scale, opt.found_inf = side.tensor(scale), side.tensor(0.0)
+        side.call(unscaled, opt.step)
+        del opt.grad_scale, opt.found_inf
+        what = "grad_scale 1536: gradients unscaled by r32(1/S)"
+        for n, g in unscaled.items():
+            if g is None:
+                continue
+            if gefen_judge.bitwise:
+                side.seen.add(bitwise_comparison(what, g, given[n], label=f"{n}.grad after the step"))
+            else:
+                side.seen.add(
+                    relative_comparison(what, g, given[n], 2.0**-23, label=f"{n}.grad after the step")
+                )
+
+    gefen_judge.assert_comparisons(
+        protocol.compared(gefen_impl, call_under_an_odd_scale, gefen_judge.bitwise)
+    )
 
 
 @pytest.mark.gefen_clause("4.3.13", "1.10.11", "1.2.6", "5.6.13")
