@@ -847,7 +847,7 @@ INPUT_SPACE_MUTANTS = {
     ),
     "factored-mean-unclamped": (
         _FactoredMeanUnclamped,
-        "4.3.10",
+        "1.9.3#5",
         _INPUTS,
         "an all-zero 2-D gradient divides 0 by 0 in the factored estimate",
     ),
@@ -871,7 +871,7 @@ INPUT_SPACE_MUTANTS = {
     ),
     "group-skipped-when-first-frozen": (
         _GroupSkippedWhenFirstFrozen,
-        "1.10.1",
+        "1.10.1#5",
         _PROTOCOLS,
         "a group whose first parameter has no gradient does not step",
     ),
@@ -1367,13 +1367,13 @@ LIFECYCLE_MUTANTS = {
     ),
     "one-pass-period-search": (
         _OnePassPeriodSearch,
-        "4.3.12",
+        "1.5.4",
         _LIFECYCLE,
         "the period search's variances in one fp32 pass",
     ),
     "reduction-tiled-at-the-cap": (
         _ReductionTiledAtTheCap,
-        "4.3.12",
+        "1.8.3",
         _LIFECYCLE,
         "a block reduction sums only its first 2048 elements",
     ),
