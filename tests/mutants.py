@@ -49,7 +49,6 @@ from gefen_reference.native_state import local_tensor
 from .mutant_tools import clone, proxy
 from .optimizer_mutants import as_kernel, mutant_lr_half_percent_high
 from .optimizer_mutants import optimizer_mutant as _optimizer_mutant
-from .optimizer_mutants import stepping_with as _stepping_with
 
 ALL_CAPS = KNOWN_CAPABILITIES
 
@@ -148,8 +147,10 @@ def _search_without_fallback(rules, name, global_shape, squared):
     return periods.search_period(squared)
 
 
-#: Decoupled weight decay never applied (the factor is dropped).
-_without_weight_decay = _stepping_with("weight_decay", lambda weight_decay: 0.0)
+def _block_step_without_decay(param, grad, state, codebook, hyper):
+    """The block step without its decoupled weight decay (the factor is dropped); the factored
+    path keeps its own, so the mutant is wrong in SPEC 1.8.6 alone."""
+    steps.block_vmean_step(param, grad, state, codebook, replace(hyper, weight_decay=0.0))
 
 
 class _ReallocatingStep(reference.Gefen):
@@ -306,7 +307,7 @@ CATALOGUE = {
     ),
     "eps-inside-sqrt": Entry(
         _optimizer_mutant("eps-inside-sqrt", _optimizer_with(block_vmean_step=_block_step_eps_inside_sqrt)),
-        "1.8",
+        "1.8.7#3",
         "block_step",
         "eps added under the square root of the stepsize denominator",
         tolerance_select="pinned_block_step",
@@ -325,7 +326,7 @@ CATALOGUE = {
     ),
     "nearest-ties-up": Entry(
         _optimizer_mutant("nearest-ties-up", _optimizer_with(nearest_codeword_indices=_nearest_ties_up)),
-        "1.7",
+        "1.7.1#4",
         "ties",
         "nearest-codeword ties go to the upper index",
     ),
@@ -333,13 +334,13 @@ CATALOGUE = {
         _optimizer_mutant(
             "no-period-fallback", clone(optimizer_module, choose_period=_search_without_fallback).Gefen
         ),
-        "1.5",
+        "1.5.5#4",
         "state_matches",
         "period search ignores the memory-safe fallback",
     ),
     "no-weight-decay": Entry(
-        _optimizer_mutant("no-weight-decay", _without_weight_decay),
-        "1.8",
+        _optimizer_mutant("no-weight-decay", _optimizer_with(block_vmean_step=_block_step_without_decay)),
+        "1.8.6",
         "block_step",
         "decoupled weight decay dropped",
         tolerance_select="pinned_block_step",
@@ -414,13 +415,13 @@ CATALOGUE = {
     ),
     "lr-truncated-into-int": Entry(
         _dcp_mutant("lr-truncated-into-int", _restore_with_staging(_stage_truncating_ints)),
-        "3.5",
+        "3.5.2",
         "staging_regression",
         "a fractional lr restored into an integer tensor truncates to 0",
     ),
     "beta-rounds-to-one": Entry(
         _dcp_mutant("beta-rounds-to-one", _restore_with_staging(_stage_any_beta)),
-        "3.5",
+        "3.5.2",
         "staging_regression",
         "a beta that rounds to 1 in the destination dtype is accepted",
     ),
@@ -432,7 +433,7 @@ CATALOGUE = {
     ),
     "names-by-spelling": Entry(
         _dcp_mutant("names-by-spelling", _layout_by_spelling()),
-        "2.4",
+        "2.4.1",
         "caller_name",
         "a caller's name that looks positional is refused",
     ),
@@ -846,7 +847,7 @@ INPUT_SPACE_MUTANTS = {
     ),
     "factored-mean-unclamped": (
         _FactoredMeanUnclamped,
-        "4.3.10",
+        "1.9.3#5",
         _INPUTS,
         "an all-zero 2-D gradient divides 0 by 0 in the factored estimate",
     ),
@@ -870,7 +871,7 @@ INPUT_SPACE_MUTANTS = {
     ),
     "group-skipped-when-first-frozen": (
         _GroupSkippedWhenFirstFrozen,
-        "1.10.1",
+        "1.10.1#5",
         _PROTOCOLS,
         "a group whose first parameter has no gradient does not step",
     ),
@@ -1366,13 +1367,13 @@ LIFECYCLE_MUTANTS = {
     ),
     "one-pass-period-search": (
         _OnePassPeriodSearch,
-        "4.3.12",
+        "1.5.4",
         _LIFECYCLE,
         "the period search's variances in one fp32 pass",
     ),
     "reduction-tiled-at-the-cap": (
         _ReductionTiledAtTheCap,
-        "4.3.12",
+        "1.8.3",
         _LIFECYCLE,
         "a block reduction sums only its first 2048 elements",
     ),

@@ -178,7 +178,7 @@ _EDGE_MUTANTS = {
     ),
     "fallback-from-leading-dimension": (
         _FallbackFromLeadingDimension,
-        "4.3.12",
+        "1.5.6#2",
         _LIFECYCLE,
         "the fallback period's first candidate read from shape[0] instead of shape[-1]",
     ),

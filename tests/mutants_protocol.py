@@ -393,7 +393,7 @@ class _GroupsPairedByName(_Backend):
 _MUTANTS = {
     "zero-first-gradients-learn-nothing": (
         _ZeroFirstGradientsLearnNothing,
-        "1.6.7",
+        "1.6.1",
         "all_zero_first_gradients",
         "all-zero first gradients learn no codebook and the step does nothing",
     ),
@@ -435,7 +435,7 @@ _MUTANTS = {
     ),
     "closure-under-no-grad": (
         _ClosureUnderNoGrad,
-        "1.10.1",
+        "1.10.1#1",
         "closure_runs_forward",
         "the closure runs under no_grad: its backward() fails",
     ),

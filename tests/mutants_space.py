@@ -340,7 +340,7 @@ _SPACE_MUTANTS = {
     ),
     "search-capped-at-65536": (
         _SearchCappedAt65536,
-        "1.5",
+        "1.5.4",
         _LIFECYCLE,
         "the period search scores candidates up to 65536 only",
     ),
@@ -376,7 +376,7 @@ _SPACE_MUTANTS = {
     ),
     "codebook-from-trainable-only": (
         _CodebookFromTrainableOnly,
-        "4.3.12",
+        "1.6.3",
         _LIFECYCLE,
         "a frozen parameter's gradient is left out of the codebook's histogram",
     ),
@@ -394,13 +394,13 @@ _SPACE_MUTANTS = {
     ),
     "argmin-lowest-of-run": (
         _ArgminLowestOfRun,
-        "1.7",
+        "1.7.3",
         _INPUTS,
         "a value above a run of equal codewords gets the run's lowest index (argmin)",
     ),
     "histogram-guards-the-top-bin": (
         _HistogramGuardsTheTopBin,
-        "1.6",
+        "1.6.4",
         _INPUTS,
         "the histogram drops every normalized value of +1 instead of counting it in bin 4095",
     ),

@@ -27,7 +27,7 @@ BLOCK_VARIANTS = (
 )
 #: The clauses of each pinned test's ``gefen_clause`` mark (a vector carries its test's).
 CLAUSES = {
-    "test_pinned_block_step": ("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6"),
+    "test_pinned_block_step": ("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6", "1.8.6", "1.8.7#3"),
     "test_pinned_factored_step": ("1.9", "1.7", "5.6"),
 }
 

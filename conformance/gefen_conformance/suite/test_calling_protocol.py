@@ -195,7 +195,7 @@ def test_zero_grad_then_some_parameters_get_no_gradient(gefen_impl, gefen_judge,
     )
 
 
-@pytest.mark.gefen_clause("4.3.13", "1.10.1", "1.10.11", "5.6.13")
+@pytest.mark.gefen_clause("4.3.13", "1.10.1", "1.10.11", "5.6.13", "1.10.1#1")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("variant", ["top-level", "inside-no-grad"])
 def test_closure_runs_forward_and_backward(gefen_impl, gefen_judge, variant):

@@ -21,7 +21,7 @@ POSITIONAL_LOOKING = models.Model(
 )
 
 
-@pytest.mark.gefen_clause("2.4", "1.3.6")
+@pytest.mark.gefen_clause("2.4", "1.3.6", "2.4.1")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 def test_caller_name_that_looks_positional_saves_and_loads(gefen_impl, gefen_one_rank):
     """A model may really call a parameter ``param_0``: the caller gave it, so it is a stable identity."""

@@ -65,6 +65,7 @@ def _check(impl, judge, case: InputCase) -> None:
 @pytest.mark.gefen_clause(
     "4.3.10", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10.7", "1.13.8", "5.6", "5.6.13"
 )
+@pytest.mark.gefen_clause("1.6.4", "1.7.3", "1.9.3#5")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @share_of_profile(EXAMPLE_SHARE)
 @with_examples(BOUNDARIES, "case")
@@ -78,6 +79,7 @@ def test_inputs_match_reference(gefen_impl, gefen_judge, case):
 @pytest.mark.gefen_clause(
     "4.3.10", "1.10.1", "1.10.3", "1.10.4", "1.10.6", "1.10.11", "1.10.12", "1.2.6", "5.6", "5.6.13"
 )
+@pytest.mark.gefen_clause("1.10.1#5")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @share_of_profile(EXAMPLE_SHARE)
 @with_examples(PROTOCOL_BOUNDARIES, "case")
@@ -88,7 +90,9 @@ def test_protocols_match_reference(gefen_impl, gefen_judge, case):
     _check(gefen_impl, gefen_judge, case)
 
 
-@pytest.mark.gefen_clause("4.3.12", "4.3.10", "1.2", "1.4", "1.5", "1.10.7", "5.6.13")
+@pytest.mark.gefen_clause(
+    "4.3.12", "4.3.10", "1.2", "1.4", "1.5", "1.10.7", "5.6.13", "1.5.4", "1.5.6#2", "1.6.3", "1.8.3"
+)
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @share_of_profile(LIFECYCLE_SHARE)
 @with_examples(LIFECYCLE, "case")

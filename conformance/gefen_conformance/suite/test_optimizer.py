@@ -51,7 +51,7 @@ def test_factored_step_matches_reference(gefen_impl, gefen_judge, dtype):
     gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
-@pytest.mark.gefen_clause("1.8", "1.7", "1.4", "1.10.7", "1.12.8", "5.6")
+@pytest.mark.gefen_clause(*pinned_steps.CLAUSES["test_pinned_block_step"])
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize("pinned", pinned_steps.of_test("test_pinned_block_step"))
 def test_pinned_block_step(gefen_impl, gefen_judge, pinned):
@@ -60,7 +60,7 @@ def test_pinned_block_step(gefen_impl, gefen_judge, pinned):
     gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
-@pytest.mark.gefen_clause("1.9", "1.7", "5.6")
+@pytest.mark.gefen_clause(*pinned_steps.CLAUSES["test_pinned_factored_step"])
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT, FACTORED_V)
 @pytest.mark.parametrize("pinned", pinned_steps.of_test("test_pinned_factored_step"))
 def test_pinned_factored_step(gefen_impl, gefen_judge, pinned):
@@ -69,7 +69,9 @@ def test_pinned_factored_step(gefen_impl, gefen_judge, pinned):
     gefen_judge.assert_comparisons(compared, inputs=case.describe())
 
 
-@pytest.mark.gefen_clause("1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10")
+@pytest.mark.gefen_clause(
+    "1.5", "1.6", "1.7", "1.8.8", "1.10.7", "1.11", "1.2.4", "5.6.7", "5.6.10", "1.5.5#4"
+)
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 @pytest.mark.parametrize(
     "factored",
@@ -146,7 +148,7 @@ def test_names_and_provenance(gefen_impl):
     assert [g["param_names_synthesized"] for g in groups] == [[True, True], [False], [False], [True]]
 
 
-@pytest.mark.gefen_clause("1.7", "1.8.8", "1.12", "5.6.6")
+@pytest.mark.gefen_clause("1.7", "1.8.8", "1.12", "5.6.6", "1.7.1#4")
 @pytest.mark.gefen_requires(NATIVE_STATE_DICT)
 def test_nearest_codeword_ties_follow_the_rule(gefen_impl, gefen_judge):
     """With the codebook ``linspace(-1, 1, 256)`` a normalised momentum of exactly 0 lies halfway
