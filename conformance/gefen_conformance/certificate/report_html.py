@@ -178,7 +178,7 @@ def _clause_row(r) -> dict:
 
 
 def margin_chart(rows: list) -> str:
-    """Every clause in one chart (rows from :func:`gefen_conformance.certificate.report.chart_rows`)."""
+    """Every clause in one chart (rows from :func:`gefen_conformance.certificate.report_model.chart_rows`)."""
     parts = _templates().get_template("report_parts.html.j2").module
     return str(parts.margin_chart([_chart_row(r) for r in rows]))
 
