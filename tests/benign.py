@@ -254,6 +254,67 @@ def _reblock_by_reciprocal(codebook, momentum, second, period):
     return indices, magnitude, vmean
 
 
+def _approximate_reciprocal(magnitude):
+    """``1/m`` as an approximate-reciprocal instruction (``rcp.approx.f32``) returns it: one ulp
+    toward zero for every divisor but a power of two, whose reciprocal it returns exactly (SPEC
+    5.6.7)."""
+    exact = torch.reciprocal(magnitude)
+    mantissa, _ = torch.frexp(magnitude)
+    return torch.where(mantissa.abs() == 0.5, exact, torch.nextafter(exact, torch.zeros_like(exact)))
+
+
+def _momentum_by_approximate_reciprocal(
+    state, codebook, grad_blocks, beta1, reciprocal=_approximate_reciprocal
+):
+    period = grad_blocks.shape[1]
+    current = dequantize(codebook, state["m_codebook"], grad_blocks.dtype) * state["m_magnitude"]
+    updated = current.lerp(grad_blocks.to(current.dtype), 1 - beta1)
+    magnitude = state["m_magnitude"]
+    magnitude.copy_(updated.abs().reshape(-1, period).amax(dim=1, keepdim=True))
+    updated.mul_(reciprocal(magnitude))  # kernel: x * rcp.approx(m)
+    updated.masked_fill_(~(magnitude > 0), 0.0)
+    indices = nearest_codeword_indices(codebook, updated)
+    state["m_codebook"].copy_(indices)
+    return dequantize(codebook, indices, grad_blocks.dtype) * magnitude
+
+
+def _block_normalised_by_approximate_reciprocal(flat, period, reciprocal=_approximate_reciprocal):
+    blocks = flat.float().reshape(-1, period)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    scaled = blocks * reciprocal(absmax)  # kernel
+    return torch.where(absmax > 0, scaled, torch.zeros_like(blocks))
+
+
+def _reblock_by_approximate_reciprocal(
+    codebook, momentum, second, period, reciprocal=_approximate_reciprocal
+):
+    table = codebook.to(device=momentum.device, dtype=torch.float32)
+    blocks = momentum.detach().float().reshape(-1).view(-1, period)
+    magnitude = blocks.abs().amax(dim=1, keepdim=True)
+    scaled = torch.where(magnitude > 0, blocks * reciprocal(magnitude), torch.zeros_like(blocks))
+    indices = nearest_codeword_indices(table, scaled)
+    vmean = second.detach().float().reshape(-1).view(-1, period).mean(dim=1, keepdim=True)
+    return indices, magnitude, vmean
+
+
+def _approximate_reciprocal_kernel(name: str, reciprocal=_approximate_reciprocal) -> Implementation:
+    """The reference normalizing every block by ``reciprocal(m)`` (step, histogram and restore)."""
+    return _kernel(
+        name,
+        step_overrides=_staged(
+            Stages(momentum=functools.partial(_momentum_by_approximate_reciprocal, reciprocal=reciprocal))
+        ),
+        codebook_overrides=dict(
+            block_normalised=functools.partial(
+                _block_normalised_by_approximate_reciprocal, reciprocal=reciprocal
+            )
+        ),
+        reblock_overrides=dict(
+            reblock=functools.partial(_reblock_by_approximate_reciprocal, reciprocal=reciprocal)
+        ),
+    )
+
+
 # ------------------------------------------------- 5. fp32 master math for 16-bit parameters
 
 
@@ -477,6 +538,12 @@ CATALOGUE = {
         "normalization by the block magnitude; bias correction",
         "x * (1/m) instead of x / m for the momentum normalization (step, histogram and restore) and "
         "the bias corrections, as torch's CUDA kernels and gefen-x's __frcp_rn do (up to 2 ulp).",
+    ),
+    "approximate-reciprocal": Variant(
+        _approximate_reciprocal_kernel("approximate-reciprocal"),
+        "normalization by the block magnitude (approximate reciprocal)",
+        "x * rcp.approx(m): a reciprocal one ulp off for every divisor but a power of two, which the "
+        "instruction returns exactly (SPEC 5.6.7), in the step, the histogram and the restore.",
     ),
     "fp32-master-math": Variant(
         _kernel("fp32-master-math", step_overrides=_staged(FP32_MASTER)),
