@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import math
 
-import numpy as np
 import torch
 
 import gefen_reference as reference
@@ -523,11 +522,9 @@ def _constructor_mutant(rewrite):
 
 
 def _load_mutant(rewrite, when):
-    cls = type(
-        "LoadMutant", (_LoadMutant,), {"rewrite": staticmethod(rewrite) if rewrite else None, "when": when}
-    )
-    if rewrite is not None:
-        cls.rewrite = rewrite  # a plain function: called as rewrite(sd) or rewrite(optimizer, sd)
+    # read through the class (type(self).rewrite), a plain function stays unbound: rewrite(sd) or
+    # rewrite(optimizer, sd)
+    cls = type("LoadMutant", (_LoadMutant,), {"rewrite": rewrite, "when": when})
 
     def make_optimizer(params, **kwargs):
         return cls(params, **kwargs)
@@ -567,43 +564,6 @@ LAYOUT = {
     "2.4.1#11": "at least one parameter",
     "2.4.1#12": "unique across every group",
 }
-
-
-class _LayoutCheckLeftOut:
-    """The reference's DCP adapter, except that a save its layout check ``words`` refuses returns
-    an empty state instead (every rank has the same layout, so every rank does the same)."""
-
-    def __init__(self, adapter, words: str):
-        self._adapter, self._words = adapter, words
-
-    def state_dict(self):
-        try:
-            return self._adapter.state_dict()
-        except RuntimeError as exc:
-            if self._words in str(exc):
-                return {}
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self._adapter, name)
-
-
-def _layout_mutant(rule: str, profile: str):
-    base = _implementation(f"layout-{rule}", registry.resolve("reference").make_optimizer, profile)
-    words = LAYOUT[rule]
-    return dataclasses.replace(
-        base, dcp_state=lambda optimizer: _LayoutCheckLeftOut(base.dcp_state(optimizer), words)
-    )
-
-
-def layout_spec(rule: str, profile: str) -> str:
-    """The ``--impl`` spec of the layout mutant of ``rule`` in ``profile``."""
-    return f"tests.rule_mutants:layout_{rule.replace('.', '_').replace('#', '_')}_{profile.replace('-', '_')}"
-
-
-for _rule in LAYOUT:
-    for _profile in ("torch-exact", "tolerance"):
-        globals()[layout_spec(_rule, _profile).partition(":")[2]] = _layout_mutant(_rule, _profile)
 
 
 # ------------------------------------------------------------------------------ DCP restores
@@ -691,50 +651,73 @@ RESTORE = {
 }
 
 
-class _RestoreCheckLeftOut:
-    """The reference's DCP adapter, except that the dict a load hands it is repaired first where
+# ------------------------------------------------------------------------------ DCP adapter mutants
+
+
+class _AdapterWithoutACheck:
+    """The reference's DCP adapter without one check: a save that its layout check naming
+    ``refused_with`` refuses returns an empty state instead (every rank has the same layout, so
+    every rank does the same), or the dict a load hands it is first repaired by ``repair`` where
     one rule of SPEC 3.3-3.5 would refuse it."""
 
-    def __init__(self, adapter, optimizer, repair):
-        self._adapter, self._optimizer, self._repair = adapter, optimizer, repair
+    def __init__(self, adapter, optimizer, *, refused_with: str | None = None, repair=None):
+        self._adapter, self._optimizer = adapter, optimizer
+        self._refused_with, self._repair = refused_with, repair
 
     def state_dict(self):
-        return self._adapter.state_dict()
+        try:
+            return self._adapter.state_dict()
+        except RuntimeError as exc:
+            if self._refused_with is not None and self._refused_with in str(exc):
+                return {}
+            raise
 
     def load_state_dict(self, state_dict):
-        self._repair(self._optimizer, state_dict)
+        if self._repair is not None:
+            self._repair(self._optimizer, state_dict)
         return self._adapter.load_state_dict(state_dict)
 
     def __getattr__(self, name):
         return getattr(self._adapter, name)
 
 
-def _restore_mutant(rule: str, profile: str):
-    base = _implementation(f"restore-{rule}", registry.resolve("reference").make_optimizer, profile)
-    repair = RESTORE[rule][1]
+#: kind -> (its rules, the suite tests that name them, how the adapter leaves the rule's check out)
+ADAPTER_MUTANTS = {
+    "layout": (LAYOUT, "test_dcp_layout_rules", lambda rule: {"refused_with": LAYOUT[rule]}),
+    "restore": (RESTORE, "test_refused_without_mutation", lambda rule: {"repair": RESTORE[rule][1]}),
+}
+
+
+def _adapter_mutant(kind: str, rule: str, profile: str):
+    base = _implementation(f"{kind}-{rule}", registry.resolve("reference").make_optimizer, profile)
+    left_out = ADAPTER_MUTANTS[kind][2](rule)
     return dataclasses.replace(
-        base, dcp_state=lambda optimizer: _RestoreCheckLeftOut(base.dcp_state(optimizer), optimizer, repair)
+        base,
+        dcp_state=lambda optimizer: _AdapterWithoutACheck(base.dcp_state(optimizer), optimizer, **left_out),
     )
 
 
-def restore_spec(rule: str, profile: str) -> str:
-    """The ``--impl`` spec of the restore mutant of ``rule`` in ``profile``."""
-    return f"tests.rule_mutants:restore_{rule.replace('.', '_')}_{profile.replace('-', '_')}"
+def adapter_spec(kind: str, rule: str, profile: str) -> str:
+    """The ``--impl`` spec of the ``kind`` adapter mutant of ``rule`` in ``profile``."""
+    name = f"{kind}_{rule.replace('.', '_').replace('#', '_')}_{profile.replace('-', '_')}"
+    return f"tests.rule_mutants:{name}"
 
 
-for _rule in RESTORE:
-    for _profile in ("torch-exact", "tolerance"):
-        globals()[restore_spec(_rule, _profile).partition(":")[2]] = _restore_mutant(_rule, _profile)
+for _kind, (_rules, _, _) in ADAPTER_MUTANTS.items():
+    for _rule in _rules:
+        for _profile in ("torch-exact", "tolerance"):
+            globals()[adapter_spec(_kind, _rule, _profile).partition(":")[2]] = _adapter_mutant(
+                _kind, _rule, _profile
+            )
 
 
 __all__ = [
+    "ADAPTER_MUTANTS",
     "CONSTRUCTOR",
     "LAYOUT",
     "NATIVE_LOAD",
     "RESTORE",
     "RuleMutant",
-    "layout_spec",
+    "adapter_spec",
     "mutants",
-    "np",
-    "restore_spec",
 ]

@@ -95,24 +95,22 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
 
 
-@pytest.mark.proof
-@pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("rule", sorted(rule_mutants.LAYOUT))
-def test_a_layout_mutant_is_failed_by_the_test_naming_its_rule(rule, profile, tmp_path):
-    """A DCP adapter without one layout refusal of SPEC 2.4.1 (a 2-rank partial certification)."""
-    cert = run_suite(rule_mutants.layout_spec(rule, profile), "test_dcp_layout_rules", tmp_path)
-    assert failures(cert) > 0, f"the adapter without {rule}'s check survived [{profile}]: {cert['summary']}"
-    failed = {c for t in failed_tests(cert) for c in t["clauses"]}
-    assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"
-    assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"
+def _adapter_mutants():
+    for kind, (rules_of_kind, _, _) in rule_mutants.ADAPTER_MUTANTS.items():
+        for rule in sorted(rules_of_kind):
+            yield pytest.param(kind, rule, id=f"{kind}-{rule}")
 
 
 @pytest.mark.proof
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("rule", sorted(rule_mutants.RESTORE))
-def test_a_restore_mutant_is_failed_by_the_test_naming_its_rule(rule, profile, tmp_path):
-    """A DCP adapter that repairs what one rule of SPEC 3.3-3.5 refuses (one-process hostile loads)."""
-    cert = run_suite(rule_mutants.restore_spec(rule, profile), "test_refused_without_mutation", tmp_path)
+@pytest.mark.parametrize("kind,rule", _adapter_mutants())
+def test_an_adapter_mutant_is_failed_by_the_test_naming_its_rule(kind, rule, profile, tmp_path):
+    """A DCP adapter without one layout refusal of SPEC 2.4.1 (a 2-rank partial certification), or
+    one that repairs what one rule of SPEC 3.3-3.5 refuses (one-process hostile loads)."""
+    selection = rule_mutants.ADAPTER_MUTANTS[kind][1]
+    cert = run_suite(rule_mutants.adapter_spec(kind, rule, profile), selection, tmp_path)
     assert failures(cert) > 0, f"the adapter without {rule}'s check survived [{profile}]: {cert['summary']}"
     failed = {c for t in failed_tests(cert) for c in t["clauses"]}
     assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"
+    if kind == "layout":
+        assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"
