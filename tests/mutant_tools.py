@@ -16,12 +16,14 @@ import types
 _counter = itertools.count()
 
 
-def clone(module: types.ModuleType, **overrides) -> types.ModuleType:
+def clone(module: types.ModuleType, __source: str | None = None, **overrides) -> types.ModuleType:
+    """A fresh copy of ``module`` (its source, or ``__source`` in its place), ``overrides`` set."""
     name = f"{module.__name__}__mutant{next(_counter)}"
     copy = types.ModuleType(name, module.__doc__)
     copy.__dict__.update(__package__=module.__package__, __file__=module.__file__)
     sys.modules[name] = copy  # dataclasses look their module up while the class is built
-    exec(compile(inspect.getsource(module), module.__file__, "exec"), copy.__dict__)
+    source = inspect.getsource(module) if __source is None else __source
+    exec(compile(source, module.__file__, "exec"), copy.__dict__)
     copy.__dict__.update(overrides)
     return copy
 

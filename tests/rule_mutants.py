@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 
 import torch
@@ -21,6 +22,8 @@ import torch
 import gefen_reference as reference
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+
+from . import rule_mutants_steps
 
 # ------------------------------------------------------------------------------ constructor
 
@@ -498,13 +501,14 @@ class _LoadMutant(reference.Gefen):
 @dataclasses.dataclass(frozen=True)
 class RuleMutant:
     rule: str
-    kind: str  # lenient or strict
+    kind: str  # lenient or strict (a refusal or an acceptance), or wrong (a step)
     what: str
     implementation: object
+    n: int = 0  # the row among its rule's mutants of this kind
 
     @property
     def id(self) -> str:
-        return f"{self.rule}-{self.kind}"
+        return f"{self.rule}-{self.kind}" + (f"-{self.n + 1}" if self.n else "")
 
 
 def _implementation(name: str, make_optimizer, profile: str):
@@ -532,6 +536,7 @@ def _load_mutant(rewrite, when):
     return make_optimizer
 
 
+@functools.cache
 def mutants(profile: str) -> list:
     """Every rule mutant, declared in ``profile`` (``torch-exact`` or ``tolerance``)."""
     out = []
@@ -545,6 +550,9 @@ def mutants(profile: str) -> list:
                 f"rule-{rule}-{kind}", _load_mutant(rewrite, (when or ["before"])[0]), profile
             )
             out.append(RuleMutant(rule, kind, what, impl))
+    for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
+        impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
+        out.append(RuleMutant(rule, "wrong", what, impl, n))
     return out
 
 

@@ -16,14 +16,15 @@ import pytest
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import rule_checks
-from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted
+from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
+from gefen_conformance.suite.step_rule_examples import STEPPED
 
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -32,7 +33,17 @@ WITHOUT_A_MUTANT = rules.unproven()  # fmt: skip
 
 
 def _check(example):
+    if isinstance(example, Stepped):
+        return rule_checks.check_stepped
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
+
+
+def _kind(example) -> str:
+    """A refusal needs a lenient mutant (the check left out), an acceptance a strict one, a step a
+    wrong one."""
+    if isinstance(example, Stepped):
+        return "wrong"
+    return "strict" if isinstance(example, (Built, LoadAccepted)) else "lenient"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -55,9 +66,9 @@ def test_the_reference_passes_every_example(example):
 
 
 def test_every_rule_of_the_examples_has_its_mutants():
-    """A refusal needs a lenient mutant (the check left out), an acceptance a strict one."""
+    """:func:`_kind`: each rule's examples have the mutants of their kind."""
     kinds = {(m.rule, m.kind) for m in rule_mutants.mutants("torch-exact")}
-    needed = {(e.rule, "strict" if isinstance(e, (Built, LoadAccepted)) else "lenient") for e in EXAMPLES}
+    needed = {(e.rule, _kind(e)) for e in EXAMPLES}
     assert needed <= kinds, sorted(needed - kinds)
     assert {r for r, _ in kinds} <= {e.rule for e in EXAMPLES}
 

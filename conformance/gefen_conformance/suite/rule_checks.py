@@ -1,10 +1,13 @@
-"""Checks of the constructor's and the native load's rules, one example at a time (SPEC 1.1.2,
-1.1.6, 1.12): the suite's tests call them with the implementation under test, and the project's
-rule mutants prove each can fail. A check raises AssertionError whose message starts with the rule
-id and the example (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
+"""Checks of the rules, one example at a time: the constructor's and the native load's (SPEC 1.1.2,
+1.1.6, 1.12) and the step's (SPEC 1.5-1.10, 1.13): the suite's tests call them with the
+implementation under test, and the project's rule mutants prove each can fail. A check raises
+AssertionError whose message starts with the rule id and the example
+(``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
 
 Errors and loads are exact in every numeric profile: a refusal names its problem and changes
-nothing (SPEC 1.12.9), and an accepted checkpoint loads exactly as the reference loads it.
+nothing (SPEC 1.12.9), and an accepted checkpoint loads exactly as the reference loads it. Steps are
+judged as the input space judges them (SPEC 4.3.10): what is exact in every profile (periods,
+counters, codebooks, indices where blocks normalize exactly) exactly, the rest under the profile.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import math
 import pytest
 import torch
 
+from gefen_conformance import judging
+from gefen_conformance.certificate import numeric_profile
+from gefen_conformance.implementations.contract import FACTORED_V
 from gefen_conformance.suite import protocol
-from gefen_conformance.suite.rule_examples import Built, LoadAccepted, LoadRefused, Refused
+from gefen_conformance.suite.rule_examples import Built, LoadAccepted, LoadRefused, Refused, Stepped
+from gefen_conformance.suite.space_checks import InputSpaceCase
 from gefen_conformance.workload import models, runs
 
 
@@ -98,6 +105,22 @@ def check_native_load(impl, example: LoadRefused | LoadAccepted) -> None:
     changed += _differences(kept, checkpoint, "the caller's checkpoint")
     if changed:
         _fail(example, "the refused load changed " + "; ".join(changed[:5]) + " (SPEC 1.12.9)")
+
+
+def check_stepped(impl, example: Stepped, judge: judging.Judge | None = None) -> None:
+    """The example's case stepped by the reference and by ``impl``, every call compared under
+    ``impl``'s numeric profile (``judge``: the suite test's, which records the comparisons and the
+    reproducer; by default one of the profile's own). A case of the factored path is skipped for an
+    implementation without it (SPEC 4.2)."""
+    if example.case.factored and not impl.has(FACTORED_V):
+        pytest.skip(f"SPEC {example.rule}: the factored second moment is not implemented ({FACTORED_V})")
+    judge = judge or judging.Judge(impl, bitwise=numeric_profile.bitwise(impl))
+    drawn = InputSpaceCase(example.case)
+    judge.assert_comparisons(
+        drawn.comparisons(impl, bitwise=judge.bitwise),
+        case=drawn,
+        prefix=f"SPEC {example.rule} ({example.what}): ",
+    )
 
 
 def _built(make_optimizer, **options):

@@ -43,6 +43,16 @@ class Built(Example):
     holds: Callable
 
 
+@dataclass(frozen=True)
+class Stepped(Example):
+    """Steps the rule governs: ``case`` (an input-space case, SPEC 4.3.10) run from its starting
+    state by the reference and by the implementation, every call compared under the run's numeric
+    profile (SPEC 5.6). The case is built so that the rule decides its outcome: an implementation
+    wrong in that rule alone steps differently beyond the profile's bounds."""
+
+    case: object  # gefen_conformance.workload.space.InputCase
+
+
 def _p(device, *shape, dtype=torch.float32) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.zeros(shape or (4,), dtype=dtype, device=device))
 

@@ -1,0 +1,31 @@
+"""Rule mutants of the step (SPEC 1.5-1.10, 1.13): for each rule the suite certifies from the
+step's examples (:mod:`gefen_conformance.suite.step_rule_examples`), the reference with the one
+source edit that breaks that rule (tests/source_mutants.py), as a kernel that gets that rule wrong
+computes it. Each is ``wrong`` in the sense of tests/test_rule_mutants.py: it steps, differently.
+
+A table row is ``rule: [(what, {module: (old, new)}), ...]``; every edit must apply exactly once
+to the reference's current source.
+"""
+
+from __future__ import annotations
+
+from .source_mutants import mutated_gefen
+
+STEP = {
+    "1.8.7#4": [
+        (
+            "the stepsize without the first moment's bias correction",
+            {"steps": ("reciprocal(denom).mul_(1.0 / bc1)", "reciprocal(denom)")},
+        )
+    ],
+}
+
+
+def make_optimizers() -> list:
+    """``[(rule, n, what, make_optimizer)]`` for every row of :data:`STEP` (``n``: its row)."""
+    out = []
+    for rule, rows in STEP.items():
+        for n, (what, edits) in enumerate(rows):
+            gefen = mutated_gefen(**edits)
+            out.append((rule, n, what, lambda params, _g=gefen, **kw: _g(params, **kw)))
+    return out
