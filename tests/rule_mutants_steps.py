@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from .source_mutants import mutated_gefen
 
-STEP = {
+#: SPEC 1.5: the period search.
+PERIODS: dict = {}
+
+#: SPEC 1.6 and 1.7: the codebook and the nearest codeword.
+CODEBOOK: dict = {}
+
+#: SPEC 1.8: the block second moment's step.
+BLOCK_STEP = {
     "1.8.7#4": [
         (
             "the stepsize without the first moment's bias correction",
@@ -19,6 +26,17 @@ STEP = {
         )
     ],
 }
+
+#: SPEC 1.9: the factored second moment's step.
+FACTORED_STEP: dict = {}
+
+#: SPEC 1.10: one ``step()`` call.
+CALLS: dict = {}
+
+#: SPEC 1.13: torch semantics.
+TORCH_SEMANTICS: dict = {}
+
+STEP = {**PERIODS, **CODEBOOK, **BLOCK_STEP, **FACTORED_STEP, **CALLS, **TORCH_SEMANTICS}
 
 
 def make_optimizers() -> list:
