@@ -88,3 +88,29 @@ def test_a_rule_counts_only_where_a_test_names_it():
     assert section["summary"].startswith(
         f"1 of {section['total']} rules certified; 1 checked without a mutant proof; 1 failed; 1 skipped"
     )
+
+
+def test_a_rule_bound_to_the_torch_exact_profile_is_not_certified_by_a_tolerance_run(tool, monkeypatch):
+    text = (
+        "## Part 1 — X\n\n### 1.1 Y\n\n1.1.1 Z\n\n| # | a |\n|---|---|\n| 1 | x |\n| 2 | y |\n\n"
+        "*Torch-exact only:* #2 (a rounding)\n"
+    )
+    parsed = {r.id: r for r in tool.parse(text)}
+    assert (parsed["1.1.1#1"].profile, parsed["1.1.1#2"].profile) == (None, "torch-exact")
+    assert parsed["1.1.1#2"].profile_why == "a rounding" and parsed["1.1.1#2"].not_certified is None
+    with pytest.raises(tool.RegisterError, match="1.1.1#3 is marked torch-exact only"):
+        tool.parse(text.replace("only:* #2", "only:* #3"))
+    register = {
+        "reasons": {},
+        "rules": [
+            {"id": "1.1.1#1", "clause": "1.1.1"},
+            {"id": "1.1.1#2", "clause": "1.1.1", "profile": "torch-exact"},
+        ],
+    }
+    monkeypatch.setattr(rules, "register", lambda: register)
+    monkeypatch.setattr(rules, "unproven", lambda: frozenset())
+    tests = [{"clauses": ["1.1.1#1", "1.1.1#2"], "outcome": "passed"}]
+    assert rules.statuses(tests, "torch-exact") == {"1.1.1#1": "certified", "1.1.1#2": "certified"}
+    assert rules.statuses(tests, "tolerance") == {"1.1.1#1": "certified", "1.1.1#2": "not-certified"}
+    section = rules.section(tests, "tolerance")
+    assert section["not_certified_reasons"] == {"torch-exact-only": ["1.1.1#2"]}

@@ -19,8 +19,11 @@ where the numbers do not collide; a collision is an error.
 
 A line ``*Not certified:* #8, #9 (reference-only: why)`` after a clause's rules marks those rules as
 not certified by the suite, with one of the reasons of :data:`REASONS` (a bare clause rule is named
-by ``-``). Every other rule is certified by the suite tests that name it in their ``gefen_clause``
-marks (tests/test_rule_register.py checks that each is named, and killed by a rule mutant).
+by ``-``). A line ``*Torch-exact only:* #1, #3 (why)`` marks rules that bind the torch-exact profile
+alone (SPEC 5.6: the tolerance profile accepts what breaks them, a rounding of its own): a run under
+the tolerance profile does not certify them (:data:`PROFILE_REASONS`). Every other rule is certified
+by the suite tests that name it in their ``gefen_clause`` marks (tests/test_rule_register.py checks
+that each is named, and killed by a rule mutant).
 
 The register is written to ``conformance/gefen_conformance/certificate/rules.json``: the installed
 suite carries no SPEC.md, and the certificate counts the rules a run certified against it.
@@ -56,6 +59,12 @@ _PART = re.compile(r"^## (?:Part (\d+)|(\d+)\.) ")
 _CLAUSE = re.compile(r"^(\d+\.\d+\.\d+) (.*)")
 _ITEM = re.compile(r"^(\d+)\. (.*)")
 _MARKER = re.compile(r"\[#(\d+)\]")
+#: Why a run under another numeric profile does not certify a rule that binds one profile.
+PROFILE_REASONS = {
+    "torch-exact-only": "binds the torch-exact profile only (SPEC 5.6): the tolerance profile accepts "
+    "a kernel's own rounding here, so a run under it does not certify the rule",
+}
+_TORCH_EXACT_ONLY = re.compile(r"^\*Torch-exact only:\* (?P<ids>[-#\d, ]+) \((?P<why>.+)\)\s*$")
 _NOT_CERTIFIED = re.compile(r"^\*Not certified:\* (?P<ids>[-#\d, ]+) \((?P<reason>[\w-]+): (?P<why>.+)\)\s*$")
 _INFORMATIVE = re.compile(r"^\s*(?:\*\*[^*]*\*\*\s*)?\(?informative\b", re.I)
 
@@ -72,6 +81,8 @@ class Rule:
     text: str
     not_certified: str | None = None  # a key of REASONS
     why: str | None = None
+    profile: str | None = None  # "torch-exact": the only profile that certifies the rule
+    profile_why: str | None = None
 
 
 def _brief(text: str, width: int = 140) -> str:
@@ -126,6 +137,20 @@ def parse(text: str) -> list[Rule]:
             line = opened.group(2)
         elif clause is None:
             continue
+        bound = _TORCH_EXACT_ONLY.match(line)
+        if bound:
+            for rule_id in (i.strip() for i in bound.group("ids").split(",")):
+                full = clause if rule_id == "-" else f"{clause}{rule_id}"
+                if rule_id != "-" and full not in rules:
+                    raise RegisterError(f"SPEC.md:{number}: {full} is marked torch-exact only but is no rule")
+                pending = rules.get(full)
+                if pending is None:  # a bare clause rule is added when the clause closes
+                    numbered.discard(clause)
+                    close_clause()
+                    numbered.add(clause)
+                    pending = rules[full]
+                pending.profile, pending.profile_why = "torch-exact", bound.group("why")
+            continue
         marked = _NOT_CERTIFIED.match(line)
         if marked:
             for rule_id in (i.strip() for i in marked.group("ids").split(",")):
@@ -171,7 +196,7 @@ def register(spec: Path = SPEC) -> dict:
     rules = parse(spec.read_text(encoding="utf-8"))
     return {
         "schema": "gefen-conformance-rules/1",
-        "reasons": REASONS,
+        "reasons": {**REASONS, **PROFILE_REASONS},
         # the SPEC's line numbers stay out: the register changes only where a rule does
         "rules": [{k: v for k, v in asdict(r).items() if v is not None and k != "line"} for r in rules],
     }

@@ -360,7 +360,7 @@ def build(
         "summary": {k.value: counts.get(k, 0) for k in OUTCOMES},
         "verdict": name.value,
         "verdict_reason": reason,
-        "rules": rules.section(tests),
+        "rules": rules.section(tests, profile.get("name") or "torch-exact"),
         "capability_skips": dict(sorted(skips.items())),
         "clauses": clauses,
         "notes": notes,

@@ -16,7 +16,9 @@ A rule's status in a run, from the certificate's tests:
 * ``failed``: a test that names it failed or errored (or failed as an expected failure);
 * ``skipped``: every test that names it was skipped (a missing capability);
 * ``unchecked``: no test of this run names it (never checked by the suite, or deselected);
-* ``not-certified``: the register says the suite does not certify it, and why.
+* ``not-certified``: the register says the suite does not certify it, and why; or the rule binds
+  the torch-exact profile only (the register's ``profile``) and the run's profile is another
+  (reason ``torch-exact-only``).
 """
 
 from __future__ import annotations
@@ -54,8 +56,18 @@ def named_rules(clauses) -> set:
     return {str(c) for c in clauses if str(c) in ids}
 
 
-def statuses(tests: list) -> dict:
-    """Each rule's status (``STATUSES``) in a run whose certificate lists ``tests``."""
+def _not_certified(rule: dict, profile: str) -> str | None:
+    """Why a run under the numeric profile ``profile`` does not certify ``rule``, if it does not."""
+    if rule.get("not_certified"):
+        return rule["not_certified"]
+    if rule.get("profile") and rule["profile"] != profile:
+        return f"{rule['profile']}-only"
+    return None
+
+
+def statuses(tests: list, profile: str = "torch-exact") -> dict:
+    """Each rule's status (``STATUSES``) in a run under the numeric profile ``profile`` whose
+    certificate lists ``tests``."""
     outcomes: dict[str, set] = {}
     for test in tests:
         for rule in named_rules(test.get("clauses", ())):
@@ -63,7 +75,7 @@ def statuses(tests: list) -> dict:
     status = {}
     for rule in register()["rules"]:
         seen = outcomes.get(rule["id"], set())
-        if rule.get("not_certified"):
+        if _not_certified(rule, profile):
             status[rule["id"]] = "not-certified"
         elif seen & _FAILED:
             status[rule["id"]] = "failed"
@@ -76,16 +88,17 @@ def statuses(tests: list) -> dict:
     return status
 
 
-def section(tests: list) -> dict:
+def section(tests: list, profile: str = "torch-exact") -> dict:
     """The certificate's ``rules`` section: how many rules the register holds (``total``), the count
     and the ids of each status, the ids the suite does not certify by reason
     (``not_certified_reasons``, a key of the register's ``reasons``), and :func:`summary`'s line."""
-    status = statuses(tests)
+    status = statuses(tests, profile)
     counts = Counter(status.values())
     reasons: dict[str, list] = {}
     for rule in register()["rules"]:
-        if rule.get("not_certified"):
-            reasons.setdefault(rule["not_certified"], []).append(rule["id"])
+        reason = _not_certified(rule, profile)
+        if reason:
+            reasons.setdefault(reason, []).append(rule["id"])
     by_status = {s: sorted((i for i, v in status.items() if v == s), key=_key) for s in STATUSES}
     return {
         "total": len(status),
