@@ -226,14 +226,27 @@ def platform_facts() -> dict:
     }
 
 
-def execution_facts(world_sizes=(), warm_up_s: float | None = None) -> dict:
+def tier_line(cert: dict) -> str:
+    """The line a reader prints beside a certificate's verdict saying which tier ran (SPEC 4.3.16):
+    a certificate of the default tier claims nothing of scale."""
+    tier = (cert.get("execution") or {}).get("tier") or "default"
+    if tier == "scale":
+        return "tier: scale (SPEC 4.3.16): the default tier and parameters and runs the size of real models"
+    return (
+        "tier: default (SPEC 4.3.16): the scale tier did not run, so this certificate claims nothing "
+        "of scale (gefen-conformance certify --tier scale)"
+    )
+
+
+def execution_facts(world_sizes=(), warm_up_s: float | None = None, *, tier: str = "default") -> dict:
     """How the suite's ranks ran (SPEC 4.4.1, 4.6.5): the active launcher's description
     (:func:`gefen_conformance.harness.launch.execution`: launcher, nodes, world size, largest scenario,
     backend,
     device type and device names), ``world_sizes``, the scenario sizes this run actually ran
     (sorted, each once; empty when no multi-rank scenario ran), ``warm_up_s``, the seconds the
     warm-up took before the first test (null when none ran, SPEC 4.2.11), and
-    ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10)."""
+    ``deadline_scale``, the factor every deadline was scaled by (SPEC 4.2.10), and ``tier``, the
+    suite's tier the run ran (SPEC 4.3.16: ``scale`` holds the default tier and more)."""
     from gefen_conformance.harness import deadlines, launch
 
     return {
@@ -241,6 +254,7 @@ def execution_facts(world_sizes=(), warm_up_s: float | None = None) -> dict:
         "world_sizes": sorted({int(size) for size in world_sizes}),
         "warm_up_s": None if warm_up_s is None else round(float(warm_up_s), 2),
         "deadline_scale": deadlines.scale(),
+        "tier": tier,
     }
 
 

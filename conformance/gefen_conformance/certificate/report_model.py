@@ -144,6 +144,7 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
                     f"world sizes {_join(ex['world_sizes'])}" if ex.get("world_sizes") else "",
                     f"{ex['nodes']} node(s)" if ex.get("nodes") else "",
                     f"{ex['launcher']} launcher" if ex.get("launcher") else "",
+                    f"tier {ex['tier']}" if ex.get("tier") else "",
                     f"warm-up {ex['warm_up_s']:g} s" if isinstance(ex.get("warm_up_s"), (int, float)) else "",
                     f"deadlines scaled {ex['deadline_scale']:g}x"
                     if isinstance(ex.get("deadline_scale"), (int, float)) and ex["deadline_scale"] != 1

@@ -315,6 +315,7 @@ def merge(certs: list, sources: list) -> dict:
         _same(certs, "suite (content sha256)", lambda c: (c.get("suite") or {}).get("content_sha256"))
         _same(certs, "implementation and its provenance", _provenance)
         _same(certs, "numeric profile", lambda c: (c.get("profile") or {}).get("name"))
+        _same(certs, "tier", lambda c: (c.get("execution") or {}).get("tier") or "default")
         _same(
             certs,
             "hypothesis profile",

@@ -30,8 +30,8 @@ import math
 import sys
 from pathlib import Path
 
+from gefen_conformance.certificate import build, rules
 from gefen_conformance.certificate import diff as certificate_diff
-from gefen_conformance.certificate import rules
 from gefen_conformance.certificate.read import CertificateError, load
 from gefen_conformance.cli.usage import add_command, error
 from gefen_conformance.exit_codes import ExitCode
@@ -238,6 +238,7 @@ def run_report(args) -> ExitCode:
         outputs.write_text(args.out, text)
         print(f"wrote {args.out} ({fmt}, verdict {cert['verdict']})")
         print(rules.line(cert))
+        print(build.tier_line(cert))
     return ExitCode.OK
 
 
@@ -301,11 +302,12 @@ def run_merge(args) -> int:
         f"merged {len(certs)} certificates into {args.out}: {merged['verdict']}: {merged['verdict_reason']}"
     )
     print(rules.line(merged))
+    print(build.tier_line(merged))
     return merged["run"]["exit_status"]
 
 
 def run_verify(args) -> ExitCode:
-    from gefen_conformance.certificate import build, provenance
+    from gefen_conformance.certificate import provenance
     from gefen_conformance.certificate.verify import load as unchecked
     from gefen_conformance.certificate.verify import verify
 
@@ -322,6 +324,7 @@ def run_verify(args) -> ExitCode:
         return ExitCode.DOES_NOT_VERIFY
     print(f"verdict: {cert['verdict']}: {cert['verdict_reason']} (verified: re-derived from its records)")
     print(rules.line(cert))
+    print(build.tier_line(cert))
     return build.EXIT_STATUS[build.Verdict(cert["verdict"])]
 
 

@@ -119,6 +119,14 @@ def register(subparsers) -> None:
         "measured load, SPEC 4.2.10): for a much slower CPU, an emulator, a sanitizer build",
     )
     cert.add_argument(
+        "--tier",
+        choices=("default", "scale"),
+        default=None,
+        help="the suite's tier (SPEC 4.3.16): default, or scale (also parameters past 2^24 elements, "
+        "20,000 parameters in a step, runs past 10^4 steps: minutes, a few GiB); default: scale with "
+        "a non-CPU --device, else default",
+    )
+    cert.add_argument(
         "-q",
         "--quiet",
         action="store_true",
@@ -324,6 +332,8 @@ def _plugin_options(args) -> list[str]:
         except expectations.ExpectationsError as error:
             raise UsageError(f"--expectations {error}") from None
         out.append(f"--expectations={args.expectations.absolute()}")
+    if args.tier is not None:
+        out.append(f"--gefen-tier={args.tier}")
     if args.shard is not None:
         from gefen_conformance.plugin.options import parse_shard
 

@@ -152,6 +152,12 @@ def pytest_collection_modifyitems(session, config, items):
     from gefen_conformance.plugin import markers
 
     run = _activate(config)
+    tier = options.tier(config)
+    outside = [i for i in suite_items if not options.in_tier(markers.tier(i), tier)]
+    if outside:  # not part of this tier's suite: not collected, as the census does not collect them
+        dropped = {id(i) for i in outside}
+        items[:] = [i for i in items if id(i) not in dropped]
+        suite_items = [i for i in suite_items if id(i) not in dropped]
     impl = run.impl
     matched = set()
     expected = config.stash.get(options.EXPECTATIONS_KEY, None)

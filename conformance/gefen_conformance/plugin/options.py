@@ -17,6 +17,9 @@ import pytest
 
 from gefen_conformance.exit_codes import ExitCode
 
+#: The suite's tiers (SPEC 4.3.16): each runs every test of the tiers before it.
+TIERS = ("default", "scale")
+
 #: the run's interrupt guard (``gefen_conformance.plugin.interrupts.InterruptGuard``), in the config's stash
 GUARD_KEY = pytest.StashKey[object]()
 
@@ -46,6 +49,15 @@ def add(parser) -> None:
         help="where the implementation's tensors live: cpu (default), cuda, cuda:N or any torch "
         "device type; the reference runs on CPU, and a non-CPU device is judged by the "
         "tolerance profile (gefen-conformance certify --device NAME passes it on)",
+    )
+    group.addoption(
+        "--gefen-tier",
+        dest="gefen_tier",
+        default=None,
+        choices=TIERS,
+        help="which tier of the suite runs (SPEC 4.3.16): default, or scale (the default tier and "
+        "parameters and runs the size of real models; minutes and a few GiB of memory). Default: "
+        "scale on a non-CPU device, default on CPU",
     )
     group.addoption(
         "--gefen-deadline-scale",
@@ -192,6 +204,22 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not slash or not index.isdigit() or not count.isdigit() or not 1 <= int(index) <= int(count):
         raise ValueError(f"{text!r} is not I/N with 1 <= I <= N")
     return int(index), int(count)
+
+
+def tier(config) -> str:
+    """The run's tier (SPEC 4.3.16): ``--gefen-tier``, else ``scale`` on a non-CPU device (a GPU
+    certification always runs it) and ``default`` on CPU."""
+    chosen = config.getoption("gefen_tier", None)
+    if chosen is not None:
+        return chosen
+    from gefen_conformance.harness import devices
+
+    return "default" if devices.selected().type == "cpu" else "scale"
+
+
+def in_tier(test_tier: str, run_tier: str) -> bool:
+    """Whether a test of ``test_tier`` belongs to a run of ``run_tier`` (a tier holds those before it)."""
+    return TIERS.index(test_tier) <= TIERS.index(run_tier)
 
 
 def check_shard(text, guard) -> None:

@@ -17,7 +17,7 @@ import pytest
 from gefen_conformance.certificate import build as certificate
 from gefen_conformance.exit_codes import ExitCode
 from gefen_conformance.implementations.contract import Implementation
-from gefen_conformance.plugin import selection
+from gefen_conformance.plugin import options, selection
 from gefen_conformance.plugin.hypothesis_profiles import HypothesisProfile
 from gefen_conformance.plugin.interrupts import InterruptGuard, leave_process
 
@@ -31,7 +31,8 @@ class SuiteRun:
         self.is_worker = hasattr(config, "workerinput")
         self.guard = guard  # installed already
         self.hypothesis_profile = HypothesisProfile(config.getoption("hypothesis_profile", None))
-        self.census = selection.SuiteCensus()
+        self.tier = options.tier(config)
+        self.census = selection.SuiteCensus(self.tier)
         # spec: the --impl value as given, so that the rerun commands of the reports name it (SPEC 4.5.5)
         self.record = certificate.RunRecord(
             implementation={
@@ -344,7 +345,9 @@ class SuiteRun:
             profile=certificate.profile_facts(self.impl.capabilities),
             suite=self.suite_facts(interrupted is not None),
             platform_=certificate.platform_facts(),
-            execution=certificate.execution_facts(self.record.world_sizes, self.record.warm_up_s),
+            execution=certificate.execution_facts(
+                self.record.world_sizes, self.record.warm_up_s, tier=self.tier
+            ),
         )
         # the run exits with its verdict's status (SPEC 4.4.9); the certificate records it
         cert["run"]["exit_status"] = self.exit_status = int(certificate.EXIT_STATUS[cert["verdict"]])

@@ -114,7 +114,8 @@ def _plugin_args() -> list[str]:
 class SuiteCensus:
     """The ids of every test of the whole suite, collected in a separate pytest process."""
 
-    def __init__(self) -> None:
+    def __init__(self, tier: str = "default") -> None:
+        self.tier = tier  # the run's tier (SPEC 4.3.16): the whole suite is that tier's
         self.ids: list[str] | None = None
         self.error: str | None = None
         self._process: subprocess.Popen | None = None
@@ -146,6 +147,7 @@ class SuiteCensus:
             self._tmp,
             *_plugin_args(),
             "--impl=reference",
+            f"--gefen-tier={self.tier}",
             str(SUITE_DIR),
         ]
         try:

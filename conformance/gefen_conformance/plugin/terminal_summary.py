@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from gefen_conformance.certificate import build as certificate
 from gefen_conformance.certificate import problems, report_model, rules
 from gefen_conformance.certificate.diff import DEFAULT_MARGIN_THRESHOLD
 from gefen_conformance.certificate.read import finite_used, tolerance_margins
@@ -150,6 +151,7 @@ def lines(cert: dict, path: Path | None = None, instead_of: Path | None = None) 
         (f"verdict: {verdict}: {cert['verdict_reason']}", {}),
         # what the verdict covers: the verdict says no test failed, this says which rules were checked
         (rules.line(cert), {}),
+        (certificate.tier_line(cert), {}),
     ]
     out += _problems(cert, path)
     out += _expected(cert)

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from gefen_conformance import judging
-from gefen_conformance.certificate import numeric_profile
-from gefen_conformance.implementations.contract import FACTORED_V
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT, FACTORED_V
 from gefen_conformance.suite import protocol
 from gefen_conformance.suite.rule_examples import Built, LoadAccepted, LoadRefused, Refused, Stepped
 from gefen_conformance.suite.space_checks import InputSpaceCase
@@ -110,11 +109,11 @@ def check_native_load(impl, example: LoadRefused | LoadAccepted) -> None:
 def check_stepped(impl, example: Stepped, judge: judging.Judge | None = None) -> None:
     """The example's case stepped by the reference and by ``impl``, every call compared under
     ``impl``'s numeric profile (``judge``: the suite test's, which records the comparisons and the
-    reproducer; by default one of the profile's own). A case of the factored path is skipped for an
-    implementation without it (SPEC 4.2)."""
+    reproducer; by default one of the profile ``impl`` declares on CPU). A case of the factored
+    path is skipped for an implementation without it (SPEC 4.2)."""
     if example.case.factored and not impl.has(FACTORED_V):
         pytest.skip(f"SPEC {example.rule}: the factored second moment is not implemented ({FACTORED_V})")
-    judge = judge or judging.Judge(impl, bitwise=numeric_profile.bitwise(impl))
+    judge = judge or judging.Judge(impl, bitwise=impl.has(CPU_BIT_EXACT))
     drawn = InputSpaceCase(example.case)
     judge.assert_comparisons(
         drawn.comparisons(impl, bitwise=judge.bitwise),

@@ -31,6 +31,7 @@ __all__ = [
     "EVENTS",
     "GRAD_ORDERS",
     "GRADIENTS",
+    "SCALE_GRADIENTS",
     "LAYOUTS",
     "OPTIONS",
     "PROTOCOLS",
@@ -104,6 +105,13 @@ GRADIENTS = (
     "signs",
     "powers-of-two",
 )
+#: Gradient patterns of the scale tier (SPEC 4.3.16), never drawn: one value (1) on all but every
+#: 64th element, those uniform in (-1, 1) (one histogram bin holds 63/64 of a parameter: past
+#: 2^24 counts in a parameter of 2^25 elements, SPEC 1.6.5); and statistics that change along the
+#: parameter (drifting: the first half standard normal, the second half uniform in runs of 4096
+#: elements scaled alternately by 1 and 4), so that a period search or a histogram of a prefix
+#: differs from one of the whole (SPEC 1.5.3, 1.6.5).
+SCALE_GRADIENTS = ("one-bin", "drifting")
 #: The codebook a case starts from (SPEC 4.3.10): loaded, :data:`CODEBOOK` (dense near 0, as a
 #: learned one is); loaded, :func:`padded_codebook` (what a small or sparse first step learns: a
 #: run of equal codewords, SPEC 1.6.7); or learned by the implementation at the first call from
@@ -238,8 +246,8 @@ class InputCase:
         if self.codebook == "learned" and self.counter:
             raise ValueError("a learned codebook needs a fresh case (counter 0): periods come with it")
         for p in self.params:
-            if p.gradient not in GRADIENTS:
-                raise ValueError(f"gradient pattern {p.gradient!r} (known: {GRADIENTS})")
+            if p.gradient not in GRADIENTS + SCALE_GRADIENTS:
+                raise ValueError(f"gradient pattern {p.gradient!r} (known: {GRADIENTS + SCALE_GRADIENTS})")
 
     def order(self) -> list:
         """Parameter indices in registration order: group by group, in case order within a group."""
@@ -361,6 +369,19 @@ def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torc
         return g.to(p.torch_dtype)
     if p.gradient == "signs":
         return torch.where(g < 0, -1.0, 1.0).to(p.torch_dtype)
+    if p.gradient == "one-bin":
+        flat = torch.ones(p.numel, dtype=torch.float64)
+        spread = torch.rand(flat[::64].shape, generator=gen, dtype=torch.float64) * 2.0 - 1.0
+        flat[::64] = spread
+        return flat.reshape(p.shape).to(p.torch_dtype)
+    if p.gradient == "drifting":
+        flat = g.reshape(-1).clone()
+        half = flat.numel() // 2
+        tail = flat.numel() - half
+        uniform = torch.rand(tail, generator=gen, dtype=torch.float64) * 2.0 - 1.0
+        runs = 1.0 + 3.0 * ((torch.arange(tail, dtype=torch.float64) // 4096) % 2)
+        flat[half:] = uniform * runs
+        return flat.reshape(p.shape).to(p.torch_dtype)
     if p.gradient == "powers-of-two":
         exponents = torch.randint(0, 5, p.shape, generator=gen).double()
         zeros = torch.randint(0, 6, p.shape, generator=gen) == 0

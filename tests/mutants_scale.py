@@ -1,0 +1,177 @@
+"""Mutants that fire only at scale or over long runs (SPEC 4.3.16), each modelled on a bug users of
+large models met: an element index formed in fp32, a period search or histogram that reads a prefix
+sample of a large parameter, histogram counts that saturate in fp32, a bf16 write that truncates
+past 2^20 elements, a handle table of fixed size, an empty tensor ending a launch, a schedule kept
+every N steps, and a step counter of 12 bits.
+
+Each passes the default tier of the suite (its cases are small and short) and is caught by the
+case of :mod:`gefen_conformance.suite.scale_examples` it names. ``SCALE_MUTANTS`` maps a name to
+``(make_optimizer, case table, case name, profiles it is caught in, bug)``; tests/test_scale_mutants.py
+proves each in-process against its case: the cheap ones in every run, the 2^25-element ones under
+the ``scale`` marker (minutes; benchmarks/scale_mutants.py runs them and commits the results).
+"""
+
+from __future__ import annotations
+
+import gefen_reference as reference
+from gefen_conformance.suite.scale_examples import EVERY_TIER, SCALE
+
+from .source_mutants import mutated_gefen
+
+BOTH = ("torch-exact", "tolerance")
+
+_FP32_INDEXED = '''def _fp32_indexed(magnitude, shape):
+    """Each element's block magnitude through an element index formed in fp32."""
+    rows, period = shape
+    index = torch.arange(rows * period, dtype=torch.float32)
+    block = torch.floor(index / period).long().clamp(max=rows - 1)
+    return magnitude.reshape(-1)[block].reshape(rows, period)
+
+
+def block_mean_square('''
+
+_TRUNCATING_WRITE = '''def _subtract_flat(param: Tensor, update: Tensor) -> None:
+    """``param -= update``; a bf16 parameter's elements past 2^20 truncated, not rounded."""
+    work = param if param.is_contiguous() else param.contiguous()
+    if work.dtype == torch.bfloat16 and work.numel() > 1 << 20:
+        exact = work.view(-1).float() - update.reshape(-1).float()
+        truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+        work.view(-1).add_(update.reshape(-1), alpha=-1)
+        work.view(-1)[1 << 20 :] = truncated[1 << 20 :]
+    else:
+        work.view(-1).add_(update.reshape(-1), alpha=-1)
+    if work is not param:
+        param.copy_(work)
+
+
+def _unused_subtract_flat('''
+
+
+def _from(**edits):
+    gefen = mutated_gefen(**edits)
+    return lambda params, **kw: gefen(params, **kw)
+
+
+class _HandleTable(reference.Gefen):
+    """Parameters past the 16,384th of a step keep their values (their state advances)."""
+
+    HANDLES = 16384
+
+    def update_parameters(self, updates):
+        for k, u in enumerate(updates):
+            param = u.param if k < self.HANDLES else u.param.detach().clone()
+            self.update_parameter(param, u.grad, u.state, u.hyper, u.factored)
+
+
+class _EmptyEndsLaunch(reference.Gefen):
+    """A group whose last parameter is empty and has a gradient updates none of its parameters."""
+
+    def update_parameters(self, updates):
+        skipped = set()
+        for group in self.param_groups:
+            last = group["params"][-1] if group["params"] else None
+            if last is not None and last.numel() == 0 and last.grad is not None:
+                skipped |= {id(p) for p in group["params"]}
+        super().update_parameters([u for u in updates if id(u.param) not in skipped])
+
+
+class _RefreshEvery1000(reference.Gefen):
+    """The codebook relearned at every 1000th global step (a refresh schedule left on)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        if self.global_step % 1000 == 0:
+            self.codebook = None
+        return loss
+
+
+SCALE_MUTANTS = {
+    "fp32-element-index": (
+        _from(
+            steps=[
+                ("def block_mean_square(", _FP32_INDEXED),
+                ("updated.div_(magnitude)", "updated.div_(_fp32_indexed(magnitude, updated.shape))"),
+            ]
+        ),
+        SCALE,
+        "block-2^25-fp32-from-state",
+        BOTH,
+        "each element's block magnitude found through an element index formed in fp32",
+    ),
+    "prefix-period-search": (
+        _from(periods=("period = search_period(squared)", "period = search_period(squared[: 1 << 24])")),
+        SCALE,
+        "fresh-2^25-drifting",
+        BOTH,
+        "the period search scores the first 2^24 squared gradients of a larger parameter",
+    ),
+    "prefix-histogram": (
+        _from(
+            codebook=(
+                "u = block_normalised(flat, period).reshape(-1)",
+                "u = block_normalised(flat[: (1 << 24) // period * period], period).reshape(-1)",
+            )
+        ),
+        SCALE,
+        "fresh-2^25-drifting",
+        ("torch-exact",),
+        "the codebook's histogram counts the first 2^24 elements of a larger parameter",
+    ),
+    "fp32-histogram-counts": (
+        _from(
+            codebook=(
+                "counts += torch.bincount(bins, minlength=HISTOGRAM_BINS).cpu()",
+                "counts += torch.bincount(bins, minlength=HISTOGRAM_BINS).cpu().clamp(max=1 << 24)",
+            )
+        ),
+        SCALE,
+        "fresh-2^25-one-bin-past-2^24",
+        ("torch-exact",),
+        "histogram counts accumulated by fp32 increments, which stop at 2^24",
+    ),
+    "bf16-truncation-past-2^20": (
+        _from(steps=[("def _subtract_flat(", _TRUNCATING_WRITE)]),
+        SCALE,
+        "block-2^25-bf16-from-state",
+        BOTH,
+        "a bf16 parameter's elements past 2^20 written by truncation instead of rounding to nearest",
+    ),
+    "handle-table-of-16384": (
+        _HandleTable,
+        SCALE,
+        "count-20480-last-empty",
+        BOTH,
+        "parameters past the 16,384th of a step are not written (their state advances)",
+    ),
+    "empty-tensor-ends-launch": (
+        _EmptyEndsLaunch,
+        EVERY_TIER,
+        "zero-element-last-of-its-group",
+        BOTH,
+        "an empty tensor last in a group makes the group's other tensors skip their update",
+    ),
+    "codebook-refresh-every-1000": (
+        _RefreshEvery1000,
+        EVERY_TIER,
+        "across-1000",
+        BOTH,
+        "the codebook relearned every 1000 global steps",
+    ),
+    "step-counter-of-12-bits": (
+        _from(
+            steps=(
+                'bc1 = 1 - hyper.beta1 ** state["step"]\n    bc2 = 1 - hyper.beta2 ** state["vmean_step"]',
+                'bc1 = 1 - hyper.beta1 ** (state["step"] % 4096 or 4096)\n'
+                '    bc2 = 1 - hyper.beta2 ** state["vmean_step"]',
+            )
+        ),
+        EVERY_TIER,
+        "across-4096",
+        BOTH,
+        "the first moment's bias correction from a step counter of 12 bits",
+    ),
+}
+
+#: The mutants whose case is large (the scale tier's): minutes each.
+LARGE = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] is SCALE)
+CHEAP = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] is not SCALE)
