@@ -28,15 +28,15 @@ import json, sys, time
 sys.path.insert(0, {repo!r})
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite.scale_examples import SCALE
-from tests.test_scale_mutants import implementation, problems
+from tests.mutants_scale import implementation
+from tests.test_scale_mutants import problems
 kind, name, profile = sys.argv[1:4]
 start = time.perf_counter()
 if kind == "case":
     found = problems(registry.resolve("reference"), SCALE[name])
 else:
-    from tests.mutants_scale import SCALE_MUTANTS
-    _, table, case, _, _ = SCALE_MUTANTS[name]
-    found = problems(implementation(name, profile), table[case])
+    from tests.mutants_scale import case_of
+    found = problems(implementation(name, profile), case_of(name))
 print(json.dumps({{"seconds": time.perf_counter() - start, "problems": found[:2], "count": len(found)}}))
 """
 

@@ -6,15 +6,20 @@ every N steps, and a step counter of 12 bits.
 
 Each passes the default tier of the suite (its cases are small and short) and is caught by the
 case of :mod:`gefen_conformance.suite.scale_examples` it names. ``SCALE_MUTANTS`` maps a name to
-``(make_optimizer, case table, case name, profiles it is caught in, bug)``; tests/test_scale_mutants.py
+``(make_optimizer, case table, case name, profiles it is caught in, bug)``, the table by its name in
+that module (read when a case is needed: this module imports into a suite that has none, so that
+``mutant_<name>`` can be certified against an older suite); tests/test_scale_mutants.py
 proves each in-process against its case: the cheap ones in every run, the 2^25-element ones under
 the ``scale`` marker (minutes; benchmarks/scale_mutants.py runs them and commits the results).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import gefen_reference as reference
-from gefen_conformance.suite.scale_examples import EVERY_TIER, SCALE
+from gefen_conformance.implementations import registry
+from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 from .source_mutants import mutated_gefen
 
@@ -93,14 +98,14 @@ SCALE_MUTANTS = {
                 ("updated.div_(magnitude)", "updated.div_(_fp32_indexed(magnitude, updated.shape))"),
             ]
         ),
-        SCALE,
+        "SCALE",
         "block-2^25-fp32-from-state",
         BOTH,
         "each element's block magnitude found through an element index formed in fp32",
     ),
     "prefix-period-search": (
         _from(periods=("period = search_period(squared)", "period = search_period(squared[: 1 << 24])")),
-        SCALE,
+        "SCALE",
         "fresh-2^25-drifting",
         BOTH,
         "the period search scores the first 2^24 squared gradients of a larger parameter",
@@ -112,7 +117,7 @@ SCALE_MUTANTS = {
                 "u = block_normalised(flat[: (1 << 24) // period * period], period).reshape(-1)",
             )
         ),
-        SCALE,
+        "SCALE",
         "fresh-2^25-drifting",
         ("torch-exact",),
         "the codebook's histogram counts the first 2^24 elements of a larger parameter",
@@ -124,35 +129,35 @@ SCALE_MUTANTS = {
                 "counts += torch.bincount(bins, minlength=HISTOGRAM_BINS).cpu().clamp(max=1 << 24)",
             )
         ),
-        SCALE,
+        "SCALE",
         "fresh-2^25-one-bin-past-2^24",
         ("torch-exact",),
         "histogram counts accumulated by fp32 increments, which stop at 2^24",
     ),
     "bf16-truncation-past-2^20": (
         _from(steps=[("def _subtract_flat(", _TRUNCATING_WRITE)]),
-        SCALE,
+        "SCALE",
         "block-2^25-bf16-from-state",
         BOTH,
         "a bf16 parameter's elements past 2^20 written by truncation instead of rounding to nearest",
     ),
     "handle-table-of-16384": (
         _HandleTable,
-        SCALE,
+        "SCALE",
         "count-20480-last-empty",
         BOTH,
         "parameters past the 16,384th of a step are not written (their state advances)",
     ),
     "empty-tensor-ends-launch": (
         _EmptyEndsLaunch,
-        EVERY_TIER,
+        "EVERY_TIER",
         "zero-element-last-of-its-group",
         BOTH,
         "an empty tensor last in a group makes the group's other tensors skip their update",
     ),
     "codebook-refresh-every-1000": (
         _RefreshEvery1000,
-        EVERY_TIER,
+        "EVERY_TIER",
         "across-1000",
         BOTH,
         "the codebook relearned every 1000 global steps",
@@ -165,7 +170,7 @@ SCALE_MUTANTS = {
                 '    bc2 = 1 - hyper.beta2 ** state["vmean_step"]',
             )
         ),
-        EVERY_TIER,
+        "EVERY_TIER",
         "across-4096",
         BOTH,
         "the first moment's bias correction from a step counter of 12 bits",
@@ -173,5 +178,27 @@ SCALE_MUTANTS = {
 }
 
 #: The mutants whose case is large (the scale tier's): minutes each.
-LARGE = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] is SCALE)
-CHEAP = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] is not SCALE)
+LARGE = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] == "SCALE")
+CHEAP = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] != "SCALE")
+
+
+def case_of(name: str):
+    """The input-space case that catches mutant ``name``."""
+    from gefen_conformance.suite import scale_examples
+
+    _, table, case, _, _ = SCALE_MUTANTS[name]
+    return getattr(scale_examples, table)[case]
+
+
+def implementation(name: str, profile: str = "torch-exact"):
+    """Mutant ``name`` declared as the reference is (torch-exact) or as a kernel is (tolerance)."""
+    base = registry.resolve("reference")
+    caps = base.capabilities - ({CPU_BIT_EXACT} if profile == "tolerance" else set())
+    return dataclasses.replace(
+        base, name=f"scale-{name}", make_optimizer=SCALE_MUTANTS[name][0], capabilities=caps
+    )
+
+
+for _name in SCALE_MUTANTS:
+    globals()["mutant_" + _name.replace("-", "_").replace("^", "")] = implementation(_name)
+    globals()["tolerant_" + _name.replace("-", "_").replace("^", "")] = implementation(_name, "tolerance")

@@ -8,8 +8,6 @@ and commits their results."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gefen_conformance import judging
@@ -18,15 +16,7 @@ from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 from gefen_conformance.suite.scale_examples import EVERY_TIER
 from gefen_conformance.suite.space_checks import InputSpaceCase
 
-from .mutants_scale import CHEAP, LARGE, SCALE_MUTANTS
-
-
-def implementation(name: str, profile: str):
-    """Mutant ``name`` declared as the reference is (torch-exact) or as a kernel is (tolerance)."""
-    base = registry.resolve("reference")
-    make = SCALE_MUTANTS[name][0]
-    caps = base.capabilities - ({CPU_BIT_EXACT} if profile == "tolerance" else set())
-    return dataclasses.replace(base, name=f"scale-{name}", make_optimizer=make, capabilities=caps)
+from .mutants_scale import CHEAP, LARGE, SCALE_MUTANTS, case_of, implementation
 
 
 def problems(impl, case) -> list:
@@ -46,15 +36,15 @@ def _cases(names):
 
 @pytest.mark.parametrize("name,profile", _cases(CHEAP))
 def test_a_long_run_mutant_is_failed_by_its_case(name, profile):
-    _, table, case, _, bug = SCALE_MUTANTS[name]
-    assert problems(implementation(name, profile), table[case]), f"{name} ({bug}) passes {case} [{profile}]"
+    _, _, case, _, bug = SCALE_MUTANTS[name]
+    assert problems(implementation(name, profile), case_of(name)), f"{name} ({bug}) passes {case} [{profile}]"
 
 
 @pytest.mark.scale
 @pytest.mark.parametrize("name,profile", _cases(LARGE))
 def test_a_scale_mutant_is_failed_by_its_case(name, profile):
-    _, table, case, _, bug = SCALE_MUTANTS[name]
-    assert problems(implementation(name, profile), table[case]), f"{name} ({bug}) passes {case} [{profile}]"
+    _, _, case, _, bug = SCALE_MUTANTS[name]
+    assert problems(implementation(name, profile), case_of(name)), f"{name} ({bug}) passes {case} [{profile}]"
 
 
 @pytest.mark.parametrize("case", sorted(EVERY_TIER))
