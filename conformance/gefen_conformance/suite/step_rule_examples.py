@@ -31,21 +31,9 @@ _SIGNS = "signs"
 _BELOW_FP32 = _case(P((24, 10), dtype="fp64", gradient="below-fp32"))
 #: Squares of period 4 whose scores tie at exactly 0 from 8 on (SPEC 1.5.5).
 _FOUR_CYCLE = _case(P((64,), gradient="four-cycle"))
-#: SPEC 1.5.7's rows up to a few thousand elements, each searched to 1 (equal squares).
-_FALLBACK_TABLE = _case(
-    *(
-        P(shape, gradient=_SIGNS)
-        for shape in (
-            (1024,),
-            (4096,),
-            (3000,),
-            (7,),
-            (768, 3),
-            (37,),
-            (16, 8),
-        )
-    )
-)
+#: Rows of SPEC 1.5.7's table, each searched to 1 (equal squares): a cap of 2048 (inclusive), a
+#: divisor below it, ``n`` itself (prime), fewer than 8 elements, ``shape[-1]`` below ``n``.
+_FALLBACK_TABLE = _case(*(P(shape, gradient=_SIGNS) for shape in ((4096,), (3000,), (37,), (7,), (16, 8))))
 
 #: SPEC 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
 PERIODS = [
@@ -70,7 +58,7 @@ PERIODS = [
     Stepped("1.5.6#1", "fewer-than-8-elements", _case(P((7,)), P((2, 3)))),
     Stepped("1.5.6#3", "n-itself-a-candidate", _case(P((37,), gradient=_SIGNS), P((64,), gradient=_SIGNS))),
     Stepped("1.5.6#4", "larger-candidate", _case(P((16, 8), gradient=_SIGNS))),
-    Stepped("1.5.7", "worked-examples", _FALLBACK_TABLE),
+    Stepped("1.5.7", "fallback-worked-examples", _FALLBACK_TABLE),
 ]
 
 #: The padding case of the codebook (fewer than 256 active bins), every block normalizing exactly:
@@ -94,7 +82,7 @@ CODEBOOK = [
     Stepped("1.7.1#1", "lower-bound", _TABLE),
     Stepped("1.7.1#2", "neighbours-clamped", _TABLE),
     Stepped("1.7.1#3", "fp32-distances", _TABLE),
-    Stepped("1.7.2", "worked-examples", _TABLE),
+    Stepped("1.7.2", "nearest-codeword-worked-examples", _TABLE),
 ]
 
 #: SPEC 1.8: the block second moment's step.
