@@ -37,6 +37,12 @@ PERIODS = {
             },
         )
     ],
+    "1.5.2#1": [
+        (
+            "a one-element parameter is searched like any other (the search has no candidate)",
+            {"periods": ("if n == 1 or rules.forces_period_one(", "if rules.forces_period_one(")},
+        )
+    ],
     "1.5.2#2": [
         (
             "1-D parameters forced by force_2d_period_one (the flags swapped)",
@@ -116,6 +122,17 @@ PERIODS = {
         (
             "the cap exclusive: candidate B below 2048",
             {"periods": ("if d <= cap)", "if d < cap)")},
+        )
+    ],
+    "1.5.9": [
+        (
+            "the candidates scored in fp32 (each block's variance computed in fp32)",
+            {
+                "periods": (
+                    "blocks = squared.reshape(-1, period)",
+                    "blocks = squared.astype(np.float32).reshape(-1, period)",
+                )
+            },
         )
     ],
 }

@@ -29,8 +29,9 @@ _ROWS = P((24, 10), gradient="row-scaled")
 _SIGNS = "signs"
 #: A gradient whose squares are one value in fp32 and two in float64 (SPEC 1.5.3, 1.13.9).
 _BELOW_FP32 = _case(P((24, 10), dtype="fp64", gradient="below-fp32"))
-#: Squares of period 4 whose scores tie at exactly 0 from 8 on (SPEC 1.5.5).
-_FOUR_CYCLE = _case(P((64,), gradient="four-cycle"))
+#: Squares of period 4 whose scores tie at exactly 0 from 8 on in float64, and not in fp32 (SPEC
+#: 1.5.5, 1.5.9).
+_FOUR_CYCLE = _case(P((128,), gradient="four-cycle"))
 #: Rows of SPEC 1.5.7's table, each searched to 1 (equal squares): a cap of 2048 (inclusive), a
 #: divisor below it, ``n`` itself (prime), fewer than 8 elements, ``shape[-1]`` below ``n``.
 _FALLBACK_TABLE = _case(*(P(shape, gradient=_SIGNS) for shape in ((4096,), (3000,), (37,), (7,), (16, 8))))
@@ -43,6 +44,7 @@ PERIODS = [
         _case(P((8, 8)), P((24, 10), gradient="late"), calls=2, codebook="learned"),
     ),
     Stepped("1.5.2#0", "empty-parameter-skipped", _case(P((0, 4)), P((8, 8)), codebook="learned")),
+    Stepped("1.5.2#1", "one-element", _case(P((1,)), P((1, 1)), P((8, 8)))),
     Stepped("1.5.2#2", "force-1d", _case(P((64,)), _ROWS, options=("force_1d_period_one",))),
     Stepped(
         "1.5.2#3",
@@ -59,6 +61,7 @@ PERIODS = [
     Stepped("1.5.6#3", "n-itself-a-candidate", _case(P((37,), gradient=_SIGNS), P((64,), gradient=_SIGNS))),
     Stepped("1.5.6#4", "larger-candidate", _case(P((16, 8), gradient=_SIGNS))),
     Stepped("1.5.7", "fallback-worked-examples", _FALLBACK_TABLE),
+    Stepped("1.5.9", "float64-scores", _FOUR_CYCLE),
 ]
 
 #: The padding case of the codebook (fewer than 256 active bins), every block normalizing exactly:

@@ -90,9 +90,10 @@ GRAD_ORDERS = ("registration", "reverse")
 #: magnitude (every square equal: the search finds no structure and falls back, SPEC 1.5.6);
 #: powers of two (every element 0 or +-2^-j, j in 0..4: every block's largest magnitude is a power
 #: of two, so its normalization is exact in any arithmetic, SPEC 5.6.6, 5.6.7). Built for one rule
-#: each (the rules' examples name them; the strategies never draw them): the magnitudes 1, 2, 3, 4
-#: repeating with random signs (squares of period 4, every variance exact: from 8 on each candidate
-#: scores exactly 0 and the smallest, 8, wins the tie, SPEC 1.5.5); 1 plus ``0.75 * 2^-24`` on odd
+#: each (the rules' examples name them; the strategies never draw them): the magnitudes 4093 to 4096
+#: repeating with random signs (fp32 gradients: squares of period 4 just below 2^24, every variance
+#: exact in float64, so from 8 on each candidate scores exactly 0 and the smallest, 8, wins the tie,
+#: SPEC 1.5.5, while a variance in fp32 rounds the scores apart, SPEC 1.5.9); 1 plus ``0.75 * 2^-24`` on odd
 #: rows (one value in fp32, so every square is 1 and the search falls back; apart in float64, where
 #: a square not rounded to fp32 shows the rows, SPEC 1.5.3); zero at the first call (a fresh case
 #: learns the all-zero padding codebook ``[-1, 2^-12 (x254), +1]``, SPEC 1.6.7) and SPEC 1.7.2's
@@ -389,7 +390,7 @@ def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torc
     if p.gradient == "signs":
         return torch.where(g < 0, -1.0, 1.0).to(p.torch_dtype)
     if p.gradient == "four-cycle":
-        magnitudes = 1.0 + torch.arange(p.numel, dtype=torch.float64) % 4
+        magnitudes = 4093.0 + torch.arange(p.numel, dtype=torch.float64) % 4
         return (torch.where(g < 0, -1.0, 1.0) * magnitudes.reshape(p.shape)).to(p.torch_dtype)
     if p.gradient == "below-fp32":
         row = torch.arange(p.numel) // max(1, p.numel // max(1, p.shape[0] if p.shape else 1))
