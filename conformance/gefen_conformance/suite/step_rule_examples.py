@@ -80,7 +80,7 @@ CODEBOOK = [
     Stepped("1.6.7#1", "padded-with-the-largest-centre", _PADDED),
     Stepped("1.6.7#2", "smallest-centre-overwritten", _PADDED),
     Stepped(
-        "1.6.8", "ties-to-the-smallest-start", _case(P((510,), gradient="bin-ladder"), codebook="learned")
+        "1.6.8", "tie-to-the-smallest-start", _case(P((510,), gradient="bin-ladder"), codebook="learned")
     ),
     Stepped("1.7.1#1", "lower-bound", _TABLE),
     Stepped("1.7.1#2", "neighbours-clamped", _TABLE),
