@@ -46,6 +46,10 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.1.2#9": "reference-only",
         "1.1.2#10": "reference-only",
         "1.1.4": "out-of-scope",
+        "1.6.5": "omission",
+        "1.6.10": "reference-only",
+        "1.6.11": "device",
+        "1.7.4": "out-of-scope",
         "2.4.1#1": "out-of-scope",
         "2.4.1#9": "out-of-scope",
     }

@@ -12,8 +12,9 @@ def nearest_codeword_indices(codebook: torch.Tensor, values: torch.Tensor) -> to
     """uint8 index of the codeword nearest each value, ties to the lower index (SPEC 1.7.1).
 
     ``i = lower_bound(codebook, v)``; the two neighbours ``L = clamp(i-1)`` and
-    ``R = clamp(i)`` are compared by ``|v - cb|`` computed in fp32, and ``L`` wins ties,
-    so a run of duplicate codewords always maps to its lowest index.
+    ``R = clamp(i)`` are compared by ``|v - cb|`` computed in fp32, and ``L`` wins ties. A run of
+    duplicate codewords therefore maps a value at or below it to its lowest index and a value
+    above it to its highest (SPEC 1.7.3).
     """
     if codebook.device != values.device:
         raise ValueError(

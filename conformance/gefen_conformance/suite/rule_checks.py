@@ -110,13 +110,19 @@ def check_stepped(impl, example: Stepped, judge: judging.Judge | None = None) ->
     """The example's case stepped by the reference and by ``impl``, every call compared under
     ``impl``'s numeric profile (``judge``: the suite test's, which records the comparisons and the
     reproducer; by default one of the profile ``impl`` declares on CPU). A case of the factored
-    path is skipped for an implementation without it (SPEC 4.2)."""
+    path is skipped for an implementation without it (SPEC 4.2). The cases are in the conformance
+    domain, so a step that raises fails the rule (a one-element parameter whose period is searched
+    has no candidate)."""
     if example.case.factored and not impl.has(FACTORED_V):
         pytest.skip(f"SPEC {example.rule}: the factored second moment is not implemented ({FACTORED_V})")
     judge = judge or judging.Judge(impl, bitwise=impl.has(CPU_BIT_EXACT))
     drawn = InputSpaceCase(example.case)
+    try:
+        comparisons = drawn.comparisons(impl, bitwise=judge.bitwise)
+    except Exception as exc:  # what was raised is the finding
+        _fail(example, f"the case raised {type(exc).__name__}: {exc}")
     judge.assert_comparisons(
-        drawn.comparisons(impl, bitwise=judge.bitwise),
+        comparisons,
         case=drawn,
         prefix=f"SPEC {example.rule} ({example.what}): ",
     )

@@ -22,11 +22,71 @@ def _case(*params, **kw) -> InputCase:
     return InputCase(params=tuple(params), **kw)
 
 
-#: SPEC 1.5: the period a parameter's first step chooses.
-PERIODS: list = []
+#: A parameter whose rows alternate in scale: the search finds the row (10), where the fallback
+#: gives 240 (SPEC 1.5.5, 1.5.6).
+_ROWS = P((24, 10), gradient="row-scaled")
+#: Every square 1 (random signs): the search finds nothing and the fallback decides (SPEC 1.5.6).
+_SIGNS = "signs"
+#: A gradient whose squares are one value in fp32 and two in float64 (SPEC 1.5.3, 1.13.9).
+_BELOW_FP32 = _case(P((24, 10), dtype="fp64", gradient="below-fp32"))
+#: Squares of period 4 whose scores tie at exactly 0 from 8 on in float64, and not in fp32 (SPEC
+#: 1.5.5, 1.5.9).
+_FOUR_CYCLE = _case(P((128,), gradient="four-cycle"))
+#: Rows of SPEC 1.5.7's table, each searched to 1 (equal squares): a cap of 2048 (inclusive), a
+#: divisor below it, ``n`` itself (prime), fewer than 8 elements, ``shape[-1]`` below ``n``.
+_FALLBACK_TABLE = _case(*(P(shape, gradient=_SIGNS) for shape in ((4096,), (3000,), (37,), (7,), (16, 8))))
+
+#: SPEC 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
+PERIODS = [
+    Stepped(
+        "1.5.1",
+        "first-gradient-after-the-codebook",
+        _case(P((8, 8)), P((24, 10), gradient="late"), calls=2, codebook="learned"),
+    ),
+    Stepped("1.5.2#0", "empty-parameter-skipped", _case(P((0, 4)), P((8, 8)), codebook="learned")),
+    Stepped("1.5.2#1", "one-element", _case(P((1,)), P((1, 1)), P((8, 8)))),
+    Stepped("1.5.2#2", "force-1d", _case(P((64,)), _ROWS, options=("force_1d_period_one",))),
+    Stepped(
+        "1.5.2#3",
+        "force-2d",
+        _case(_ROWS, P((4, 6, 10), gradient="row-scaled"), options=("force_2d_period_one",)),
+    ),
+    Stepped("1.5.2#4", "name-substring", _case(_ROWS, _ROWS, options=("period_one_substrings",))),
+    Stepped("1.5.2#5", "searched", _case(_ROWS)),
+    Stepped("1.5.3", "squares-rounded-to-fp32", _BELOW_FP32),
+    Stepped("1.5.5#1", "differenced-scores", _FOUR_CYCLE),
+    Stepped("1.5.5#2", "tie-to-the-smaller-period", _FOUR_CYCLE),
+    Stepped("1.5.5#3", "winner-below-8", _case(P((24, 5), gradient="row-scaled"))),
+    Stepped("1.5.6#1", "fewer-than-8-elements", _case(P((7,)), P((2, 3)))),
+    Stepped("1.5.6#3", "n-itself-a-candidate", _case(P((37,), gradient=_SIGNS), P((64,), gradient=_SIGNS))),
+    Stepped("1.5.6#4", "larger-candidate", _case(P((16, 8), gradient=_SIGNS))),
+    Stepped("1.5.7", "fallback-worked-examples", _FALLBACK_TABLE),
+    Stepped("1.5.9", "float64-scores", _FOUR_CYCLE),
+]
+
+#: The padding case of the codebook (fewer than 256 active bins), every block normalizing exactly:
+#: the learned codebook is compared bitwise in every profile (SPEC 5.6.7).
+_PADDED = _case(P((64,), gradient="powers-of-two"), codebook="learned")
+#: The all-zero padding codebook learned at the first call, then SPEC 1.7.2's values with beta1 0
+#: (the momentum is the gradient, every normalized value exact, SPEC 5.6.6).
+_TABLE = _case(
+    P((64,), gradient="codeword-table"), groups=(G(betas=(0.0, 0.999)),), calls=2, codebook="learned"
+)
 
 #: SPEC 1.6 and 1.7: the codebook learned at the first step, and the nearest codeword.
-CODEBOOK: list = []
+CODEBOOK = [
+    Stepped("1.6.2", "fp32-codewords", _PADDED),
+    Stepped("1.6.6", "bin-centres", _PADDED),
+    Stepped("1.6.7#1", "padded-with-the-largest-centre", _PADDED),
+    Stepped("1.6.7#2", "smallest-centre-overwritten", _PADDED),
+    Stepped(
+        "1.6.8", "tie-to-the-smallest-start", _case(P((510,), gradient="bin-ladder"), codebook="learned")
+    ),
+    Stepped("1.7.1#1", "lower-bound", _TABLE),
+    Stepped("1.7.1#2", "neighbours-clamped", _TABLE),
+    Stepped("1.7.1#3", "fp32-distances", _TABLE),
+    Stepped("1.7.2", "nearest-codeword-worked-examples", _TABLE),
+]
 
 #: SPEC 1.8: the block second moment's step.
 BLOCK_STEP = [
@@ -40,6 +100,8 @@ FACTORED_STEP: list = []
 CALLS: list = []
 
 #: SPEC 1.13: the torch semantics every formula is written in.
-TORCH_SEMANTICS: list = []
+TORCH_SEMANTICS = [
+    Stepped("1.13.9", "squares-in-fp32", _BELOW_FP32),
+]
 
 STEPPED = PERIODS + CODEBOOK + BLOCK_STEP + FACTORED_STEP + CALLS + TORCH_SEMANTICS

@@ -27,6 +27,7 @@ import torch
 __all__ = [
     "CODEBOOK",
     "CODEBOOKS",
+    "CODEWORD_TABLE",
     "DTYPES",
     "EVENTS",
     "GRAD_ORDERS",
@@ -89,7 +90,19 @@ GRAD_ORDERS = ("registration", "reverse")
 #: and 3 (the search finds the row, however long: SPEC 1.5.5 has no cap); random signs at one
 #: magnitude (every square equal: the search finds no structure and falls back, SPEC 1.5.6);
 #: powers of two (every element 0 or +-2^-j, j in 0..4: every block's largest magnitude is a power
-#: of two, so its normalization is exact in any arithmetic, SPEC 5.6.6, 5.6.7).
+#: of two, so its normalization is exact in any arithmetic, SPEC 5.6.6, 5.6.7). Built for one rule
+#: each (the rules' examples name them; the strategies never draw them): the magnitudes 4093 to
+#: 4096 repeating with random signs (fp32 gradients: squares of period 4 just below 2^24, every
+#: variance exact in float64, so from 8 on each candidate scores exactly 0 and the smallest, 8,
+#: wins the tie, SPEC 1.5.5, while variances in fp32 round the scores apart, SPEC 1.5.9); 1 plus
+#: ``0.75 * 2^-24`` on odd rows (one value in fp32, so every square is 1 and the search falls back;
+#: apart in float64, where a square not rounded to fp32 shows the rows, SPEC 1.5.3); zero at the
+#: first call (a fresh case learns the all-zero padding codebook ``[-1, 2^-12 (x254), +1]``, SPEC
+#: 1.6.7) and SPEC 1.7.2's values after it (:data:`CODEWORD_TABLE`); +-1 at even positions and, at
+#: odd ones, the centres of 255 bins 4 apart around 0 in turn (every block of two or more elements
+#: has largest magnitude 1, so it normalizes exactly; with the two ends, 257 active bins of equal
+#: interior counts: the codebook's dynamic program has one merge to make, every adjacent interior
+#: pair costs exactly the same, and the tie rule decides which, SPEC 1.6.8).
 GRADIENTS = (
     "normal",
     "zero",
@@ -104,6 +117,10 @@ GRADIENTS = (
     "row-scaled",
     "signs",
     "powers-of-two",
+    "four-cycle",
+    "below-fp32",
+    "codeword-table",
+    "bin-ladder",
 )
 #: Gradient patterns of the scale tier (SPEC 4.3.16), never drawn: one value (1) on all but every
 #: 64th element, those uniform in (-1, 1) (one histogram bin holds 63/64 of a parameter: past
@@ -155,6 +172,17 @@ GRAD_SCALE = 2.0**10
 #: noise visible) plus standard normal noise of unit scale.
 _NEAR_CONSTANT_MEAN = {torch.float16: 64.0, torch.bfloat16: 16.0}
 _DEFAULT_NEAR_CONSTANT_MEAN = 4096.0
+#: The values of the codeword-table pattern after its first call, repeating (SPEC 1.7.2 with the
+#: padding codebook ``[-1, t (x254), +1]``, ``t = 2^-12``): 1 (the block's largest, index 255), 0
+#: and ``t`` (the run's lowest index, 1), ``2^-11`` and 0.5 (above the run: its highest index,
+#: 254), -0.5 (index 0), ``0.5 + 2^-12`` (nearer +1 than ``t`` by less than a bf16 rounding of the
+#: distances) and -1. Every value is exact in fp32 and normalizes exactly.
+CODEWORD_TABLE = (1.0, 0.0, 2.0**-12, 2.0**-11, 0.5, -0.5, 0.5 + 2.0**-12, -1.0)
+#: The below-fp32 pattern's offset on odd rows: under half an fp32 ulp of 1 (it rounds away), while
+#: twice it, in the square, is above half an ulp.
+_BELOW_FP32 = 0.75 * 2.0**-24
+#: The bin-ladder pattern's bins: ``first + step * i`` for ``i < rungs``, far from both ends.
+_LADDER_FIRST, _LADDER_STEP, _LADDER_RUNGS = 1536, 4, 255
 
 
 @dataclass(frozen=True)
@@ -382,6 +410,24 @@ def gradient(case: InputCase, i: int, call: int, *, stale: bool = False) -> torc
         runs = 1.0 + 3.0 * ((torch.arange(tail, dtype=torch.float64) // 4096) % 2)
         flat[half:] = uniform * runs
         return flat.reshape(p.shape).to(p.torch_dtype)
+    if p.gradient == "four-cycle":
+        magnitudes = 4093.0 + torch.arange(p.numel, dtype=torch.float64) % 4
+        return (torch.where(g < 0, -1.0, 1.0) * magnitudes.reshape(p.shape)).to(p.torch_dtype)
+    if p.gradient == "below-fp32":
+        row = torch.arange(p.numel) // max(1, p.numel // max(1, p.shape[0] if p.shape else 1))
+        return (1.0 + _BELOW_FP32 * (row % 2).double()).reshape(p.shape).to(p.torch_dtype)
+    if p.gradient == "codeword-table":
+        if call == 1:
+            return torch.zeros(p.shape, dtype=p.torch_dtype)
+        table = torch.tensor(CODEWORD_TABLE, dtype=torch.float64)
+        return table[torch.arange(p.numel) % len(CODEWORD_TABLE)].reshape(p.shape).to(p.torch_dtype)
+    if p.gradient == "bin-ladder":
+        j = torch.arange(p.numel)
+        bins = _LADDER_FIRST + _LADDER_STEP * ((j // 2) % _LADDER_RUNGS)
+        centres = (-1.0 + (2.0 * bins.double() + 1.0) / 4096).reshape(p.shape)
+        return torch.where((j % 2 == 0).reshape(p.shape), torch.where(g < 0, -1.0, 1.0), centres).to(
+            p.torch_dtype
+        )
     if p.gradient == "powers-of-two":
         exponents = torch.randint(0, 5, p.shape, generator=gen).double()
         zeros = torch.randint(0, 6, p.shape, generator=gen) == 0
