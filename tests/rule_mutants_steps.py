@@ -1,4 +1,4 @@
-"""Rule mutants of the step (SPEC 1.5-1.10, 1.13): for each rule the suite certifies from the
+"""Rule mutants of the step (each row names its rule id): for each rule the suite certifies from the
 step's examples (:mod:`gefen_conformance.suite.step_rule_examples`), the reference with the one
 source edit that breaks that rule (tests/source_mutants.py), as a kernel that gets that rule wrong
 computes it. Each is ``wrong`` in the sense of tests/test_rule_mutants.py: it steps, differently.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .source_mutants import mutated_gefen
 
-#: SPEC 1.5: the period search.
+#: Section 1.5: the period search.
 PERIODS = {
     "1.5.1": [
         (
@@ -226,7 +226,7 @@ CODEBOOK = {
     ],
 }
 
-#: SPEC 1.8: the block second moment's step.
+#: Section 1.8: the block second moment's step.
 BLOCK_STEP = {
     "1.8.7#4": [
         (
@@ -236,13 +236,13 @@ BLOCK_STEP = {
     ],
 }
 
-#: SPEC 1.9: the factored second moment's step.
+#: Section 1.9: the factored second moment's step.
 FACTORED_STEP: dict = {}
 
-#: SPEC 1.10: one ``step()`` call.
+#: Section 1.10: one ``step()`` call.
 CALLS: dict = {}
 
-#: SPEC 1.13: torch semantics.
+#: Section 1.13: torch semantics.
 TORCH_SEMANTICS = {
     "1.13.9": [
         (

@@ -2,7 +2,8 @@
 
 A clause is defined by a numbered heading (``### 1.8 Block-vmean step``) or by a paragraph that
 opens with its number inside its section (``1.8.3 The second moment ...``). A citation is
-``SPEC 1.8.3``, ``§1.8.3`` or an id in a ``gefen_clause(...)`` marker.
+``SPEC 1.8.3``, ``§1.8.3``, an id in a ``gefen_clause(...)`` marker, or the rule id a row of the
+suite's rule-example tables names (``Stepped("1.13.9", ...)``: its test is marked with it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ _PARAGRAPH = re.compile(r"^(\d+\.\d+\.\d+(?:\.\d+)?) ")
 _CITED = re.compile(r"(?:SPEC|§)\s*§?(\d+(?:\.\d+)+)")
 _MARKER = re.compile(r"clause\(([^)]*)\)")
 _MARKER_ID = re.compile(r"[\"'](\d+(?:\.\d+)*)[\"']")
+#: A row of a rule-example table (suite/rule_examples.py, step_rule_examples.py): its rule id's clause.
+_EXAMPLE_ROW = re.compile(r"\b(?:Refused|Built|LoadRefused|LoadAccepted|Stepped)\(\s*\"(\d+(?:\.\d+)+)(?:#\d+)?\"")
 
 
 def defined(spec: Path = REPO / "SPEC.md") -> dict:
@@ -46,6 +49,7 @@ def citations(paths) -> dict:
             text = file.read_text(encoding="utf-8")
             ids = {m.group(1).rstrip(".") for m in _CITED.finditer(text)}
             ids |= {c for m in _MARKER.finditer(text) for c in _MARKER_ID.findall(m.group(1))}
+            ids |= {m.group(1) for m in _EXAMPLE_ROW.finditer(text)}
             for clause in ids:
                 cited.setdefault(clause, set()).add(str(file.relative_to(REPO)))
     return {c: sorted(files) for c, files in cited.items()}

@@ -1,5 +1,5 @@
 """Checks of the rules, one example at a time: the constructor's and the native load's (SPEC 1.1.2,
-1.1.6, 1.12) and the step's (SPEC 1.5-1.10, 1.13): the suite's tests call them with the
+1.1.6, 1.12) and the step's (one rule id per example): the suite's tests call them with the
 implementation under test, and the project's rule mutants prove each can fail. A check raises
 AssertionError whose message starts with the rule id and the example
 (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
@@ -110,9 +110,9 @@ def check_stepped(impl, example: Stepped, judge: judging.Judge | None = None) ->
     """The example's case stepped by the reference and by ``impl``, every call compared under
     ``impl``'s numeric profile (``judge``: the suite test's, which records the comparisons and the
     reproducer; by default one of the profile ``impl`` declares on CPU). A case of the factored
-    path is skipped for an implementation without it (SPEC 4.2). The cases are in the conformance
-    domain, so a step that raises fails the rule (a one-element parameter whose period is searched
-    has no candidate)."""
+    path is skipped for an implementation without it (a capability, SPEC 4.1.3). The cases are in
+    the conformance domain, so a step that raises fails the rule (a one-element parameter whose
+    period is searched has no candidate)."""
     if example.case.factored and not impl.has(FACTORED_V):
         pytest.skip(f"SPEC {example.rule}: the factored second moment is not implemented ({FACTORED_V})")
     judge = judge or judging.Judge(impl, bitwise=impl.has(CPU_BIT_EXACT))

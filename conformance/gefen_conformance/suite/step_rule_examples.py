@@ -1,12 +1,13 @@
-"""The examples of the rules a step states (SPEC 1.5-1.10, 1.13): one row per rule example, each an
-input-space case (SPEC 4.3.10) built so that the rule decides its outcome: an implementation wrong
-in that rule alone steps differently from the reference beyond the profile's bounds.
+"""The examples of the rules a step states (each row names its rule id): one row per rule example,
+each an input-space case (SPEC 4.3.10) built so that the rule decides its outcome: an
+implementation wrong in that rule alone steps differently from the reference beyond the profile's
+bounds.
 :func:`gefen_conformance.suite.rule_checks.check_stepped` runs them; the cases are small (one to
 three calls on a few hundred elements), since every row runs in every certification.
 
-The tables go by the SPEC's sections: :data:`PERIODS` (§1.5), :data:`CODEBOOK` (§1.6, §1.7),
-:data:`BLOCK_STEP` (§1.8), :data:`FACTORED_STEP` (§1.9), :data:`CALLS` (§1.10) and
-:data:`TORCH_SEMANTICS` (§1.13); :data:`STEPPED` is all of them.
+The tables go by the SPEC's sections of Part 1: :data:`PERIODS` (section 5), :data:`CODEBOOK`
+(sections 6 and 7), :data:`BLOCK_STEP` (8), :data:`FACTORED_STEP` (9), :data:`CALLS` (10) and
+:data:`TORCH_SEMANTICS` (13); :data:`STEPPED` is all of them.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _FOUR_CYCLE = _case(P((128,), gradient="four-cycle"))
 #: divisor below it, ``n`` itself (prime), fewer than 8 elements, ``shape[-1]`` below ``n``.
 _FALLBACK_TABLE = _case(*(P(shape, gradient=_SIGNS) for shape in ((4096,), (3000,), (37,), (7,), (16, 8))))
 
-#: SPEC 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
+#: Section 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
 PERIODS = [
     Stepped(
         "1.5.1",
@@ -88,18 +89,18 @@ CODEBOOK = [
     Stepped("1.7.2", "nearest-codeword-worked-examples", _TABLE),
 ]
 
-#: SPEC 1.8: the block second moment's step.
+#: Section 1.8: the block second moment's step.
 BLOCK_STEP = [
     Stepped("1.8.7#4", "first-step-bias-correction", _case(P((64,)), calls=2)),
 ]
 
-#: SPEC 1.9: the factored second moment's step.
+#: Section 1.9: the factored second moment's step.
 FACTORED_STEP: list = []
 
-#: SPEC 1.10: one ``step()`` call.
+#: Section 1.10: one ``step()`` call.
 CALLS: list = []
 
-#: SPEC 1.13: the torch semantics every formula is written in.
+#: Section 1.13: the torch semantics every formula is written in.
 TORCH_SEMANTICS = [
     Stepped("1.13.9", "squares-in-fp32", _BELOW_FP32),
 ]

@@ -1,5 +1,5 @@
-"""The rules a step states, one example per rule and input (SPEC 1.5-1.10, 1.13): each example is
-an input-space case built so that its rule decides the outcome, stepped by the reference and by the
+"""The rules a step states, one example per rule and input (each names its rule id): each example
+is an input-space case built so that its rule decides the outcome, stepped by the reference and by the
 implementation and compared under the run's numeric profile (SPEC 4.3.10, 5.6).
 
 The examples are in :mod:`gefen_conformance.suite.step_rule_examples`; the check is
