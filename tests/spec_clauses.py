@@ -18,7 +18,9 @@ _CITED = re.compile(r"(?:SPEC|§)\s*§?(\d+(?:\.\d+)+)")
 _MARKER = re.compile(r"clause\(([^)]*)\)")
 _MARKER_ID = re.compile(r"[\"'](\d+(?:\.\d+)*)[\"']")
 #: A row of a rule-example table (suite/rule_examples.py, step_rule_examples.py): its rule id's clause.
-_EXAMPLE_ROW = re.compile(r"\b(?:Refused|Built|LoadRefused|LoadAccepted|Stepped)\(\s*\"(\d+(?:\.\d+)+)(?:#\d+)?\"")
+_EXAMPLE_ROW = re.compile(
+    r"\b(?:Refused|Built|LoadRefused|LoadAccepted|Stepped)\(\s*\"(\d+(?:\.\d+)+)(?:#\d+)?\""
+)
 
 
 def defined(spec: Path = REPO / "SPEC.md") -> dict:
