@@ -52,8 +52,17 @@ _TRUNCATING_WRITE = '''def _subtract_flat(param: Tensor, update: Tensor) -> None
 def _unused_subtract_flat('''
 
 
+def _declared(cls):
+    """``cls`` declaring the reference's state layout in its own class body, as a backend built on
+    it does (SPEC 2.3.6), so that the reference's DCP adapter takes it."""
+    from gefen_reference import dcp
+
+    cls.gefen_state_layout = dcp.STATE_LAYOUT
+    return cls
+
+
 def _from(**edits):
-    gefen = mutated_gefen(**edits)
+    gefen = _declared(mutated_gefen(**edits))
     return lambda params, **kw: gefen(params, **kw)
 
 
@@ -78,6 +87,18 @@ class _EmptyEndsLaunch(reference.Gefen):
             if last is not None and last.numel() == 0 and last.grad is not None:
                 skipped |= {id(p) for p in group["params"]}
         super().update_parameters([u for u in updates if id(u.param) not in skipped])
+
+
+class _RefreshSinceConstruction(reference.Gefen):
+    """The codebook relearned every 1000 steps this object made (its own count since construction,
+    which a synthesized or loaded state does not move)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        self._made = getattr(self, "_made", 0) + 1
+        if self._made % 1000 == 0:
+            self.codebook = None
+        return loss
 
 
 class _RefreshEvery1000(reference.Gefen):
@@ -142,25 +163,32 @@ SCALE_MUTANTS = {
         "a bf16 parameter's elements past 2^20 written by truncation instead of rounding to nearest",
     ),
     "handle-table-of-16384": (
-        _HandleTable,
+        _declared(_HandleTable),
         "SCALE",
         "count-20480-last-empty",
         BOTH,
         "parameters past the 16,384th of a step are not written (their state advances)",
     ),
     "empty-tensor-ends-launch": (
-        _EmptyEndsLaunch,
+        _declared(_EmptyEndsLaunch),
         "EVERY_TIER",
         "zero-element-last-of-its-group",
         BOTH,
         "an empty tensor last in a group makes the group's other tensors skip their update",
     ),
     "codebook-refresh-every-1000": (
-        _RefreshEvery1000,
+        _declared(_RefreshEvery1000),
         "EVERY_TIER",
         "across-1000",
         BOTH,
         "the codebook relearned every 1000 global steps",
+    ),
+    "refresh-every-1000-own-steps": (
+        _declared(_RefreshSinceConstruction),
+        "LONG_LIFE",
+        "long_life",
+        BOTH,
+        "the codebook relearned every 1000 steps the optimizer object made since construction",
     ),
     "step-counter-of-12-bits": (
         _from(
@@ -177,17 +205,18 @@ SCALE_MUTANTS = {
     ),
 }
 
-#: The mutants whose case is large (the scale tier's): minutes each.
-LARGE = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] == "SCALE")
-CHEAP = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] != "SCALE")
+#: The mutants whose case is the scale tier's (2^25 elements, or 10^4 steps): minutes each.
+LARGE = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] in ("SCALE", "LONG_LIFE"))
+CHEAP = sorted(name for name, entry in SCALE_MUTANTS.items() if entry[1] == "EVERY_TIER")
 
 
 def case_of(name: str):
-    """The input-space case that catches mutant ``name``."""
+    """The input-space case that catches mutant ``name``, or ``"long_life"`` for the scale tier's
+    long life (gefen_conformance.suite.scale_examples.long_life_problems)."""
     from gefen_conformance.suite import scale_examples
 
     _, table, case, _, _ = SCALE_MUTANTS[name]
-    return getattr(scale_examples, table)[case]
+    return case if table == "LONG_LIFE" else getattr(scale_examples, table)[case]
 
 
 def implementation(name: str, profile: str = "torch-exact"):

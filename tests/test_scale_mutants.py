@@ -13,7 +13,7 @@ import pytest
 from gefen_conformance import judging
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
-from gefen_conformance.suite.scale_examples import EVERY_TIER
+from gefen_conformance.suite.scale_examples import EVERY_TIER, long_life_problems
 from gefen_conformance.suite.space_checks import InputSpaceCase
 
 from .mutants_scale import CHEAP, LARGE, SCALE_MUTANTS, case_of, implementation
@@ -21,6 +21,8 @@ from .mutants_scale import CHEAP, LARGE, SCALE_MUTANTS, case_of, implementation
 
 def problems(impl, case) -> list:
     """What the suite's judge finds wrong with ``impl`` on ``case`` (empty: it passes)."""
+    if case == "long_life":
+        return long_life_problems(impl)
     judge = judging.Judge(impl, bitwise=CPU_BIT_EXACT in impl.capabilities)
     drawn = InputSpaceCase(case)
     return list(judge.record(drawn.comparisons(impl, bitwise=judge.bitwise), case=drawn))

@@ -8,6 +8,7 @@ judges (call by call, SPEC 5.6.13).
   over the whole), first steps of 2^25 elements whose period search and codebook learning must
   read the whole parameter (one histogram bin past 2^24 counts; statistics that change along the
   parameter), and 20,480 parameters in one step, a zero-element one last.
+* :func:`long_life` (the ``scale`` tier only): 10,050 steps from construction.
 * :data:`EVERY_TIER` (every tier; small): every step across 1000, 1024, 4096 and 10^4, from a
   synthesized state at the count before; and a zero-element parameter last in its group (an empty
   tensor ending a launch).
@@ -15,9 +16,15 @@ judges (call by call, SPEC 5.6.13).
 
 from __future__ import annotations
 
+import torch
+
+from gefen_conformance.workload import models, runs
 from gefen_conformance.workload.space import GroupCase, InputCase, ParamCase, divisors
+from gefen_oracles import native_compare
 
 P = ParamCase
+#: Steps of the scale tier's long life from construction: past 1000, 1024, 4096 and 10^4.
+LONG_LIFE_STEPS = 10_050
 #: Elements of one scale-tier parameter: past 2^24, where fp32 stops counting by one.
 LARGE = 1 << 25
 #: Parameters in the tier's many-parameter step: past the 16,384 entries of a kernel's handle or
@@ -76,3 +83,27 @@ EVERY_TIER = {
         calls=2,
     ),
 }
+
+
+def long_life(make_optimizer, device) -> dict:
+    """A fresh optimizer over a 64-element and a 16 x 8 parameter, stepped :data:`LONG_LIFE_STEPS`
+    times from construction with power-of-two gradients (every block normalizes exactly, so the
+    codebook learned at the first step is exact in every profile); its native state at the end."""
+    generator = torch.Generator().manual_seed(7)
+    params = [torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in ((64,), (16, 8))]
+    optimizer = make_optimizer([("life.bias", params[0]), ("life.weight", params[1])], lr=1e-3)
+    for _ in range(LONG_LIFE_STEPS):
+        for p in params:
+            exponents = torch.randint(0, 5, p.shape, generator=generator).float()
+            signs = torch.randint(0, 2, p.shape, generator=generator).float() * 2 - 1
+            p.grad = (signs * 2.0**-exponents).to(device)
+        optimizer.step()
+    return runs.native_state(optimizer)
+
+
+def long_life_problems(impl) -> list:
+    """What differs in the exact parts of the native state (counters, periods, the codebook, SPEC
+    5.6.11) between the reference's :func:`long_life` and ``impl`` 's."""
+    expected = long_life(models.REFERENCE, "cpu")
+    observed = long_life(impl.make_optimizer, models.device_for(impl.make_optimizer))
+    return native_compare.exact_problems(expected, observed, codebook_exact=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gefen_conformance.implementations.contract import FACTORED_V, NATIVE_STATE_DICT
-from gefen_conformance.suite.scale_examples import EVERY_TIER, SCALE
+from gefen_conformance.suite.scale_examples import EVERY_TIER, SCALE, long_life_problems
 from gefen_conformance.suite.space_checks import InputSpaceCase
 
 
@@ -38,3 +38,14 @@ def test_long_runs_and_launch_ends_match_reference(gefen_impl, gefen_judge, name
     """Every step across 1000, 1024, 4096 and 10^4 (where a kernel keeps a schedule), from a
     synthesized state at the count before; an empty tensor last in its group."""
     _check(gefen_impl, gefen_judge, EVERY_TIER[name])
+
+
+@pytest.mark.gefen_tier("scale")
+@pytest.mark.gefen_clause("4.3.16", "1.6.1", "1.10.6", "1.8.4")
+@pytest.mark.gefen_requires(NATIVE_STATE_DICT)
+def test_a_long_life_keeps_its_codebook_and_counters(gefen_impl, gefen_judge):
+    """10,050 steps from construction (not from a synthesized state: a schedule a kernel keeps by
+    its own count since construction shows only here): the codebook learned at the first step never
+    changes (SPEC 1.6.1), and the global and per-parameter counters count every step."""
+    problems = long_life_problems(gefen_impl)
+    gefen_judge.assert_exact("codebook and counters after a long life", len(problems), 1, problems)
