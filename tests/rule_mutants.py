@@ -788,6 +788,23 @@ def _every_non_empty_slot_materialized():
     return SlotReading
 
 
+def _non_leaf_staged_as_detached(destination, saved_value, *, key):
+    """An autograd intermediate staged as its detached value: the commit fills it under no_grad."""
+    if torch.is_tensor(destination) and destination.requires_grad and not destination.is_leaf:
+        staged = reference_hyper_staging.stage_hyperparameter(destination.detach(), saved_value, key=key)
+        return dataclasses.replace(staged, destination=destination)
+    return reference_hyper_staging.stage_hyperparameter(destination, saved_value, key=key)
+
+
+def _filled_under_no_grad_only(group, staged):
+    """Every tensor destination filled under no_grad, an inference tensor too (which raises)."""
+    if not staged.in_place:
+        group[staged.key] = staged.value
+        return
+    with torch.no_grad():
+        staged.destination.fill_(staged.value)
+
+
 def _restore_with(**overrides):
     return mutant_tools.clone(
         reference_state, restore=mutant_tools.clone(reference_restore, **overrides)
@@ -835,13 +852,17 @@ DCP_LOAD = {
     ],
     "3.4.1": [("lenient", "missing slot entries backfilled", _missing_slot_entries_backfilled)],
     "3.4.5": [("wrong", "a fresh slot keeps its counters in its state", None)],
+    "3.5.3": [
+        ("lenient", "a non-leaf destination that requires grad filled under no_grad", None),
+        ("wrong", "an inference-tensor destination filled outside inference mode", None),
+    ],
     "3.6.1": [("wrong", "fresh slots re-blocked as all-zero state", None)],
     "3.6.5": [("wrong", "restored counters restart at 1", None)],
     "3.7.1": [("wrong", "saved hyperparameters restored as fp32 values", _hypers_in_fp32)],
 }
 
 
-def _dcp_load_adapter(rule: str, repair):
+def _dcp_load_adapter(rule: str, kind: str, repair):
     """``dcp_state(base, optimizer)`` of the mutant of ``rule``: a repair before the reference's
     load, or a cloned adapter."""
     if repair is not None:
@@ -855,6 +876,10 @@ def _dcp_load_adapter(rule: str, repair):
             ).GefenDCPState
         ),
         "3.4.5": lambda: _restore_with(_compact_state=_fresh_slots_keep_counters),
+        "3.5.3": lambda: {
+            "lenient": _staging_with(stage_hyperparameter=_non_leaf_staged_as_detached),
+            "wrong": _staging_with(apply=_filled_under_no_grad_only),
+        }[kind],
         "3.6.1": lambda: _restore_with(SlotReading=_every_non_empty_slot_materialized()),
         "3.6.5": lambda: _restore_with(_compact_state=_counters_restarted),
     }[rule]()
@@ -870,7 +895,7 @@ def dcp_load_mutants(profile: str) -> list:
             base = _implementation(
                 f"dcp-load-{rule}-{kind}", registry.resolve("reference").make_optimizer, profile
             )
-            make = _dcp_load_adapter(rule, repair)
+            make = _dcp_load_adapter(rule, kind, repair)
             impl = dataclasses.replace(base, dcp_state=functools.partial(make, base))
             out.append(RuleMutant(rule, kind, what, impl))
     return out

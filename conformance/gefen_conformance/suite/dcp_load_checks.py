@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import functools
 
+import torch
+
 from gefen_conformance.harness.sharding import WorldOfOne, world_mesh
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import hostile, restore_checks
@@ -45,8 +47,17 @@ def reference_checkpoint(one_rank: WorldOfOne) -> tuple:
     return path, read_nested(path)["optimizer"]
 
 
-def _live(impl):
-    return saving.trained(impl, LIVE, world_mesh(), steps=LIVE_STEPS)
+def _live(impl, example):
+    """``(params, optimizer)`` of ``impl`` trained on :data:`LIVE_STEPS`, with the example's live
+    destinations."""
+    params, opt = saving.trained(impl, LIVE, world_mesh(), steps=LIVE_STEPS)
+    if example.live is not None:
+        example.live(opt)
+    return params, opt
+
+
+def _tensor_destinations(opt) -> list:
+    return [(g, k, v) for g in opt.param_groups for k, v in g.items() if k != "params" and torch.is_tensor(v)]
 
 
 def check(impl, example: DcpLoadRefused | DcpRestored, one_rank: WorldOfOne) -> None:
@@ -63,8 +74,9 @@ def check_refused(impl, example: DcpLoadRefused, one_rank: WorldOfOne) -> None:
     parameters) is as it was (SPEC 3.2.2, 3.2.5)."""
     _, saved = reference_checkpoint(one_rank)
     checkpoint = copy.deepcopy(saved)
-    example.change(checkpoint)
-    params, opt = _live(impl)
+    if example.change is not None:
+        example.change(checkpoint)
+    params, opt = _live(impl, example)
     before = hostile.snapshot(params, opt)
     try:
         impl.dcp_state(opt).load_state_dict(checkpoint)
@@ -80,11 +92,12 @@ def check_refused(impl, example: DcpLoadRefused, one_rank: WorldOfOne) -> None:
 
 
 def check_restored(impl, example: DcpRestored, one_rank: WorldOfOne) -> None:
-    """The checkpoint restored (``dcp.load`` or a direct ``load_state_dict()`` of its changed dict),
-    then re-saved at once: :func:`restore_checks.resaved_state` against the checkpoint finds
-    nothing."""
+    """The checkpoint restored (``dcp.load`` or a direct ``load_state_dict()`` of its changed dict):
+    every tensor destination of a group kept (filled in place), and the state re-saved at once
+    found by :func:`restore_checks.resaved_state` to hold the checkpoint's content."""
     path, saved = reference_checkpoint(one_rank)
-    _, opt = _live(impl)
+    _, opt = _live(impl, example)
+    destinations = _tensor_destinations(opt)
     try:
         if example.through_dcp:
             saving.load(impl, opt, path)
@@ -95,6 +108,9 @@ def check_restored(impl, example: DcpRestored, one_rank: WorldOfOne) -> None:
             impl.dcp_state(opt).load_state_dict(checkpoint)
     except Exception as exc:  # a refusal is the finding
         _fail(example, f"refused with {type(exc).__name__}: {exc}")
+    replaced = [k for g, k, v in destinations if g[k] is not v]
+    if replaced:
+        _fail(example, f"tensor destinations {replaced} replaced instead of filled in place (SPEC 3.5.5)")
     again = one_rank.path()
     try:
         saving.save(impl, opt, again, planner=False)

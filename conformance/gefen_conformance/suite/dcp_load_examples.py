@@ -7,7 +7,8 @@ trained two steps; its optimizer dict as the independent reader decodes it (plai
 at world size 1 are the local shards) is what a direct ``load_state_dict()`` is given (SPEC
 3.1.3), with the example's change. The live optimizer of the implementation is built from
 :data:`LIVE` (the same parameters, other hyperparameters) and trained three steps on other
-gradients, so that nothing a load should restore already holds the checkpoint's value.
+gradients, so that nothing a load should restore already holds the checkpoint's value; an
+example may then give one of its groups a chosen destination (``live(optimizer)``, SPEC 3.5.3).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ class DcpLoadRefused(Example):
     """A checkpoint dict the rule refuses, given straight to the adapter's ``load_state_dict()``:
     ``error`` naming ``words`` (SPEC 0.2.3), and the live optimizer unchanged (SPEC 3.2.5)."""
 
-    change: Callable  # change(checkpoint) in place
+    change: Callable | None  # change(checkpoint) in place
     words: str | None
     error: type = ValueError
+    live: Callable | None = None  # live(optimizer): a destination set before the load
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,12 @@ class DcpRestored(Example):
     checkpoint's header, identities, hyperparameters and counters exactly and its dense state
     re-quantized (SPEC 3.7.1, 5.6.14). ``change`` rewrites the dict into another form of the same
     content, given straight to ``load_state_dict()``; ``through_dcp`` restores the checkpoint as
-    written with ``dcp.load`` instead."""
+    written with ``dcp.load`` instead. A tensor destination of a group keeps its identity (SPEC
+    3.5.5)."""
 
     change: Callable | None = None
     through_dcp: bool = False
+    live: Callable | None = None  # live(optimizer): a destination set before the load
 
 
 def _slot(index: int, field: str) -> str:
@@ -92,6 +96,18 @@ def _both(*changes: Callable) -> Callable:
             c(sd)
 
     return change
+
+
+def _non_leaf_lr(optimizer) -> None:
+    """Group 0's lr an autograd intermediate: a view of a leaf that requires grad."""
+    leaf = torch.tensor([5e-3], dtype=torch.float64, requires_grad=True)
+    optimizer.param_groups[0]["lr"] = leaf[0]
+
+
+def _inference_lr(optimizer) -> None:
+    """Group 0's lr an inference tensor (float64: the saved value is stored exactly)."""
+    with torch.inference_mode():
+        optimizer.param_groups[0]["lr"] = torch.tensor(5e-3, dtype=torch.float64)
 
 
 def _counters_in_other_forms(sd: dict) -> None:
@@ -137,6 +153,9 @@ DCP_LOAD = [
     DcpLoadRefused("3.4.1", "vmean-step-missing", _drop(_slot(1, "vmean_step")), "missing state for slot"),
     DcpLoadRefused("3.4.1", "momentum-missing", _drop(_slot(0, "momentum")), "missing state for slot"),
     DcpRestored("3.4.5", "fresh-slot-by-name-only"),
+    # 3.5 hyperparameter staging: destinations gefen-x 0.5.0 leaves open
+    DcpLoadRefused("3.5.3", "non-leaf-lr-destination", None, "non-leaf", live=_non_leaf_lr),
+    DcpRestored("3.5.3", "inference-lr-destination", live=_inference_lr),
     # 3.6 re-blocking
     DcpRestored("3.6.1", "fresh-slot-not-reblocked"),
     DcpRestored("3.6.5", "counters-and-global-step-copied"),
