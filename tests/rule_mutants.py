@@ -805,6 +805,11 @@ def _filled_under_no_grad_only(group, staged):
         staged.destination.fill_(staged.value)
 
 
+def _storage_of(tensor):
+    """A tensor's whole storage as where its value lives: views of other elements alias too."""
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
 def _restore_with(**overrides):
     return mutant_tools.clone(
         reference_state, restore=mutant_tools.clone(reference_restore, **overrides)
@@ -856,6 +861,10 @@ DCP_LOAD = {
         ("lenient", "a non-leaf destination that requires grad filled under no_grad", None),
         ("wrong", "an inference-tensor destination filled outside inference mode", None),
     ],
+    "3.5.4": [
+        ("lenient", "destinations alias only when they are one tensor object", None),
+        ("strict", "destinations alias when they share storage", None),
+    ],
     "3.6.1": [("wrong", "fresh slots re-blocked as all-zero state", None)],
     "3.6.5": [("wrong", "restored counters restart at 1", None)],
     "3.7.1": [("wrong", "saved hyperparameters restored as fp32 values", _hypers_in_fp32)],
@@ -879,6 +888,10 @@ def _dcp_load_adapter(rule: str, kind: str, repair):
         "3.5.3": lambda: {
             "lenient": _staging_with(stage_hyperparameter=_non_leaf_staged_as_detached),
             "wrong": _staging_with(apply=_filled_under_no_grad_only),
+        }[kind],
+        "3.5.4": lambda: {
+            "lenient": _staging_with(_memory_of=lambda tensor: ("object", id(tensor))),
+            "strict": _staging_with(_memory_of=_storage_of),
         }[kind],
         "3.6.1": lambda: _restore_with(SlotReading=_every_non_empty_slot_materialized()),
         "3.6.5": lambda: _restore_with(_compact_state=_counters_restarted),

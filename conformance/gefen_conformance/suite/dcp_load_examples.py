@@ -110,6 +110,17 @@ def _inference_lr(optimizer) -> None:
         optimizer.param_groups[0]["lr"] = torch.tensor(5e-3, dtype=torch.float64)
 
 
+def _lrs_viewing(first: int, second: int) -> Callable:
+    """Both groups' lr views of one float64 tensor: of its elements ``first`` and ``second``."""
+
+    def live(optimizer) -> None:
+        shared = torch.zeros(2, dtype=torch.float64)
+        optimizer.param_groups[0]["lr"] = shared[first]
+        optimizer.param_groups[1]["lr"] = shared[second : second + 1]
+
+    return live
+
+
 def _counters_in_other_forms(sd: dict) -> None:
     """Every counter in another form the counter rule reads (SPEC 2.4.2): a Python int, an integral
     Python float, a one-element 1-D tensor."""
@@ -156,6 +167,9 @@ DCP_LOAD = [
     # 3.5 hyperparameter staging: destinations gefen-x 0.5.0 leaves open
     DcpLoadRefused("3.5.3", "non-leaf-lr-destination", None, "non-leaf", live=_non_leaf_lr),
     DcpRestored("3.5.3", "inference-lr-destination", live=_inference_lr),
+    # the saved lrs differ (1e-3, 2e-3): one element cannot hold both; two elements can
+    DcpLoadRefused("3.5.4", "lrs-view-one-element", None, "aliased", live=_lrs_viewing(0, 0)),
+    DcpRestored("3.5.4", "lrs-view-two-elements", live=_lrs_viewing(0, 1)),
     # 3.6 re-blocking
     DcpRestored("3.6.1", "fresh-slot-not-reblocked"),
     DcpRestored("3.6.5", "counters-and-global-step-copied"),
