@@ -964,6 +964,54 @@ def staging_mutant(rule: str, profile: str):
     return dataclasses.replace(base, dcp_state=adapter)
 
 
+# ------------------------------------------------------------------------------ DCP loads on two ranks
+
+
+class _CommitWithoutAgreement(reference_state.GefenDCPState):
+    """Every rank compares its layout with the others' first, then stages and commits on its own:
+    a rank that fails raises its own error, and the others commit what they staged."""
+
+    def load_state_dict(self, state_dict):
+        from gefen_reference.dcp import agreement
+
+        slots = reference_layout_module.collect_slots(self.optimizer)
+        agreement.require_identical_layouts(
+            [slot.identity() for slot in slots], agreement.DIVERGENT_LAYOUT_LOAD_MESSAGE
+        )
+        plan = reference_restore.stage(self.optimizer, state_dict)
+        self._slots = plan.slots
+        reference_restore.commit(self.optimizer, plan)
+
+
+#: rule id -> (what the adapter does, its adapter class): proven on two ranks by the case of
+#: ``test_hostile_checkpoints.test_refused_on_every_rank`` that only rank 0 can see
+#: (``nan-momentum``: the damaged row is rank 0's)
+AGREEMENT = {"3.2.3": ("no agreement: a rank that staged commits", _CommitWithoutAgreement)}
+
+
+def agreement_spec(rule: str, profile: str) -> str:
+    """The ``--impl`` spec of the two-rank mutant of ``rule`` (:data:`AGREEMENT`) in ``profile``:
+    each rank resolves it by this name."""
+    return f"tests.rule_mutants:agreement_{rule.replace('.', '_')}_{profile.replace('-', '_')}"
+
+
+def agreement_attempts(specs: list, path: str) -> list:
+    """Rank body: ``hostile.load_attempt`` of ``path`` by each implementation in ``specs``, in turn."""
+    from gefen_conformance.suite import hostile
+
+    return [hostile.load_attempt(registry.resolve(spec), path) for spec in specs]
+
+
+def _agreement_mutant(rule: str, profile: str):
+    base = _implementation(f"agreement-{rule}", registry.resolve("reference").make_optimizer, profile)
+    return dataclasses.replace(base, dcp_state=AGREEMENT[rule][1])
+
+
+for _rule in AGREEMENT:
+    for _profile in ("torch-exact", "tolerance"):
+        globals()[agreement_spec(_rule, _profile).partition(":")[2]] = _agreement_mutant(_rule, _profile)
+
+
 # ------------------------------------------------------------------------------ DCP adapter mutants
 
 
@@ -1039,6 +1087,7 @@ for _kind, (_rules, _, _) in ADAPTER_MUTANTS.items():
 
 __all__ = [
     "ADAPTER_MUTANTS",
+    "AGREEMENT",
     "CONSTRUCTOR",
     "DCP_LOAD",
     "LAYOUT",
@@ -1047,6 +1096,8 @@ __all__ = [
     "STAGING",
     "RuleMutant",
     "adapter_spec",
+    "agreement_attempts",
+    "agreement_spec",
     "dcp_load_mutants",
     "mutants",
     "restore_mutant",

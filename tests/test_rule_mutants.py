@@ -5,10 +5,10 @@ profiles; and the reference passes every example.
 The constructor's, the native load's and the step's rules are proven here in-process (their checks
 take milliseconds, tests/rule_mutants.py); so are the DCP load's that one process shows (SPEC
 3.1-3.7, the suite's checks called under a gloo group of one in this process: its examples, its
-hyperparameter staging examples and its hostile checkpoints). The 2-rank layout refusals of SPEC
-2.4.1 are proven by partial certifications in a subprocess (``-m proof``); rules that are single
-clauses are proven by the catalogue of tests/mutants.py, through
-tests/test_suite_catches_mutants.py."""
+hyperparameter staging examples and its hostile checkpoints), and the load's agreement (SPEC
+3.2.3) by one launcher call on two ranks. The 2-rank layout refusals of SPEC 2.4.1 are proven by
+partial certifications in a subprocess (``-m proof``); rules that are single clauses are proven by
+the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import dcp_load_checks, hostile, rule_checks, staging_examples
+from gefen_conformance.suite import test_hostile_checkpoints as hostile_tests
 from gefen_conformance.suite import test_hyper_staging as hyper_staging_tests
 from gefen_conformance.suite.dcp_load_examples import DCP_LOAD, DcpLoadRefused
 from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
@@ -104,6 +105,7 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
         | set(rule_mutants.LAYOUT)
         | set(rule_mutants.RESTORE)
         | set(rule_mutants.STAGING)
+        | set(rule_mutants.AGREEMENT)
     )
     unproven = named - killed
     assert not unproven - WITHOUT_A_MUTANT, (
@@ -196,6 +198,29 @@ def test_a_restore_mutant_is_failed_by_the_hostile_cases_of_its_rule(rule, profi
     assert problems, (
         f"the adapter with {rule_mutants.RESTORE[rule][0]!r} refuses every case of {rule} [{profile}]"
     )
+
+
+@pytest.mark.parametrize("rule", sorted(rule_mutants.AGREEMENT))
+def test_a_load_agreement_mutant_is_failed_on_two_ranks(rule, hostile_variants):
+    """``test_refused_on_every_rank[nan-momentum]`` (naming the rule) on two ranks, one launcher
+    call for both profiles' mutants: the damaged row is rank 0's, so rank 1 stages successfully
+    and, without the agreement, commits where every rank must raise."""
+    from gefen_conformance.harness import launch
+
+    assert _named(hostile_tests.test_refused_on_every_rank, rule)
+    specs = [rule_mutants.agreement_spec(rule, profile) for profile in PROFILES]
+    outcomes = launch.run(
+        rule_mutants.agreement_attempts,
+        2,
+        (specs, hostile_variants["nan-momentum"]),
+        timeout=60.0,
+        allow_failure=True,
+    )
+    for o in outcomes:
+        assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}"
+    for i, profile in enumerate(PROFILES):
+        accepted = [o.rank for o in outcomes if o.value[i]["error"] is None]
+        assert accepted, f"every rank refused nan-momentum without the agreement of {rule} [{profile}]"
 
 
 def _adapter_mutants():
