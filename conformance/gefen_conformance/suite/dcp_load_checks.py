@@ -56,6 +56,19 @@ def _live(impl, example):
     return params, opt
 
 
+def _given(saved: dict, example, params: dict) -> dict:
+    """A deep copy of the checkpoint dict with the example's change, its dense shards on the
+    parameters' device (where ``dcp.load`` would hand them over)."""
+    checkpoint = copy.deepcopy(saved)
+    if example.change is not None:
+        example.change(checkpoint)
+    device = next(iter(params.values())).device
+    for key, value in checkpoint.items():
+        if key.endswith((".momentum", ".second_moment")) and torch.is_tensor(value):
+            checkpoint[key] = value.to(device)
+    return checkpoint
+
+
 def _tensor_destinations(opt) -> list:
     return [(g, k, v) for g in opt.param_groups for k, v in g.items() if k != "params" and torch.is_tensor(v)]
 
@@ -73,10 +86,8 @@ def check_refused(impl, example: DcpLoadRefused, one_rank: WorldOfOne) -> None:
     naming its words, and the live optimizer (state, groups, tensor identities and versions, model
     parameters) is as it was (SPEC 3.2.2, 3.2.5)."""
     _, saved = reference_checkpoint(one_rank)
-    checkpoint = copy.deepcopy(saved)
-    if example.change is not None:
-        example.change(checkpoint)
     params, opt = _live(impl, example)
+    checkpoint = _given(saved, example, params)
     before = hostile.snapshot(params, opt)
     try:
         impl.dcp_state(opt).load_state_dict(checkpoint)
@@ -96,16 +107,13 @@ def check_restored(impl, example: DcpRestored, one_rank: WorldOfOne) -> None:
     every tensor destination of a group kept (filled in place), and the state re-saved at once
     found by :func:`restore_checks.resaved_state` to hold the checkpoint's content."""
     path, saved = reference_checkpoint(one_rank)
-    _, opt = _live(impl, example)
+    params, opt = _live(impl, example)
     destinations = _tensor_destinations(opt)
     try:
         if example.through_dcp:
             saving.load(impl, opt, path)
         else:
-            checkpoint = copy.deepcopy(saved)
-            if example.change is not None:
-                example.change(checkpoint)
-            impl.dcp_state(opt).load_state_dict(checkpoint)
+            impl.dcp_state(opt).load_state_dict(_given(saved, example, params))
     except Exception as exc:  # a refusal is the finding
         _fail(example, f"refused with {type(exc).__name__}: {exc}")
     replaced = [k for g, k, v in destinations if g[k] is not v]
