@@ -8,6 +8,13 @@ accepts (a legacy checkpoint not packed, a one-element counter tensor refused, s
 Every mutant is the reference with its input rewritten before the reference sees it (constructor
 arguments, or a deep copy of the checkpoint a load is given), or its result changed after: a
 valid input passes through untouched, so each differs from the reference on its rule alone.
+
+The DCP adapter's load rules (SPEC 3.1-3.7) have mutants of the same kinds, plus *wrong* ones
+that restore differently: the reference's adapter with the dict a load hands it repaired first
+(:data:`RESTORE`, proven by the hostile checkpoints; :data:`DCP_LOAD`), or with one function of
+its restore swapped in a module clone (:data:`DCP_LOAD`, :data:`STAGING`). All are proven
+in-process, under a gloo group of one; only the 2-rank layout refusals (:data:`LAYOUT`) run a
+partial certification in a subprocess.
 """
 
 from __future__ import annotations
@@ -20,10 +27,15 @@ import math
 import torch
 
 import gefen_reference as reference
+import gefen_reference.dcp.hyper_staging as reference_hyper_staging
+import gefen_reference.dcp.layout as reference_layout_module
+import gefen_reference.dcp.restore as reference_restore
+import gefen_reference.dcp.schema as reference_dcp_schema
+import gefen_reference.dcp.state as reference_state
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
-from . import rule_mutants_steps
+from . import mutant_tools, rule_mutants_steps
 
 # ------------------------------------------------------------------------------ constructor
 
@@ -659,6 +671,347 @@ RESTORE = {
 }
 
 
+# ------------------------------------------------------------------------------ DCP loads in one process
+
+_COUNTERS = ("format_version", "global_step", "deterministic", "slot_count", "group_count")
+
+
+def _header_of_the_target(optimizer, sd):
+    """Header entries the dict lacks taken from the target's own ``state_dict()``."""
+    from gefen_reference.dcp import GefenDCPState
+
+    missing = [k for k in reference_dcp_schema.HEADER_KEYS if k not in sd]
+    if missing:
+        own = GefenDCPState(optimizer).state_dict()
+        sd.update({k: own[k] for k in missing})
+
+
+def _group_count_of_the_target(optimizer, sd):
+    if "group_count" in sd:
+        sd["group_count"] = torch.tensor(len(optimizer.param_groups))
+
+
+def _hypers_per_live_group(optimizer, sd):
+    """One saved hyperparameter entry per live group: cut, or padded with the live group's values."""
+    if not isinstance(sd.get("param_group_hypers"), list):
+        return
+    saved = list(sd["param_group_hypers"])[: len(optimizer.param_groups)]
+    for group in optimizer.param_groups[len(saved) :]:
+        saved.append({k: float(group[k]) for k in reference_dcp_schema.HYPER_KEYS})
+    sd["param_group_hypers"] = saved
+
+
+def _all_counters(sd):
+    return [k for k in sd if k in _COUNTERS or k.endswith((".initialized", ".step", ".vmean_step"))]
+
+
+def _counters_coerced_to_ints(optimizer, sd):
+    for key in _all_counters(sd):
+        sd[key] = _counter(sd[key])
+
+
+def _only_scalar_tensor_counters(optimizer, sd):
+    """Counters read as DCP hands them over (0-dim tensors); any other form refused."""
+    for key in _all_counters(sd):
+        if not (torch.is_tensor(sd[key]) and sd[key].dim() == 0):
+            raise ValueError(f"Gefen DCP counter {key} must be a scalar tensor, got {sd[key]!r}")
+
+
+def _missing_slot_entries_backfilled(optimizer, sd):
+    """A slot's missing counters taken from its other counter (as a native load backfills
+    ``vmean_step`` from ``step``), missing dense entries read as zeros."""
+    from gefen_reference.dcp import layout as reference_layout
+
+    for slot in reference_layout.collect_slots(optimizer):
+        key = functools.partial(reference_dcp_schema.slot_key, slot.index)
+        counters = {f: sd[key(f)] for f in ("step", "vmean_step") if key(f) in sd}
+        for field in ("step", "vmean_step"):
+            sd.setdefault(key(field), next(iter(counters.values()), torch.tensor(0)))
+        sd.setdefault(key("initialized"), torch.tensor(int(int(sd[key("step")]) > 0), dtype=torch.uint8))
+        local = reference_layout.local_part(slot.parameter)
+        for field in ("momentum", "second_moment"):
+            sd.setdefault(key(field), torch.zeros(local.shape))
+
+
+def _hypers_in_fp32(optimizer, sd):
+    """Saved hyperparameters kept as fp32 values."""
+    for entry in sd.get("param_group_hypers", []):
+        for k in reference_dcp_schema.HYPER_KEYS:
+            entry[k] = float(torch.tensor(float(entry[k]), dtype=torch.float32))
+
+
+def _slots_before_the_header(optimizer, state_dict):
+    """Every slot read before the header is checked (SPEC 3.2.2 orders the header first)."""
+    slots = reference_layout_module.collect_slots(optimizer)
+    for slot in slots:
+        reference_restore._read_slot(state_dict, slot)
+    return reference_restore.stage(optimizer, state_dict)
+
+
+def _plain_tensors_refused(value):
+    """Dense entries read only as the placeholders ``state_dict()`` handed out, or DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    from gefen_reference.dcp import placeholder as reference_placeholder
+
+    if reference_placeholder.is_placeholder(value) or isinstance(value, DTensor):
+        return reference_restore.dense_value(value)
+    if torch.is_tensor(value):
+        raise ValueError(f"expected a placeholder or a DTensor, got a plain {type(value).__name__}")
+    return reference_restore.dense_value(value)
+
+
+def _fresh_slots_keep_counters(optimizer, readings):
+    new_state, codebook = reference_restore._compact_state(optimizer, readings)
+    for r in readings:
+        if not r.materialized:
+            new_state[r.slot.parameter].update(step=r.step, vmean_step=r.vmean_step)
+    return new_state, codebook
+
+
+def _counters_restarted(optimizer, readings):
+    """Bias correction restarted after the re-quantization: a restored slot's counters set to 1."""
+    new_state, codebook = reference_restore._compact_state(optimizer, readings)
+    for state in new_state.values():
+        if "step" in state:
+            state.update(step=1, vmean_step=1)
+    return new_state, codebook
+
+
+def _every_non_empty_slot_materialized():
+    @dataclasses.dataclass(frozen=True)
+    class SlotReading(reference_restore.SlotReading):
+        @property
+        def materialized(self) -> bool:
+            return self.momentum.numel() > 0
+
+    return SlotReading
+
+
+def _non_leaf_staged_as_detached(destination, saved_value, *, key):
+    """An autograd intermediate staged as its detached value: the commit fills it under no_grad."""
+    if torch.is_tensor(destination) and destination.requires_grad and not destination.is_leaf:
+        staged = reference_hyper_staging.stage_hyperparameter(destination.detach(), saved_value, key=key)
+        return dataclasses.replace(staged, destination=destination)
+    return reference_hyper_staging.stage_hyperparameter(destination, saved_value, key=key)
+
+
+def _filled_under_no_grad_only(group, staged):
+    """Every tensor destination filled under no_grad, an inference tensor too (which raises)."""
+    if not staged.in_place:
+        group[staged.key] = staged.value
+        return
+    with torch.no_grad():
+        staged.destination.fill_(staged.value)
+
+
+def _storage_of(tensor):
+    """A tensor's whole storage as where its value lives: views of other elements alias too."""
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
+def _restore_with(**overrides):
+    return mutant_tools.clone(
+        reference_state, restore=mutant_tools.clone(reference_restore, **overrides)
+    ).GefenDCPState
+
+
+def _dcp_state_of(adapter_class):
+    return lambda rule: lambda base, optimizer: adapter_class(optimizer)
+
+
+def _repairing(repair):
+    return lambda rule: (
+        lambda base, optimizer: _AdapterWithoutACheck(base.dcp_state(optimizer), optimizer, repair=repair)
+    )
+
+
+def _fresh_buffer_per_fetch():
+    from gefen_reference.dcp import placeholder as reference_placeholder
+
+    class FreshBufferPerFetch(reference_placeholder._DeferredDenseShard):
+        """DCP's destination built anew on every fetch: a load copies into a temporary."""
+
+        def __get_tensor_shard__(self, index):
+            return self._build()
+
+    return mutant_tools.clone(
+        reference_state,
+        placeholder=mutant_tools.clone(reference_placeholder, _DeferredDenseShard=FreshBufferPerFetch),
+    ).GefenDCPState
+
+
+#: rule id -> [(lenient|strict|wrong, what the adapter does, its adapter(base, optimizer))]: each
+#: the reference's adapter wrong in that rule alone, failed by an example of
+#: :data:`gefen_conformance.suite.dcp_load_examples.DCP_LOAD` (``tests/test_rule_mutants.py``).
+DCP_LOAD = {
+    "3.1.2": [("wrong", "DCP's copy lands in a temporary: the restore keeps the live dense state", None)],
+    "3.1.3": [("strict", "plain tensors of the local shard refused", None)],
+    "3.2.2": [("lenient", "every slot read before the header is checked", None)],
+    "3.3.1": [("lenient", "missing header entries taken from the target", _header_of_the_target)],
+    "3.3.4": [("lenient", "the group count taken from the target", _group_count_of_the_target)],
+    "3.3.6": [("lenient", "hyperparameter entries cut or padded to the live groups", _hypers_per_live_group)],
+    "3.3.8": [
+        ("lenient", "counters coerced to nonnegative ints", _counters_coerced_to_ints),
+        ("strict", "counters other than 0-dim tensors refused", _only_scalar_tensor_counters),
+    ],
+    "3.4.1": [("lenient", "missing slot entries backfilled", _missing_slot_entries_backfilled)],
+    "3.4.5": [("wrong", "a fresh slot keeps its counters in its state", None)],
+    "3.5.3": [
+        ("lenient", "a non-leaf destination that requires grad filled under no_grad", None),
+        ("wrong", "an inference-tensor destination filled outside inference mode", None),
+    ],
+    "3.5.4": [
+        ("lenient", "destinations alias only when they are one tensor object", None),
+        ("strict", "destinations alias when they share storage", None),
+    ],
+    "3.6.1": [("wrong", "fresh slots re-blocked as all-zero state", None)],
+    "3.6.5": [("wrong", "restored counters restart at 1", None)],
+    "3.7.1": [("wrong", "saved hyperparameters restored as fp32 values", _hypers_in_fp32)],
+}
+
+
+def _dcp_load_adapter(rule: str, kind: str, repair):
+    """``dcp_state(base, optimizer)`` of the mutant of ``rule``: a repair before the reference's
+    load, or a cloned adapter."""
+    if repair is not None:
+        return _repairing(repair)(rule)
+    adapter = {
+        "3.1.2": _fresh_buffer_per_fetch,
+        "3.1.3": lambda: _restore_with(dense_value=_plain_tensors_refused),
+        "3.2.2": lambda: (
+            mutant_tools.clone(
+                reference_state, restore=mutant_tools.proxy(reference_restore, stage=_slots_before_the_header)
+            ).GefenDCPState
+        ),
+        "3.4.5": lambda: _restore_with(_compact_state=_fresh_slots_keep_counters),
+        "3.5.3": lambda: {
+            "lenient": _staging_with(stage_hyperparameter=_non_leaf_staged_as_detached),
+            "wrong": _staging_with(apply=_filled_under_no_grad_only),
+        }[kind],
+        "3.5.4": lambda: {
+            "lenient": _staging_with(_memory_of=lambda tensor: ("object", id(tensor))),
+            "strict": _staging_with(_memory_of=_storage_of),
+        }[kind],
+        "3.6.1": lambda: _restore_with(SlotReading=_every_non_empty_slot_materialized()),
+        "3.6.5": lambda: _restore_with(_compact_state=_counters_restarted),
+    }[rule]()
+    return _dcp_state_of(adapter)(rule)
+
+
+@functools.cache
+def dcp_load_mutants(profile: str) -> list:
+    """Every DCP load rule mutant (:data:`DCP_LOAD`), declared in ``profile``."""
+    out = []
+    for rule, entries in DCP_LOAD.items():
+        for kind, what, repair in entries:
+            base = _implementation(
+                f"dcp-load-{rule}-{kind}", registry.resolve("reference").make_optimizer, profile
+            )
+            make = _dcp_load_adapter(rule, kind, repair)
+            impl = dataclasses.replace(base, dcp_state=functools.partial(make, base))
+            out.append(RuleMutant(rule, kind, what, impl))
+    return out
+
+
+# ------------------------------------------------------------------------------ hyperparameter staging
+
+
+def _filled_without_no_grad(group, staged):
+    """Every fill run as it comes: outside ``no_grad`` and inference mode."""
+    if not staged.in_place:
+        group[staged.key] = staged.value
+        return
+    staged.destination.fill_(staged.value)
+
+
+def _every_destination_replaced(group, staged):
+    """Every destination replaced by the saved value as a Python float, tensors included."""
+    group[staged.key] = staged.value
+
+
+def _staging_with(**overrides):
+    staging = mutant_tools.clone(reference_hyper_staging, **overrides)
+    return _restore_with(hyper_staging=staging)
+
+
+#: rule id -> (what the adapter does, its adapter class, the suite test that names the rule and runs
+#: the explicit examples the proof runs: ``LIMITS`` or ``OPEN_LIMITS`` of
+#: :mod:`gefen_conformance.suite.staging_examples`)
+STAGING = {
+    "3.5.3": (
+        "a destination filled outside no_grad (a leaf that requires grad raises during the commit)",
+        lambda: _staging_with(apply=_filled_without_no_grad),
+        "test_staging_matches_reference_with_autograd_and_aliased_destinations",
+    ),
+    "3.5.4": (
+        "aliased destinations not checked: the last fill wins",
+        lambda: _staging_with(check_aliases=lambda staged_groups: None),
+        "test_staging_matches_reference_with_autograd_and_aliased_destinations",
+    ),
+    "3.5.5": (
+        "a tensor destination replaced by a Python float instead of filled in place",
+        lambda: _staging_with(apply=_every_destination_replaced),
+        "test_staging_matches_reference",
+    ),
+}
+
+
+def staging_mutant(rule: str, profile: str):
+    """The implementation whose adapter is wrong in the staging rule ``rule`` (:data:`STAGING`)."""
+    base = _implementation(f"staging-{rule}", registry.resolve("reference").make_optimizer, profile)
+    adapter = STAGING[rule][1]()
+    return dataclasses.replace(base, dcp_state=adapter)
+
+
+# ------------------------------------------------------------------------------ DCP loads on two ranks
+
+
+class _CommitWithoutAgreement(reference_state.GefenDCPState):
+    """Every rank compares its layout with the others' first, then stages and commits on its own:
+    a rank that fails raises its own error, and the others commit what they staged."""
+
+    def load_state_dict(self, state_dict):
+        from gefen_reference.dcp import agreement
+
+        slots = reference_layout_module.collect_slots(self.optimizer)
+        agreement.require_identical_layouts(
+            [slot.identity() for slot in slots], agreement.DIVERGENT_LAYOUT_LOAD_MESSAGE
+        )
+        plan = reference_restore.stage(self.optimizer, state_dict)
+        self._slots = plan.slots
+        reference_restore.commit(self.optimizer, plan)
+
+
+#: rule id -> (what the adapter does, its adapter class): proven on two ranks by the case of
+#: ``test_hostile_checkpoints.test_refused_on_every_rank`` that only rank 0 can see
+#: (``nan-momentum``: the damaged row is rank 0's)
+AGREEMENT = {"3.2.3": ("no agreement: a rank that staged commits", _CommitWithoutAgreement)}
+
+
+def agreement_spec(rule: str, profile: str) -> str:
+    """The ``--impl`` spec of the two-rank mutant of ``rule`` (:data:`AGREEMENT`) in ``profile``:
+    each rank resolves it by this name."""
+    return f"tests.rule_mutants:agreement_{rule.replace('.', '_')}_{profile.replace('-', '_')}"
+
+
+def agreement_attempts(specs: list, path: str) -> list:
+    """Rank body: ``hostile.load_attempt`` of ``path`` by each implementation in ``specs``, in turn."""
+    from gefen_conformance.suite import hostile
+
+    return [hostile.load_attempt(registry.resolve(spec), path) for spec in specs]
+
+
+def _agreement_mutant(rule: str, profile: str):
+    base = _implementation(f"agreement-{rule}", registry.resolve("reference").make_optimizer, profile)
+    return dataclasses.replace(base, dcp_state=AGREEMENT[rule][1])
+
+
+for _rule in AGREEMENT:
+    for _profile in ("torch-exact", "tolerance"):
+        globals()[agreement_spec(_rule, _profile).partition(":")[2]] = _agreement_mutant(_rule, _profile)
+
+
 # ------------------------------------------------------------------------------ DCP adapter mutants
 
 
@@ -689,10 +1042,10 @@ class _AdapterWithoutACheck:
         return getattr(self._adapter, name)
 
 
-#: kind -> (its rules, the suite tests that name them, how the adapter leaves the rule's check out)
+#: kind -> (its rules, the suite tests that name them, how the adapter leaves the rule's check out):
+#: the 2-rank layout refusals, proven by a partial certification in a subprocess
 ADAPTER_MUTANTS = {
     "layout": (LAYOUT, "test_dcp_layout_rules", lambda rule: {"refused_with": LAYOUT[rule]}),
-    "restore": (RESTORE, "test_refused_without_mutation", lambda rule: {"repair": RESTORE[rule][1]}),
 }
 
 
@@ -702,6 +1055,19 @@ def _adapter_mutant(kind: str, rule: str, profile: str):
     return dataclasses.replace(
         base,
         dcp_state=lambda optimizer: _AdapterWithoutACheck(base.dcp_state(optimizer), optimizer, **left_out),
+    )
+
+
+def restore_mutant(rule: str, profile: str):
+    """The adapter that repairs what ``rule`` refuses (:data:`RESTORE`), declared in ``profile``: the
+    hostile cases of :mod:`gefen_conformance.suite.hostile` that break ``rule`` prove it in-process."""
+    base = _implementation(f"restore-{rule}", registry.resolve("reference").make_optimizer, profile)
+    repair = RESTORE[rule][1]
+    return dataclasses.replace(
+        base,
+        dcp_state=lambda optimizer: _AdapterWithoutACheck(
+            base.dcp_state(optimizer), optimizer, repair=repair
+        ),
     )
 
 
@@ -721,11 +1087,19 @@ for _kind, (_rules, _, _) in ADAPTER_MUTANTS.items():
 
 __all__ = [
     "ADAPTER_MUTANTS",
+    "AGREEMENT",
     "CONSTRUCTOR",
+    "DCP_LOAD",
     "LAYOUT",
     "NATIVE_LOAD",
     "RESTORE",
+    "STAGING",
     "RuleMutant",
     "adapter_spec",
+    "agreement_attempts",
+    "agreement_spec",
+    "dcp_load_mutants",
     "mutants",
+    "restore_mutant",
+    "staging_mutant",
 ]

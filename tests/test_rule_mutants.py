@@ -2,9 +2,13 @@
 implementation wrong in that rule alone, that a suite test naming the rule fails, in both
 profiles; and the reference passes every example.
 
-The constructor's and the native load's rules are proven here in-process (their checks are exact
-and take milliseconds, tests/rule_mutants.py); rules that are single clauses are proven by the
-catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
+The constructor's, the native load's and the step's rules are proven here in-process (their checks
+take milliseconds, tests/rule_mutants.py); so are the DCP load's that one process shows (SPEC
+3.1-3.7, the suite's checks called under a gloo group of one in this process: its examples, its
+hyperparameter staging examples and its hostile checkpoints), and the load's agreement (SPEC
+3.2.3) by one launcher call on two ranks. The 2-rank layout refusals of SPEC 2.4.1 are proven by
+partial certifications in a subprocess (``-m proof``); rules that are single clauses are proven by
+the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
 
 from __future__ import annotations
 
@@ -15,13 +19,18 @@ import pytest
 
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
-from gefen_conformance.suite import rule_checks
+from gefen_conformance.suite import dcp_load_checks, hostile, rule_checks, staging_examples
+from gefen_conformance.suite import test_hostile_checkpoints as hostile_tests
+from gefen_conformance.suite import test_hyper_staging as hyper_staging_tests
+from gefen_conformance.suite.dcp_load_examples import DCP_LOAD, DcpLoadRefused
 from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
+from gefen_conformance.suite.staging import StagingCase
 from gefen_conformance.suite.step_rule_examples import STEPPED
 
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
+from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
 EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
@@ -97,8 +106,11 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
     killed |= (
         {m.rule for m in rule_mutants.mutants("torch-exact")}
+        | {m.rule for m in rule_mutants.dcp_load_mutants("torch-exact")}
         | set(rule_mutants.LAYOUT)
         | set(rule_mutants.RESTORE)
+        | set(rule_mutants.STAGING)
+        | set(rule_mutants.AGREEMENT)
     )
     unproven = named - killed
     assert not unproven - WITHOUT_A_MUTANT, (
@@ -111,6 +123,111 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
     assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
 
 
+# ------------------------------------------------------------------------------ DCP loads in one process
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    with world_of_one() as world:
+        yield world
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("mutant", rule_mutants.dcp_load_mutants("torch-exact"), ids=lambda m: m.id)
+def test_a_dcp_load_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, one_rank):
+    (declared,) = [m for m in rule_mutants.dcp_load_mutants(profile) if m.id == mutant.id]
+    failures = []
+    for example in (e for e in DCP_LOAD if e.rule == mutant.rule):
+        try:
+            dcp_load_checks.check(declared.implementation, example, one_rank)
+        except AssertionError as failure:
+            failures.append(str(failure))
+    assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
+    assert all(f.startswith(f"SPEC {mutant.rule} (") for f in failures), failures
+
+
+@pytest.mark.parametrize("example", DCP_LOAD, ids=lambda e: f"{e.rule}-{e.what}")
+def test_the_reference_passes_every_dcp_load_example(example, one_rank):
+    dcp_load_checks.check(registry.resolve("reference"), example, one_rank)
+
+
+def test_every_rule_of_the_dcp_load_examples_has_its_mutants():
+    """A refusal needs a lenient mutant, a restore a strict or a wrong one."""
+    kinds = {(m.rule, m.kind) for m in rule_mutants.dcp_load_mutants("torch-exact")}
+    for example in DCP_LOAD:
+        wanted = {"lenient"} if isinstance(example, DcpLoadRefused) else {"strict", "wrong"}
+        assert {k for r, k in kinds if r == example.rule} & wanted, (example.rule, example.what)
+    assert {r for r, _ in kinds} <= {e.rule for e in DCP_LOAD}
+
+
+def _named(test, rule: str) -> bool:
+    return any(rule in m.args for m in getattr(test, "pytestmark", []) if m.name == "gefen_clause")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("rule", sorted(rule_mutants.STAGING))
+def test_a_staging_mutant_is_failed_by_the_property_naming_its_rule(rule, profile, one_rank):
+    """The explicit examples of the property that names ``rule`` (``LIMITS`` or ``OPEN_LIMITS``),
+    loaded by the staging mutant of ``rule``: one of them finds a problem."""
+    what, _, test_name = rule_mutants.STAGING[rule]
+    test = getattr(hyper_staging_tests, test_name)
+    assert _named(test, rule), f"{test_name} does not name {rule}"
+    examples = staging_examples.OPEN_LIMITS if "aliased" in test_name else staging_examples.LIMITS
+    impl = rule_mutants.staging_mutant(rule, profile)
+    for saved, dests in examples.values():
+        found = StagingCase(saved, dests).comparisons(impl, bitwise=profile == "torch-exact", world=one_rank)
+        if found.problems:
+            return
+    pytest.fail(f"the staging mutant of {rule} ({what}) passes every example of {test_name} [{profile}]")
+
+
+@pytest.fixture(scope="module")
+def hostile_variants(one_rank, tmp_path_factory):
+    return hostile.craft_all(str(tmp_path_factory.mktemp("hostile")))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("rule", sorted(rule_mutants.RESTORE))
+def test_a_restore_mutant_is_failed_by_the_hostile_cases_of_its_rule(rule, profile, hostile_variants):
+    """A DCP adapter that repairs what one rule of SPEC 3.3-3.5 refuses loads the hostile cases
+    that break that rule (``test_refused_without_mutation`` names the rule for each): one of them
+    is accepted or refused for another reason."""
+    impl = rule_mutants.restore_mutant(rule, profile)
+    cases = [case for case, (broken, _) in hostile.RULES.items() if broken == rule]
+    assert cases, f"no hostile case breaks {rule}"
+    problems = [
+        p
+        for case in cases
+        for p in hostile.refusal_problems(case, hostile.load_attempt(impl, hostile_variants[case]))
+    ]
+    assert problems, (
+        f"the adapter with {rule_mutants.RESTORE[rule][0]!r} refuses every case of {rule} [{profile}]"
+    )
+
+
+@pytest.mark.parametrize("rule", sorted(rule_mutants.AGREEMENT))
+def test_a_load_agreement_mutant_is_failed_on_two_ranks(rule, hostile_variants):
+    """``test_refused_on_every_rank[nan-momentum]`` (naming the rule) on two ranks, one launcher
+    call for both profiles' mutants: the damaged row is rank 0's, so rank 1 stages successfully
+    and, without the agreement, commits where every rank must raise."""
+    from gefen_conformance.harness import launch
+
+    assert _named(hostile_tests.test_refused_on_every_rank, rule)
+    specs = [rule_mutants.agreement_spec(rule, profile) for profile in PROFILES]
+    outcomes = launch.run(
+        rule_mutants.agreement_attempts,
+        2,
+        (specs, hostile_variants["nan-momentum"]),
+        timeout=60.0,
+        allow_failure=True,
+    )
+    for o in outcomes:
+        assert o.status == "ok", f"rank {o.rank} {o.status}: {o.message}"
+    for i, profile in enumerate(PROFILES):
+        accepted = [o.rank for o in outcomes if o.value[i]["error"] is None]
+        assert accepted, f"every rank refused nan-momentum without the agreement of {rule} [{profile}]"
+
+
 def _adapter_mutants():
     for kind, (rules_of_kind, _, _) in rule_mutants.ADAPTER_MUTANTS.items():
         for rule in sorted(rules_of_kind):
@@ -121,12 +238,10 @@ def _adapter_mutants():
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("kind,rule", _adapter_mutants())
 def test_an_adapter_mutant_is_failed_by_the_test_naming_its_rule(kind, rule, profile, tmp_path):
-    """A DCP adapter without one layout refusal of SPEC 2.4.1 (a 2-rank partial certification), or
-    one that repairs what one rule of SPEC 3.3-3.5 refuses (one-process hostile loads)."""
+    """A DCP adapter without one layout refusal of SPEC 2.4.1 (a 2-rank partial certification)."""
     selection = rule_mutants.ADAPTER_MUTANTS[kind][1]
     cert = run_suite(rule_mutants.adapter_spec(kind, rule, profile), selection, tmp_path)
     assert failures(cert) > 0, f"the adapter without {rule}'s check survived [{profile}]: {cert['summary']}"
     failed = {c for t in failed_tests(cert) for c in t["clauses"]}
     assert rule in failed, f"{rule} [{profile}]: the failing tests name {sorted(failed)}"
-    if kind == "layout":
-        assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"
+    assert failures(cert) < len(cert["tests"]) - 1, "more than its own rule's layouts failed"

@@ -52,6 +52,8 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.7.4": "out-of-scope",
         "2.4.1#1": "out-of-scope",
         "2.4.1#9": "out-of-scope",
+        "3.1.1": "out-of-scope",
+        "3.10.2": "out-of-scope",
     }
 
 

@@ -103,6 +103,7 @@ def parse(text: str) -> list[Rule]:
     clause_line = 0
     numbered: set[str] = set()  # clauses that number their rules
     table_header: list[str] | None = None
+    informative = False  # inside a paragraph that calls itself informative
 
     def add(rule_id: str, line: int, body: str) -> None:
         if rule_id in rules:
@@ -111,7 +112,7 @@ def parse(text: str) -> list[Rule]:
         order.append(rule_id)
 
     def close_clause() -> None:
-        if clause and clause not in numbered and clause_text and not _INFORMATIVE.match(clause_text[0]):
+        if clause and clause not in numbered and any(t.strip() for t in clause_text):
             add(clause, clause_line, " ".join(clause_text))
 
     lines = text.splitlines()
@@ -134,8 +135,14 @@ def parse(text: str) -> list[Rule]:
         if opened and opened.group(1).startswith(section + "."):
             close_clause()
             clause, clause_line, clause_text, table_header = opened.group(1), number, [], None
-            line = opened.group(2)
+            line, informative = opened.group(2), False
         elif clause is None:
+            continue
+        if not line.strip():
+            informative = False
+        elif informative or _INFORMATIVE.match(line):
+            # the informative paragraph runs to the next blank line
+            informative = True
             continue
         bound = _TORCH_EXACT_ONLY.match(line)
         if bound:
@@ -176,8 +183,6 @@ def parse(text: str) -> list[Rule]:
                 add(f"{clause}#{cells[0]}", number, " | ".join(cells[1:]))
             continue
         table_header = None
-        if _INFORMATIVE.match(line):
-            continue
         item = _ITEM.match(line)
         if item:
             numbered.add(clause)

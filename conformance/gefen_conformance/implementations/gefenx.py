@@ -110,6 +110,18 @@ EXPECTED_FAILURES = {
         "case gefen-x leaves open (SPEC 3.5.3): filling a leaf tensor that requires grad raises "
         "RuntimeError from autograd (nothing changes), where the reference fills it under no_grad"
     ),
+    "test_dcp_load_rules.py::test_dcp_load_rule[non-leaf-lr-destination]": (
+        "documented difference (SPEC 3.9, L4): a view of a leaf that requires grad is filled during the "
+        "commit, which raises RuntimeError from autograd after the state was replaced (half-applied)"
+    ),
+    "test_dcp_load_rules.py::test_dcp_load_rule[inference-lr-destination]": (
+        "documented difference (SPEC 3.9, L5): an inference-tensor lr is filled outside inference mode "
+        "during the commit, which raises RuntimeError after the state was replaced (half-applied)"
+    ),
+    "test_dcp_load_rules.py::test_dcp_load_rule[lrs-view-one-element]": (
+        "documented difference (SPEC 3.9, L6): two groups' lr views of one element are filled in turn, "
+        "so both groups silently get the last group's lr"
+    ),
     "test_input_space.py::test_group_added_after_steps_matches_reference": (
         "documented difference (SPEC 1.14, D15): a group added after a load carries torch's "
         "differentiable key in its state_dict()"
