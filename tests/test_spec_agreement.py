@@ -25,8 +25,8 @@ CITING = [
 TESTING = ["conformance/gefen_conformance/suite", "tests", "examples/gefen-fast/tests"]
 
 #: Normative clauses no test cites yet. Each is checked elsewhere without naming it (the bitwise
-#: parity of the reference with gefen-x checks 1.13's primitives, every DCP
-#: scenario runs 3.1's call sequence) or is a harness rule whose tests name the section above it.
+#: parity of the reference with gefen-x checks 1.13's primitives, every DCP scenario runs 3.4's
+#: entries) or is a harness rule whose tests name the section above it.
 UNCITED = {
     "1.10.2",
     "1.10.5",
@@ -38,9 +38,6 @@ UNCITED = {
     "1.13.4",
     "1.13.6",
     "1.13.7",
-    "3.1.1",
-    "3.1.3",
-    "3.1.4",
     "3.4.1",
     "3.4.2",
     "3.4.3",
