@@ -2,7 +2,8 @@
 
     python benchmarks/scale_tier.py [--out benchmarks/scale_tier.results.txt] [--only NAME ...]
 
-For every case of the scale tier (gefen_conformance.suite.scale_examples.SCALE): the wall time and
+For every case of the scale tier (gefen_conformance.suite.scale_examples.SCALE, and the long life of
+10,050 steps from construction): the wall time and
 peak memory of the reference judged against itself, as `certify --tier scale` judges an
 implementation; then every scale mutant of tests/mutants_scale.py against its case, in each profile
 it names: caught or not, and its time. Each item runs in a fresh process, so that its peak
@@ -33,7 +34,7 @@ from tests.test_scale_mutants import problems
 kind, name, profile = sys.argv[1:4]
 start = time.perf_counter()
 if kind == "case":
-    found = problems(registry.resolve("reference"), SCALE[name])
+    found = problems(registry.resolve("reference"), "long_life" if name == "long_life" else SCALE[name])
 else:
     from tests.mutants_scale import case_of
     found = problems(implementation(name, profile), case_of(name))
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
         "|---|---:|---:|---:|",
     ]
     total = 0.0
-    for name in sorted(SCALE):
+    for name in [*sorted(SCALE), "long_life"]:
         if args.only and name not in args.only:
             continue
         result = _run("case", name, "torch-exact")
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
         _, _, case, profiles, _ = SCALE_MUTANTS[name]
         for profile in profiles:
             result = _run("mutant", name, profile)
-            caught = "yes" if result.get("count") else "NO"
+            caught = "error" if "error" in result else "yes" if result.get("count") else "NO"
             first = (result.get("problems") or [""])[0].replace("|", "/")[:100]
             seconds = result.get("seconds", float("nan"))
             lines.append(f"| {name} | {case} | {profile} | {caught} | {seconds:.1f} | {first} |")
