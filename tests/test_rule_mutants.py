@@ -16,7 +16,15 @@ import pytest
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import rule_checks
-from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
+from gefen_conformance.suite.rule_examples import (
+    CONSTRUCTOR,
+    NATIVE_LOAD,
+    NATIVE_STATE,
+    Built,
+    LoadAccepted,
+    RoundTrip,
+    Stepped,
+)
 from gefen_conformance.suite.step_rule_examples import STEPPED
 
 from . import rule_mutants
@@ -24,7 +32,7 @@ from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + STEPPED
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -35,6 +43,8 @@ WITHOUT_A_MUTANT = rules.unproven()  # fmt: skip
 def _check(example):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
+    if example in NATIVE_STATE:
+        return rule_checks.check_native_state
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
 
 
@@ -43,7 +53,7 @@ def _kind(example) -> str:
     wrong one."""
     if isinstance(example, Stepped):
         return "wrong"
-    return "strict" if isinstance(example, (Built, LoadAccepted)) else "lenient"
+    return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip)) else "lenient"
 
 
 @pytest.mark.parametrize("profile", PROFILES)

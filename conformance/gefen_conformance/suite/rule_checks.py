@@ -22,7 +22,15 @@ from gefen_conformance import judging
 from gefen_conformance.certificate import numeric_profile
 from gefen_conformance.implementations.contract import FACTORED_V
 from gefen_conformance.suite import protocol
-from gefen_conformance.suite.rule_examples import Built, LoadAccepted, LoadRefused, Refused, Stepped
+from gefen_conformance.suite.rule_examples import (
+    Built,
+    LoadAccepted,
+    LoadRefused,
+    Refused,
+    RoundTrip,
+    Stepped,
+    feed,
+)
 from gefen_conformance.suite.space_checks import InputSpaceCase
 from gefen_conformance.workload import models, runs
 
@@ -38,6 +46,8 @@ def _fail(example, problem: str) -> None:
 
 def check_constructor(impl, example: Refused | Built) -> None:
     """The constructor refuses ``example`` with its error naming its words, or builds it as the rule says."""
+    if isinstance(example, Built) and example.requires is not None and not impl.has(example.requires):
+        pytest.skip(f"SPEC {example.rule}: needs {example.requires}")
     device = models.device_for(impl.make_optimizer)
     given, kwargs = example.call(device)
     try:
@@ -52,9 +62,46 @@ def check_constructor(impl, example: Refused | Built) -> None:
         return
     if isinstance(example, Refused):
         _fail(example, f"accepted; expected {example.error.__name__}" + _naming(example.words))
-    problem = example.holds(optimizer, given)
+    problem = example.holds(optimizer, given, kwargs)
     if problem:
         _fail(example, problem)
+
+
+def check_native_state(impl, example: Built | RoundTrip) -> None:
+    """What the implementation's native state dict shows (a :class:`Built` example), or a native
+    round trip (:func:`check_round_trip`)."""
+    if isinstance(example, RoundTrip):
+        check_round_trip(impl, example)
+    else:
+        check_constructor(impl, example)
+
+
+def check_round_trip(impl, example: RoundTrip) -> None:
+    """Two optimizers of ``impl`` built by the example's call: the first steps ``before`` times, the
+    second loads a deep copy of its state dict over parameters holding the same values; then both
+    step ``after`` times with the same gradients and MUST stay bitwise identical (SPEC 1.12.10)."""
+    device = models.device_for(impl.make_optimizer)
+    params, kwargs = example.call(device)
+    original = impl.make_optimizer(params, **kwargs)
+    for i in range(example.before):
+        feed(original, i)
+    again, kwargs_again = example.call(device)
+    with torch.no_grad():
+        for (_, a), (_, b) in zip(params, again):
+            b.copy_(a)
+    restored = impl.make_optimizer(again, **kwargs_again)
+    restored.load_state_dict(copy.deepcopy(original.state_dict()))
+    for i in range(example.before, example.before + example.after):
+        feed(original, i)
+        feed(restored, i)
+        differences = _differences(runs.native_state(original), runs.native_state(restored), "state_dict()")
+        differences += _differences(
+            [a.detach().cpu() for _, a in params], [b.detach().cpu() for _, b in again], "parameters"
+        )
+        if differences:
+            _fail(
+                example, f"after step {i + 1}, the restored optimizer differs: " + "; ".join(differences[:5])
+            )
 
 
 def _naming(words) -> str:
