@@ -1,4 +1,4 @@
-"""Rule mutants of the step (SPEC 1.5-1.10, 1.13): for each rule the suite certifies from the
+"""Rule mutants of the step (SPEC 1.4-1.10, 1.13): for each rule the suite certifies from the
 step's examples (:mod:`gefen_conformance.suite.step_rule_examples`), the reference with the one
 source edit that breaks that rule (tests/source_mutants.py), as a kernel that gets that rule wrong
 computes it. Each is ``wrong`` in the sense of tests/test_rule_mutants.py: it steps, differently.
@@ -10,6 +10,16 @@ to the reference's current source.
 from __future__ import annotations
 
 from .source_mutants import mutated_gefen
+
+#: SPEC 1.4: a tensor learning rate in the step's formulas.
+TENSOR_LR = {
+    "1.4.3": [
+        (
+            "the tensor lr handed to the formulas as a tensor: the decay factor in the lr's dtype",
+            {"optimizer": ('lr=scalar_lr(group["lr"]),', 'lr=group["lr"],')},
+        )
+    ],
+}
 
 #: SPEC 1.5: the period search.
 PERIODS: dict = {}
@@ -36,7 +46,7 @@ CALLS: dict = {}
 #: SPEC 1.13: torch semantics.
 TORCH_SEMANTICS: dict = {}
 
-STEP = {**PERIODS, **CODEBOOK, **BLOCK_STEP, **FACTORED_STEP, **CALLS, **TORCH_SEMANTICS}
+STEP = {**TENSOR_LR, **PERIODS, **CODEBOOK, **BLOCK_STEP, **FACTORED_STEP, **CALLS, **TORCH_SEMANTICS}
 
 
 def make_optimizers() -> list:

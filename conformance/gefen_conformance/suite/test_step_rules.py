@@ -1,4 +1,4 @@
-"""The rules a step states, one example per rule and input (SPEC 1.5-1.10, 1.13): each example is
+"""The rules a step states, one example per rule and input (SPEC 1.4-1.10, 1.13): each example is
 an input-space case built so that its rule decides the outcome, stepped by the reference and by the
 implementation and compared under the run's numeric profile (SPEC 4.3.10, 5.6).
 
