@@ -75,6 +75,21 @@ def test_the_reference_passes_every_example(example):
     _check(example)(registry.resolve("reference"), example)
 
 
+TABLES = {
+    "constructor": CONSTRUCTOR,
+    "native-load": NATIVE_LOAD,
+    "native-state": NATIVE_STATE,
+    "stepped": STEPPED,
+}
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_every_example_is_named_once_in_its_test(table):
+    """An example's ``what`` is its test id: two alike would be told apart only by pytest's suffixes."""
+    names = [e.what for e in TABLES[table]]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+
+
 def test_every_rule_of_the_examples_has_its_mutants():
     """:func:`_kind`: each rule's examples have the mutants of their kind."""
     kinds = {(m.rule, m.kind) for m in rule_mutants.mutants("torch-exact")}

@@ -451,7 +451,7 @@ NAMES = [
         _names((["w", "w", "w"], "FFF")),
     ),
     Built("1.3.4", "int-name", _params(lambda d: [(3, _p(d))]), _names((["3"], "F"))),
-    Built("1.3.4", "bare-tensor", lambda d: (_p(d), {}), _names((["param_0"], "T"))),
+    Built("1.3.4", "bare-tensor-named", lambda d: (_p(d), {}), _names((["param_0"], "T"))),
     Built(
         "1.3.4",
         "four-groups",
