@@ -36,6 +36,16 @@ CONSTRUCTOR = {
             {"optimizer": ("        verbose: bool = False,\n", "")},
         ),
         ("strict", "betas defaulting to (0.9, 0.99)", {"optimizer": ("(0.9, 0.999),", "(0.9, 0.99),")}),
+        (
+            "strict",
+            "factored_v_2d defaulting to False",
+            {"optimizer": ("factored_v_2d: bool = True,", "factored_v_2d: bool = False,")},
+        ),
+        (
+            "strict",
+            "force_1d_period_one defaulting to True",
+            {"optimizer": ("force_1d_period_one: bool = False,", "force_1d_period_one: bool = True,")},
+        ),
     ],
     "1.1.2#12": [
         (

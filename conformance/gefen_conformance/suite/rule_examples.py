@@ -962,9 +962,28 @@ def _frozen(device) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.ones(16, device=device), requires_grad=False)
 
 
-#: SPEC 1.1.5 (what an option means), 1.1.7 (after construction), 1.2.6, 1.3.1, 1.3.5 and 1.11:
+def _option_defaults(sd, optimizer) -> str | None:
+    """With no option given: the 2-D parameter factored, neither period forced to 1, untagged."""
+    w, b = sd["state"][0], sd["state"][1]
+    if "v_row" not in w or "vmean" in w:
+        return f"the 2-D parameter's entry {sorted(w)}: not factored (factored_v_2d defaults to True)"
+    periods = (w["automatic_period"], b["automatic_period"])
+    if 1 in periods:
+        return f"periods {periods}: one forced to 1 (the options default to False)"
+    return None if sd["gefen_deterministic"] is False else "deterministic is not False by default"
+
+
+#: SPEC 1.1.1 (the options' defaults), 1.1.5 (what an option means), 1.1.7 (after construction),
+#: 1.2.6, 1.3.1, 1.3.5 and 1.11:
 #: what the native state dict shows, and a native round trip (SPEC 1.12.10).
 NATIVE_STATE = [
+    Built(
+        "1.1.1",
+        "option-defaults",
+        lambda d: ([("w", _p(d, 8, 16)), ("b", _p(d, 64))], {}),
+        _stepped(1, _saved(_option_defaults)),
+        requires=FACTORED_V,
+    ),
     Built(
         "1.1.5",
         "period-one-substrings-lowercased",
