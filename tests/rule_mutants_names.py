@@ -400,7 +400,28 @@ NATIVE_LOAD = {
     ],
 }
 
-RULES = {**CONSTRUCTOR, **GROUPS, **NAMES, **TENSOR_LR, **NATIVE_STATE, **NATIVE_LOAD}
+#: SPEC 1.12.11: a native load into DTensor parameters.
+SHARDED_LOAD = {
+    "1.12.11#2": [
+        (
+            "lenient",
+            "per-parameter state of a native checkpoint loaded into DTensor parameters",
+            {
+                "native_state": (
+                    "        _refuse_tensor_state_for_dtensors(saved_state, codebook)\n",
+                    "        pass\n",
+                )
+            },
+        ),
+        (
+            "strict",
+            "a never-stepped checkpoint refused for DTensor parameters",
+            {"native_state": ("    if carried:\n", "    if True:\n")},
+        ),
+    ],
+}
+
+RULES = {**CONSTRUCTOR, **GROUPS, **NAMES, **TENSOR_LR, **NATIVE_STATE, **NATIVE_LOAD, **SHARDED_LOAD}
 
 
 def make_optimizers() -> list:

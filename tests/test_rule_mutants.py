@@ -20,9 +20,11 @@ from gefen_conformance.suite.rule_examples import (
     CONSTRUCTOR,
     NATIVE_LOAD,
     NATIVE_STATE,
+    SHARDED_LOAD,
     Built,
     LoadAccepted,
     RoundTrip,
+    ShardedLoad,
     Stepped,
 )
 from gefen_conformance.suite.step_rule_examples import STEPPED
@@ -30,9 +32,10 @@ from gefen_conformance.suite.step_rule_examples import STEPPED
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
+from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -43,9 +46,21 @@ WITHOUT_A_MUTANT = rules.unproven()  # fmt: skip
 def _check(example):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
+    if isinstance(example, ShardedLoad):
+        return _in_a_world_of_one(rule_checks.check_sharded_load)
     if example in NATIVE_STATE:
         return rule_checks.check_native_state
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
+
+
+def _in_a_world_of_one(check):
+    """``check`` run in an in-process group of one, as the suite's ``gefen_one_rank`` runs it."""
+
+    def run(impl, example):
+        with world_of_one():
+            check(impl, example)
+
+    return run
 
 
 def _kind(example) -> str:
@@ -53,6 +68,8 @@ def _kind(example) -> str:
     wrong one."""
     if isinstance(example, Stepped):
         return "wrong"
+    if isinstance(example, ShardedLoad):
+        return "lenient" if example.steps else "strict"
     return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip)) else "lenient"
 
 

@@ -1067,3 +1067,28 @@ NATIVE_STATE = [
         ),
     ),
 ]
+
+
+# ------------------------------------------------------------------------------ DTensor parameters
+
+
+@dataclass(frozen=True)
+class ShardedLoad(Example):
+    """A native load into an optimizer over DTensor parameters (SPEC 1.12.11), in the process group
+    of one the caller holds: the checkpoint is the reference's over plain parameters of the same
+    shapes (:data:`SHARDED`), stepped ``steps`` times, its group 0 saved with ``lr = 0.5`` and other
+    names. Never stepped, it loads: its hyperparameters and names replace the live ones, and the next
+    step is a fresh optimizer's. Stepped, it is refused with ValueError naming ``DTensor`` and
+    nothing changes."""
+
+    steps: int
+
+
+#: The parameters of a sharded-load example: ``(caller name, shape)``.
+SHARDED = (("w", (8, 16)), ("b", (16,)))
+
+#: SPEC 1.12.11: native loads into DTensor parameters.
+SHARDED_LOAD = [
+    ShardedLoad("1.12.11#2", "never-stepped-loads", 0),
+    ShardedLoad("1.12.11#2", "stepped-refused", 1),
+]
