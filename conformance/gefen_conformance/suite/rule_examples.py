@@ -786,9 +786,10 @@ NATIVE_LOAD = [
 
 @dataclass(frozen=True)
 class RoundTrip(Example):
-    """``load_state_dict(state_dict())`` into a fresh optimizer built the same way (``call``) after
-    ``before`` steps, then ``after`` identical steps of both: the two MUST stay bitwise identical
-    (SPEC 1.12.10), in every profile (an implementation is compared with itself)."""
+    """``load_state_dict(state_dict())`` into a fresh optimizer built the same way (``call``, whose
+    parameters are ``(name, tensor)`` pairs) after ``before`` steps, then ``after`` identical steps
+    of both: the two MUST stay bitwise identical (SPEC 1.12.10), in every profile (an implementation
+    is compared with itself)."""
 
     call: Callable
     before: int = 2
