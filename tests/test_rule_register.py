@@ -46,6 +46,8 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.1.2#9": "reference-only",
         "1.1.2#10": "reference-only",
         "1.1.4": "out-of-scope",
+        "1.3.7": "out-of-scope",
+        "1.3.8": "out-of-scope",
         "2.4.1#1": "out-of-scope",
         "2.4.1#9": "out-of-scope",
     }
