@@ -1,6 +1,12 @@
-"""The examples of the rules the constructor and a native load state (SPEC 1.1.2, 1.1.6, 1.12):
-one row per rule example, each making exactly one thing invalid (SPEC 1.1.4) or showing one input
-a rule accepts. :mod:`gefen_conformance.suite.rule_checks` runs them.
+"""The examples of the rules the constructor, a native state dict and a native load state (SPEC
+1.1-1.4, 1.11, 1.12): one row per rule example, each making exactly one thing invalid (SPEC 1.1.4)
+or showing one input a rule accepts and what it builds. :mod:`gefen_conformance.suite.rule_checks`
+runs them.
+
+The tables: :data:`CONSTRUCTOR` (its validation, signature, groups, names and a tensor ``lr``, as
+``defaults`` and ``param_groups`` show them), :data:`NATIVE_STATE` (what ``state_dict()`` shows,
+after at most two seeded steps, and a round trip), :data:`NATIVE_LOAD` and :data:`SHARDED_LOAD`
+(loads into DTensor parameters).
 
 A constructor example builds its call from the device (``call(device) -> (params, kwargs)``); a load
 example changes a deep copy of the reference's native checkpoint in place
