@@ -1,11 +1,12 @@
-"""Checks of the rules, one example at a time: the constructor's and the native load's (SPEC 1.1.2,
-1.1.6, 1.12) and the step's (SPEC 1.5-1.10, 1.13): the suite's tests call them with the
-implementation under test, and the project's rule mutants prove each can fail. A check raises
-AssertionError whose message starts with the rule id and the example
+"""Checks of the rules, one example at a time: the constructor's, the native state dict's and the
+native load's (SPEC 1.1-1.4, 1.11, 1.12) and the step's (SPEC 1.4-1.10, 1.13): the suite's tests
+call them with the implementation under test, and the project's rule mutants prove each can fail.
+A check raises AssertionError whose message starts with the rule id and the example
 (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
 
-Errors and loads are exact in every numeric profile: a refusal names its problem and changes
-nothing (SPEC 1.12.9), and an accepted checkpoint loads exactly as the reference loads it. Steps are
+Errors, state dicts and loads are exact in every numeric profile: a refusal names its problem and
+changes nothing (SPEC 1.12.9), an accepted checkpoint loads exactly as the reference loads it, and
+what a state dict shows (keys, types, dtypes, shapes, names, counters) is what its rule states. Steps are
 judged as the input space judges them (SPEC 4.3.10): what is exact in every profile (periods,
 counters, codebooks, indices where blocks normalize exactly) exactly, the rest under the profile.
 """
