@@ -1,5 +1,7 @@
 """Rule mutants: for each rule the suite certifies from the constructor's and the native load's
-examples (SPEC 1.1.2, 1.1.6, 1.12.2-1.12.7), an implementation correct in everything but that rule.
+examples (SPEC 1.1.2, 1.1.6, 1.12.2-1.12.7), an implementation correct in everything but that rule
+(those of the signature, groups, names and the native state dict are source edits of the reference,
+tests/rule_mutants_names.py; the step's, tests/rule_mutants_steps.py).
 
 A *lenient* mutant lacks a refusal: it repairs what the rule refuses and goes on, as a backend
 without the check does (``betas`` of three items truncated, a ``format_version`` it does not know
@@ -35,7 +37,7 @@ import gefen_reference.dcp.state as reference_state
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
-from . import mutant_tools, rule_mutants_steps
+from . import mutant_tools, rule_mutants_names, rule_mutants_steps
 
 # ------------------------------------------------------------------------------ constructor
 
@@ -562,6 +564,9 @@ def mutants(profile: str) -> list:
                 f"rule-{rule}-{kind}", _load_mutant(rewrite, (when or ["before"])[0]), profile
             )
             out.append(RuleMutant(rule, kind, what, impl))
+    for rule, kind, n, what, make_optimizer in rule_mutants_names.make_optimizers():
+        impl = _implementation(f"rule-{rule}-{kind}-{n}", make_optimizer, profile)
+        out.append(RuleMutant(rule, kind, what, impl, n))
     for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
         impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
         out.append(RuleMutant(rule, "wrong", what, impl, n))

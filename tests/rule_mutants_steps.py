@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from .source_mutants import mutated_gefen
 
+#: Section 1.4: a tensor learning rate in the step's formulas.
+TENSOR_LR = {
+    "1.4.3": [
+        (
+            "the tensor lr handed to the formulas as a tensor: the decay factor in the lr's dtype",
+            {"optimizer": ('lr=scalar_lr(group["lr"]),', 'lr=group["lr"],')},
+        )
+    ],
+}
+
 #: Section 1.5: the period search.
 PERIODS = {
     "1.5.1": [
@@ -137,7 +147,7 @@ PERIODS = {
     ],
 }
 
-#: SPEC 1.6 and 1.7: the codebook and the nearest codeword.
+#: Sections 1.6 and 1.7: the codebook and the nearest codeword.
 CODEBOOK = {
     "1.6.2": [
         (
@@ -252,7 +262,7 @@ TORCH_SEMANTICS = {
     ],
 }
 
-STEP = {**PERIODS, **CODEBOOK, **BLOCK_STEP, **FACTORED_STEP, **CALLS, **TORCH_SEMANTICS}
+STEP = {**TENSOR_LR, **PERIODS, **CODEBOOK, **BLOCK_STEP, **FACTORED_STEP, **CALLS, **TORCH_SEMANTICS}
 
 
 def make_optimizers() -> list:

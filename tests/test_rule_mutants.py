@@ -23,7 +23,17 @@ from gefen_conformance.suite import dcp_load_checks, hostile, rule_checks, stagi
 from gefen_conformance.suite import test_hostile_checkpoints as hostile_tests
 from gefen_conformance.suite import test_hyper_staging as hyper_staging_tests
 from gefen_conformance.suite.dcp_load_examples import DCP_LOAD, DcpLoadRefused
-from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
+from gefen_conformance.suite.rule_examples import (
+    CONSTRUCTOR,
+    NATIVE_LOAD,
+    NATIVE_STATE,
+    SHARDED_LOAD,
+    Built,
+    LoadAccepted,
+    RoundTrip,
+    ShardedLoad,
+    Stepped,
+)
 from gefen_conformance.suite.staging import StagingCase
 from gefen_conformance.suite.step_rule_examples import STEPPED
 
@@ -33,7 +43,7 @@ from .mutants import CATALOGUE, PROFILES
 from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -47,7 +57,21 @@ TORCH_EXACT_ONLY = {r["id"] for r in rules.register()["rules"] if r.get("profile
 def _check(example):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
+    if isinstance(example, ShardedLoad):
+        return _in_a_world_of_one(rule_checks.check_sharded_load)
+    if example in NATIVE_STATE:
+        return rule_checks.check_native_state
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
+
+
+def _in_a_world_of_one(check):
+    """``check`` run in an in-process group of one, as the suite's ``gefen_one_rank`` runs it."""
+
+    def run(impl, example):
+        with world_of_one():
+            check(impl, example)
+
+    return run
 
 
 def _kind(example) -> str:
@@ -55,7 +79,9 @@ def _kind(example) -> str:
     wrong one."""
     if isinstance(example, Stepped):
         return "wrong"
-    return "strict" if isinstance(example, (Built, LoadAccepted)) else "lenient"
+    if isinstance(example, ShardedLoad):
+        return "lenient" if example.steps else "strict"
+    return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip)) else "lenient"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -77,6 +103,21 @@ def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.rule}-{e.what}")
 def test_the_reference_passes_every_example(example):
     _check(example)(registry.resolve("reference"), example)
+
+
+TABLES = {
+    "constructor": CONSTRUCTOR,
+    "native-load": NATIVE_LOAD,
+    "native-state": NATIVE_STATE,
+    "stepped": STEPPED,
+}
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_every_example_is_named_once_in_its_test(table):
+    """An example's ``what`` is its test id: two alike would be told apart only by pytest's suffixes."""
+    names = [e.what for e in TABLES[table]]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
 
 
 def test_every_rule_of_the_examples_has_its_mutants():

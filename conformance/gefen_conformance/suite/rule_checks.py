@@ -1,11 +1,12 @@
-"""Checks of the rules, one example at a time: the constructor's and the native load's (SPEC 1.1.2,
-1.1.6, 1.12) and the step's (one rule id per example): the suite's tests call them with the
-implementation under test, and the project's rule mutants prove each can fail. A check raises
+"""Checks of the rules, one example at a time: the constructor's, the native state dict's and the
+native load's, and the step's (each example names its rule id): the suite's tests call them with
+the implementation under test, and the project's rule mutants prove each can fail. A check raises
 AssertionError whose message starts with the rule id and the example
 (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
 
-Errors and loads are exact in every numeric profile: a refusal names its problem and changes
-nothing (SPEC 1.12.9), and an accepted checkpoint loads exactly as the reference loads it. Steps are
+Errors, state dicts and loads are exact in every numeric profile: a refusal names its problem and
+changes nothing (SPEC 1.12.9), an accepted checkpoint loads exactly as the reference loads it, and
+what a state dict shows (keys, types, dtypes, shapes, names, counters) is what its rule states. Steps are
 judged as the input space judges them (SPEC 4.3.10): what is exact in every profile (periods,
 counters, codebooks, indices where blocks normalize exactly) exactly, the rest under the profile.
 """
@@ -21,7 +22,17 @@ import torch
 from gefen_conformance import judging
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT, FACTORED_V
 from gefen_conformance.suite import protocol
-from gefen_conformance.suite.rule_examples import Built, LoadAccepted, LoadRefused, Refused, Stepped
+from gefen_conformance.suite.rule_examples import (
+    SHARDED,
+    Built,
+    LoadAccepted,
+    LoadRefused,
+    Refused,
+    RoundTrip,
+    ShardedLoad,
+    Stepped,
+    feed,
+)
 from gefen_conformance.suite.space_checks import InputSpaceCase
 from gefen_conformance.workload import models, runs
 
@@ -37,6 +48,8 @@ def _fail(example, problem: str) -> None:
 
 def check_constructor(impl, example: Refused | Built) -> None:
     """The constructor refuses ``example`` with its error naming its words, or builds it as the rule says."""
+    if isinstance(example, Built) and example.requires is not None and not impl.has(example.requires):
+        pytest.skip(f"SPEC {example.rule}: needs {example.requires}")
     device = models.device_for(impl.make_optimizer)
     given, kwargs = example.call(device)
     try:
@@ -51,9 +64,133 @@ def check_constructor(impl, example: Refused | Built) -> None:
         return
     if isinstance(example, Refused):
         _fail(example, f"accepted; expected {example.error.__name__}" + _naming(example.words))
-    problem = example.holds(optimizer, given)
+    problem = example.holds(optimizer, given, kwargs)
     if problem:
         _fail(example, problem)
+
+
+def check_native_state(impl, example: Built | RoundTrip) -> None:
+    """What the implementation's native state dict shows (a :class:`Built` example), or a native
+    round trip (:func:`check_round_trip`)."""
+    if isinstance(example, RoundTrip):
+        check_round_trip(impl, example)
+    else:
+        check_constructor(impl, example)
+
+
+def check_round_trip(impl, example: RoundTrip) -> None:
+    """Two optimizers of ``impl`` built by the example's call: the first steps ``before`` times, the
+    second loads a deep copy of its state dict over parameters holding the same values; then both
+    step ``after`` times with the same gradients and MUST stay bitwise identical (SPEC 1.12.10)."""
+    device = models.device_for(impl.make_optimizer)
+    params, kwargs = example.call(device)
+    original = impl.make_optimizer(params, **kwargs)
+    for i in range(example.before):
+        feed(original, i)
+    again, kwargs_again = example.call(device)
+    with torch.no_grad():
+        for (_, a), (_, b) in zip(params, again):
+            b.copy_(a)
+    restored = impl.make_optimizer(again, **kwargs_again)
+    restored.load_state_dict(copy.deepcopy(original.state_dict()))
+    for i in range(example.before, example.before + example.after):
+        feed(original, i)
+        feed(restored, i)
+        differences = _differences(runs.native_state(original), runs.native_state(restored), "state_dict()")
+        differences += _differences(
+            [a.detach().cpu() for _, a in params], [b.detach().cpu() for _, b in again], "parameters"
+        )
+        if differences:
+            _fail(
+                example, f"after step {i + 1}, the restored optimizer differs: " + "; ".join(differences[:5])
+            )
+
+
+def check_sharded_load(impl, example: ShardedLoad) -> None:
+    """A native load into ``impl``'s optimizer over DTensor parameters (SPEC 1.12.11 item 2), in the
+    caller's process group of one (the suite's ``gefen_one_rank``). What it shows goes through
+    ``param_groups`` and the steps (a native ``state_dict()`` of DTensor parameters is refused,
+    item 1): accepted, the saved ``lr`` and names are the live ones and the next step equals a fresh
+    optimizer's built with that ``lr``, bit for bit (the implementation against itself); refused,
+    ValueError naming ``DTensor``, and the groups' values and the state's tensors unchanged."""
+    from gefen_conformance.harness.sharding import shard as sharded
+    from gefen_conformance.harness.sharding import world_mesh
+
+    mesh = world_mesh()
+    checkpoint = _sharded_checkpoint(example.steps)
+
+    def build(seed: int, **options):
+        g = torch.Generator().manual_seed(seed)
+        params = [torch.nn.Parameter(sharded(torch.randn(shape, generator=g), mesh)) for _, shape in SHARDED]
+        named = [(name.upper(), p) for (name, _), p in zip(SHARDED, params)]
+        return params, impl.make_optimizer(named, **options)
+
+    def step(params, optimizer, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for p in params:
+            p.grad = sharded(torch.randn(p.shape, generator=g), mesh)
+        optimizer.step()
+
+    params, optimizer = build(1)
+    if example.steps:
+        step(params, optimizer, 10)
+        before = _sharded_live(optimizer)
+        try:
+            optimizer.load_state_dict(checkpoint)
+        except Exception as exc:  # what was raised is the finding
+            if not isinstance(exc, ValueError) or "DTensor" not in str(exc):
+                _fail(example, f"raised {type(exc).__name__}: {exc}; expected ValueError naming 'DTensor'")
+        else:
+            _fail(example, "loaded a stepped checkpoint into DTensor parameters; expected ValueError")
+        if _sharded_live(optimizer) != before:
+            _fail(example, "the refused load changed the optimizer's groups or state (SPEC 1.12.9)")
+        return
+    try:
+        optimizer.load_state_dict(checkpoint)
+    except Exception as exc:  # a refusal is the finding
+        _fail(example, f"refused with {type(exc).__name__}: {exc}")
+    group = optimizer.param_groups[0]
+    lr, names = group["lr"], list(group["param_names"])
+    if type(lr) is not float or lr != 0.5 or names != [f"{n}_saved" for n, _ in SHARDED]:
+        _fail(
+            example, f"after the load, lr {lr!r} and names {names}; expected the checkpoint's 0.5 and names"
+        )
+    fresh_params, fresh = build(1, lr=0.5)
+    step(params, optimizer, 11)
+    step(fresh_params, fresh, 11)
+    for (name, _), a, b in zip(SHARDED, params, fresh_params):
+        if not torch.equal(a.to_local().cpu(), b.to_local().cpu()):
+            _fail(example, f"the step after the load moved {name} unlike a fresh optimizer's first step")
+
+
+def _sharded_checkpoint(steps: int) -> dict:
+    """The reference's native checkpoint over plain parameters of :data:`SHARDED`, after
+    ``steps`` steps, group 0 saved with ``lr = 0.5`` and every name suffixed ``_saved``."""
+    g = torch.Generator().manual_seed(0)
+    plain = [torch.nn.Parameter(torch.randn(shape, generator=g)) for _, shape in SHARDED]
+    source = models.REFERENCE([(name, p) for (name, _), p in zip(SHARDED, plain)])
+    for _ in range(steps):
+        for p in plain:
+            p.grad = torch.randn(p.shape, generator=g)
+        source.step()
+    checkpoint = copy.deepcopy(source.state_dict())
+    group = checkpoint["param_groups"][0]
+    group["lr"] = 0.5
+    group["param_names"] = [f"{n}_saved" for n in group["param_names"]]
+    return checkpoint
+
+
+def _sharded_live(optimizer) -> tuple:
+    """The groups' values (by value and identity) and the state's keys, tensor identities and versions."""
+    groups = [
+        sorted((str(k), repr(v), id(v)) for k, v in g.items() if k != "params")
+        for g in optimizer.param_groups
+    ]
+    state = [
+        sorted((str(k), id(v), getattr(v, "_version", None)) for k, v in entry.items())
+        for entry in optimizer.state.values()
+    ]
+    return groups, state
 
 
 def _naming(words) -> str:

@@ -1,6 +1,12 @@
-"""The examples of the rules the constructor and a native load state (SPEC 1.1.2, 1.1.6, 1.12):
-one row per rule example, each making exactly one thing invalid (SPEC 1.1.4) or showing one input
-a rule accepts. :mod:`gefen_conformance.suite.rule_checks` runs them.
+"""The examples of the rules the constructor, a native state dict and a native load state (SPEC
+1.1-1.4, 1.11, 1.12): one row per rule example, each making exactly one thing invalid (SPEC 1.1.4)
+or showing one input a rule accepts and what it builds. :mod:`gefen_conformance.suite.rule_checks`
+runs them.
+
+The tables: :data:`CONSTRUCTOR` (its validation, signature, groups, names and a tensor ``lr``, as
+``defaults`` and ``param_groups`` show them), :data:`NATIVE_STATE` (what ``state_dict()`` shows,
+after at most two seeded steps, and a round trip), :data:`NATIVE_LOAD` and :data:`SHARDED_LOAD`
+(loads into DTensor parameters).
 
 A constructor example builds its call from the device (``call(device) -> (params, kwargs)``); a load
 example changes a deep copy of the reference's native checkpoint in place
@@ -10,11 +16,14 @@ groups, a tensor ``lr`` in group 0, nine parameters of the block path, ``late`` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from gefen_conformance.implementations.contract import FACTORED_V
 
 
 @dataclass(frozen=True)
@@ -36,11 +45,13 @@ class Refused(Example):
 
 @dataclass(frozen=True)
 class Built(Example):
-    """A call the rule accepts, and what it builds: ``holds(optimizer, params)`` returns what is
-    wrong, or None."""
+    """A call the rule accepts, and what it builds: ``holds(optimizer, params, kwargs)`` (the call's
+    arguments as given) returns what is wrong, or None. ``requires``: the capability the example
+    needs (SPEC 4.1.3), or None."""
 
     call: Callable
     holds: Callable
+    requires: object = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ def _groups_then_tensor(device):
 
 
 def _one_group_of(count: int) -> Callable:
-    def holds(optimizer, params) -> str | None:
+    def holds(optimizer, params, kwargs) -> str | None:
         groups = optimizer.param_groups
         if len(groups) != 1 or len(groups[0]["params"]) != count:
             sizes = [len(g["params"]) for g in groups]
@@ -95,7 +106,7 @@ def _one_group_of(count: int) -> Callable:
 
 
 #: SPEC 1.1.2 (rows 8-10 bind the reference only) and 1.1.6: each row's examples.
-CONSTRUCTOR = [
+VALIDATION = [
     Refused("1.1.2#1", "deterministic-int", _one(deterministic=1), TypeError, "deterministic"),
     Refused("1.1.2#1", "deterministic-str", _one(deterministic="yes"), TypeError, "deterministic"),
     Refused("1.1.2#2", "lr-negative", _one(lr=-1.0), ValueError, "learning rate"),
@@ -133,7 +144,7 @@ CONSTRUCTOR = [
         TypeError,
         "period_one_substrings",
     ),
-    Built("1.1.6#1", "bare-tensor", lambda d: (_p(d), {}), lambda opt, p: _one_group_of(1)(opt, [p])),
+    Built("1.1.6#1", "bare-tensor", lambda d: (_p(d), {}), lambda opt, p, kw: _one_group_of(1)(opt, [p], kw)),
     Refused("1.1.6#2", "empty", _params(lambda d: []), ValueError, "empty parameter list"),
     Refused("1.1.6#3", "dict-then-tensor", _params(_groups_then_tensor), TypeError),
     Built("1.1.6#4", "tensors", lambda d: ([_p(d), _p(d, 3)], {}), _one_group_of(2)),
@@ -154,6 +165,333 @@ CONSTRUCTOR = [
         "1.1.6#10", "group-of-none", _params(lambda d: [{"params": []}]), ValueError, "empty parameter list"
     ),
 ]
+
+
+def _groups(*sizes: int) -> Callable:
+    """Group dicts of ``sizes`` fresh parameters each, default hyperparameters."""
+    return _params(lambda d: [{"params": [_p(d) for _ in range(n)]} for n in sizes])
+
+
+def _all(*holds: Callable) -> Callable:
+    """Every one of ``holds``, the first problem found."""
+
+    def check(optimizer, params, kwargs) -> str | None:
+        for h in holds:
+            problem = h(optimizer, params, kwargs)
+            if problem:
+                return problem
+        return None
+
+    return check
+
+
+def _given_groups(optimizer, params, kwargs) -> str | None:
+    """One stored group per group dict given, in order, each holding the tensors given, in order
+    (SPEC 1.2.2)."""
+    stored = [list(g["params"]) for g in optimizer.param_groups]
+    given = [list(g["params"]) for g in params]
+    sizes = ([len(g) for g in given], [len(g) for g in stored])
+    if sizes[0] != sizes[1]:
+        return f"groups of {sizes[1]} params, expected the caller's {sizes[0]}"
+    if any(a is not b for s, g in zip(stored, given) for a, b in zip(s, g)):
+        return "a stored group does not hold the tensors given to it, in order"
+    return None
+
+
+def _defaults(**expected) -> Callable:
+    """``optimizer.defaults`` is ``expected``: the same keys, values of the same type and value."""
+
+    def holds(optimizer, params, kwargs) -> str | None:
+        got = dict(optimizer.defaults)
+        if set(got) != set(expected):
+            return f"defaults keys {sorted(got)}, expected {sorted(expected)}"
+        wrong = [k for k, v in expected.items() if type(got[k]) is not type(v) or got[k] != v]
+        return f"defaults {got}, expected {expected}" if wrong else None
+
+    return holds
+
+
+#: The constructor's defaults (SPEC 1.1.1, 1.1.7: ``betas`` stored as ``beta1``, ``beta2``).
+DEFAULTS = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+
+#: Every keyword of the signature, at its default (SPEC 1.1.1).
+KEYWORDS = {
+    "lr": 1e-3,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "factored_v_2d": True,
+    "deterministic": False,
+    "force_1d_period_one": False,
+    "force_2d_period_one": False,
+    "period_one_substrings": (),
+    "fused": True,
+    "capturable": False,
+    "stochastic_round": False,
+    "codebook_refresh_every": 0,
+    "verbose": False,
+}
+
+#: A group's keys when the caller gave none of its own and it has no ``name`` (SPEC 1.2.4).
+GROUP_KEYS = {
+    "params",
+    "param_names",
+    "param_names_synthesized",
+    "lr",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+}
+
+
+def _fused_not_stored(optimizer, params, kwargs) -> str | None:
+    where = ["defaults"] if "fused" in optimizer.defaults else []
+    where += [f"group {i}" for i, g in enumerate(optimizer.param_groups) if "fused" in g]
+    return f"fused stored in {', '.join(where)} (SPEC 1.1.5)" if where else None
+
+
+def _group_keys(optimizer, params, kwargs) -> str | None:
+    """The implicit group holds the keys an explicit group of the same params would, no more."""
+    (group,) = optimizer.param_groups
+    keys = set(group)
+    return None if keys == GROUP_KEYS else f"the implicit group's keys {sorted(map(str, keys))}"
+
+
+def _hypers(*expected: dict) -> Callable:
+    """Each stored group's hyperparameters are ``expected[i]`` (values and types)."""
+
+    def holds(optimizer, params, kwargs) -> str | None:
+        for i, (group, want) in enumerate(zip(optimizer.param_groups, expected)):
+            got = {k: group.get(k) for k in want}
+            if any(type(got[k]) is not type(v) or got[k] != v for k, v in want.items()):
+                return f"group {i} resolved {got}, expected {want}"
+        return None
+
+    return holds
+
+
+def _group_names(*expected) -> Callable:
+    """Each stored group's ``name`` is ``expected[i]`` (None: no ``name`` key)."""
+
+    def holds(optimizer, params, kwargs) -> str | None:
+        got = [g.get("name") for g in optimizer.param_groups]
+        has = ["name" in g for g in optimizer.param_groups]
+        if got != list(expected) or has != [e is not None for e in expected]:
+            shown = [g["name"] if "name" in g else "<none>" for g in optimizer.param_groups]
+            return f"group names {shown!r}, expected {list(expected)!r}"
+        return None
+
+    return holds
+
+
+def _names(*expected: tuple) -> Callable:
+    """Each stored group's ``(param_names, param_names_synthesized)`` is ``expected[i]``, a pair of
+    a list of names and a string of flags (``"TF"``: synthesized, caller-named)."""
+
+    def holds(optimizer, params, kwargs) -> str | None:
+        got = [
+            (list(g["param_names"]), "".join("T" if f else "F" for f in g["param_names_synthesized"]))
+            for g in optimizer.param_groups
+        ]
+        types = {type(f) for g in optimizer.param_groups for f in g["param_names_synthesized"]}
+        types |= {type(n) for g in optimizer.param_groups for n in g["param_names"]}
+        if got != [(list(n), f) for n, f in expected] or not types <= {str, bool}:
+            return f"names and flags {got}, expected {list(expected)}"
+        return None
+
+    return holds
+
+
+def _added(group: Callable, holds: Callable) -> Callable:
+    """``holds`` after ``add_param_group(group(device))`` on the built optimizer."""
+
+    def check(optimizer, params, kwargs) -> str | None:
+        first = optimizer.param_groups[0]["params"][0]
+        optimizer.add_param_group(group(first.device))
+        return holds(optimizer, params, kwargs)
+
+    return check
+
+
+def _lr_as_given(optimizer, params, kwargs) -> str | None:
+    """``defaults["lr"]`` is the constructor's tensor; each group's ``lr`` is its own tensor as given,
+    or the default's object where the group gave none (SPEC 1.2.8, 1.4.1)."""
+    given = kwargs["lr"]
+    if optimizer.defaults["lr"] is not given:
+        return f"defaults['lr'] is not the tensor given: {optimizer.defaults['lr']!r}"
+    for i, (group, caller) in enumerate(zip(optimizer.param_groups, params)):
+        want = caller.get("lr", given)
+        if group["lr"] is not want:
+            whose = "its own" if "lr" in caller else "the default's"
+            return f"group {i}'s lr {group['lr']!r} is not {whose} tensor {want!r}"
+        if tuple(group["lr"].shape) != tuple(want.shape) or not torch.equal(group["lr"], want):
+            return f"group {i}'s lr changed to {group['lr']!r}"
+    return None
+
+
+#: SPEC 1.1.1 (the signature), 1.1.2 row 12 (the parameter list checked after rows 2-6, the order
+#: SPEC 1.1.4 lets the suite certify) and 1.1.5 (option semantics).
+SIGNATURE = [
+    Built("1.1.1", "every-keyword-at-its-default", _one(**KEYWORDS), _defaults(**DEFAULTS)),
+    Built("1.1.1", "defaults", _one(), _defaults(**DEFAULTS)),
+    Refused("1.1.2#12", "eps-before-an-empty-list", lambda d: ([], {"eps": 0.0}), ValueError, "eps"),
+    Refused("1.1.2#12", "lr-before-an-empty-list", lambda d: ([], {"lr": -1.0}), ValueError, "learning rate"),
+    Built("1.1.5", "fused-not-stored", _one(fused=False), _fused_not_stored),
+]
+
+#: SPEC 1.2: parameter groups.
+GROUPS = [
+    Built(
+        "1.2.1",
+        "implicit-group",
+        lambda d: ([_p(d), ("b", _p(d, 3))], {}),
+        _all(lambda opt, p, kw: _one_group_of(2)(opt, [p[0], p[1][1]], kw), _group_keys),
+    ),
+    Built("1.2.2", "caller-groups-kept", _groups(2, 1, 3), _given_groups),
+    Built(
+        "1.2.3",
+        "resolution",
+        lambda d: (
+            [
+                {"params": [_p(d)], "betas": (0.5, 0.6), "beta1": 0.7},
+                {"params": [_p(d)], "beta2": 0.95},
+                {"params": [_p(d)], "lr": 0.5, "eps": 1e-7, "weight_decay": 0.2},
+            ],
+            {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.1},
+        ),
+        _hypers(
+            {"lr": 0.01, "beta1": 0.5, "beta2": 0.6, "eps": 1e-6, "weight_decay": 0.1},
+            {"lr": 0.01, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6, "weight_decay": 0.1},
+            {"lr": 0.5, "beta1": 0.8, "beta2": 0.9, "eps": 1e-7, "weight_decay": 0.2},
+        ),
+    ),
+    Refused(
+        "1.2.3",
+        "group-eps-before-its-params",
+        _params(lambda d: [{"params": [_p(d), 3.0], "eps": 0.0}]),
+        ValueError,
+        "eps",
+    ),
+    Built(
+        "1.2.5",
+        "group-names",
+        _params(
+            lambda d: [
+                {"params": [_p(d)], "name": "Emb"},
+                {"params": [_p(d), _p(d)], "name": 7},
+                {"params": [("X.Y", _p(d))]},
+                {"params": [_p(d), _p(d)]},
+                {"params": [_p(d)], "name": None},
+            ]
+        ),
+        _group_names("emb", "7", "x.y", None, "group_4_param_0"),
+    ),
+    Built(
+        "1.2.8",
+        "tensor-lr-shared",
+        lambda d: (
+            [
+                {"params": [_p(d)]},
+                {"params": [_p(d)], "lr": torch.tensor(0.5, device=d)},
+                {"params": [_p(d)]},
+            ],
+            {"lr": torch.tensor(0.01, device=d)},
+        ),
+        _lr_as_given,
+    ),
+]
+
+#: SPEC 1.3: parameter names and their provenance (1.3.4's worked examples, one row each).
+NAMES = [
+    Built(
+        "1.3.2",
+        "caller-names",
+        _params(lambda d: [("W", _p(d)), ("w", _p(d)), (3, _p(d)), ("Layer.Weight", _p(d))]),
+        _names((["w", "w", "3", "layer.weight"], "FFFF")),
+    ),
+    Built(
+        "1.3.3",
+        "taken-within-the-group",
+        _params(lambda d: [("param_1", _p(d)), _p(d)]),
+        _names((["param_1", "param_1_1"], "FT")),
+    ),
+    Built(
+        "1.3.3",
+        "taken-across-groups",
+        _params(
+            lambda d: [
+                {"params": [("group_1_param_0", _p(d)), ("Emb", _p(d))]},
+                {"params": [_p(d)]},
+                {"params": [_p(d)], "name": "EMB"},
+                {"params": [_p(d)], "name": "Other"},
+            ]
+        ),
+        _names(
+            (["group_1_param_0", "emb"], "FF"),
+            (["group_1_param_0_1"], "T"),
+            (["emb_1"], "T"),
+            (["other"], "F"),
+        ),
+    ),
+    Built(
+        "1.3.3",
+        "added-group",
+        _params(lambda d: [_p(d)]),
+        _added(
+            lambda d: {"params": [_p(d), ("Param_0", _p(d)), _p(d)]},
+            _names((["param_0"], "T"), (["group_1_param_0", "param_0", "group_1_param_2"], "TFT")),
+        ),
+    ),
+    Built("1.3.4", "two-tensors", _params(lambda d: [_p(d), _p(d)]), _names((["param_0", "param_1"], "TT"))),
+    Built(
+        "1.3.4",
+        "named-then-not",
+        _params(lambda d: [("Layer.Weight", _p(d)), _p(d)]),
+        _names((["layer.weight", "param_1"], "FT")),
+    ),
+    Built(
+        "1.3.4",
+        "same-name-thrice",
+        _params(lambda d: [("w", _p(d)), ("w", _p(d)), ("W", _p(d))]),
+        _names((["w", "w", "w"], "FFF")),
+    ),
+    Built("1.3.4", "int-name", _params(lambda d: [(3, _p(d))]), _names((["3"], "F"))),
+    Built("1.3.4", "bare-tensor-named", lambda d: (_p(d), {}), _names((["param_0"], "T"))),
+    Built(
+        "1.3.4",
+        "four-groups",
+        _params(
+            lambda d: [
+                {"params": [_p(d), _p(d)]},
+                {"params": [("A", _p(d))], "lr": 1e-4},
+                {"params": [_p(d)], "name": "Emb"},
+                {"params": [_p(d)], "name": "emb"},
+            ]
+        ),
+        _all(
+            _names(
+                (["group_0_param_0", "group_0_param_1"], "TT"), (["a"], "F"), (["emb"], "F"), (["emb_1"], "T")
+            ),
+            _group_names(None, "a", "emb", "emb"),
+        ),
+    ),
+]
+
+#: SPEC 1.4: a tensor learning rate.
+TENSOR_LR = [
+    Built(
+        "1.4.1",
+        "tensor-lr-any-shape",
+        lambda d: (
+            [{"params": [_p(d)]}, {"params": [_p(d)], "lr": torch.full((1, 1, 1), 0.5, device=d)}],
+            {"lr": torch.full((1, 1), 0.01, device=d)},
+        ),
+        _lr_as_given,
+    ),
+]
+
+CONSTRUCTOR = VALIDATION + SIGNATURE + GROUPS + NAMES + TENSOR_LR
 
 
 # ------------------------------------------------------------------------------ native loads
@@ -325,6 +663,35 @@ def legacy(sd: dict, *, differ: bool = False) -> None:
     sd["param_groups"] = groups
 
 
+def _flags(change: Callable) -> Callable:
+    """Group 0's saved ``param_names`` and ``param_names_synthesized`` (a list, or None to drop it)
+    replaced by ``change(names, flags)``; the live names are the checkpoint's, all caller-given."""
+
+    def edit(sd):
+        group = sd["param_groups"][0]
+        names, flags = change(list(group["param_names"]), list(group["param_names_synthesized"]))
+        group["param_names"] = names
+        if flags is None:
+            del group["param_names_synthesized"]
+        else:
+            group["param_names_synthesized"] = flags
+
+    return edit
+
+
+def _late_defect(sd: dict) -> None:
+    """Group 1 saved with other hyperparameters, scratch keys in the first entry, and a defect in
+    the last entry with momentum, found only by Stage C after everything before it passed: a
+    refusal that changes nothing must not commit the hyperparameters, nor drop the caller's keys."""
+    group = sd["param_groups"][1]
+    group.update(lr=0.5, eps=1e-6, weight_decay=0.25)
+    sd["state"][0]["stepsize"] = torch.ones(1)
+    last = max(pid for pid, e in sd["state"].items() if "m_magnitude" in e)
+    magnitude = sd["state"][last]["m_magnitude"].clone()
+    magnitude[-1, 0] = float("nan")
+    sd["state"][last]["m_magnitude"] = magnitude
+
+
 #: SPEC 1.12.2-1.12.7: each rule's examples; ``p0`` is the parameter ``weight`` (24 x 80 blocks),
 #: ``p7`` is ``late`` (no state).
 NATIVE_LOAD = [
@@ -348,6 +715,7 @@ NATIVE_LOAD = [
     LoadRefused("1.12.2#7", "deterministic-differs", _tagged_true),
     LoadAccepted("1.12.2#7", "untagged-keeps-live-setting", _untagged, (("deterministic", True),)),
     LoadRefused("1.12.2#8", "momentum-without-codebook", _codebook(lambda cb: None)),
+    LoadAccepted("1.12.3#1", "legacy-packed-before-the-group-count", legacy),
     LoadRefused("1.12.3#2", "group-sizes-differ", _param_moved_to_group_0),
     LoadRefused("1.12.3#3", "group-without-eps", lambda sd: sd["param_groups"][1].pop("eps")),
     LoadRefused("1.12.3#4", "param-names-short", lambda sd: sd["param_groups"][0]["param_names"].pop()),
@@ -407,4 +775,327 @@ NATIVE_LOAD = [
     LoadRefused(
         "1.12.7", "legacy-hyperparameters-differ", lambda sd: legacy(sd, differ=True), ValueError, "legacy"
     ),
+    LoadRefused("1.12.1", "without-param-groups", _drop_top("param_groups")),
+    LoadRefused("1.12.9", "late-defect", _late_defect),
+    LoadAccepted("1.3.6", "same-name-keeps-the-live-flag", _flags(lambda n, f: (n, [True] + f[1:]))),
+    LoadAccepted(
+        "1.3.6", "renamed-takes-the-saved-flag", _flags(lambda n, f: (["renamed"] + n[1:], [True] + f[1:]))
+    ),
+    LoadAccepted(
+        "1.3.6", "renamed-without-flags-fails-closed", _flags(lambda n, f: (["renamed"] + n[1:], None))
+    ),
+]
+
+
+# ------------------------------------------------------------------------------ native state dicts
+
+
+@dataclass(frozen=True)
+class RoundTrip(Example):
+    """``load_state_dict(state_dict())`` into a fresh optimizer built the same way (``call``, whose
+    parameters are ``(name, tensor)`` pairs) after ``before`` steps, then ``after`` identical steps
+    of both: the two MUST stay bitwise identical (SPEC 1.12.10), in every profile (an implementation
+    is compared with itself)."""
+
+    call: Callable
+    before: int = 2
+    after: int = 2
+
+
+def feed(optimizer, step: int, skip: tuple = (), zero: tuple = ()) -> None:
+    """Seeded gradients for every parameter of ``optimizer`` (by its position across groups) but
+    those in ``skip`` (no gradient) and ``zero`` (a zero gradient), then one step."""
+    g = torch.Generator().manual_seed(1000 + step)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for i, p in enumerate(params):
+        values = torch.randn(p.shape, generator=g, dtype=torch.float32)
+        if i in skip:
+            p.grad = None
+        else:
+            p.grad = (torch.zeros_like(values) if i in zero else values).to(p.device, p.dtype)
+    optimizer.step()
+
+
+def _stepped(steps: int, holds: Callable, **feeding) -> Callable:
+    """``holds`` after ``steps`` steps with :func:`feed`'s gradients."""
+
+    def check(optimizer, params, kwargs) -> str | None:
+        for i in range(steps):
+            feed(optimizer, i, **feeding)
+        return holds(optimizer, params, kwargs)
+
+    return check
+
+
+def _saved(check: Callable) -> Callable:
+    """``check(state_dict, optimizer)`` on the optimizer's native state dict."""
+    return lambda optimizer, params, kwargs: check(optimizer.state_dict(), optimizer)
+
+
+def _entries(expected: dict) -> Callable:
+    """The saved per-param entries are exactly ``expected`` (``{id: {"name": ...}}``)."""
+
+    def check(sd, optimizer) -> str | None:
+        got = {k: dict(v) for k, v in sd["state"].items()}
+        return None if got == expected else f"state entries {got!r:.200}, expected {expected!r}"
+
+    return _saved(check)
+
+
+def _names_everywhere(sd, optimizer) -> str | None:
+    """Every parameter has one lowercase name, the same in its group's ``param_names`` and its state
+    entry (SPEC 1.3.1)."""
+    for group in sd["param_groups"]:
+        if len(group["param_names"]) != len(group["params"]):
+            return f"param_names {group['param_names']} for {len(group['params'])} params"
+        for pid, name in zip(group["params"], group["param_names"]):
+            if type(name) is not str or name != name.lower():
+                return f"parameter {pid}'s name {name!r} is not a lowercase str"
+            entry = sd["state"].get(pid, {})
+            if entry.get("name") != name:
+                return f"parameter {pid}'s state name {entry.get('name')!r}, its group's {name!r}"
+    return None
+
+
+TOP_LEVEL = {"state", "param_groups", "gefen_global_step", "gefen_deterministic", "gefen_codebook"}
+
+
+def _top_level(step: int, deterministic: bool, codebook: bool) -> Callable:
+    def check(sd, optimizer) -> str | None:
+        if set(sd) != TOP_LEVEL:
+            return f"top-level keys {sorted(map(str, sd))}, expected {sorted(TOP_LEVEL)}"
+        got = (sd["gefen_global_step"], sd["gefen_deterministic"])
+        if type(got[0]) is not int or got[0] != step or type(got[1]) is not bool or got[1] != deterministic:
+            return (
+                f"gefen_global_step, gefen_deterministic {got!r}, expected int {step}, bool {deterministic}"
+            )
+        cb = sd["gefen_codebook"]
+        if not codebook:
+            return None if cb is None else f"gefen_codebook {cb!r:.60} before the first learn, expected None"
+        if not torch.is_tensor(cb) or cb.dtype != torch.float32 or tuple(cb.shape) != (256,):
+            return f"gefen_codebook {cb!r:.60}, expected an fp32 tensor [256]"
+        return None
+
+    return _saved(check)
+
+
+def _is_int(value, low: int = 1) -> bool:
+    return type(value) is int and value >= low
+
+
+def _tensor(t, dtype, shape) -> bool:
+    return torch.is_tensor(t) and t.dtype == dtype and tuple(t.shape) == tuple(shape)
+
+
+def _entry_problem(entry: dict, shape: tuple, factored: bool | None) -> str | None:
+    """What is wrong with one saved entry of a parameter of ``shape`` (SPEC 1.11.3): ``factored``
+    None for a parameter that never had a gradient."""
+    keys = {"name"}
+    if factored is not None:
+        keys |= {"automatic_period", "step", "m_codebook", "m_magnitude"}
+        keys |= {"v_row", "v_col", "factored_step"} if factored else {"vmean", "vmean_step"}
+    if set(entry) != keys:
+        return f"keys {sorted(entry)}, expected {sorted(keys)}"
+    if type(entry["name"]) is not str or entry["name"] != entry["name"].lower():
+        return f"name {entry['name']!r}"
+    if factored is None:
+        return None
+    period, n = entry["automatic_period"], math.prod(shape)
+    if not _is_int(period) or n % period:
+        return f"automatic_period {period!r}"
+    if not _is_int(entry["step"]):
+        return f"step {entry['step']!r}"
+    if not _tensor(entry["m_codebook"], torch.uint8, (n // period, period)):
+        return f"m_codebook {entry['m_codebook']!r:.60}, expected uint8 [{n // period}, {period}]"
+    magnitude = entry["m_magnitude"]
+    if not _tensor(magnitude, torch.float32, (n // period, 1)) or not bool(
+        (torch.isfinite(magnitude) & (magnitude >= 0)).all()
+    ):
+        return f"m_magnitude {magnitude!r:.60}, expected finite, >= 0, fp32 [{n // period}, 1]"
+    if factored:
+        if not _tensor(entry["v_row"], torch.float32, shape[:1]) or not _tensor(
+            entry["v_col"], torch.float32, shape[1:]
+        ):
+            return f"v_row, v_col {entry['v_row']!r:.40}, {entry['v_col']!r:.40}, expected fp32 [R], [Cn]"
+        return None if _is_int(entry["factored_step"]) else f"factored_step {entry['factored_step']!r}"
+    if not _tensor(entry["vmean"], torch.float32, (n // period, 1)):
+        return f"vmean {entry['vmean']!r:.60}, expected fp32 [{n // period}, 1]"
+    return None if _is_int(entry["vmean_step"]) else f"vmean_step {entry['vmean_step']!r}"
+
+
+def _entries_typed(*kinds) -> Callable:
+    """Saved entry ``i`` is of ``kinds[i]``: ``"block"``, ``"factored"`` or ``"none"`` (never stepped)."""
+
+    def check(sd, optimizer) -> str | None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, (p, kind) in enumerate(zip(params, kinds)):
+            factored = {"block": False, "factored": True, "none": None}[kind]
+            problem = _entry_problem(sd["state"].get(i, {}), tuple(p.shape), factored)
+            if problem:
+                return f"parameter {i} ({kind}): {problem}"
+        return None
+
+    return _saved(check)
+
+
+def _momentum_stepped(sd, optimizer) -> str | None:
+    """Every saved momentum has ``step >= 1`` (SPEC 1.11.6)."""
+    for pid, entry in sd["state"].items():
+        if "m_codebook" in entry and not _is_int(entry.get("step")):
+            return f"parameter {pid} saved momentum with step {entry.get('step')!r}"
+    return None
+
+
+def _period(pid: int, period: int) -> Callable:
+    def check(sd, optimizer) -> str | None:
+        got = sd["state"][pid].get("automatic_period")
+        return None if got == period else f"parameter {pid}'s automatic_period {got!r}, expected {period}"
+
+    return _saved(check)
+
+
+def _frozen_stepped(optimizer, params, kwargs) -> str | None:
+    """The parameter with ``requires_grad=False`` stepped like the other (SPEC 1.2.6)."""
+    frozen = params[0][1]
+    before = frozen.detach().clone()
+    feed(optimizer, 0)
+    entry = optimizer.state_dict()["state"][0]
+    if entry.get("step") != 1 or torch.equal(before, frozen.detach()):
+        return f"the parameter without requires_grad did not step: its entry {sorted(entry)}"
+    return None
+
+
+def _frozen(device) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.ones(16, device=device), requires_grad=False)
+
+
+def _option_defaults(sd, optimizer) -> str | None:
+    """With no option given: the 2-D parameter factored, neither period forced to 1, untagged."""
+    w, b = sd["state"][0], sd["state"][1]
+    if "v_row" not in w or "vmean" in w:
+        return f"the 2-D parameter's entry {sorted(w)}: not factored (factored_v_2d defaults to True)"
+    periods = (w["automatic_period"], b["automatic_period"])
+    if 1 in periods:
+        return f"periods {periods}: one forced to 1 (the options default to False)"
+    return None if sd["gefen_deterministic"] is False else "deterministic is not False by default"
+
+
+#: SPEC 1.1.1 (the options' defaults), 1.1.5 (what an option means), 1.1.7 (after construction),
+#: 1.2.6, 1.3.1, 1.3.5 and 1.11:
+#: what the native state dict shows, and a native round trip (SPEC 1.12.10).
+NATIVE_STATE = [
+    Built(
+        "1.1.1",
+        "option-defaults",
+        lambda d: ([("w", _p(d, 8, 16)), ("b", _p(d, 64))], {}),
+        _stepped(1, _saved(_option_defaults)),
+        requires=FACTORED_V,
+    ),
+    Built(
+        "1.1.5",
+        "period-one-substrings-lowercased",
+        lambda d: (
+            [("Emb.Weight", _p(d, 8, 16))],
+            {"period_one_substrings": ("EMB",), "factored_v_2d": False},
+        ),
+        _stepped(1, _period(0, 1)),
+    ),
+    Built(
+        "1.1.7",
+        "after-construction",
+        lambda d: ([("A", _p(d)), _p(d, 3)], {"betas": (0.8, 0.9)}),
+        _all(
+            _defaults(lr=1e-3, beta1=0.8, beta2=0.9, eps=1e-8, weight_decay=0.0),
+            _top_level(0, False, codebook=False),
+            _entries({0: {"name": "a"}, 1: {"name": "param_1"}}),
+        ),
+    ),
+    Built(
+        "1.2.6",
+        "frozen-parameter-steps",
+        lambda d: ([("frozen", _frozen(d)), ("b", _p(d, 16))], {}),
+        _frozen_stepped,
+    ),
+    Built(
+        "1.3.1",
+        "one-lowercase-name",
+        _params(lambda d: [{"params": [("Layer.Weight", _p(d)), _p(d)]}, {"params": [("X", _p(d))]}]),
+        _saved(_names_everywhere),
+    ),
+    Built(
+        "1.3.5",
+        "names-before-any-step",
+        _params(lambda d: [{"params": [("A", _p(d)), _p(d)]}, {"params": [_p(d)]}]),
+        _entries({0: {"name": "a"}, 1: {"name": "group_0_param_1"}, 2: {"name": "group_1_param_0"}}),
+    ),
+    Built(
+        "1.11.1",
+        "top-level-keys-fresh",
+        _one(),
+        _top_level(0, False, codebook=False),
+    ),
+    Built(
+        "1.11.1",
+        "top-level-keys-stepped",
+        lambda d: ([_p(d, 32)], {"deterministic": True}),
+        _stepped(2, _top_level(2, True, codebook=True)),
+    ),
+    Built(
+        "1.11.3",
+        "block-entries",
+        lambda d: ([("w", _p(d, 8, 16)), ("b", _p(d, 16)), ("c", _p(d))], {"factored_v_2d": False}),
+        _stepped(1, _entries_typed("block", "block", "none"), skip=(2,)),
+    ),
+    Built(
+        "1.11.3",
+        "factored-entries",
+        lambda d: ([("w", _p(d, 8, 16)), ("b", _p(d, 16))], {"factored_v_2d": True}),
+        _stepped(1, _entries_typed("factored", "block")),
+        requires=FACTORED_V,
+    ),
+    Built(
+        "1.11.4",
+        "never-stepped",
+        lambda d: ([("a", _p(d, 16)), ("b", _p(d, 16))], {}),
+        _stepped(2, _entries_typed("block", "none"), skip=(1,)),
+    ),
+    Built(
+        "1.11.6",
+        "zero-gradient-first-step",
+        lambda d: ([("a", _p(d, 32)), ("b", _p(d, 32))], {}),
+        _stepped(1, _saved(_momentum_stepped), zero=(1,)),
+    ),
+    RoundTrip(
+        "1.12.10",
+        "continued-after-a-round-trip",
+        lambda d: (
+            [("w", _p(d, 8, 16)), ("b", _p(d, 16)), ("c", _p(d, 4, 6))],
+            {"lr": torch.tensor(0.01, device=d), "weight_decay": 0.1, "factored_v_2d": False},
+        ),
+    ),
+]
+
+
+# ------------------------------------------------------------------------------ DTensor parameters
+
+
+@dataclass(frozen=True)
+class ShardedLoad(Example):
+    """A native load into an optimizer over DTensor parameters (SPEC 1.12.11), in the process group
+    of one the caller holds: the checkpoint is the reference's over plain parameters of the same
+    shapes (:data:`SHARDED`), stepped ``steps`` times, its group 0 saved with ``lr = 0.5`` and other
+    names. Never stepped, it loads: its hyperparameters and names replace the live ones, and the next
+    step is a fresh optimizer's. Stepped, it is refused with ValueError naming ``DTensor`` and
+    nothing changes."""
+
+    steps: int
+
+
+#: The parameters of a sharded-load example: ``(caller name, shape)``.
+SHARDED = (("w", (8, 16)), ("b", (16,)))
+
+#: SPEC 1.12.11: native loads into DTensor parameters.
+SHARDED_LOAD = [
+    ShardedLoad("1.12.11#2", "never-stepped-loads", 0),
+    ShardedLoad("1.12.11#2", "stepped-refused", 1),
 ]

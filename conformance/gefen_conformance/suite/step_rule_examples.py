@@ -5,9 +5,9 @@ bounds.
 :func:`gefen_conformance.suite.rule_checks.check_stepped` runs them; the cases are small (one to
 three calls on a few hundred elements), since every row runs in every certification.
 
-The tables go by the SPEC's sections of Part 1: :data:`PERIODS` (section 5), :data:`CODEBOOK`
-(sections 6 and 7), :data:`BLOCK_STEP` (8), :data:`FACTORED_STEP` (9), :data:`CALLS` (10) and
-:data:`TORCH_SEMANTICS` (13); :data:`STEPPED` is all of them.
+The tables go by the SPEC's sections of Part 1: :data:`TENSOR_LR` (section 4), :data:`PERIODS`
+(5), :data:`CODEBOOK` (6 and 7), :data:`BLOCK_STEP` (8), :data:`FACTORED_STEP` (9), :data:`CALLS`
+(10) and :data:`TORCH_SEMANTICS` (13); :data:`STEPPED` is all of them.
 """
 
 from __future__ import annotations
@@ -36,6 +36,16 @@ _FOUR_CYCLE = _case(P((128,), gradient="four-cycle"))
 #: Rows of SPEC 1.5.7's table, each searched to 1 (equal squares): a cap of 2048 (inclusive), a
 #: divisor below it, ``n`` itself (prime), fewer than 8 elements, ``shape[-1]`` below ``n``.
 _FALLBACK_TABLE = _case(*(P(shape, gradient=_SIGNS) for shape in ((4096,), (3000,), (37,), (7,), (16, 8))))
+
+#: Section 1.4: a tensor learning rate in the step's formulas. A bf16 ``lr`` whose decay factor,
+#: computed in bf16 (a kernel that hands the tensor to the formulas), rounds to 1.0.
+TENSOR_LR = [
+    Stepped(
+        "1.4.3",
+        "bf16-tensor-lr-decay",
+        _case(P((64,)), groups=(G(lr=0.01, tensor_lr="bf16", weight_decay=0.1),), calls=2),
+    ),
+]
 
 #: Section 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
 PERIODS = [
@@ -74,7 +84,7 @@ _TABLE = _case(
     P((64,), gradient="codeword-table"), groups=(G(betas=(0.0, 0.999)),), calls=2, codebook="learned"
 )
 
-#: SPEC 1.6 and 1.7: the codebook learned at the first step, and the nearest codeword.
+#: Sections 1.6 and 1.7: the codebook learned at the first step, and the nearest codeword.
 CODEBOOK = [
     Stepped("1.6.2", "fp32-codewords", _PADDED),
     Stepped("1.6.6", "bin-centres", _PADDED),
@@ -105,4 +115,4 @@ TORCH_SEMANTICS = [
     Stepped("1.13.9", "squares-in-fp32", _BELOW_FP32),
 ]
 
-STEPPED = PERIODS + CODEBOOK + BLOCK_STEP + FACTORED_STEP + CALLS + TORCH_SEMANTICS
+STEPPED = TENSOR_LR + PERIODS + CODEBOOK + BLOCK_STEP + FACTORED_STEP + CALLS + TORCH_SEMANTICS
