@@ -550,9 +550,9 @@ def mutants(profile: str) -> list:
                 f"rule-{rule}-{kind}", _load_mutant(rewrite, (when or ["before"])[0]), profile
             )
             out.append(RuleMutant(rule, kind, what, impl))
-    for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
-        impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
-        out.append(RuleMutant(rule, "wrong", what, impl, n))
+    for rule, kind, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
+        impl = _implementation(f"rule-{rule}-{kind}-{n}", make_optimizer, profile)
+        out.append(RuleMutant(rule, kind, what, impl, n))
     return out
 
 

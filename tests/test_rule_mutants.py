@@ -16,15 +16,22 @@ import pytest
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import rule_checks
-from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
-from gefen_conformance.suite.step_rule_examples import STEPPED
+from gefen_conformance.suite.rule_examples import (
+    CONSTRUCTOR,
+    NATIVE_LOAD,
+    Built,
+    LoadAccepted,
+    Stepped,
+    StepRefused,
+)
+from gefen_conformance.suite.step_rule_examples import REFUSED_CALLS, STEPPED
 
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED + REFUSED_CALLS
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -38,6 +45,8 @@ TORCH_EXACT_ONLY = {r["id"] for r in rules.register()["rules"] if r.get("profile
 def _check(example):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
+    if isinstance(example, StepRefused):
+        return rule_checks.check_step_refused
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
 
 

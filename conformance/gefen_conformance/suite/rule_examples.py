@@ -408,3 +408,57 @@ NATIVE_LOAD = [
         "1.12.7", "legacy-hyperparameters-differ", lambda sd: legacy(sd, differ=True), ValueError, "legacy"
     ),
 ]
+
+
+# ------------------------------------------------------------------------------ refused steps
+
+
+@dataclass(frozen=True)
+class StepRefused(Example):
+    """A ``step()`` call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), and nothing
+    changed (SPEC 1.10.5). The call is the calling protocol's (:mod:`gefen_conformance.suite.protocol`:
+    its workload, the reference's checkpoint loaded, or none when ``fresh``, so that the call
+    learns the codebook) with every gradient set, then ``spoil(params)`` (``{name: parameter}``)
+    makes it invalid; ``attributes``: the GradScaler attributes set on the optimizer for the call,
+    ``((name, value), ...)``, each value a one-element tensor on the run's device."""
+
+    spoil: Callable[[dict], None]
+    error: type = RuntimeError
+    words: str | None = None
+    attributes: tuple = ()
+    fresh: bool = False
+
+
+def sparse_grad(name: str) -> Callable:
+    """Parameter ``name`` 's gradient as a sparse COO tensor (its values unchanged)."""
+
+    def spoil(params):
+        params[name].grad = params[name].grad.to_sparse()
+
+    return spoil
+
+
+def complex_grad(name: str) -> Callable:
+    """Parameter ``name`` 's gradient data replaced by its complex64 copy (``.grad.data``: torch
+    refuses to assign a complex ``.grad`` to a real parameter, not to replace its data)."""
+
+    def spoil(params):
+        grad = params[name].grad
+        grad.data = grad.to(torch.complex64)
+
+    return spoil
+
+
+def transposed_grad(name: str) -> Callable:
+    """Parameter ``name`` 's (2-D) gradient data replaced by its transpose: the same elements in
+    another shape (torch refuses a ``.grad`` of another shape, not replacing its data)."""
+
+    def spoil(params):
+        grad = params[name].grad
+        grad.data = grad.t().contiguous()
+
+    return spoil
+
+
+def valid(params) -> None:
+    """Nothing spoiled (the call is refused by its GradScaler attributes alone)."""
