@@ -177,6 +177,8 @@ def parse(text: str) -> list[Rule]:
             continue
         table_header = None
         if _INFORMATIVE.match(line):
+            if not clause_text:  # the clause calls itself informative: its lines that follow are too
+                clause_text.append(line)
             continue
         item = _ITEM.match(line)
         if item:
