@@ -93,6 +93,12 @@ BLOCK_STEP = {
             {"steps": ("magnitude.copy_(updated.abs().reshape", "magnitude.copy_(updated.reshape")},
         )
     ],
+    "1.8.8#4": [
+        (
+            "a block whose magnitude is zero normalized without the guard (0/0: NaN)",
+            {"steps": ("    updated.masked_fill_(~(magnitude > 0), 0.0)\n", "")},
+        )
+    ],
     "1.8.8#5": [
         (
             "the new indices not written back (the previous ones kept)",
@@ -114,6 +120,28 @@ BLOCK_STEP = {
         (
             "the update added to the parameter instead of subtracted",
             {"steps": ("add_(update.reshape(-1), alpha=-1)", "add_(update.reshape(-1), alpha=1)")},
+        )
+    ],
+    "1.8.10": [
+        (
+            "the lerp weight 1 - beta1 formed from fp32(beta1)",
+            {
+                "steps": (
+                    "grad_blocks.to(current.dtype), 1 - beta1)",
+                    "grad_blocks.to(current.dtype), 1 - float(torch.tensor(beta1)))",
+                )
+            },
+        )
+    ],
+    "1.8.12": [
+        (
+            "the per-block stepsize kept in the parameter's state (a scratch buffer)",
+            {
+                "steps": (
+                    "    stepsize = torch.reciprocal(denom)",
+                    '    stepsize = state["_stepsize"] = torch.reciprocal(denom)',
+                )
+            },
         )
     ],
     "1.8.11": [
@@ -229,6 +257,12 @@ FACTORED_STEP = {
             {"steps": ("param.add_(-update)", "param.add_(update)")},
         )
     ],
+    "1.9.4": [
+        (
+            "the factored denominator as sqrt(V) / sqrt(bc2), the block path's form",
+            {"steps": ("v_hat.div_(bc2).sqrt_()", "v_hat.sqrt_().div_(math.sqrt(bc2))")},
+        )
+    ],
     "1.9.5": [
         (
             "the factored bc2 from the step counter, not the moment's own",
@@ -297,7 +331,72 @@ CALLS = {
 }
 
 #: SPEC 1.13: torch semantics.
-TORCH_SEMANTICS: dict = {}
+TORCH_SEMANTICS = {
+    "1.13.1": [
+        (
+            "the factored square root correctly rounded (float64), not torch's",
+            {"steps": ("v_hat.div_(bc2).sqrt_()", "v_hat.div_(bc2).double().sqrt_().float()")},
+        )
+    ],
+    "1.13.2": [
+        (
+            "the factored row sums accumulated in float64, not by torch's fp32 sum",
+            {
+                "steps": (
+                    "row_sums[r0 : r0 + chunk_rows] = squares.sum(dim=1)",
+                    "row_sums[r0 : r0 + chunk_rows] = squares.double().sum(dim=1).float()",
+                )
+            },
+        )
+    ],
+    "1.13.3": [
+        (
+            "the block second moment's update as a multiply then an add (two roundings)",
+            {
+                "steps": (
+                    ".add_(block_mean_square(grad_blocks), alpha=1 - hyper.beta2)",
+                    ".add_(block_mean_square(grad_blocks).mul_(1 - hyper.beta2))",
+                )
+            },
+        )
+    ],
+    "1.13.4": [
+        (
+            "the division by the row moments' mean as a reciprocal multiply",
+            {"steps": (".div_(row_scale)", ".mul_(row_scale.reciprocal())")},
+        )
+    ],
+    "1.13.5": [
+        (
+            "codewords decoded in fp32, not rounded to the gradient's dtype",
+            {"codewords": ("return codebook[indices.long()].to(dtype)", "return codebook[indices.long()]")},
+        )
+    ],
+    "1.13.6": [
+        (
+            "the power beta2 ** t evaluated in fp32",
+            {
+                "steps": (
+                    'bc2 = 1 - hyper.beta2 ** state["vmean_step"]',
+                    'bc2 = 1 - float(torch.tensor(hyper.beta2) ** state["vmean_step"])',
+                )
+            },
+        )
+    ],
+    "1.13.7": [
+        (
+            "the decay factor of a bf16 parameter rounded to bf16, not fp32",
+            {
+                "steps": (
+                    "        param.mul_(1 - hyper.lr * hyper.weight_decay)\n\n",
+                    "        param.mul_(\n"
+                    "            torch.tensor(1 - hyper.lr * hyper.weight_decay, dtype=param.dtype)\n"
+                    "        )\n\n",
+                )
+            },
+        )
+    ],
+}
 
 #: SPEC 1.10.1 items 2-4, 1.10.2, 1.10.5: calls the reference refuses before anything changes;
 #: each mutant is ``lenient`` (tests/test_rule_mutants.py): it leaves a check out, or makes it

@@ -24,33 +24,15 @@ CITING = [
 ]
 TESTING = ["conformance/gefen_conformance/suite", "tests", "examples/gefen-fast/tests"]
 
-#: Normative clauses no test cites yet. Each is checked elsewhere without naming it (the bitwise
-#: parity of the reference with gefen-x checks 1.13's primitives, every DCP
-#: scenario runs 3.1's call sequence) or is a harness rule whose tests name the section above it.
+#: Normative clauses no test cites yet. Each is checked elsewhere without naming it (every DCP
+#: scenario runs 3.1's call sequence) or is a rule whose tests name the section above it.
 UNCITED = {
-    "1.10.2",
-    "1.10.5",
-    "1.10.9",
-    "1.10.10",
-    "1.13.1",
-    "1.13.2",
-    "1.13.3",
-    "1.13.4",
-    "1.13.6",
-    "1.13.7",
-    "1.13.9",
     "3.1.1",
     "3.1.3",
     "3.1.4",
     "3.4.1",
     "3.4.2",
     "3.4.3",
-    "4.2.1",
-    "4.2.3",
-    "4.2.5",
-    "4.2.6",
-    "4.2.8",
-    "4.2.9",
 }
 
 

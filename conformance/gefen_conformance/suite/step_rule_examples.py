@@ -54,10 +54,13 @@ BLOCK_STEP = [
     Stepped("1.8.8#1", "dequantize", _case(P((64,), period=16), counter=3)),
     Stepped("1.8.8#2", "lerp", _case(P((64,), period=16), counter=3)),
     Stepped("1.8.8#3", "magnitude", _case(P((64,)))),
+    Stepped("1.8.8#4", "zero-momentum-normalizes-to-zero", _case(P((64,), gradient="zero"))),
     Stepped("1.8.8#5", "requantize", _case(P((64,), period=16), counter=3)),
     Stepped("1.8.8#6", "quantized-momentum", _case(P((64,), period=16), counter=3)),
     Stepped("1.8.8#7", "update", _case(P((64,), period=16), counter=3)),
+    Stepped("1.8.10", "default-constants", _case(P((4,)), P((256,)))),
     Stepped("1.8.11", "state-types", _case(P((64,), dtype="bf16"))),
+    Stepped("1.8.12", "no-scratch-in-state-dict", _case(P((64,)))),
 ]
 
 #: SPEC 1.9: the factored second moment's step.
@@ -83,6 +86,7 @@ FACTORED_STEP = [
         "1.9.3#9", "factored-weight-decay", _case(P((16, 24)), groups=(G(weight_decay=0.1),), factored=True)
     ),
     Stepped("1.9.3#10", "factored-update", _case(P((16, 24), period=24), factored=True, counter=3)),
+    Stepped("1.9.4", "bias-correction-under-the-root", _case(P((4,)), P((16, 24)), factored=True, calls=2)),
     Stepped(
         "1.9.5",
         "re-warmed-second-moment",
@@ -138,6 +142,26 @@ REFUSED_CALLS = [
 ]
 
 #: SPEC 1.13: the torch semantics every formula is written in.
-TORCH_SEMANTICS: list = []
+TORCH_SEMANTICS = [
+    Stepped("1.13.1", "torch-square-root", _case(P((4,)), P((16, 24)), factored=True)),
+    Stepped("1.13.2", "torch-row-sums", _case(P((4,)), P((16, 24)), factored=True)),
+    Stepped(
+        "1.13.3",
+        "fused-second-moment-update",
+        _case(P((512,), period=16), groups=(G(betas=(0.9, 0.6)),), counter=3),
+    ),
+    Stepped("1.13.4", "division-by-a-0-dim-tensor", _case(P((4,)), P((16, 24)), factored=True)),
+    Stepped(
+        "1.13.5",
+        "codewords-in-the-gradient-dtype",
+        _case(P((4,)), P((64,), dtype="bf16", period=16), counter=3),
+    ),
+    Stepped("1.13.6", "powers-in-double", _case(P((4,)), P((64,), period=16), counter=3)),
+    Stepped(
+        "1.13.7",
+        "scalar-operand-in-fp32",
+        _case(P((64,), dtype="bf16"), groups=(G(lr=1e-4, weight_decay=30.0),)),
+    ),
+]
 
 STEPPED = PERIODS + CODEBOOK + BLOCK_STEP + FACTORED_STEP + CALLS + TORCH_SEMANTICS
