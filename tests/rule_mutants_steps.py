@@ -291,6 +291,18 @@ CALLS = {
             },
         )
     ],
+    "1.10.1#4": [
+        (
+            "the codebook learned as the call begins, from the gradients held before the closure",
+            {
+                "optimizer": (
+                    "        loss = None\n",
+                    "        loss = None\n"
+                    "        if self.codebook is None:\n            self._learn_codebook()\n",
+                )
+            },
+        )
+    ],
     "1.10.1#6": [
         (
             "the global step not advanced",

@@ -101,6 +101,11 @@ CALLS = [
         "skipped-first-call-learns-nothing",
         _case(P((64,)), calls=2, protocol="found-inf", codebook="learned"),
     ),
+    Stepped(
+        "1.10.1#4",
+        "codebook-from-the-closures-gradients",
+        _case(P((64,)), P((48,)), protocol="closure", codebook="learned"),
+    ),
     Stepped("1.10.1#6", "global-step", _case(P((64,)))),
     Stepped(
         "1.10.7",
