@@ -104,7 +104,7 @@ CALLS = [
     Stepped(
         "1.10.1#4",
         "codebook-from-the-closures-gradients",
-        _case(P((64,)), P((48,)), protocol="closure", codebook="learned"),
+        _case(P((64,)), protocol="closure", codebook="learned"),
     ),
     Stepped("1.10.1#6", "global-step", _case(P((64,)))),
     Stepped(
