@@ -1,6 +1,8 @@
 """The examples of the rules the constructor and a native load state (SPEC 1.1.2, 1.1.6, 1.12):
 one row per rule example, each making exactly one thing invalid (SPEC 1.1.4) or showing one input
-a rule accepts. :mod:`gefen_conformance.suite.rule_checks` runs them.
+a rule accepts. :mod:`gefen_conformance.suite.rule_checks` runs them. The example types of the
+step's rules (:class:`Stepped`, :class:`StepRefused`) are here too; their tables are in
+:mod:`gefen_conformance.suite.step_rule_examples`.
 
 A constructor example builds its call from the device (``call(device) -> (params, kwargs)``); a load
 example changes a deep copy of the reference's native checkpoint in place
