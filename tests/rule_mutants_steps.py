@@ -346,8 +346,8 @@ CALLS = {
 TORCH_SEMANTICS = {
     "1.13.1": [
         (
-            "the factored square root correctly rounded (float64), not torch's",
-            {"steps": ("v_hat.div_(bc2).sqrt_()", "v_hat.div_(bc2).double().sqrt_().float()")},
+            "the factored square root as the reciprocal of a reciprocal square root, not torch.sqrt",
+            {"steps": ("v_hat.div_(bc2).sqrt_()", "v_hat.div_(bc2).rsqrt_().reciprocal_()")},
         )
     ],
     "1.13.2": [
