@@ -567,9 +567,9 @@ def mutants(profile: str) -> list:
     for rule, kind, n, what, make_optimizer in rule_mutants_names.make_optimizers():
         impl = _implementation(f"rule-{rule}-{kind}-{n}", make_optimizer, profile)
         out.append(RuleMutant(rule, kind, what, impl, n))
-    for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
-        impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
-        out.append(RuleMutant(rule, "wrong", what, impl, n))
+    for rule, kind, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
+        impl = _implementation(f"rule-{rule}-{kind}-{n}", make_optimizer, profile)
+        out.append(RuleMutant(rule, kind, what, impl, n))
     return out
 
 

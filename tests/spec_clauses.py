@@ -17,10 +17,9 @@ _PARAGRAPH = re.compile(r"^(\d+\.\d+\.\d+(?:\.\d+)?) ")
 _CITED = re.compile(r"(?:SPEC|§)\s*§?(\d+(?:\.\d+)+)")
 _MARKER = re.compile(r"clause\(([^)]*)\)")
 _MARKER_ID = re.compile(r"[\"'](\d+(?:\.\d+)*)[\"']")
-#: A row of a rule-example table (suite/rule_examples.py, step_rule_examples.py): its rule id's clause.
-_EXAMPLE_ROW = re.compile(
-    r"\b(?:Refused|Built|LoadRefused|LoadAccepted|Stepped)\(\s*\"(\d+(?:\.\d+)+)(?:#\d+)?\""
-)
+#: A row of a rule-example table (an example type called with its rule id first:
+#: ``Stepped("1.13.9", ...)``, ``DcpLoadRefused("3.4.1", ...)``): its rule id's clause.
+_EXAMPLE_ROW = re.compile(r"\b[A-Z][A-Za-z]*\(\s*\"(\d+\.\d+\.\d+)(?:#\d+)?\"")
 
 
 def defined(spec: Path = REPO / "SPEC.md") -> dict:

@@ -33,9 +33,10 @@ from gefen_conformance.suite.rule_examples import (
     RoundTrip,
     ShardedLoad,
     Stepped,
+    StepRefused,
 )
 from gefen_conformance.suite.staging import StagingCase
-from gefen_conformance.suite.step_rule_examples import STEPPED
+from gefen_conformance.suite.step_rule_examples import REFUSED_CALLS, STEPPED
 
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
@@ -43,7 +44,7 @@ from .mutants import CATALOGUE, PROFILES
 from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED + REFUSED_CALLS
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -61,6 +62,8 @@ def _check(example):
         return _in_a_world_of_one(rule_checks.check_sharded_load)
     if example in NATIVE_STATE:
         return rule_checks.check_native_state
+    if isinstance(example, StepRefused):
+        return rule_checks.check_step_refused
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
 
 
@@ -110,6 +113,7 @@ TABLES = {
     "native-load": NATIVE_LOAD,
     "native-state": NATIVE_STATE,
     "stepped": STEPPED,
+    "refused-calls": REFUSED_CALLS,
 }
 
 

@@ -52,6 +52,9 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.6.10": "reference-only",
         "1.6.11": "device",
         "1.7.4": "out-of-scope",
+        "1.9.6": "out-of-scope",
+        "1.10.9": "out-of-scope",
+        "1.10.10": "out-of-scope",
         "2.4.1#1": "out-of-scope",
         "2.4.1#9": "out-of-scope",
         "3.1.1": "out-of-scope",
@@ -76,6 +79,13 @@ def test_an_inconsistent_rule_structure_is_refused(tool, spec, problem):
     text = f"## Part 1 — X\n\n### 1.1 Y\n\n1.1.1 Z\n\n{spec}"
     with pytest.raises(tool.RegisterError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         tool.parse(text)
+
+
+def test_a_clause_that_calls_itself_informative_holds_no_rule(tool):
+    text = (
+        "## Part 1 — X\n\n### 1.1 Y\n\n1.1.1 Informative summary: a formula\nthat goes on.\n\n1.1.2 A rule.\n"
+    )
+    assert [r.id for r in tool.parse(text)] == ["1.1.2"]
 
 
 def test_a_rule_counts_only_where_a_test_names_it():

@@ -198,8 +198,11 @@ def _relative(what: str, label: str, expected: torch.Tensor, actual, rtol: float
 class _Momentum:
     """A step's exact new momentum, judged: its magnitude per block with the bound (SPEC 5.6.4)
     and the scale it is divided by, the normalized momentum (blocks x period), its distance to the
-    nearest codeword, and how much farther the chosen codeword may lie (SPEC 5.6.6; inf where
-    the magnitude's bound leaves the normalization open)."""
+    nearest codeword, how much farther the chosen codeword may lie (SPEC 5.6.6; inf where the
+    magnitude's bound leaves the normalization open), and the blocks whose momentum is zero (every
+    element exactly 0: the previous momentum and the gradient are zero there, so the momentum is
+    zero in any arithmetic, its row normalizes to 0 and its codewords are the nearest to 0, SPEC
+    1.8.8 step 4, within the distances' rounding alone)."""
 
     magnitude: torch.Tensor
     magnitude_error: torch.Tensor
@@ -207,6 +210,7 @@ class _Momentum:
     normalized: torch.Tensor
     nearest: torch.Tensor
     allowed: torch.Tensor
+    zero: torch.Tensor
 
 
 def _momentum_exact(s: ParamStep, cb: torch.Tensor) -> _Momentum:
@@ -235,8 +239,11 @@ def _momentum_exact(s: ParamStep, cb: torch.Tensor) -> _Momentum:
         torch.full_like(exact, math.inf),
     )
     nearest = _nearest_distance(cb, normalized)
-    allowed = 2 * normalized_error + kb.CODEWORD_DISTANCE_ROUNDING
-    return _Momentum(magnitude, magnitude_error, scale, normalized, nearest, allowed)
+    zero = ((current == 0) & (g == 0)).all(dim=1, keepdim=True)
+    allowed = torch.where(
+        zero, kb.CODEWORD_DISTANCE_ROUNDING, 2 * normalized_error + kb.CODEWORD_DISTANCE_ROUNDING
+    )
+    return _Momentum(magnitude, magnitude_error, scale, normalized, nearest, allowed, zero)
 
 
 def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
@@ -261,7 +268,7 @@ def _momentum(s: ParamStep, cb: torch.Tensor, out: Comparisons):
     idx = s.after["m_codebook"].long().reshape(blocks, period)
     chosen = cb[idx]
     excess = (chosen - normalized).abs() - nearest
-    judged = (got_magnitude > 0).expand(blocks, period)
+    judged = ((got_magnitude > 0) | (m.zero & (got_magnitude == 0))).expand(blocks, period)
     excess = torch.where(judged, excess.clamp_min(0.0), torch.zeros_like(excess))
     # as elements: the chosen codeword against the exact normalized momentum, which it may miss by
     # the nearest codeword's distance plus the allowance (unjudged blocks allow anything)
@@ -386,7 +393,7 @@ def element_bounds(s: ParamStep, codebook: torch.Tensor) -> ElementBounds:
     decayed, decay = _decay(s)
     rate = s.lr * moment.stepsize
     start = _d(s.p0).reshape(-1) * decay
-    safe = (m.magnitude - m.magnitude_error > 0).expand(-1, period)
+    safe = ((m.magnitude - m.magnitude_error > 0) | m.zero).expand(-1, period)
     codeword_allowed = torch.where(safe, m.nearest + m.allowed, torch.full_like(m.allowed, math.inf))
     low, high = _momentum_range(cb, m, codeword_allowed)
     largest = torch.maximum((start - rate * low).abs(), (start - rate * high).abs())

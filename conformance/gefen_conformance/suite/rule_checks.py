@@ -1,14 +1,15 @@
 """Checks of the rules, one example at a time: the constructor's, the native state dict's and the
-native load's, and the step's (each example names its rule id): the suite's tests call them with
-the implementation under test, and the project's rule mutants prove each can fail. A check raises
-AssertionError whose message starts with the rule id and the example
+native load's, the step's and the refused step's (each example names its rule id): the suite's
+tests call them with the implementation under test, and the project's rule mutants prove each can
+fail. A check raises AssertionError whose message starts with the rule id and the example
 (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
 
 Errors, state dicts and loads are exact in every numeric profile: a refusal names its problem and
-changes nothing (SPEC 1.12.9), an accepted checkpoint loads exactly as the reference loads it, and
-what a state dict shows (keys, types, dtypes, shapes, names, counters) is what its rule states. Steps are
-judged as the input space judges them (SPEC 4.3.10): what is exact in every profile (periods,
-counters, codebooks, indices where blocks normalize exactly) exactly, the rest under the profile.
+changes nothing (SPEC 1.12.9, 1.10.5), an accepted checkpoint loads exactly as the reference loads
+it, and what a state dict shows (keys, types, dtypes, shapes, names, counters) is what its rule
+states. Steps are judged as the input space judges them (SPEC 4.3.10): what is exact in every
+profile (periods, counters, codebooks, indices where blocks normalize exactly) exactly, the rest
+under the profile.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gefen_conformance.suite.rule_examples import (
     RoundTrip,
     ShardedLoad,
     Stepped,
+    StepRefused,
     feed,
 )
 from gefen_conformance.suite.space_checks import InputSpaceCase
@@ -263,6 +265,36 @@ def check_stepped(impl, example: Stepped, judge: judging.Judge | None = None) ->
         case=drawn,
         prefix=f"SPEC {example.rule} ({example.what}): ",
     )
+
+
+def check_step_refused(impl, example: StepRefused) -> None:
+    """The example's call raises its error naming its words, and changes nothing: every parameter
+    bit for bit, and the optimizer's state, codebook, global step and groups by value and by the
+    identity and version of their tensors (SPEC 1.10.5)."""
+    side = protocol.Side.build(impl.make_optimizer, load=not example.fresh)
+    side.assign(protocol.grads(1))
+    example.spoil(side.params)
+    for name, value in example.attributes:
+        setattr(side.optimizer, name, torch.tensor(value, device=side.device))
+    before = _live(side.optimizer), _values(side.params)
+    try:
+        side.optimizer.step()
+    except Exception as exc:  # what was raised is the finding
+        if not isinstance(exc, example.error):
+            _fail(example, f"raised {type(exc).__name__}: {exc}; expected {example.error.__name__}")
+        if example.words is not None and example.words not in str(exc):
+            _fail(example, f"the {example.error.__name__} does not name {example.words!r}: {exc}")
+    else:
+        _fail(example, f"stepped; expected {example.error.__name__}" + _naming(example.words))
+    changed = _live_differences(before[0], _live(side.optimizer))
+    changed += _differences(before[1], _values(side.params), "the parameters")
+    if changed:
+        _fail(example, "the refused step changed " + "; ".join(changed[:5]) + " (SPEC 1.10.5)")
+
+
+def _values(params: dict) -> dict:
+    """``{name: CPU copy}`` of the parameters."""
+    return {name: models.to_cpu(p) for name, p in params.items()}
 
 
 def _built(make_optimizer, **options):

@@ -6,7 +6,9 @@ runs them.
 The tables: :data:`CONSTRUCTOR` (its validation, signature, groups, names and a tensor ``lr``, as
 ``defaults`` and ``param_groups`` show them), :data:`NATIVE_STATE` (what ``state_dict()`` shows,
 after at most two seeded steps, and a round trip), :data:`NATIVE_LOAD` and :data:`SHARDED_LOAD`
-(loads into DTensor parameters).
+(loads into DTensor parameters). The example types of the step's rules (:class:`Stepped`,
+:class:`StepRefused`) are here too; their tables are in
+:mod:`gefen_conformance.suite.step_rule_examples`.
 
 A constructor example builds its call from the device (``call(device) -> (params, kwargs)``); a load
 example changes a deep copy of the reference's native checkpoint in place
@@ -1099,3 +1101,57 @@ SHARDED_LOAD = [
     ShardedLoad("1.12.11#2", "never-stepped-loads", 0),
     ShardedLoad("1.12.11#2", "stepped-refused", 1),
 ]
+
+
+# ------------------------------------------------------------------------------ refused steps
+
+
+@dataclass(frozen=True)
+class StepRefused(Example):
+    """A ``step()`` call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), and nothing
+    changed (SPEC 1.10.5). The call is the calling protocol's (:mod:`gefen_conformance.suite.protocol`:
+    its workload, the reference's checkpoint loaded, or none when ``fresh``, so that the call
+    learns the codebook) with every gradient set, then ``spoil(params)`` (``{name: parameter}``)
+    makes it invalid; ``attributes``: the GradScaler attributes set on the optimizer for the call,
+    ``((name, value), ...)``, each value a one-element tensor on the run's device."""
+
+    spoil: Callable[[dict], None]
+    error: type = RuntimeError
+    words: str | None = None
+    attributes: tuple = ()
+    fresh: bool = False
+
+
+def sparse_grad(name: str) -> Callable:
+    """Parameter ``name`` 's gradient as a sparse COO tensor (its values unchanged)."""
+
+    def spoil(params):
+        params[name].grad = params[name].grad.to_sparse()
+
+    return spoil
+
+
+def complex_grad(name: str) -> Callable:
+    """Parameter ``name`` 's gradient data replaced by its complex64 copy (``.grad.data``: torch
+    refuses to assign a complex ``.grad`` to a real parameter, not to replace its data)."""
+
+    def spoil(params):
+        grad = params[name].grad
+        grad.data = grad.to(torch.complex64)
+
+    return spoil
+
+
+def transposed_grad(name: str) -> Callable:
+    """Parameter ``name`` 's (2-D) gradient data replaced by its transpose: the same elements in
+    another shape (torch refuses a ``.grad`` of another shape, not replacing its data)."""
+
+    def spoil(params):
+        grad = params[name].grad
+        grad.data = grad.t().contiguous()
+
+    return spoil
+
+
+def valid(params) -> None:
+    """Nothing spoiled (the call is refused by its GradScaler attributes alone)."""

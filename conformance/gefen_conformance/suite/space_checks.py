@@ -273,6 +273,10 @@ class InputSpaceCase:
             state += f", codebook {c.codebook}"
         if c.moment_counter is not None:
             state += f" (second moment at {c.moment_counter})"
+        if c.state_form == "legacy":
+            state += ", legacy (no vmean_step)"
+        elif c.state_form == "other-mode":
+            state += ", second moment of the other path"
         parts = [
             f"{len(c.params)} parameters: {'; '.join(params)}",
             f"{len(c.groups)} group(s): {' | '.join(groups)}",

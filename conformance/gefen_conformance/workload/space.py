@@ -37,6 +37,7 @@ __all__ = [
     "OPTIONS",
     "PROTOCOLS",
     "SCHEDULES",
+    "STATE_FORMS",
     "GroupCase",
     "InputCase",
     "ParamCase",
@@ -150,6 +151,11 @@ PROTOCOLS = ("plain", "closure", "grad-scale", "found-inf")
 #: is 0 at the first call and its ``lr`` times ``(call - 1) / (calls - 1)`` after, in place for a
 #: tensor lr).
 SCHEDULES = ("constant", "lr", "lr-in-place", "all", "warmup")
+#: The form of a synthesized state (``InputCase.state_form``): as the case's path writes it; a legacy
+#: block state, without ``vmean_step`` (SPEC 1.8.2: the step takes it as ``step``); the second
+#: moment of the other path (a state saved with the other ``factored_v_2d``, resumed across a mode
+#: switch: SPEC 1.8.2, 1.9.2, 1.10.8, the active moment starts from zeros with counter 0).
+STATE_FORMS = ("current", "legacy", "other-mode")
 #: Constructor options (SPEC 1.5.2, 1.1.5) a case may set, besides ``factored_v_2d``: the routing
 #: flags, and ``unfused`` (``fused=False``: no effect on the reference, another code path in a
 #: backend that keeps a fallback beside its fused kernel).
@@ -229,7 +235,8 @@ class InputCase:
     ``step()`` calls are made; ``events``: ``(call, event)`` pairs of :data:`EVENTS`, each done
     just before that call; ``grad_order``: of :data:`GRAD_ORDERS`; ``deterministic``: the
     constructor's flag; ``substring``: the ``period_one_substrings`` entry when the option is set;
-    ``codebook``: of :data:`CODEBOOKS` (``learned`` only for a fresh case, ``counter`` 0)."""
+    ``codebook``: of :data:`CODEBOOKS` (``learned`` only for a fresh case, ``counter`` 0);
+    ``state_form``: of :data:`STATE_FORMS` (``other-mode`` only for 2-D parameters with state)."""
 
     params: tuple
     groups: tuple = (GroupCase(),)
@@ -246,6 +253,7 @@ class InputCase:
     deterministic: bool = False
     substring: str = PERIOD_ONE_SUBSTRING
     codebook: str = "loaded"
+    state_form: str = "current"
 
     def __post_init__(self):
         used = {p.group for p in self.params}
@@ -273,6 +281,12 @@ class InputCase:
             raise ValueError(f"codebook {self.codebook!r} (known: {CODEBOOKS})")
         if self.codebook == "learned" and self.counter:
             raise ValueError("a learned codebook needs a fresh case (counter 0): periods come with it")
+        if self.state_form not in STATE_FORMS:
+            raise ValueError(f"state_form {self.state_form!r} (known: {STATE_FORMS})")
+        if self.state_form == "other-mode" and any(
+            p.period is not None and len(p.shape) != 2 for p in self.params
+        ):
+            raise ValueError("only a 2-D parameter's state can be of either path")
         for p in self.params:
             if p.gradient not in GRADIENTS + SCALE_GRADIENTS:
                 raise ValueError(f"gradient pattern {p.gradient!r} (known: {GRADIENTS + SCALE_GRADIENTS})")
@@ -479,9 +493,11 @@ def synthesized_entry(case: InputCase, i: int) -> dict:
     def second(*shape):
         return (torch.rand(*shape, generator=gen, dtype=torch.float64) * 1.5 + 0.5).mul(scale * scale).float()
 
-    if factored(case, i):
+    if factored(case, i) != (case.state_form == "other-mode"):
         rows, cols = p.shape
         entry.update(v_row=second(rows), v_col=second(cols), factored_step=moment)
     else:
         entry.update(vmean=second(blocks, 1), vmean_step=moment)
+        if case.state_form == "legacy":
+            del entry["vmean_step"]
     return entry
