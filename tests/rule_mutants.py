@@ -24,6 +24,7 @@ from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 from . import rule_mutants_steps
+from .source_mutants import mutated_adapter
 
 # ------------------------------------------------------------------------------ constructor
 
@@ -553,7 +554,263 @@ def mutants(profile: str) -> list:
     for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
         impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
         out.append(RuleMutant(rule, "wrong", what, impl, n))
+    for rule, rows in SAVE.items():
+        for n, (kind, what, edits) in enumerate(rows):
+            base = _implementation(
+                f"rule-{rule}-{kind}-{n}", registry.resolve("reference").make_optimizer, profile
+            )
+            state, planner, writer = mutated_adapter(**edits)
+            impl = dataclasses.replace(
+                base,
+                dcp_state=state,
+                save_planner=planner,
+                async_writer=writer,
+            )
+            same_kind = sum(k == kind for k, _, _ in rows[:n])
+            out.append(RuleMutant(rule, kind, what, impl, same_kind))
     return out
+
+
+# ------------------------------------------------------------------------------ DCP saves
+
+_FLAT_SLOTS = """    return tuple(
+        SlotRef(i, s.group_index, s.name, s.parameter)
+        for i, s in enumerate(sorted(slots, key=lambda s: s.name))
+    )"""
+
+_NEGATIVE_VMEAN_REFUSED = """    if bool((state["vmean"] < 0).any()):
+        raise ValueError("Gefen second moment is negative; refusing to write")
+    for label, tensor in ("""
+
+#: rule id -> [(lenient|strict, what the adapter does, {module of gefen_reference.dcp: (old, new)})]:
+#: the reference's DCP adapter with one source edit (tests/source_mutants.py), as an adapter author
+#: who gets that rule wrong writes it; checked by the save examples
+#: (:mod:`gefen_conformance.suite.save_rule_examples`) in a group of one.
+SAVE = {
+    "2.1.1": [
+        (
+            "strict",
+            "group_count written before slot_count",
+            {
+                "state": (
+                    """            "slot_count": schema.int64_scalar(len(slots)),
+            "group_count": schema.int64_scalar(len(opt.param_groups)),""",
+                    """            "group_count": schema.int64_scalar(len(opt.param_groups)),
+            "slot_count": schema.int64_scalar(len(slots)),""",
+                )
+            },
+        )
+    ],
+    "2.1.2": [
+        ("strict", "slots numbered in name order", {"layout": ("    return tuple(slots)", _FLAT_SLOTS)}),
+        ("strict", "slot numbers not zero-padded", {"schema": ("slot_{index:08d}", "slot_{index}")}),
+    ],
+    "2.1.3": [
+        (
+            "strict",
+            "the deterministic flag written as a bool tensor",
+            {
+                "state": (
+                    '"deterministic": schema.uint8_flag(optimizer_view.deterministic_of(opt)),',
+                    '"deterministic": schema.uint8_flag(optimizer_view.deterministic_of(opt)).bool(),',
+                )
+            },
+        )
+    ],
+    "2.1.4": [
+        (
+            "strict",
+            "an identity's shape written as a tuple",
+            {
+                "schema": (
+                    '"shape": [int(extent) for extent in global_shape],',
+                    '"shape": tuple(int(extent) for extent in global_shape),',
+                )
+            },
+        )
+    ],
+    "2.1.5": [
+        (
+            "strict",
+            "a tensor hyperparameter written as its tensor",
+            {
+                "schema": (
+                    "entry[key] = float(value)",
+                    "entry[key] = group[key] if torch.is_tensor(group[key]) else float(value)",
+                )
+            },
+        )
+    ],
+    "2.1.7": [
+        (
+            "strict",
+            "the world size written too",
+            {
+                "state": (
+                    '"group_count": schema.int64_scalar(len(opt.param_groups)),',
+                    '"group_count": schema.int64_scalar(len(opt.param_groups)),\n'
+                    '            "world_size": schema.int64_scalar(dist.get_world_size()),',
+                )
+            },
+        )
+    ],
+    "2.2.1": [
+        (
+            "strict",
+            "the momentum expanded when state_dict() runs",
+            {
+                "state": (
+                    """placeholder.deferred(
+                slot.parameter, momentum_build
+            )""",
+                    "momentum_build()",
+                )
+            },
+        )
+    ],
+    "2.2.2#1": [
+        (
+            "strict",
+            "DCP's hook builds a new tensor on every call",
+            {
+                "placeholder": (
+                    "            self._kept = self._build()\n        return self._kept",
+                    "            return self._build()\n        return self._kept",
+                )
+            },
+        )
+    ],
+    "2.2.2#2": [
+        (
+            "strict",
+            "the bounded path keeps what it built",
+            {"placeholder": ("        built = self._build()", "        built = self._kept = self._build()")},
+        )
+    ],
+    "2.2.3": [
+        (
+            "strict",
+            "a same-device .to() returns the placeholder",
+            {
+                "placeholder": (
+                    "(torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)",
+                    "(torch.Tensor.cpu, torch.Tensor.cuda)",
+                )
+            },
+        ),
+        (
+            "strict",
+            "is_pinned() refused like any operator",
+            {"placeholder": ("if func is torch.ops.aten.is_pinned.default:", "if False:")},
+        ),
+    ],
+    "2.3.1": [
+        (
+            "lenient",
+            "any subclass of the optimizer accepted",
+            {
+                "optimizer_view": (
+                    "return cls is supported_class() or",
+                    "return isinstance(optimizer, supported_class()) or",
+                )
+            },
+        ),
+        (
+            "lenient",
+            "no process group check at construction",
+            {
+                "state": (
+                    "        _require_process_group()\n        self.optimizer = optimizer",
+                    "        self.optimizer = optimizer",
+                )
+            },
+        ),
+    ],
+    "2.3.2": [
+        (
+            "lenient",
+            "the layout checked only by state_dict()",
+            {"state": ("if dist.get_world_size() == 1:", "if dist.get_world_size() < 1:")},
+        )
+    ],
+    "2.4.2": [
+        (
+            "lenient",
+            "a slot without indices saved as fresh",
+            {
+                "compact": (
+                    "if not any(key in state for key in STEPPED_MARKERS):",
+                    'if "m_codebook" not in state:',
+                )
+            },
+        ),
+        (
+            "lenient",
+            "a bool counter read as an int",
+            {
+                "schema": (
+                    "if type(value) not in (int, float) or",
+                    "if not isinstance(value, (int, float)) or",
+                )
+            },
+        ),
+        (
+            "strict",
+            "an integral float counter refused",
+            {"schema": ("if type(value) not in (int, float) or", "if type(value) is not int or")},
+        ),
+    ],
+    "2.4.3": [
+        (
+            "lenient",
+            "non-finite block values saved",
+            {"compact": ("if not bool(torch.isfinite(tensor.float()).all()):", "if False:")},
+        ),
+        (
+            "lenient",
+            "the index dtype not checked",
+            {"compact": ("if indices.dtype != torch.uint8:", "if False:")},
+        ),
+    ],
+    "2.4.4": [
+        (
+            "strict",
+            "a negative second moment refused at save",
+            {"compact": ("    for label, tensor in (", _NEGATIVE_VMEAN_REFUSED)},
+        )
+    ],
+    "2.5.1": [
+        (
+            "lenient",
+            "flatten_state_dict=False refused only as a keyword",
+            {
+                "planner": (
+                    "if not self.flatten_state_dict:",
+                    'if not kwargs.get("flatten_state_dict", True):',
+                )
+            },
+        )
+    ],
+    "2.5.2": [
+        (
+            "strict",
+            "the planner expands placeholders through DCP's caching hook",
+            {"planner": ("if is_placeholder(entry):", "if False:")},
+        )
+    ],
+    "2.6.2": [
+        (
+            "lenient",
+            "the misuse error points at GefenSavePlanner",
+            {
+                "placeholder": (
+                    '"optimizer\'s own state_dict()."',
+                    '"optimizer\'s own state_dict(); to bound memory, GefenSavePlanner."',
+                )
+            },
+        )
+    ],
+}
 
 
 # ------------------------------------------------------------------------------ DCP layouts
@@ -726,6 +983,7 @@ __all__ = [
     "NATIVE_LOAD",
     "RESTORE",
     "RuleMutant",
+    "SAVE",
     "adapter_spec",
     "mutants",
 ]

@@ -2,9 +2,10 @@
 implementation wrong in that rule alone, that a suite test naming the rule fails, in both
 profiles; and the reference passes every example.
 
-The constructor's and the native load's rules are proven here in-process (their checks are exact
-and take milliseconds, tests/rule_mutants.py); rules that are single clauses are proven by the
-catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
+The constructor's, the native load's, the step's and a one-process DCP save's rules are proven here
+in-process (their checks take milliseconds, tests/rule_mutants.py; the save examples run in a gloo
+group of one made for this module and destroyed after it); rules that are single clauses are proven
+by the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
 
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import rule_checks
 from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
+from gefen_conformance.suite.save_rule_examples import SAVES, Saved
 from gefen_conformance.suite.step_rule_examples import STEPPED
 
 from . import rule_mutants
 from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
+from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED + SAVES
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -32,9 +35,19 @@ EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + STEPPED
 WITHOUT_A_MUTANT = rules.unproven()  # fmt: skip
 
 
-def _check(example):
+@pytest.fixture(scope="module")
+def one_rank():
+    """A gloo group of one for the save examples, destroyed when the module's tests are done."""
+    with world_of_one() as world:
+        yield world
+
+
+def _check(example, request):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
+    if example in SAVES:
+        world = request.getfixturevalue("one_rank")
+        return lambda impl, e: rule_checks.check_save(impl, e, world)
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
 
 
@@ -43,17 +56,17 @@ def _kind(example) -> str:
     wrong one."""
     if isinstance(example, Stepped):
         return "wrong"
-    return "strict" if isinstance(example, (Built, LoadAccepted)) else "lenient"
+    return "strict" if isinstance(example, (Built, LoadAccepted, Saved)) else "lenient"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("mutant", rule_mutants.mutants("torch-exact"), ids=lambda m: m.id)
-def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
+def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, request):
     (declared,) = [m for m in rule_mutants.mutants(profile) if m.id == mutant.id]
     failures = []
     for example in (e for e in EXAMPLES if e.rule == mutant.rule):
         try:
-            _check(example)(declared.implementation, example)
+            _check(example, request)(declared.implementation, example)
         except AssertionError as failure:
             failures.append(str(failure))
     assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
@@ -61,8 +74,8 @@ def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.rule}-{e.what}")
-def test_the_reference_passes_every_example(example):
-    _check(example)(registry.resolve("reference"), example)
+def test_the_reference_passes_every_example(example, request):
+    _check(example, request)(registry.resolve("reference"), example)
 
 
 def test_every_rule_of_the_examples_has_its_mutants():
