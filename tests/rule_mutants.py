@@ -20,6 +20,7 @@ import math
 import torch
 
 import gefen_reference as reference
+import gefen_reference.dcp as reference_dcp
 from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
@@ -554,6 +555,9 @@ def mutants(profile: str) -> list:
     for rule, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
         impl = _implementation(f"rule-{rule}-wrong-{n}", make_optimizer, profile)
         out.append(RuleMutant(rule, "wrong", what, impl, n))
+    for rule, (what, cls) in DECLARED.items():
+        impl = _implementation(f"rule-{rule}-strict", functools.partial(_declared_optimizer, cls), profile)
+        out.append(RuleMutant(rule, "strict", what, impl))
     for rule, rows in SAVE.items():
         for n, (kind, what, edits) in enumerate(rows):
             base = _implementation(
@@ -813,6 +817,76 @@ SAVE = {
 }
 
 
+class _TensorGlobalStep(reference.Gefen):
+    """Keeps its global step as a tensor, as a backend that counts on the device does."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    @property
+    def global_step(self):
+        return self._global_step_tensor
+
+    @global_step.setter
+    def global_step(self, value):
+        self._global_step_tensor = torch.as_tensor(value, dtype=torch.int64)
+
+
+class _NoNameProvenance(reference.Gefen):
+    """Rebuilds its groups without the names' provenance flags."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        for group in self.param_groups:
+            group.pop("param_names_synthesized", None)
+
+
+class _FlatMagnitudes(reference.Gefen):
+    """Keeps each parameter's block magnitudes flat (``[nb]``) between steps."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def _magnitudes(self, shape):
+        for state in self.state.values():
+            if "m_magnitude" in state:
+                state["m_magnitude"] = state["m_magnitude"].reshape(shape)
+
+    def step(self, closure=None):
+        self._magnitudes((-1, 1))
+        loss = super().step(closure)
+        self._magnitudes((-1,))
+        return loss
+
+
+class _KeptCodebook(reference.Gefen):
+    """Keeps its own copy of the codebook it learned and steps with it, whatever was loaded since."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def step(self, closure=None):
+        kept = getattr(self, "_kept_codebook", None)
+        if kept is not None:
+            self.codebook = kept
+        loss = super().step(closure)
+        self._kept_codebook = self.codebook
+        return loss
+
+
+def _declared_optimizer(cls, params, **kwargs):
+    return cls(params, **kwargs)
+
+
+#: rule id -> (what the class does, a class that declares the reference's state layout and breaks
+#: that promise of SPEC 2.3.6, served by the reference's adapter)
+DECLARED = {
+    "2.3.6#1": ("the global step kept as a tensor", _TensorGlobalStep),
+    "2.3.6#2": ("groups without param_names_synthesized", _NoNameProvenance),
+    "2.3.6#3": ("block magnitudes kept flat between steps", _FlatMagnitudes),
+    "2.3.6#4": ("the codebook learned first kept over a loaded one", _KeptCodebook),
+}
+
+
 # ------------------------------------------------------------------------------ DCP layouts
 
 #: rule id -> the words of the reference's refusal (SPEC 2.4.1): the mutant saves where the
@@ -979,6 +1053,7 @@ for _kind, (_rules, _, _) in ADAPTER_MUTANTS.items():
 __all__ = [
     "ADAPTER_MUTANTS",
     "CONSTRUCTOR",
+    "DECLARED",
     "LAYOUT",
     "NATIVE_LOAD",
     "RESTORE",

@@ -139,12 +139,17 @@ def check_save(impl, example, world) -> None:
         optimizer, params = example.build(impl, world.mesh)
     except saves.NoCodebook as absent:
         pytest.skip(f"SPEC {example.rule} ({example.what}): {absent} has no public codebook attribute")
+    except saves.NotDeclared as undeclared:
+        pytest.skip(f"SPEC {example.rule}: {undeclared} declares no state layout (it binds declared classes)")
     if isinstance(example, saves.Saved):
         try:
             state = impl.dcp_state(optimizer).state_dict()
         except Exception as exc:  # a refusal is the finding
             _fail(example, f"refused with {type(exc).__name__}: {exc}")
-        problem = example.holds(saves.Save(impl, optimizer, params, state))
+        try:
+            problem = example.holds(saves.Save(impl, optimizer, params, state, world))
+        except Exception as exc:  # an implementation the check cannot read fails it
+            _fail(example, f"checking the save raised {type(exc).__name__}: {exc}")
         if problem:
             _fail(example, problem)
         return

@@ -10,6 +10,11 @@ third never stepped (a fresh slot). An example that changes the live state does 
 public per-parameter ``state`` of SPEC 1.11.3, or, for the codebook, the public attribute a
 declared class carries (SPEC 2.3.6#1): an implementation without that attribute skips it.
 
+The promises of a declared state layout (SPEC 2.3.6) bind a class that declares one: their
+examples run for an optimizer class that declares the reference's layout in its own body
+(``gefen_state_layout = gefen_reference.dcp.STATE_LAYOUT``, the one declaration the suite knows), as
+a kernel backend on the reference's adapter does, and skip for any other class.
+
 What needs several ranks (SPEC 2.3.4, 2.3.5, 2.4.5, the world-size half of 2.3.2 and the
 cross-rank half of 2.4.4) is not here: at world size 1 no collective runs.
 """
@@ -95,10 +100,15 @@ class Save:
     optimizer: object
     params: dict
     state: dict
+    world: object  # the WorldOfOne: its mesh, and scratch paths for a checkpoint
 
 
 class NoCodebook(Exception):
     """The optimizer has no public ``codebook`` attribute to change (SPEC 2.3.6#1)."""
+
+
+class NotDeclared(Exception):
+    """The optimizer's class declares no state layout the suite knows (SPEC 2.3.6)."""
 
 
 # ------------------------------------------------------------------------------ building
@@ -109,9 +119,10 @@ def _full(name: str, shape, salt: int = 0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def trained(impl, mesh, *, steps: int = STEPS, **options):
+def trained(impl, mesh, *, steps: int = STEPS, seed: int = 0, **options):
     """``(optimizer, params)``: :data:`PARAMS` sharded on ``mesh``, the implementation's optimizer
-    over them (``factored_v_2d=False`` unless given) and ``steps`` steps on all but the last."""
+    over them (``factored_v_2d=False`` unless given) and ``steps`` steps on all but the last, on
+    gradients drawn from ``seed``."""
     from gefen_conformance.harness.sharding import shard, sharded_parameter
 
     params = {name: sharded_parameter(_full(name, shape), mesh) for name, shape, _ in PARAMS}
@@ -124,7 +135,7 @@ def trained(impl, mesh, *, steps: int = STEPS, **options):
     stepped = [n for n, _, _ in PARAMS[:-1]]
     for step in range(steps):
         for name in stepped:
-            params[name].grad = shard(_full(name, params[name].shape, salt=step + 1), mesh)
+            params[name].grad = shard(_full(name, params[name].shape, salt=step + 1 + 100 * seed), mesh)
         optimizer.step()
     return optimizer, params
 
@@ -185,6 +196,16 @@ def _group(key: str, value) -> Callable:
         return optimizer, params
 
     return build
+
+
+def _declared(impl, mesh):
+    """:func:`trained`, for a class that declares the reference's state layout only."""
+    from gefen_reference.dcp.optimizer_view import declares_state_layout
+
+    optimizer, params = trained(impl, mesh)
+    if not declares_state_layout(type(optimizer)):
+        raise NotDeclared(type(optimizer).__name__)
+    return optimizer, params
 
 
 def _undeclared_subclass(impl, mesh):
@@ -321,7 +342,19 @@ def _identities(save: Save) -> str | None:
     return None
 
 
-def _hypers(overrides: dict | None = None) -> Callable:
+def _written(key: str, value: float) -> Callable:
+    """Group 1's ``key`` is written as set, unchecked (SPEC 2.4.4)."""
+
+    def holds(save: Save) -> str | None:
+        entry = save.state["param_group_hypers"][1]
+        if entry.get(key) != value:
+            return f"param_group_hypers[1][{key!r}] is {entry.get(key)!r}, expected {value!r} as set"
+        return None
+
+    return holds
+
+
+def _hypers() -> Callable:
     def holds(save: Save) -> str | None:
         got = save.state["param_group_hypers"]
         if type(got) is not list or len(got) != len(LR):
@@ -334,8 +367,6 @@ def _hypers(overrides: dict | None = None) -> Callable:
                 "eps": float(EPS),
                 "weight_decay": float(WEIGHT_DECAY),
             }
-            if g == 1:
-                want.update(overrides or {})
             if not isinstance(entry, dict) or list(entry) != list(HYPER_KEYS):
                 return f"param_group_hypers[{g}] is {entry!r}, expected the keys {list(HYPER_KEYS)} in order"
             for key, value in entry.items():
@@ -523,6 +554,105 @@ def _describes(save: Save) -> str | None:
     return None
 
 
+def _public_attributes(save: Save) -> str | None:
+    """SPEC 2.3.6#1 after two steps: the codebook learned, the counters and flags as declared."""
+    from gefen_reference.periods import PeriodRules
+
+    opt = save.optimizer
+    codebook = getattr(opt, "codebook", None)
+    if not torch.is_tensor(codebook) or (codebook.dtype, tuple(codebook.shape)) != (torch.float32, (256,)):
+        return f"codebook is {type(codebook).__name__} {getattr(codebook, 'dtype', '')}, expected fp32 [256]"
+    if type(getattr(opt, "global_step", None)) is not int or opt.global_step != STEPS:
+        return f"global_step is {getattr(opt, 'global_step', None)!r}, expected the int {STEPS}"
+    if type(getattr(opt, "deterministic", None)) is not bool:
+        return f"deterministic is {getattr(opt, 'deterministic', None)!r}, expected a bool"
+    missing = [a for a in ("factored_v_2d", "period_rules") if not hasattr(opt, a)]
+    if missing:
+        return f"no public {missing}"
+    if not isinstance(opt.period_rules, PeriodRules):
+        return f"period_rules is a {type(opt.period_rules).__name__}, not the reference's PeriodRules"
+    return None
+
+
+def _group_keys(save: Save) -> str | None:
+    """SPEC 2.3.6#2: every group carries its names, their provenance and the hyperparameters."""
+    for g, group in enumerate(save.optimizer.param_groups):
+        count = len(group["params"])
+        names, flags = group.get("param_names"), group.get("param_names_synthesized")
+        if not isinstance(names, list) or len(names) != count or not all(isinstance(n, str) for n in names):
+            return f"group {g}: param_names is {names!r}, expected {count} names"
+        if not isinstance(flags, list) or len(flags) != count or not all(type(f) is bool for f in flags):
+            return f"group {g}: param_names_synthesized is {flags!r}, expected {count} bools"
+        missing = [k for k in HYPER_KEYS if k not in group]
+        if missing:
+            return f"group {g} lacks {missing}"
+    return None
+
+
+def _state_entries(save: Save) -> str | None:
+    """SPEC 2.3.6#3: a stepped parameter's state as SPEC 1.11.3 lays it out; a fresh one's empty."""
+    for index, (name, _, _) in enumerate(PARAMS):
+        param = save.params[name]
+        local = param.to_local()
+        state = save.optimizer.state.get(param, {})
+        if index == len(PARAMS) - 1:
+            stepped = sorted(set(state) - {"name"})
+            if stepped:
+                return f"{name} never stepped but its state holds {stepped}"
+            continue
+        for key in ("automatic_period", "step", "vmean_step"):
+            if type(state.get(key)) is not int or state[key] < 1:
+                return f"{name}: {key} is {state.get(key)!r}, expected an int >= 1"
+        period = state["automatic_period"]
+        blocks = local.numel() // period
+        expected = {
+            "m_codebook": (torch.uint8, (blocks, period)),
+            "m_magnitude": (torch.float32, (blocks, 1)),
+            "vmean": (torch.float32, (blocks, 1)),
+        }
+        for key, (dtype, shape) in expected.items():
+            got = state.get(key)
+            if not torch.is_tensor(got) or (got.dtype, tuple(got.shape), got.device) != (
+                dtype,
+                shape,
+                local.device,
+            ):
+                seen = (
+                    getattr(got, "dtype", None),
+                    tuple(getattr(got, "shape", ())),
+                    getattr(got, "device", None),
+                )
+                return f"{name}: {key} is {seen}, expected {(dtype, shape, local.device)}"
+    return None
+
+
+def _restored_state_used(save: Save) -> str | None:
+    """SPEC 2.3.6#4: an optimizer that stepped on other gradients, then loaded a checkpoint, steps
+    bit for bit as a fresh one of the same class that loaded it: nothing of its earlier state (its
+    codebook, counters, hyperparameters) outlives the load."""
+    from gefen_conformance.harness.sharding import shard
+    from gefen_conformance.workload import saving
+
+    path = save.world.path()
+    saving.save(save.impl, save.optimizer, path, planner=False)
+    mesh = save.world.mesh
+    sides = {"stepped": trained(save.impl, mesh, seed=1), "fresh": trained(save.impl, mesh, steps=0)}
+    for optimizer, params in sides.values():
+        saving.load(save.impl, optimizer, path)
+        with torch.no_grad():
+            for name, param in params.items():
+                param.to_local().copy_(save.params[name].to_local())
+                param.grad = shard(_full(name, param.shape, salt=50), mesh)
+        optimizer.step()
+    for name, _, _ in PARAMS:
+        a, b = (params[name].to_local() for _, params in sides.values())
+        if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+            return (
+                f"{name} after the next step differs from a fresh optimizer's that loaded the same checkpoint"
+            )
+    return None
+
+
 def _counter(key: str, value: int) -> Callable:
     def holds(save: Save) -> str | None:
         return _scalar(save, slot_key(0, key), torch.int64, value)
@@ -595,6 +725,14 @@ CONSTRUCTION = [
         words="unique across every group",
         at="construct",
     ),
+]
+
+#: SPEC 2.3.6: what a class that declares the reference's state layout promises.
+DECLARED = [
+    Saved("2.3.6#1", "public-attributes", _declared, _public_attributes),
+    Saved("2.3.6#2", "group-keys", _declared, _group_keys),
+    Saved("2.3.6#3", "state-entries", _declared, _state_entries),
+    Saved("2.3.6#4", "restored-state-used", _declared, _restored_state_used),
 ]
 
 #: SPEC 2.4.2-2.4.4: the slot state, counters and expansion proofs.
@@ -722,8 +860,8 @@ CHECKS = [
         _slot_state(0, _put("vmean", lambda t: -t.abs() - 1.0)),
         _second_moment_negative,
     ),
-    Saved("2.4.4", "lr-negative", _group("lr", -1.0), _hypers({"lr": -1.0})),
-    Saved("2.4.4", "beta1-above-one", _group("beta1", 1.5), _hypers({"beta1": 1.5})),
+    Saved("2.4.4", "lr-negative", _group("lr", -1.0), _written("lr", -1.0)),
+    Saved("2.4.4", "beta1-above-one", _group("beta1", 1.5), _written("beta1", 1.5)),
 ]
 
 #: SPEC 2.5 and 2.6: the save planner, and staging by a writer that does not snapshot.
@@ -751,4 +889,4 @@ PLANNING = [
     ),
 ]
 
-SAVES = FORMAT + PLACEHOLDERS + CONSTRUCTION + CHECKS + PLANNING
+SAVES = FORMAT + PLACEHOLDERS + CONSTRUCTION + DECLARED + CHECKS + PLANNING
