@@ -582,6 +582,11 @@ _FLAT_SLOTS = """    return tuple(
         for i, s in enumerate(sorted(slots, key=lambda s: s.name))
     )"""
 
+_FINITE_FIRST = """    indices = state["m_codebook"]
+    if not bool(torch.isfinite(state["m_magnitude"].float()).all()):
+        raise ValueError("Gefen optimizer state is non-finite (m_magnitude); refusing to write")
+"""
+
 _NEGATIVE_VMEAN_REFUSED = """    if bool((state["vmean"] < 0).any()):
         raise ValueError("Gefen second moment is negative; refusing to write")
     for label, tensor in ("""
@@ -774,6 +779,11 @@ SAVE = {
             "lenient",
             "the index dtype not checked",
             {"compact": ("if indices.dtype != torch.uint8:", "if False:")},
+        ),
+        (
+            "lenient",
+            "finiteness checked before the block geometry",
+            {"compact": ('    indices = state["m_codebook"]\n', _FINITE_FIRST)},
         ),
     ],
     "2.4.4": [

@@ -137,8 +137,8 @@ def check_save(impl, example, world) -> None:
         return
     try:
         optimizer, params = example.build(impl, world.mesh)
-    except saves.NoCodebook as absent:
-        pytest.skip(f"SPEC {example.rule} ({example.what}): {absent} has no public codebook attribute")
+    except saves.NoAttribute as absent:
+        pytest.skip(f"SPEC {example.rule} ({example.what}): {absent}")
     except saves.NotDeclared as undeclared:
         pytest.skip(f"SPEC {example.rule}: {undeclared} declares no state layout (it binds declared classes)")
     if isinstance(example, saves.Saved):

@@ -7,8 +7,8 @@ refuses, with its error and words. :func:`gefen_conformance.suite.rule_checks.ch
 Every example starts from :func:`trained`: two groups (a tensor ``lr`` in group 0), three
 parameters whose registration order is not their names' order, two steps on the first two, the
 third never stepped (a fresh slot). An example that changes the live state does it through the
-public per-parameter ``state`` of SPEC 1.11.3, or, for the codebook, the public attribute a
-declared class carries (SPEC 2.3.6#1): an implementation without that attribute skips it.
+public per-parameter ``state`` of SPEC 1.11.3, or, for the codebook and the global step, the public
+attributes a declared class carries (SPEC 2.3.6#1): an implementation without them skips it.
 
 The promises of a declared state layout (SPEC 2.3.6) bind a class that declares one: their
 examples run for an optimizer class that declares the reference's layout in its own body
@@ -103,8 +103,8 @@ class Save:
     world: object  # the WorldOfOne: its mesh, and scratch paths for a checkpoint
 
 
-class NoCodebook(Exception):
-    """The optimizer has no public ``codebook`` attribute to change (SPEC 2.3.6#1)."""
+class NoAttribute(Exception):
+    """The optimizer has no public attribute of that name to change (SPEC 2.3.6#1)."""
 
 
 class NotDeclared(Exception):
@@ -178,15 +178,35 @@ def _only(key: str, value) -> Callable:
     return change
 
 
-def _codebook(value: Callable) -> Callable:
+def _attribute(name: str, value: Callable) -> Callable:
+    """:func:`trained`, then the optimizer's public attribute ``name`` set to ``value(itself)``."""
+
     def build(impl, mesh):
         optimizer, params = trained(impl, mesh)
-        if "codebook" not in dir(optimizer):
-            raise NoCodebook(type(optimizer).__name__)
-        optimizer.codebook = value(optimizer.codebook)
+        if name not in dir(optimizer):
+            raise NoAttribute(f"{type(optimizer).__name__} has no public {name} attribute")
+        setattr(optimizer, name, value(getattr(optimizer, name)))
         return optimizer, params
 
     return build
+
+
+def _codebook(value: Callable) -> Callable:
+    return _attribute("codebook", value)
+
+
+def _both(first: Callable, second: Callable) -> Callable:
+    def change(state):
+        first(state)
+        second(state)
+
+    return change
+
+
+def _codebook_and_indices(impl, mesh):
+    optimizer, params = _codebook(lambda cb: None)(impl, mesh)
+    _put("m_codebook", lambda t: t.long())(optimizer.state[params[PARAMS[0][0]]])
+    return optimizer, params
 
 
 def _group(key: str, value) -> Callable:
@@ -767,6 +787,20 @@ CHECKS = [
     ),
     SaveRefused(
         "2.4.2",
+        "global-step-negative",
+        _attribute("global_step", lambda _: -1),
+        ValueError,
+        "nonnegative integer",
+    ),
+    SaveRefused(
+        "2.4.2",
+        "global-step-bool",
+        _attribute("global_step", lambda _: True),
+        ValueError,
+        "nonnegative integer",
+    ),
+    SaveRefused(
+        "2.4.2",
         "period-bool-tensor",
         _slot_state(0, _put("automatic_period", torch.tensor(True))),
         ValueError,
@@ -850,6 +884,29 @@ CHECKS = [
         _slot_state(1, _put("vmean", lambda t: torch.full_like(t, math.inf))),
         ValueError,
         "non-finite",
+    ),
+    SaveRefused(
+        "2.4.3",
+        "index-dtype-before-geometry",
+        _slot_state(0, _both(_put("m_codebook", lambda t: t.long()), _put("m_magnitude", lambda t: t[:-1]))),
+        ValueError,
+        "index dtype",
+    ),
+    SaveRefused(
+        "2.4.3",
+        "geometry-before-finiteness",
+        _slot_state(
+            1,
+            _both(
+                _put("vmean", lambda t: t[:-1].clone()),
+                _put("m_magnitude", lambda t: torch.full_like(t, math.nan)),
+            ),
+        ),
+        ValueError,
+        "second-moment block geometry",
+    ),
+    SaveRefused(
+        "2.4.3", "codebook-before-index-dtype", _codebook_and_indices, RuntimeError, "initialized codebook"
     ),
     SaveRefused(
         "2.4.3", "inf-codebook", _codebook(lambda cb: cb.clone().fill_(math.inf)), ValueError, "non-finite"
