@@ -10,15 +10,18 @@ by the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.p
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+import gefen_reference as reference
+import gefen_reference.dcp as reference_dcp
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import rule_checks
 from gefen_conformance.suite.rule_examples import CONSTRUCTOR, NATIVE_LOAD, Built, LoadAccepted, Stepped
-from gefen_conformance.suite.save_rule_examples import SAVES, Saved
+from gefen_conformance.suite.save_rule_examples import DECLARED, SAVES, Saved
 from gefen_conformance.suite.step_rule_examples import STEPPED
 
 from . import rule_mutants
@@ -76,6 +79,21 @@ def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, requ
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.rule}-{e.what}")
 def test_the_reference_passes_every_example(example, request):
     _check(example, request)(registry.resolve("reference"), example)
+
+
+class _DeclaredReference(reference.Gefen):
+    """The reference's optimizer as a class that declares its state layout, as a kernel backend does."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+
+@pytest.mark.parametrize("example", DECLARED, ids=lambda e: f"{e.rule}-{e.what}")
+def test_a_declared_reference_passes_the_declared_layout_examples(example, request):
+    """The examples of SPEC 2.3.6 run for a declared class only: the reference's own is not one."""
+    declared = dataclasses.replace(
+        registry.resolve("reference"), make_optimizer=lambda params, **kw: _DeclaredReference(params, **kw)
+    )
+    _check(example, request)(declared, example)
 
 
 def test_every_rule_of_the_examples_has_its_mutants():
