@@ -119,6 +119,11 @@ def _full(name: str, shape, salt: int = 0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _own(value):
+    """A tensor hyperparameter of its own: a load may fill it in place (SPEC 3.5)."""
+    return value.clone() if torch.is_tensor(value) else value
+
+
 def trained(impl, mesh, *, steps: int = STEPS, seed: int = 0, **options):
     """``(optimizer, params)``: :data:`PARAMS` sharded on ``mesh``, the implementation's optimizer
     over them (``factored_v_2d=False`` unless given) and ``steps`` steps on all but the last, on
@@ -127,7 +132,7 @@ def trained(impl, mesh, *, steps: int = STEPS, seed: int = 0, **options):
 
     params = {name: sharded_parameter(_full(name, shape), mesh) for name, shape, _ in PARAMS}
     groups = [
-        {"params": [(n, params[n]) for n, _, g in PARAMS if g == index], "lr": lr}
+        {"params": [(n, params[n]) for n, _, g in PARAMS if g == index], "lr": _own(lr)}
         for index, lr in enumerate(LR)
     ]
     kwargs = {"betas": BETAS, "eps": EPS, "weight_decay": WEIGHT_DECAY, "factored_v_2d": False, **options}
@@ -314,8 +319,8 @@ def _registration_order(save: Save) -> str | None:
 
 def _scalar(save: Save, key: str, dtype: torch.dtype, value: int) -> str | None:
     got = save.state.get(key)
-    if not torch.is_tensor(got) or type(got) is not torch.Tensor:
-        return f"{key} is {type(got).__name__}, expected a plain tensor"
+    if not torch.is_tensor(got):
+        return f"{key} is {type(got).__name__}, expected a tensor"
     if got.dim() != 0 or got.dtype != dtype or got.device.type != "cpu":
         return (
             f"{key} is {got.dtype} of shape {tuple(got.shape)} on {got.device}, expected 0-dim {dtype} on cpu"
@@ -374,31 +379,26 @@ def _written(key: str, value: float) -> Callable:
     return holds
 
 
-def _hypers() -> Callable:
-    def holds(save: Save) -> str | None:
-        got = save.state["param_group_hypers"]
-        if type(got) is not list or len(got) != len(LR):
-            return f"param_group_hypers is {got!r:.120}, expected a list of {len(LR)} dicts"
-        for g, (entry, lr) in enumerate(zip(got, LR)):
-            want = {
-                "lr": float(lr.item()) if torch.is_tensor(lr) else float(lr),
-                "beta1": float(BETAS[0]),
-                "beta2": float(BETAS[1]),
-                "eps": float(EPS),
-                "weight_decay": float(WEIGHT_DECAY),
-            }
-            if not isinstance(entry, dict) or list(entry) != list(HYPER_KEYS):
-                return f"param_group_hypers[{g}] is {entry!r}, expected the keys {list(HYPER_KEYS)} in order"
-            for key, value in entry.items():
-                if type(value) is not float:
-                    return (
-                        f"param_group_hypers[{g}][{key!r}] is {type(value).__name__} {value!r}, not a float"
-                    )
-                if value != want[key]:
-                    return f"param_group_hypers[{g}][{key!r}] is {value!r}, expected {want[key]!r}"
-        return None
-
-    return holds
+def _hypers(save: Save) -> str | None:
+    got = save.state["param_group_hypers"]
+    if type(got) is not list or len(got) != len(LR):
+        return f"param_group_hypers is {got!r:.120}, expected a list of {len(LR)} dicts"
+    for g, (entry, lr) in enumerate(zip(got, LR)):
+        want = {
+            "lr": float(lr.item()) if torch.is_tensor(lr) else float(lr),
+            "beta1": float(BETAS[0]),
+            "beta2": float(BETAS[1]),
+            "eps": float(EPS),
+            "weight_decay": float(WEIGHT_DECAY),
+        }
+        if not isinstance(entry, dict) or list(entry) != list(HYPER_KEYS):
+            return f"param_group_hypers[{g}] is {entry!r}, expected the keys {list(HYPER_KEYS)} in order"
+        for key, value in entry.items():
+            if type(value) is not float:
+                return f"param_group_hypers[{g}][{key!r}] is {type(value).__name__} {value!r}, not a float"
+            if value != want[key]:
+                return f"param_group_hypers[{g}][{key!r}] is {value!r}, expected {want[key]!r}"
+    return None
 
 
 def _placeholders(save: Save) -> str | None:
@@ -698,7 +698,7 @@ FORMAT = [
     Saved("2.1.3", "replicated-scalars", _built(), _replicated(False)),
     Saved("2.1.3", "deterministic-uint8", _built(deterministic=True), _replicated(True)),
     Saved("2.1.4", "identities", _built(), _identities),
-    Saved("2.1.5", "hypers-tensor-lr", _built(), _hypers()),
+    Saved("2.1.5", "hypers-tensor-lr", _built(), _hypers),
     Saved("2.1.7", "nothing-else", _built(), _nothing_else),
 ]
 
