@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -153,8 +154,9 @@ def check_save(impl, example, world) -> None:
         if problem:
             _fail(example, problem)
         return
+    path = world.path() if example.at == "stage" else None
     try:
-        _refused_save(impl, example, optimizer, world)
+        _refused_save(impl, example, optimizer, path)
     except Exception as exc:  # what was raised is the finding
         if not isinstance(exc, example.error):
             _fail(example, f"raised {type(exc).__name__}: {exc}; expected {example.error.__name__}")
@@ -162,14 +164,19 @@ def check_save(impl, example, world) -> None:
             _fail(example, f"the {example.error.__name__} does not name {example.words!r}: {exc}")
         if example.not_words is not None and example.not_words in str(exc):
             _fail(example, f"the {example.error.__name__} names {example.not_words!r}: {exc}")
-        return
-    _fail(example, f"saved; expected {example.error.__name__}" + _naming(example.words) + f" at {example.at}")
+    else:
+        _fail(
+            example,
+            f"saved; expected {example.error.__name__}" + _naming(example.words) + f" at {example.at}",
+        )
+    written = sorted(os.listdir(path)) if path is not None and os.path.isdir(path) else []
+    if written:
+        _fail(example, f"the refused staging wrote {written}")
 
 
-def _refused_save(impl, example, optimizer, world) -> None:
-    """What ``example.at`` names, which the example expects to raise."""
-    import os
-
+def _refused_save(impl, example, optimizer, path) -> None:
+    """What ``example.at`` names, which the example expects to raise (``path``: where a staging
+    writer would write)."""
     if example.at == "no-group":
         with _no_default_group():
             impl.dcp_state(optimizer)
@@ -182,13 +189,7 @@ def _refused_save(impl, example, optimizer, world) -> None:
         return
     from torch.distributed.checkpoint import FileSystemWriter
 
-    path = world.path()
-    try:
-        FileSystemWriter(path).stage({"optimizer": state})
-    finally:
-        written = sorted(os.listdir(path)) if os.path.isdir(path) else []
-        if written:
-            _fail(example, f"staging wrote {written}")
+    FileSystemWriter(path).stage({"optimizer": state})
 
 
 class _no_default_group:
