@@ -29,6 +29,7 @@ import math
 import torch
 
 import gefen_reference as reference
+import gefen_reference.dcp as reference_dcp
 import gefen_reference.dcp.hyper_staging as reference_hyper_staging
 import gefen_reference.dcp.layout as reference_layout_module
 import gefen_reference.dcp.restore as reference_restore
@@ -38,6 +39,7 @@ from gefen_conformance.implementations import registry
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT
 
 from . import mutant_tools, rule_mutants_names, rule_mutants_steps
+from .source_mutants import mutated_adapter
 
 # ------------------------------------------------------------------------------ constructor
 
@@ -570,7 +572,346 @@ def mutants(profile: str) -> list:
     for rule, kind, n, what, make_optimizer in rule_mutants_steps.make_optimizers():
         impl = _implementation(f"rule-{rule}-{kind}-{n}", make_optimizer, profile)
         out.append(RuleMutant(rule, kind, what, impl, n))
+    for rule, (what, cls) in DECLARED.items():
+        impl = _implementation(f"rule-{rule}-strict", functools.partial(_declared_optimizer, cls), profile)
+        out.append(RuleMutant(rule, "strict", what, impl))
+    for rule, rows in SAVE.items():
+        for n, (kind, what, edits) in enumerate(rows):
+            base = _implementation(
+                f"rule-{rule}-{kind}-{n}", registry.resolve("reference").make_optimizer, profile
+            )
+            state, planner, writer = mutated_adapter(**edits)
+            impl = dataclasses.replace(
+                base,
+                dcp_state=state,
+                save_planner=planner,
+                async_writer=writer,
+            )
+            same_kind = sum(k == kind for k, _, _ in rows[:n])
+            out.append(RuleMutant(rule, kind, what, impl, same_kind))
     return out
+
+
+# ------------------------------------------------------------------------------ DCP saves
+
+_FLAT_SLOTS = """    return tuple(
+        SlotRef(i, s.group_index, s.name, s.parameter)
+        for i, s in enumerate(sorted(slots, key=lambda s: s.name))
+    )"""
+
+_FINITE_FIRST = """    indices = state["m_codebook"]
+    if not bool(torch.isfinite(state["m_magnitude"].float()).all()):
+        raise ValueError("Gefen optimizer state is non-finite (m_magnitude); refusing to write")
+"""
+
+_NEGATIVE_VMEAN_REFUSED = """    if bool((state["vmean"] < 0).any()):
+        raise ValueError("Gefen second moment is negative; refusing to write")
+    for label, tensor in ("""
+
+#: rule id -> [(lenient|strict, what the adapter does, {module of gefen_reference.dcp: (old, new)})]:
+#: the reference's DCP adapter with one source edit (tests/source_mutants.py), as an adapter author
+#: who gets that rule wrong writes it; checked by the save examples
+#: (:mod:`gefen_conformance.suite.save_rule_examples`) in a group of one.
+SAVE = {
+    "2.1.1": [
+        (
+            "strict",
+            "group_count written before slot_count",
+            {
+                "state": (
+                    """            "slot_count": schema.int64_scalar(len(slots)),
+            "group_count": schema.int64_scalar(len(opt.param_groups)),""",
+                    """            "group_count": schema.int64_scalar(len(opt.param_groups)),
+            "slot_count": schema.int64_scalar(len(slots)),""",
+                )
+            },
+        )
+    ],
+    "2.1.2": [
+        ("strict", "slots numbered in name order", {"layout": ("    return tuple(slots)", _FLAT_SLOTS)}),
+        ("strict", "slot numbers not zero-padded", {"schema": ("slot_{index:08d}", "slot_{index}")}),
+    ],
+    "2.1.3": [
+        (
+            "strict",
+            "the deterministic flag written as a bool tensor",
+            {
+                "state": (
+                    '"deterministic": schema.uint8_flag(optimizer_view.deterministic_of(opt)),',
+                    '"deterministic": schema.uint8_flag(optimizer_view.deterministic_of(opt)).bool(),',
+                )
+            },
+        )
+    ],
+    "2.1.4": [
+        (
+            "strict",
+            "an identity's shape written as a tuple",
+            {
+                "schema": (
+                    '"shape": [int(extent) for extent in global_shape],',
+                    '"shape": tuple(int(extent) for extent in global_shape),',
+                )
+            },
+        )
+    ],
+    "2.1.5": [
+        (
+            "strict",
+            "a tensor hyperparameter written as its tensor",
+            {
+                "schema": (
+                    "entry[key] = float(value)",
+                    "entry[key] = group[key] if torch.is_tensor(group[key]) else float(value)",
+                )
+            },
+        )
+    ],
+    "2.1.7": [
+        (
+            "strict",
+            "the world size written too",
+            {
+                "state": (
+                    '"group_count": schema.int64_scalar(len(opt.param_groups)),',
+                    '"group_count": schema.int64_scalar(len(opt.param_groups)),\n'
+                    '            "world_size": schema.int64_scalar(dist.get_world_size()),',
+                )
+            },
+        )
+    ],
+    "2.2.1": [
+        (
+            "strict",
+            "the momentum expanded when state_dict() runs",
+            {
+                "state": (
+                    """placeholder.deferred(
+                slot.parameter, momentum_build
+            )""",
+                    "momentum_build()",
+                )
+            },
+        )
+    ],
+    "2.2.2#1": [
+        (
+            "strict",
+            "DCP's hook builds a new tensor on every call",
+            {
+                "placeholder": (
+                    "            self._kept = self._build()\n        return self._kept",
+                    "            return self._build()\n        return self._kept",
+                )
+            },
+        )
+    ],
+    "2.2.2#2": [
+        (
+            "strict",
+            "the bounded path keeps what it built",
+            {"placeholder": ("        built = self._build()", "        built = self._kept = self._build()")},
+        )
+    ],
+    "2.2.3": [
+        (
+            "strict",
+            "a same-device .to() returns the placeholder",
+            {
+                "placeholder": (
+                    "(torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)",
+                    "(torch.Tensor.cpu, torch.Tensor.cuda)",
+                )
+            },
+        ),
+        (
+            "strict",
+            "is_pinned() refused like any operator",
+            {"placeholder": ("if func is torch.ops.aten.is_pinned.default:", "if False:")},
+        ),
+    ],
+    "2.3.1": [
+        (
+            "lenient",
+            "any subclass of the optimizer accepted",
+            {
+                "optimizer_view": (
+                    "return cls is supported_class() or",
+                    "return isinstance(optimizer, supported_class()) or",
+                )
+            },
+        ),
+        (
+            "lenient",
+            "no process group check at construction",
+            {
+                "state": (
+                    "        _require_process_group()\n        self.optimizer = optimizer",
+                    "        self.optimizer = optimizer",
+                )
+            },
+        ),
+    ],
+    "2.3.2": [
+        (
+            "lenient",
+            "the layout checked only by state_dict()",
+            {"state": ("if dist.get_world_size() == 1:", "if dist.get_world_size() < 1:")},
+        )
+    ],
+    "2.4.2": [
+        (
+            "lenient",
+            "a slot without indices saved as fresh",
+            {
+                "compact": (
+                    "if not any(key in state for key in STEPPED_MARKERS):",
+                    'if "m_codebook" not in state:',
+                )
+            },
+        ),
+        (
+            "lenient",
+            "a bool counter read as an int",
+            {
+                "schema": (
+                    "if type(value) not in (int, float) or",
+                    "if not isinstance(value, (int, float)) or",
+                )
+            },
+        ),
+        (
+            "strict",
+            "an integral float counter refused",
+            {"schema": ("if type(value) not in (int, float) or", "if type(value) is not int or")},
+        ),
+    ],
+    "2.4.3": [
+        (
+            "lenient",
+            "non-finite block values saved",
+            {"compact": ("if not bool(torch.isfinite(tensor.float()).all()):", "if False:")},
+        ),
+        (
+            "lenient",
+            "the index dtype not checked",
+            {"compact": ("if indices.dtype != torch.uint8:", "if False:")},
+        ),
+        (
+            "lenient",
+            "finiteness checked before the block geometry",
+            {"compact": ('    indices = state["m_codebook"]\n', _FINITE_FIRST)},
+        ),
+    ],
+    "2.4.4": [
+        (
+            "strict",
+            "a negative second moment refused at save",
+            {"compact": ("    for label, tensor in (", _NEGATIVE_VMEAN_REFUSED)},
+        )
+    ],
+    "2.5.1": [
+        (
+            "lenient",
+            "flatten_state_dict=False refused only as a keyword",
+            {
+                "planner": (
+                    "if not self.flatten_state_dict:",
+                    'if not kwargs.get("flatten_state_dict", True):',
+                )
+            },
+        )
+    ],
+    "2.5.2": [
+        (
+            "strict",
+            "the planner expands placeholders through DCP's caching hook",
+            {"planner": ("if is_placeholder(entry):", "if False:")},
+        )
+    ],
+    "2.6.2": [
+        (
+            "lenient",
+            "the misuse error points at GefenSavePlanner",
+            {
+                "placeholder": (
+                    '"optimizer\'s own state_dict()."',
+                    '"optimizer\'s own state_dict(); to bound memory, GefenSavePlanner."',
+                )
+            },
+        )
+    ],
+}
+
+
+class _TensorGlobalStep(reference.Gefen):
+    """Keeps its global step as a tensor, as a backend that counts on the device does."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    @property
+    def global_step(self):
+        return self._global_step_tensor
+
+    @global_step.setter
+    def global_step(self, value):
+        self._global_step_tensor = torch.as_tensor(value, dtype=torch.int64)
+
+
+class _NoNameProvenance(reference.Gefen):
+    """Rebuilds its groups without the names' provenance flags."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        for group in self.param_groups:
+            group.pop("param_names_synthesized", None)
+
+
+class _FlatMagnitudes(reference.Gefen):
+    """Keeps each parameter's block magnitudes flat (``[nb]``) between steps."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def _magnitudes(self, shape):
+        for state in self.state.values():
+            if "m_magnitude" in state:
+                state["m_magnitude"] = state["m_magnitude"].reshape(shape)
+
+    def step(self, closure=None):
+        self._magnitudes((-1, 1))
+        loss = super().step(closure)
+        self._magnitudes((-1,))
+        return loss
+
+
+class _KeptCodebook(reference.Gefen):
+    """Keeps its own copy of the codebook it learned and steps with it, whatever was loaded since."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+    def step(self, closure=None):
+        kept = getattr(self, "_kept_codebook", None)
+        if kept is not None:
+            self.codebook = kept
+        loss = super().step(closure)
+        self._kept_codebook = self.codebook
+        return loss
+
+
+def _declared_optimizer(cls, params, **kwargs):
+    return cls(params, **kwargs)
+
+
+#: rule id -> (what the class does, a class that declares the reference's state layout and breaks
+#: that promise of SPEC 2.3.6, served by the reference's adapter)
+DECLARED = {
+    "2.3.6#1": ("the global step kept as a tensor", _TensorGlobalStep),
+    "2.3.6#2": ("groups without param_names_synthesized", _NoNameProvenance),
+    "2.3.6#3": ("block magnitudes kept flat between steps", _FlatMagnitudes),
+    "2.3.6#4": ("the codebook learned first kept over a loaded one", _KeptCodebook),
+}
 
 
 # ------------------------------------------------------------------------------ DCP layouts
@@ -1095,11 +1436,13 @@ __all__ = [
     "AGREEMENT",
     "CONSTRUCTOR",
     "DCP_LOAD",
+    "DECLARED",
     "LAYOUT",
     "NATIVE_LOAD",
     "RESTORE",
     "STAGING",
     "RuleMutant",
+    "SAVE",
     "adapter_spec",
     "agreement_attempts",
     "agreement_spec",

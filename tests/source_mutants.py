@@ -5,6 +5,7 @@ breaks its rule (``"mul_(1.0 / bc1)"`` -> ``"mul_(1.0)"``), as a mutation tool w
 ``old`` text must occur exactly once: an edit that no longer applies fails loudly, never silently
 leaving the reference unchanged), then rebuilds every module that imports from a rebuilt one, in
 dependency order, so the optimizer class it returns runs the edited code and nothing else differs.
+:func:`mutated_adapter` does the same for the DCP adapter's modules (``gefen_reference.dcp``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,23 @@ ORDER = (
 )
 PACKAGE = "gefen_reference"
 
-
-def _module(name: str):
-    return importlib.import_module(f"{PACKAGE}.{name}")
+#: The DCP adapter's modules in dependency order.
+ADAPTER_ORDER = (
+    "schema",
+    "optimizer_view",
+    "agreement",
+    "hyper_staging",
+    "layout",
+    "compact",
+    "dense",
+    "placeholder",
+    "reblock",
+    "restore",
+    "planner",
+    "writer",
+    "state",
+)
+ADAPTER_PACKAGE = "gefen_reference.dcp"
 
 
 def _imports(module) -> dict:
@@ -59,15 +74,15 @@ def _edited(module, edits) -> object:
     return clone(module, source)
 
 
-def mutated_gefen(**edits):
-    """``gefen_reference.Gefen`` built on modules with ``edits``: ``{module: [(old, new), ...]}``
-    (a single ``(old, new)`` pair may stand for its list)."""
-    unknown = set(edits) - set(ORDER)
+def _rebuilt(package: str, order: tuple, edits: dict) -> dict:
+    """``{module name: its rebuilt copy}`` for the modules of ``package`` (``order``: dependency
+    order) that ``edits`` changes, directly or through what they import."""
+    unknown = set(edits) - set(order)
     if unknown:
-        raise ValueError(f"not a module of the optimizer: {sorted(unknown)}")
+        raise ValueError(f"not a module of {package}: {sorted(unknown)}")
     rebuilt: dict = {}
-    for name in ORDER:
-        module = _module(name)
+    for name in order:
+        module = importlib.import_module(f"{package}.{name}")
         imports = _imports(module)
         mine = edits.get(name, ())
         if isinstance(mine, tuple) and mine and isinstance(mine[0], str):
@@ -81,4 +96,25 @@ def mutated_gefen(**edits):
                     value = rebuilt[source] if imported == "." else getattr(rebuilt[source], imported)
                     setattr(copy, bound, value)
         rebuilt[name] = copy
-    return rebuilt["optimizer"].Gefen
+    return rebuilt
+
+
+def mutated_gefen(**edits):
+    """``gefen_reference.Gefen`` built on modules with ``edits``: ``{module: [(old, new), ...]}``
+    (a single ``(old, new)`` pair may stand for its list)."""
+    return _rebuilt(PACKAGE, ORDER, edits)["optimizer"].Gefen
+
+
+def mutated_adapter(**edits):
+    """``(GefenDCPState, GefenSavePlanner, GefenFileSystemWriter)`` of the reference's DCP adapter
+    built on modules with ``edits`` (as :func:`mutated_gefen`'s)."""
+    rebuilt = _rebuilt(ADAPTER_PACKAGE, ADAPTER_ORDER, edits)
+
+    def module(name):
+        return rebuilt.get(name) or importlib.import_module(f"{ADAPTER_PACKAGE}.{name}")
+
+    return (
+        module("state").GefenDCPState,
+        module("planner").GefenSavePlanner,
+        module("writer").GefenFileSystemWriter,
+    )

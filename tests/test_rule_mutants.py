@@ -3,20 +3,24 @@ implementation wrong in that rule alone, that a suite test naming the rule fails
 profiles; and the reference passes every example.
 
 The constructor's, the native load's and the step's rules are proven here in-process (their checks
-take milliseconds, tests/rule_mutants.py); so are the DCP load's that one process shows (SPEC
-3.1-3.7, the suite's checks called under a gloo group of one in this process: its examples, its
-hyperparameter staging examples and its hostile checkpoints), and the load's agreement (SPEC
-3.2.3) by one launcher call on two ranks. The 2-rank layout refusals of SPEC 2.4.1 are proven by
-partial certifications in a subprocess (``-m proof``); rules that are single clauses are proven by
-the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
+take milliseconds, tests/rule_mutants.py); so are a one-process DCP save's (the save examples run
+in a gloo group of one made for this module and destroyed after it) and the DCP load's that one
+process shows (SPEC 3.1-3.7, the suite's checks called under a gloo group of one in this process:
+its examples, its hyperparameter staging examples and its hostile checkpoints), and the load's
+agreement (SPEC 3.2.3) by one launcher call on two ranks. The 2-rank layout refusals of SPEC 2.4.1
+are proven by partial certifications in a subprocess (``-m proof``); rules that are single clauses
+are proven by the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+import gefen_reference as reference
+import gefen_reference.dcp as reference_dcp
 from gefen_conformance.certificate import rules
 from gefen_conformance.implementations import registry
 from gefen_conformance.suite import dcp_load_checks, hostile, rule_checks, staging_examples
@@ -35,6 +39,7 @@ from gefen_conformance.suite.rule_examples import (
     Stepped,
     StepRefused,
 )
+from gefen_conformance.suite.save_rule_examples import DECLARED, SAVES, Saved
 from gefen_conformance.suite.staging import StagingCase
 from gefen_conformance.suite.step_rule_examples import REFUSED_CALLS, STEPPED
 
@@ -44,7 +49,7 @@ from .mutants import CATALOGUE, PROFILES
 from .support import world_of_one
 
 SUITE = Path(rule_checks.__file__).parent
-EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED + REFUSED_CALLS
+EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED + REFUSED_CALLS + SAVES
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
 #: certificate counts them as checked without a mutant proof. An entry that gains a mutant must
@@ -55,7 +60,15 @@ WITHOUT_A_MUTANT = rules.unproven()  # fmt: skip
 TORCH_EXACT_ONLY = {r["id"] for r in rules.register()["rules"] if r.get("profile") == "torch-exact"}
 
 
-def _check(example):
+@pytest.fixture(scope="module")
+def one_rank():
+    """A gloo group of one for the DCP save and load examples, destroyed when the module's tests
+    are done."""
+    with world_of_one() as world:
+        yield world
+
+
+def _check(example, request):
     if isinstance(example, Stepped):
         return rule_checks.check_stepped
     if isinstance(example, ShardedLoad):
@@ -64,6 +77,9 @@ def _check(example):
         return rule_checks.check_native_state
     if isinstance(example, StepRefused):
         return rule_checks.check_step_refused
+    if example in SAVES:
+        world = request.getfixturevalue("one_rank")
+        return lambda impl, e: rule_checks.check_save(impl, e, world)
     return rule_checks.check_constructor if example in CONSTRUCTOR else rule_checks.check_native_load
 
 
@@ -84,19 +100,19 @@ def _kind(example) -> str:
         return "wrong"
     if isinstance(example, ShardedLoad):
         return "lenient" if example.steps else "strict"
-    return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip)) else "lenient"
+    return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip, Saved)) else "lenient"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("mutant", rule_mutants.mutants("torch-exact"), ids=lambda m: m.id)
-def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
+def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, request):
     if profile == "tolerance" and mutant.rule in TORCH_EXACT_ONLY:
         pytest.skip(f"{mutant.rule} binds the torch-exact profile only (the register's profile)")
     (declared,) = [m for m in rule_mutants.mutants(profile) if m.id == mutant.id]
     failures = []
     for example in (e for e in EXAMPLES if e.rule == mutant.rule):
         try:
-            _check(example)(declared.implementation, example)
+            _check(example, request)(declared.implementation, example)
         except AssertionError as failure:
             failures.append(str(failure))
     assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
@@ -104,8 +120,23 @@ def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile):
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.rule}-{e.what}")
-def test_the_reference_passes_every_example(example):
-    _check(example)(registry.resolve("reference"), example)
+def test_the_reference_passes_every_example(example, request):
+    _check(example, request)(registry.resolve("reference"), example)
+
+
+class _DeclaredReference(reference.Gefen):
+    """The reference's optimizer as a class that declares its state layout, as a kernel backend does."""
+
+    gefen_state_layout = reference_dcp.STATE_LAYOUT
+
+
+@pytest.mark.parametrize("example", DECLARED, ids=lambda e: f"{e.rule}-{e.what}")
+def test_a_declared_reference_passes_the_declared_layout_examples(example, request):
+    """The examples of SPEC 2.3.6 run for a declared class only: the reference's own is not one."""
+    declared = dataclasses.replace(
+        registry.resolve("reference"), make_optimizer=lambda params, **kw: _DeclaredReference(params, **kw)
+    )
+    _check(example, request)(declared, example)
 
 
 TABLES = {
@@ -169,12 +200,6 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
 
 
 # ------------------------------------------------------------------------------ DCP loads in one process
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    with world_of_one() as world:
-        yield world
 
 
 @pytest.mark.parametrize("profile", PROFILES)

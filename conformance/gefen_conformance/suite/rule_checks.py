@@ -1,7 +1,8 @@
 """Checks of the rules, one example at a time: the constructor's, the native state dict's and the
-native load's, the step's and the refused step's (each example names its rule id): the suite's
-tests call them with the implementation under test, and the project's rule mutants prove each can
-fail. A check raises AssertionError whose message starts with the rule id and the example
+native load's, the step's and the refused step's, and a DCP save's in a group of one (each example
+names its rule id): the suite's tests call them with the implementation under test, and the
+project's rule mutants prove each can fail. A check raises AssertionError whose message starts with
+the rule id and the example
 (``SPEC 1.12.4#4 (indices-int64): ...``); it returns None when the rule holds.
 
 Errors, state dicts and loads are exact in every numeric profile: a refusal names its problem and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ import torch
 from gefen_conformance import judging
 from gefen_conformance.implementations.contract import CPU_BIT_EXACT, FACTORED_V
 from gefen_conformance.suite import protocol
+from gefen_conformance.suite import save_rule_examples as saves
 from gefen_conformance.suite.rule_examples import (
     SHARDED,
     Built,
@@ -295,6 +298,101 @@ def check_step_refused(impl, example: StepRefused) -> None:
 def _values(params: dict) -> dict:
     """``{name: CPU copy}`` of the parameters."""
     return {name: models.to_cpu(p) for name, p in params.items()}
+
+
+def check_save(impl, example, world) -> None:
+    """A save example (:mod:`gefen_conformance.suite.save_rule_examples`) in ``world``, a
+    :class:`~gefen_conformance.harness.sharding.WorldOfOne`: what the rule says of the adapter's
+    ``state_dict()``, or the refusal, its error and its words. Exact in every numeric profile."""
+    missing = impl.lacks(example.requires)
+    if missing:
+        pytest.skip(f"SPEC {example.rule}: needs {', '.join(map(str, missing))}")
+    if isinstance(example, saves.PlannerRefused):
+        _check_planner_refused(impl, example)
+        return
+    try:
+        optimizer, params = example.build(impl, world.mesh)
+    except saves.NoAttribute as absent:
+        pytest.skip(f"SPEC {example.rule} ({example.what}): {absent}")
+    except saves.NotDeclared as undeclared:
+        pytest.skip(f"SPEC {example.rule}: {undeclared} declares no state layout (it binds declared classes)")
+    if isinstance(example, saves.Saved):
+        try:
+            state = impl.dcp_state(optimizer).state_dict()
+        except Exception as exc:  # a refusal is the finding
+            _fail(example, f"refused with {type(exc).__name__}: {exc}")
+        try:
+            problem = example.holds(saves.Save(impl, optimizer, params, state, world))
+        except Exception as exc:  # an implementation the check cannot read fails it
+            _fail(example, f"checking the save raised {type(exc).__name__}: {exc}")
+        if problem:
+            _fail(example, problem)
+        return
+    path = world.path() if example.at == "stage" else None
+    try:
+        _refused_save(impl, example, optimizer, path)
+    except Exception as exc:  # what was raised is the finding
+        if not isinstance(exc, example.error):
+            _fail(example, f"raised {type(exc).__name__}: {exc}; expected {example.error.__name__}")
+        if example.words is not None and example.words not in str(exc):
+            _fail(example, f"the {example.error.__name__} does not name {example.words!r}: {exc}")
+        if example.not_words is not None and example.not_words in str(exc):
+            _fail(example, f"the {example.error.__name__} names {example.not_words!r}: {exc}")
+    else:
+        _fail(
+            example,
+            f"saved; expected {example.error.__name__}" + _naming(example.words) + f" at {example.at}",
+        )
+    written = sorted(os.listdir(path)) if path is not None and os.path.isdir(path) else []
+    if written:
+        _fail(example, f"the refused staging wrote {written}")
+
+
+def _refused_save(impl, example, optimizer, path) -> None:
+    """What ``example.at`` names, which the example expects to raise (``path``: where a staging
+    writer would write)."""
+    if example.at == "no-group":
+        with _no_default_group():
+            impl.dcp_state(optimizer)
+        return
+    if example.at == "construct":
+        impl.dcp_state(optimizer)
+        return
+    state = impl.dcp_state(optimizer).state_dict()
+    if example.at == "state_dict":
+        return
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    FileSystemWriter(path).stage({"optimizer": state})
+
+
+class _no_default_group:
+    """The default process group hidden while the block runs (``dist.is_initialized()`` is False),
+    then put back: the adapter's constructor then meets a process without one (SPEC 2.3.1)."""
+
+    def __enter__(self):
+        from torch.distributed import distributed_c10d
+
+        self.world = distributed_c10d._world
+        self.saved = self.world.default_pg
+        self.world.default_pg = None
+
+    def __exit__(self, *exc):
+        self.world.default_pg = self.saved
+
+
+def _check_planner_refused(impl, example) -> None:
+    planner_class = type(impl.save_planner())
+    try:
+        planner_class(*example.args, **example.kwargs)
+    except Exception as exc:  # what was raised is the finding
+        if not isinstance(exc, example.error):
+            _fail(example, f"raised {type(exc).__name__}: {exc}; expected {example.error.__name__}")
+        missing = [w for w in example.words if w not in str(exc)]
+        if missing:
+            _fail(example, f"the {example.error.__name__} does not name {missing}: {exc}")
+        return
+    _fail(example, f"{planner_class.__name__} was built; expected {example.error.__name__}")
 
 
 def _built(make_optimizer, **options):

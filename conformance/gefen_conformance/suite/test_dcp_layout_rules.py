@@ -3,6 +3,10 @@ ranks, every rank builds the same optimizer with exactly one defect of layout an
 adapter's ``state_dict()``; every rank raises RuntimeError naming the rule's words, and a valid
 layout saves. One job of the launcher tries every layout in turn (each attempt is collective).
 
+The same job shows what several ranks add: no layout is refused by the adapter's constructor
+there, only by the synchronized ``state_dict()`` (SPEC 2.3.2), and hyperparameters that differ
+across ranks are not checked at save (SPEC 2.4.4).
+
 Rules 2.4.1#1 (capturable mode) and #9 (a second placement) are not certified (SPEC 0.2.4).
 """
 
@@ -36,6 +40,9 @@ LAYOUTS = [
     ("2.4.1#11", "no-parameter", None),
     ("2.4.1#12", "name-in-two-groups", "unique across every group"),
 ]
+
+#: ``(rule, layout)``: saves that differ across ranks in what a save does not check.
+ACCEPTED = [("2.4.4", "hypers-differ-across-ranks")]
 
 
 # ------------------------------------------------------------------------------ rank body
@@ -95,20 +102,31 @@ def _optimizer(impl: Implementation, layout: str):
         group["param_names"] = []
     elif layout == "no-parameter":
         group["params"], group["param_names"], group["param_names_synthesized"] = [], [], []
+    elif layout == "hypers-differ-across-ranks":
+        group["lr"], group["weight_decay"] = 1e-3 * (here.rank + 1), 0.01 * here.rank
     return optimizer
 
 
 def save_each_layout(impl: Implementation) -> dict:
-    """Rank body (collective): ``{layout: the RaisedError of its state_dict() call, or None}``."""
-    raised = {}
-    for _, layout, _ in LAYOUTS:
+    """Rank body (collective): ``{layout: the RaisedError of its save, or None}`` for every layout
+    (the adapter's constructor, then its ``state_dict()``), and under ``"constructed"`` ``{layout:
+    the RaisedError of the constructor alone, or None}``."""
+    raised, constructed = {}, {}
+    for layout in [layout for _, layout, _ in LAYOUTS] + [layout for _, layout in ACCEPTED]:
+        optimizer = _optimizer(impl, layout)
         try:
-            impl.dcp_state(_optimizer(impl, layout)).state_dict()
+            adapter = impl.dcp_state(optimizer)
+        except Exception as exc:  # the outcome is the result
+            raised[layout] = constructed[layout] = checkpoints.RaisedError.of(exc)
+            continue
+        constructed[layout] = None
+        try:
+            adapter.state_dict()
         except Exception as exc:  # the outcome is the result
             raised[layout] = checkpoints.RaisedError.of(exc)
         else:
             raised[layout] = None
-    return raised
+    return {**raised, "constructed": constructed}
 
 
 # ------------------------------------------------------------------------------ the test
@@ -149,4 +167,35 @@ def test_layout_refused_on_every_rank(gefen_impl, layout, words):
         elif not error.is_a(RuntimeError) or (words and words not in error.message):
             expected = "RuntimeError" + (f" naming {words!r}" if words else "")
             problems.append(f"rank {rank}: raised {error.type}: {error.message!r}; expected {expected}")
+    assert_no_problems(problems)
+
+
+@pytest.mark.gefen_clause("2.3.2", "4.3.3")
+@pytest.mark.gefen_requires(DCP_RESHARD)
+def test_no_layout_refused_by_the_constructor_on_several_ranks(gefen_impl):
+    """A rank-conditional layout error at construction would leave the other ranks blocked in the
+    first collective of ``state_dict()``: with peers, every layout error comes from there."""
+    problems = [
+        f"rank {rank}: the adapter's constructor raised for the {layout} layout: {error}"
+        for rank, result in enumerate(_results(gefen_impl))
+        for layout, error in result["constructed"].items()
+        if error is not None
+    ]
+    assert_no_problems(problems)
+
+
+@pytest.mark.gefen_requires(DCP_RESHARD)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(layout, id=layout, marks=pytest.mark.gefen_clause(rule, "4.3.3"))
+        for rule, layout in ACCEPTED
+    ],
+)
+def test_saved_although_ranks_differ(gefen_impl, layout):
+    problems = [
+        f"rank {rank}: refused the {layout} layout: {result[layout]}"
+        for rank, result in enumerate(_results(gefen_impl))
+        if result[layout] is not None
+    ]
     assert_no_problems(problems)
