@@ -241,7 +241,7 @@ TORCH_SEMANTICS = [
         "scalar-operand-in-fp32",
         _case(P((64,), dtype="bf16"), groups=(G(lr=1e-4, weight_decay=30.0),)),
     ),
-    Stepped("1.13.9", "squares-in-fp32", _BELOW_FP32),
+    Stepped("1.13.9", "period-input-squared-in-fp32", _BELOW_FP32),
 ]
 
 STEPPED = TENSOR_LR + PERIODS + CODEBOOK + BLOCK_STEP + FACTORED_STEP + CALLS + TORCH_SEMANTICS
