@@ -48,8 +48,10 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.1.4": "out-of-scope",
         "1.3.7": "out-of-scope",
         "1.3.8": "out-of-scope",
+        "1.5.8": "out-of-scope",
         "1.6.5": "omission",
         "1.6.10": "reference-only",
+        "1.6.7#3": "out-of-scope",
         "1.6.11": "device",
         "1.7.4": "out-of-scope",
         "1.9.6": "out-of-scope",
@@ -57,6 +59,7 @@ def test_the_register_covers_parts_1_to_3_by_the_spec_structure(tool):
         "1.10.10": "out-of-scope",
         "2.4.1#1": "out-of-scope",
         "2.4.1#9": "out-of-scope",
+        "2.5.3": "out-of-scope",
         "3.1.1": "out-of-scope",
         "3.10.2": "out-of-scope",
     }
