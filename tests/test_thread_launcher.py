@@ -1,4 +1,4 @@
-"""Tests of the thread launcher ``gefen_conformance.harness.threads``: N ranks as threads of one
+"""Tests of the thread launcher ``gefen_conformance.harness.threads`` (SPEC 4.2.12): N ranks as threads of one
 hosting pool worker, on torch's threaded process group.
 
 Rank bodies are module-level so that the hosting worker can unpickle them by reference.

@@ -1,5 +1,5 @@
 """The thread launcher: a scenario's ranks as threads of one process, on torch's threaded process
-group (SPEC 4.2.1-4.2.2, 4.2.10), for worlds larger than a machine has processes for.
+group (SPEC 4.2.12; 4.2.1-4.2.2, 4.2.10), for worlds larger than a machine has processes for.
 
 :func:`run_on_threads` has the contract of :func:`gefen_conformance.harness.pool.run_on_ranks`
 (the same rank bodies, the same :class:`~gefen_conformance.harness.call.Call` bounds, the same

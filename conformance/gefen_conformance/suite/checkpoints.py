@@ -61,7 +61,7 @@ def run_at_scale(fn, world_size: int, args, *, impl: Implementation, timeout: fl
     if not impl.thread_safe:
         why = f"{impl.name} declares that it is not thread-safe (Implementation.thread_safe)"
     if why is None:
-        return threads.run_on_threads(fn, world_size, args, timeout=timeout)
+        return launch.run_on(threads.ThreadLauncher(), fn, world_size, args, timeout=timeout)
     print(f"{world_size} ranks on the {launch.execution().launcher} launcher, not as threads: {why}")
     return run(fn, world_size, args, timeout=timeout)
 
