@@ -7,9 +7,13 @@ Rank bodies are module-level so that the hosting worker can unpickle them by ref
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +23,10 @@ from gefen_conformance.harness import deadlines, launch, threads, world
 from gefen_conformance.harness.outcomes import RankFailure
 from gefen_conformance.implementations.contract import Implementation
 
+from .interrupt_probe import default_signals
 from .support import deadline_wall_s
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     threads.unfit(2) is not None or not sys.platform.startswith("linux"),
@@ -95,6 +102,41 @@ def _rank2_dies():
     if here.rank == 2:
         here.die(3)
     dist.barrier(group=here.group)
+
+
+def _gefen_thread_backtrack():
+    # exponential backtracking inside the re module, which never releases the GIL
+    return re.match(r"(a|aa)+$", "a" * 64 + "b")
+
+
+def _rank1_holds_the_gil():
+    here = world.current()
+    if here.rank == 1:
+        _gefen_thread_backtrack()
+    dist.barrier(group=here.group)
+
+
+def _write_pid_and_nap(path: str):
+    if world.current().rank == 0:
+        Path(path).write_text(str(os.getpid()))
+    _gefen_thread_nap()
+
+
+def _thread_name():
+    return threading.current_thread().name
+
+
+_INTERRUPTED_CALLER = """
+import sys
+from gefen_conformance.harness import threads
+from tests.test_thread_launcher import _write_pid_and_nap
+
+if __name__ == "__main__":
+    try:
+        threads.run_on_threads(_write_pid_and_nap, 4, (sys.argv[1],), timeout=300)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+"""
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -189,3 +231,64 @@ def test_thread_safety_is_a_boolean_flag_of_an_implementation():
     assert not Implementation(name="x", version="0", make_optimizer=make, thread_safe=False).thread_safe
     with pytest.raises(TypeError, match="thread_safe"):
         Implementation(name="x", version="0", make_optimizer=make, thread_safe="no")
+
+
+@pytest.mark.slow  # the deadline, the host's margin and the dump wait, stretched by the load
+def test_a_rank_that_never_lets_go_of_the_gil_has_its_host_killed_and_every_rank_reported():
+    start = time.monotonic()
+    outcomes = threads.run_on_threads(_rank1_holds_the_gil, 3, timeout=2.0, allow_failure=True)
+    elapsed = time.monotonic() - start
+    # the host could not report: the pool killed it after the deadline and its margin, with every
+    # thread's stack dumped, and each rank carries that dump
+    assert [o.status for o in outcomes] == ["hung"] * 3, outcomes
+    assert all("_gefen_thread_backtrack" in o.traceback for o in outcomes)
+    assert outcomes[0].message.startswith("the process hosting the 3 thread ranks")
+    bound = (2.0 + threads.HOST_MARGIN_S) * deadlines.MAX_STRETCH
+    assert elapsed < bound, f"took {elapsed:.1f} s"
+    assert _wait_gone(outcomes[0].pid, 5.0)
+
+
+def test_ctrl_c_in_the_caller_ends_the_hosting_process(tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(_INTERRUPTED_CALLER)
+    pid_file = tmp_path / "host.pid"
+    pythonpath = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(pid_file)],
+        env=dict(os.environ, PYTHONPATH=pythonpath, TMPDIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_signals,  # Ctrl-C as a terminal's program gets it
+    )
+    try:
+        end = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < end, proc.stdout.read() if proc.poll() else ""
+            time.sleep(0.1)
+        host = int(pid_file.read_text())
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert "INTERRUPTED" in output, output
+        assert _wait_gone(host, 5.0), "the hosting worker outlived an interrupted caller"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_scenario_at_scale_runs_an_implementation_that_is_not_thread_safe_on_the_active_launcher(capsys):
+    from gefen_conformance.suite import checkpoints
+
+    def make(params, **hypers):
+        return None
+
+    safe = Implementation(name="safe", version="0", make_optimizer=make)
+    unsafe = Implementation(name="unsafe", version="0", make_optimizer=make, thread_safe=False)
+    assert checkpoints.run_at_scale(_thread_name, 2, (), impl=safe) == [
+        "gefen-thread-rank-0",
+        "gefen-thread-rank-1",
+    ]
+    assert checkpoints.run_at_scale(_thread_name, 2, (), impl=unsafe) == ["MainThread", "MainThread"]
+    said = capsys.readouterr().out
+    assert "2 ranks on the pool launcher, not as threads: unsafe declares that it is not thread-safe" in said

@@ -75,7 +75,7 @@ MAX_THREAD_RANKS = 256
 CHECKED_TORCH = ((2, 13),)
 #: quiet seconds the hosting worker gets past the call's deadline to collect and send every
 #: rank's report (stacks of hung ranks included) before the pool kills it
-HOST_MARGIN_S = 20.0
+HOST_MARGIN_S = 10.0
 #: how often the host looks at its ranks and the pending collectives (wall seconds, at most)
 _LOOK_S = 0.1
 _BACKEND = "threaded"
