@@ -328,6 +328,12 @@ class _Ranks:
         from torch.testing._internal.distributed import multi_threaded_pg as threaded
 
         isolation = torch._C._distributed_c10d._set_thread_isolation_mode
+        if "torch.distributed.tensor" in sys.modules:
+            # keyed on meshes that compare their thread: a thread of this call may reuse the ident
+            # of an earlier call's thread that served another rank
+            from gefen_conformance.harness.sharding import forget_dtensor_caches
+
+            forget_dtensor_caches()
         threaded.ProcessLocalGroup.reset()
         isolation(True)
         threaded._install_threaded_pg()

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-__all__ = ["NoCurrentWorld", "World", "bound", "current", "scope"]
+__all__ = ["NoCurrentWorld", "World", "bound", "current", "scope", "thread_bound"]
 
 
 class NoCurrentWorld(RuntimeError):
@@ -105,6 +105,11 @@ def bound() -> World | None:
     also runs outside a call)."""
     own = getattr(_THREAD, "world", None)
     return _CURRENT if own is None else own
+
+
+def thread_bound() -> bool:
+    """Whether the calling thread has a World bound for itself (a rank that is a thread)."""
+    return getattr(_THREAD, "world", None) is not None
 
 
 @contextlib.contextmanager
