@@ -5,7 +5,7 @@ each rank a thread of one process (the thread launcher, ``gefen_conformance.harn
 an implementation that is not thread-safe runs on the active launcher instead, where it fits).
 The model is ``gefen_conformance.workload.models.SCALE``: every parameter of ``BASE`` has fewer
 rows than 48 or 64 ranks, so most ranks hold empty shards of every parameter on both sides, and
-``wide.weight`` (1009 rows) divides by none of the worlds. Each checkpoint and restore is made once
+``wide.weight`` (211 rows) divides by none of the worlds. Each checkpoint and restore is made once
 per session and judged by the tests below, with the checks of the reshard tests
 (:mod:`gefen_conformance.suite.restore_checks`):
 
