@@ -45,7 +45,7 @@ def test_a_changed_table_is_found_stale():
 def test_every_capability_gates_the_modules_its_marks_name():
     gated = _tables().required_by_module()
     assert "test_dcp_async.py" in gated["dcp-async-save"] and "test_dcp_reshard.py" in gated["dcp-reshard"]
-    assert gated["cpu-bit-exact"] == ["test_dcp_payload.py"]
+    assert gated["cpu-bit-exact"] == ["test_dcp_payload.py", "test_dcp_scale.py"]
 
 
 def test_the_gefenx_certificate_fails_exactly_the_declared_expected_failures():

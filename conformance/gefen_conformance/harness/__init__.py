@@ -7,7 +7,9 @@ side by side over one rank side, ``rank_side`` (what a rank does with a call): t
 local processes (the ``pool`` package: ``caller`` runs each call, ``processes`` starts and keeps
 the workers, ``supervision`` waits for and reaps them, ``worker`` is the rank side) and a
 torchrun job (the ``torchrun`` package: ``entry`` is every rank's entry point, ``job`` the job's
-store, ``launcher`` rank 0's launcher, ``serve`` and ``rank`` the serving ranks). ``deadlines``
+store, ``launcher`` rank 0's launcher, ``serve`` and ``rank`` the serving ranks). Beside them,
+``threads`` runs a call's ranks as threads of one pool worker on torch's threaded process group,
+for worlds of up to 256 ranks on one machine. ``deadlines``
 bounds every wait on a clock the machine's load slows; ``devices`` picks each rank's device;
 ``exception_text`` carries tracebacks across processes.
 

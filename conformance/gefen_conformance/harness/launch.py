@@ -36,6 +36,7 @@ __all__ = [
     "drain_world_sizes",
     "execution",
     "run",
+    "run_on",
     "set_launcher",
     "skip_unless_fits",
     "unfit_reason",
@@ -219,8 +220,21 @@ def run(
     :class:`WorldTooLarge` (a ``ValueError``) naming the reason when the launcher cannot run that
     many ranks.
     """
+    return run_on(_ACTIVE, fn, world_size, args, kwargs, **bounds)
+
+
+def run_on(
+    launcher: Launcher,
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    **bounds: Any,
+) -> list:
+    """:func:`run` on ``launcher`` rather than the active one (the scenarios at scale run on the
+    thread launcher, :mod:`gefen_conformance.harness.threads`, whichever launcher is active); the
+    call's world size is recorded all the same (:func:`drain_world_sizes`)."""
     call = Call(fn, world_size, args, kwargs, **bounds)
-    launcher = _ACTIVE
     reason = _unfit(launcher, world_size)
     if reason is not None:
         raise WorldTooLarge(reason)

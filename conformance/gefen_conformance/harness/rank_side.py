@@ -39,6 +39,7 @@ __all__ = [
     "reseed",
     "run_body",
     "take_paths",
+    "value_report",
     "wait_for_every_group",
     "watch_parent",
 ]
@@ -75,7 +76,8 @@ def exception_report(exc: BaseException, prefix: str = "") -> dict:
     }
 
 
-def _value_report(value: Any) -> dict:
+def value_report(value: Any) -> dict:
+    """The "ok" report of ``value`` (pickled); a "raised" one when it cannot be pickled."""
     try:
         return {"status": "ok", "value": pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)}
     except BaseException as exc:  # noqa: BLE001
@@ -129,7 +131,7 @@ def run_body(
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none escapes
         on_failure()
         return exception_report(exc, "" if stage == "running fn" else f"[while {stage}] ")
-    return _value_report(value)
+    return value_report(value)
 
 
 def wait_for_every_group(store, world_size: int) -> None:

@@ -35,9 +35,13 @@ def forget_dtensor_caches() -> None:
 def world_mesh():
     """The current World's 1-D mesh (SPEC 4.2.4), with torch's DTensor caches dropped first (see
     :func:`forget_dtensor_caches`). Raises ``gefen_conformance.harness.world.NoCurrentWorld`` outside a
-    scenario
-    call or a :class:`WorldOfOne`."""
-    forget_dtensor_caches()
+    scenario call or a :class:`WorldOfOne`.
+
+    A rank that is a thread (the thread launcher) drops nothing: its launcher dropped them once
+    before the call's threads started, and the caches tell one thread's mesh from another's (a
+    mesh compares its thread), so a rank dropping them would only make its peers recompute."""
+    if not world.thread_bound():
+        forget_dtensor_caches()
     return world.current().mesh
 
 

@@ -13,9 +13,12 @@ and run by whichever launcher is active (:mod:`gefen_conformance.harness.launch`
 * ``die(exitcode)``: end this rank as if it crashed mid-operation; the caller reports the rank
   "died" with that exit code.
 
-A launcher binds a World around each call with :func:`scope`; that binding is this module's only
-state, read through :func:`current` and :func:`bound`. This module imports no torch at import
-time (the pool's worker imports it before torch is loaded).
+A launcher binds a World around each call with :func:`scope`: process-wide where a rank is a
+process (the pool, torchrun), for one thread where ranks are threads of one process
+(:mod:`gefen_conformance.harness.threads`, ``scope(world, thread=True)``); a thread's own binding
+wins over the process's. These bindings are this module's only state, read through
+:func:`current` and :func:`bound`. This module imports no torch at import time (the pool's worker
+imports it before torch is loaded).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-__all__ = ["NoCurrentWorld", "World", "bound", "current", "scope"]
+__all__ = ["NoCurrentWorld", "World", "bound", "current", "scope", "thread_bound"]
 
 
 class NoCurrentWorld(RuntimeError):
@@ -75,6 +79,7 @@ class World:
 
 
 _CURRENT: World | None = None
+_THREAD = threading.local()  # .world: the World bound for this thread only, if any
 
 
 def current() -> World:
@@ -85,30 +90,48 @@ def current() -> World:
     in-process inside
     a ``gefen_conformance.harness.sharding.WorldOfOne``.
     """
-    if _CURRENT is None:
+    here = bound()
+    if here is None:
         raise NoCurrentWorld(
             "gefen_conformance.harness.world.current() was called outside a scenario call: no launcher has "
             "bound a World in this process (run the rank body through gefen_conformance.harness.launch.run, "
             "or in-process inside a gefen_conformance.harness.sharding.WorldOfOne)"
         )
-    return _CURRENT
+    return here
 
 
 def bound() -> World | None:
-    """The World bound in this process, or None (for code that also runs outside a call)."""
-    return _CURRENT
+    """The World bound for this thread, else the one bound in this process, or None (for code that
+    also runs outside a call)."""
+    own = getattr(_THREAD, "world", None)
+    return _CURRENT if own is None else own
+
+
+def thread_bound() -> bool:
+    """Whether the calling thread has a World bound for itself (a rank that is a thread)."""
+    return getattr(_THREAD, "world", None) is not None
 
 
 @contextlib.contextmanager
-def scope(world: World) -> Iterator[World]:
+def scope(world: World, *, thread: bool = False) -> Iterator[World]:
     """Bind ``world`` as the current World for the duration of the block (launchers only).
 
-    A process-wide binding, not a per-thread one: threads a rank body starts (an async save's
-    writer, say) see the same World. Scopes nest; the previous World is restored on exit.
+    By default a process-wide binding: threads a rank body starts (an async save's writer, say)
+    see the same World. With ``thread``, a binding for the calling thread only, which wins over
+    the process-wide one there (a rank that is a thread); threads that rank starts see the
+    process's binding, not its. Scopes nest; the previous World is restored on exit.
     """
     global _CURRENT
     if not isinstance(world, World):
         raise TypeError(f"scope() takes a World, got {type(world).__name__}")
+    if thread:
+        previous = getattr(_THREAD, "world", None)
+        _THREAD.world = world
+        try:
+            yield world
+        finally:
+            _THREAD.world = previous
+        return
     previous, _CURRENT = _CURRENT, world
     try:
         yield world

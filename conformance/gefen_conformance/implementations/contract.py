@@ -101,6 +101,12 @@ class Implementation:
     when several processes run it at once (a build into a shared cache must be atomic). Its time
     is part of the certificate's ``execution.warm_up_s``; what it raises is a note of the
     certificate, and a rank's is that rank's failure.
+
+    ``thread_safe`` (default True) says that the implementation may run in several threads of one
+    process at once, each its own rank (its optimizers, adapters and kernels share no mutable
+    state across instances without a lock). The scenarios at scale run their ranks as threads of
+    one process (:mod:`gefen_conformance.harness.threads`); an implementation that sets it False is
+    run there on the active launcher instead, one process per rank, and the test says why.
     """
 
     name: str
@@ -112,6 +118,7 @@ class Implementation:
     capabilities: frozenset = frozenset()
     expected_failures: Mapping[str, str] = field(default_factory=dict)
     prepare: Callable[[Any], None] | None = None
+    thread_safe: bool = True
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -120,6 +127,8 @@ class Implementation:
             raise TypeError(f"implementation {self.name!r}: make_optimizer must be callable")
         if self.prepare is not None and not callable(self.prepare):
             raise TypeError(f"implementation {self.name!r}: prepare must be callable (or None)")
+        if not isinstance(self.thread_safe, bool):
+            raise TypeError(f"implementation {self.name!r}: thread_safe must be a bool")
         if isinstance(self.capabilities, (str, Capability)):
             raise TypeError(
                 f"implementation {self.name!r}: capabilities must be a collection of capabilities, "

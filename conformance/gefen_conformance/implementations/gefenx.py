@@ -96,6 +96,28 @@ EXPECTED_FAILURES = {
             ("3->2-bf16-policy", 3),
         )
     },
+    **{
+        f"test_dcp_scale.py::{test}[{path}]": (
+            _TORN + f"; at {path.split('->')[0]} ranks most shards of every parameter are empty, and gefen-x "
+            "then refuses its own checkpoint on every rank"
+        )
+        for test in (
+            "test_reshard_at_scale_restores_model_and_continues_within_bound",
+            "test_reshard_at_scale_resaved_state_is_consistent",
+        )
+        for path in ("64->48", "7->64", "64->7")
+    },
+    **{
+        f"test_dcp_scale.py::{test}[w{world}]": (
+            _TORN
+            + f"; at {world} ranks the scalars written by ranks with empty shards differ from the reference's"
+        )
+        for test in (
+            "test_payload_at_scale_matches_the_reference",
+            "test_payload_content_at_scale_matches_the_reference",
+        )
+        for world in (64, 7)
+    },
     "test_goldens.py::test_saves_match_the_goldens": (
         _TORN + "; the golden w4_fp32_empty_shard differs in slot 1's scalars (all other cases match)"
     ),

@@ -4,6 +4,8 @@ Not collected. Several scenario modules use what is here, by name:
 
 * :func:`run`: a rank body on the active launcher (``gefen_conformance.harness.launch``), the test skipped
   with the launcher's reason when the scenario needs more ranks than it runs (SPEC 4.2.7);
+  :func:`run_at_scale`: on the thread launcher (``gefen_conformance.harness.threads``), for worlds
+  of tens or hundreds of ranks;
 * the rank bodies :func:`save_trained` (train the DCP model and save it) and
   :func:`restore_report` (restore a checkpoint at another world size, re-save, continue);
 * :class:`Checkpoints`, the session's cache of their results (the ``gefen_checkpoints`` fixture),
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from gefen_conformance.harness import launch
+from gefen_conformance.harness import launch, threads
 from gefen_conformance.harness.pool import RankFailure
 from gefen_conformance.harness.sharding import world_mesh
 from gefen_conformance.implementations.contract import Implementation
@@ -44,6 +46,24 @@ def run(fn, world_size: int, args=(), *, timeout: float = TIMEOUT, **options) ->
     ``world_size`` ranks."""
     launch.skip_unless_fits(world_size)
     return launch.run(fn, world_size, args, timeout=timeout, **options)
+
+
+#: the deadline of a call at scale (quiet seconds; 64 thread ranks save or restore in about 5)
+SCALE_TIMEOUT = 120.0
+
+
+def run_at_scale(fn, world_size: int, args, *, impl: Implementation, timeout: float = SCALE_TIMEOUT) -> list:
+    """``fn`` on ``world_size`` ranks as threads of one process (the thread launcher), with
+    ``impl`` among ``args``. When ``impl`` is not thread-safe (``Implementation.thread_safe``) or
+    the thread launcher cannot run here, on the active launcher instead (:func:`run`: skipped when
+    that one cannot run ``world_size`` ranks either), and the test's output says why."""
+    why = threads.unfit(world_size)
+    if not impl.thread_safe:
+        why = f"{impl.name} declares that it is not thread-safe (Implementation.thread_safe)"
+    if why is None:
+        return launch.run_on(threads.ThreadLauncher(), fn, world_size, args, timeout=timeout)
+    print(f"{world_size} ranks on the {launch.execution().launcher} launcher, not as threads: {why}")
+    return run(fn, world_size, args, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -210,23 +230,33 @@ class Checkpoints:
             raise error
         return value
 
-    def trained_and_saved(self, saver: Implementation, model: str, *, ranks: int) -> Saved:
-        """``model`` trained and saved by ``saver`` on ``ranks`` ranks (:func:`save_trained`)."""
+    def trained_and_saved(
+        self, saver: Implementation, model: str, *, ranks: int, at_scale: bool = False
+    ) -> Saved:
+        """``model`` trained and saved by ``saver`` on ``ranks`` ranks (:func:`save_trained`); with
+        ``at_scale``, by :func:`run_at_scale`."""
         path = self.root / f"{_safe(saver.spec)}-{model}-w{ranks}"
 
         def make():
-            values = run(save_trained, ranks, (saver, model, str(path)))
+            if at_scale:
+                values = run_at_scale(save_trained, ranks, (saver, model, str(path)), impl=saver)
+            else:
+                values = run(save_trained, ranks, (saver, model, str(path)))
             return Saved(saver, model, ranks, path, values[0])
 
         return self.once(("saved", saver.spec, model, ranks), make)
 
-    def restored(self, saved: Saved, *, by: Implementation, ranks: int) -> Restore:
+    def restored(self, saved: Saved, *, by: Implementation, ranks: int, at_scale: bool = False) -> Restore:
         """``saved`` restored by ``by`` on ``ranks`` ranks, re-saved at once and continued one step
-        (:func:`restore_report`)."""
+        (:func:`restore_report`); with ``at_scale``, by :func:`run_at_scale`."""
         resave = self.root / f"restore-{_safe(by.spec)}-from-{saved.path.name}-w{ranks}"
 
         def make():
-            reports = run(restore_report, ranks, (by, saved.model, str(saved.path), str(resave)))
+            args = (by, saved.model, str(saved.path), str(resave))
+            if at_scale:
+                reports = run_at_scale(restore_report, ranks, args, impl=by)
+            else:
+                reports = run(restore_report, ranks, args)
             return Restore(saved, by, ranks, resave, reports)
 
         return self.once(("restored", by.spec, saved.saver.spec, saved.model, saved.ranks, ranks), make)

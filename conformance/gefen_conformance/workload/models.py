@@ -46,6 +46,7 @@ __all__ = [
     "OPTIMIZER",
     "REFERENCE",
     "SAVED_HYPERS",
+    "SCALE",
     "TARGET_HYPERS",
     "WIDE",
     "Model",
@@ -404,7 +405,20 @@ MANY = Model(
     column_period=4,
     scales={n: 10.0 ** ((k % 7) - 4) for k, n in enumerate(_MANY)},
 )
-DCP_MODELS = {"base": BASE, "empty": EMPTY, "many": MANY}
+#: The scenarios at scale (tens of ranks), kept small because every rank of such a world is a
+#: thread of one process: ``enc.weight`` (8, 24) and ``dec.weight`` (7, 12) of ``BASE``, which
+#: have fewer rows than such a world has ranks (most ranks hold empty shards), and ``wide.weight``
+#: (211, 6), whose rows divide by none of the worlds (7, 48, 64, 100, 256: 211 is prime; 5 rows a
+#: shard on 48 ranks, 4 on 64, the last shards short or empty). With 2-3 rows a shard (101 rows on
+#: 48 or 64 ranks) the reference's continuation after a reshard reaches 4.5e-3 of the 5e-3 bound
+#: (SPEC 3.7.3), too close to judge other kernels by; with 211 rows it measures 1.4e-3 to 2.6e-3.
+SCALE = replace(
+    BASE,
+    shapes={"enc.weight": (8, 24), "dec.weight": (7, 12), "wide.weight": (211, 6)},
+    groups=(("enc.weight",), ("dec.weight", "wide.weight")),
+    frozen=frozenset(),
+)
+DCP_MODELS = {"base": BASE, "empty": EMPTY, "many": MANY, "scale": SCALE}
 
 
 # ------------------------------------------------------------- the optimizer comparisons' model
