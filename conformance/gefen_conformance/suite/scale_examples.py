@@ -88,13 +88,16 @@ EVERY_TIER = {
 def long_life(make_optimizer, device) -> dict:
     """A fresh optimizer over a 64-element and a 16 x 8 parameter, stepped :data:`LONG_LIFE_STEPS`
     times from construction with power-of-two gradients (every block normalizes exactly, so the
-    codebook learned at the first step is exact in every profile); its native state at the end."""
+    codebook learned at the first step is exact in every profile) whose exponents' range changes
+    every 1000 steps (a codebook learned again at 1000, 4096 or 10^4 steps differs); its native state
+    at the end."""
     generator = torch.Generator().manual_seed(7)
     params = [torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in ((64,), (16, 8))]
     optimizer = make_optimizer([("life.bias", params[0]), ("life.weight", params[1])], lr=1e-3)
-    for _ in range(LONG_LIFE_STEPS):
+    for step in range(LONG_LIFE_STEPS):
+        widest = 5 + (step // 1000) % 3  # the exponents' range: 5 at the first step, 6 at step 10^4
         for p in params:
-            exponents = torch.randint(0, 5, p.shape, generator=generator).float()
+            exponents = torch.randint(0, widest, p.shape, generator=generator).float()
             signs = torch.randint(0, 2, p.shape, generator=generator).float() * 2 - 1
             p.grad = (signs * 2.0**-exponents).to(device)
         optimizer.step()
