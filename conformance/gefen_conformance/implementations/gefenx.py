@@ -180,9 +180,9 @@ EXPECTED_FAILURES = {
     },
     **{
         f"test_dcp_save_rules.py::test_save_rule[{what}]": (
-            "gefen-x 0.5.0 wording (SPEC 2.5.1, not a difference §2.7 documents): its GefenSavePlanner "
-            "refuses flatten_state_dict=False with a ValueError naming flatten_state_dict=True that calls "
-            "the placeholders stand-ins and never names 'placeholder'"
+            "documented difference (SPEC 2.7 S8, 2.5.1): gefen-x 0.5.0's GefenSavePlanner refuses "
+            "flatten_state_dict=False with a ValueError naming flatten_state_dict=True that calls the "
+            "placeholders stand-ins and never names 'placeholder'"
         )
         for what in ("flatten-false-keyword", "flatten-false-positional")
     },
