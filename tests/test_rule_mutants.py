@@ -9,7 +9,10 @@ process shows (SPEC 3.1-3.7, the suite's checks called under a gloo group of one
 its examples, its hyperparameter staging examples and its hostile checkpoints), and the load's
 agreement (SPEC 3.2.3) by one launcher call on two ranks. The 2-rank layout refusals of SPEC 2.4.1
 are proven by partial certifications in a subprocess (``-m proof``); rules that are single clauses
-are proven by the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py."""
+are proven by the catalogue of tests/mutants.py, through tests/test_suite_catches_mutants.py. Every
+proof is marked ``proof`` (hundreds of mutants in two profiles: minutes of CPU): ``.ci/run`` runs
+them, the README's test command leaves them out; the checks that the reference passes every example
+and that the lists are exact run everywhere."""
 
 from __future__ import annotations
 
@@ -103,6 +106,7 @@ def _kind(example) -> str:
     return "strict" if isinstance(example, (Built, LoadAccepted, RoundTrip, Saved)) else "lenient"
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("mutant", rule_mutants.mutants("torch-exact"), ids=lambda m: m.id)
 def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, request):
@@ -202,6 +206,7 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
 # ------------------------------------------------------------------------------ DCP loads in one process
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("mutant", rule_mutants.dcp_load_mutants("torch-exact"), ids=lambda m: m.id)
 def test_a_dcp_load_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, one_rank):
@@ -234,6 +239,7 @@ def _named(test, rule: str) -> bool:
     return any(rule in m.args for m in getattr(test, "pytestmark", []) if m.name == "gefen_clause")
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("rule", sorted(rule_mutants.STAGING))
 def test_a_staging_mutant_is_failed_by_the_property_naming_its_rule(rule, profile, one_rank):
@@ -256,6 +262,7 @@ def hostile_variants(one_rank, tmp_path_factory):
     return hostile.craft_all(str(tmp_path_factory.mktemp("hostile")))
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("rule", sorted(rule_mutants.RESTORE))
 def test_a_restore_mutant_is_failed_by_the_hostile_cases_of_its_rule(rule, profile, hostile_variants):
@@ -275,6 +282,7 @@ def test_a_restore_mutant_is_failed_by_the_hostile_cases_of_its_rule(rule, profi
     )
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("rule", sorted(rule_mutants.AGREEMENT))
 def test_a_load_agreement_mutant_is_failed_on_two_ranks(rule, hostile_variants):
     """``test_refused_on_every_rank[nan-momentum]`` (naming the rule) on two ranks, one launcher

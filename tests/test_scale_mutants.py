@@ -36,6 +36,7 @@ def _cases(names):
     ]
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name,profile", _cases(CHEAP))
 def test_a_long_run_mutant_is_failed_by_its_case(name, profile):
     _, _, case, _, bug = SCALE_MUTANTS[name]
