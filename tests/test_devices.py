@@ -221,6 +221,7 @@ def test_execution_facts_are_the_launcher_description_plus_the_sizes_run(two_fak
         "world_sizes": [2, 4],
         "warm_up_s": None,
         "deadline_scale": 1.0,
+        "tier": "default",
     }
     assert facts["backend"] == "nccl" and facts["device_type"] == "cuda"
 

@@ -35,10 +35,11 @@ def test_failures_come_right_after_the_verdict_each_with_clauses_reason_where_an
     failing["where"] = [WHERE]
     lines = _text(cert, path=Path("c.json"))
     assert lines[0].startswith("tests.mutants:beta_rounding 0.1.0: not-conformant")
-    assert lines[1].startswith("verdict: not-conformant") and lines[3] == "did not pass (4):"
-    # the verdict never reads alone: what it covers, by rule, is the next line
+    assert lines[1].startswith("verdict: not-conformant") and lines[4] == "did not pass (4):"
+    # the verdict never reads alone: what it covers, by rule, is the next line, then the tier
     assert lines[2] == f"rules: {cert['rules']['summary']}" and " rules certified; " in lines[2]
     assert f"; {cert['rules']['counts']['failed']} failed" in lines[2]
+    assert lines[3].startswith("tier: default (SPEC 4.3.16): ") and "claims nothing of scale" in lines[3]
     at = lines.index(f"  ERRORED {failing['id']}  (SPEC {', '.join(failing['clauses'])})")
     assert lines[at + 1].strip() == failing["reason"].splitlines()[0]
     assert lines[at + 2].strip() == WHERE
@@ -122,7 +123,7 @@ def test_tests_that_did_not_run_here_are_grouped_by_reason():
     cert["run"]["not_run"] = [{"id": i, "reason": reason} for i in ids]
     lines = _text(cert)
     head = lines.index("did not run here, so the run cannot be conformant (SPEC 4.4.2): 3 suite tests")
-    assert head == 3 and lines[head + 1] == f"  {reason} (3):"
+    assert head == 4 and lines[head + 1] == f"  {reason} (3):"
     assert [line.split()[0] for line in lines[head + 2 : head + 5]] == ids
 
 
