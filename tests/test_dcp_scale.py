@@ -21,8 +21,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("source,target", [(48, 64), (256, 100)], ids=["48->64", "256->100"])
+@pytest.mark.parametrize(
+    "source,target",
+    [
+        pytest.param(48, 64, id="48->64", marks=pytest.mark.slow),
+        # 256 ranks: 84-88 s of a 2-core machine; with the scale tier's proofs, outside .ci/run
+        pytest.param(256, 100, id="256->100", marks=pytest.mark.scale),
+    ],
+)
 def test_the_reference_reshards_at_scale(tmp_path, source, target):
     reference = registry.resolve("reference")
     cache = Checkpoints(tmp_path)
