@@ -113,10 +113,17 @@ def test_a_rule_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, requ
     if profile == "tolerance" and mutant.rule in TORCH_EXACT_ONLY:
         pytest.skip(f"{mutant.rule} binds the torch-exact profile only (the register's profile)")
     (declared,) = [m for m in rule_mutants.mutants(profile) if m.id == mutant.id]
+    _assert_failed_for_its_rule(
+        mutant, profile, EXAMPLES, lambda e: _check(e, request)(declared.implementation, e)
+    )
+
+
+def _assert_failed_for_its_rule(mutant, profile, examples, check) -> None:
+    """``check`` fails at least one example of ``mutant`` 's rule, and only for that rule."""
     failures = []
-    for example in (e for e in EXAMPLES if e.rule == mutant.rule):
+    for example in (e for e in examples if e.rule == mutant.rule):
         try:
-            _check(example, request)(declared.implementation, example)
+            check(example)
         except AssertionError as failure:
             failures.append(str(failure))
     assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
@@ -211,14 +218,9 @@ def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
 @pytest.mark.parametrize("mutant", rule_mutants.dcp_load_mutants("torch-exact"), ids=lambda m: m.id)
 def test_a_dcp_load_mutant_is_failed_by_a_test_naming_its_rule(mutant, profile, one_rank):
     (declared,) = [m for m in rule_mutants.dcp_load_mutants(profile) if m.id == mutant.id]
-    failures = []
-    for example in (e for e in DCP_LOAD if e.rule == mutant.rule):
-        try:
-            dcp_load_checks.check(declared.implementation, example, one_rank)
-        except AssertionError as failure:
-            failures.append(str(failure))
-    assert failures, f"{mutant.id} ({mutant.what}) passes every example of {mutant.rule} [{profile}]"
-    assert all(f.startswith(f"SPEC {mutant.rule} (") for f in failures), failures
+    _assert_failed_for_its_rule(
+        mutant, profile, DCP_LOAD, lambda e: dcp_load_checks.check(declared.implementation, e, one_rank)
+    )
 
 
 @pytest.mark.parametrize("example", DCP_LOAD, ids=lambda e: f"{e.rule}-{e.what}")

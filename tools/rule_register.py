@@ -115,6 +115,21 @@ def parse(text: str) -> list[Rule]:
         if clause and clause not in numbered and any(t.strip() for t in clause_text):
             add(clause, clause_line, " ".join(clause_text))
 
+    def marked_rules(ids: str, mark: str, number: int) -> list:
+        """The rules of the open clause a mark line names (``#2, #3``, or ``-`` for a bare clause
+        rule, added here since the clause has not closed yet)."""
+        out = []
+        for rule_id in (i.strip() for i in ids.split(",")):
+            full = clause if rule_id == "-" else f"{clause}{rule_id}"
+            if rule_id != "-" and full not in rules:
+                raise RegisterError(f"SPEC.md:{number}: {full} is marked {mark} but is no rule")
+            if full not in rules:
+                numbered.discard(clause)
+                close_clause()
+                numbered.add(clause)
+            out.append(rules[full])
+        return out
+
     lines = text.splitlines()
     for number, line in enumerate(lines, 1):
         heading = _PART.match(line)
@@ -146,32 +161,14 @@ def parse(text: str) -> list[Rule]:
             continue
         bound = _TORCH_EXACT_ONLY.match(line)
         if bound:
-            for rule_id in (i.strip() for i in bound.group("ids").split(",")):
-                full = clause if rule_id == "-" else f"{clause}{rule_id}"
-                if rule_id != "-" and full not in rules:
-                    raise RegisterError(f"SPEC.md:{number}: {full} is marked torch-exact only but is no rule")
-                pending = rules.get(full)
-                if pending is None:  # a bare clause rule is added when the clause closes
-                    numbered.discard(clause)
-                    close_clause()
-                    numbered.add(clause)
-                    pending = rules[full]
+            for pending in marked_rules(bound.group("ids"), "torch-exact only", number):
                 pending.profile, pending.profile_why = "torch-exact", bound.group("why")
             continue
         marked = _NOT_CERTIFIED.match(line)
         if marked:
-            for rule_id in (i.strip() for i in marked.group("ids").split(",")):
-                full = clause if rule_id == "-" else f"{clause}{rule_id}"
-                if rule_id != "-" and full not in rules:
-                    raise RegisterError(f"SPEC.md:{number}: {full} is marked not certified but is no rule")
-                if marked.group("reason") not in REASONS:
-                    raise RegisterError(f"SPEC.md:{number}: unknown reason {marked.group('reason')!r}")
-                pending = rules.get(full)
-                if pending is None:  # a bare clause rule is added when the clause closes
-                    numbered.discard(clause)
-                    close_clause()
-                    numbered.add(clause)
-                    pending = rules[full]
+            if marked.group("reason") not in REASONS:
+                raise RegisterError(f"SPEC.md:{number}: unknown reason {marked.group('reason')!r}")
+            for pending in marked_rules(marked.group("ids"), "not certified", number):
                 pending.not_certified, pending.why = marked.group("reason"), marked.group("why")
             continue
         if line.startswith("|"):
