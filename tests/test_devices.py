@@ -285,6 +285,7 @@ def test_device_cpu_certificate_records_the_execution_and_the_sizes_run(pytester
         "device_names": ["cpu"],
         "world_sizes": [2],
         "deadline_scale": 1.0,
+        "tier": "default",
     }
     assert warm_up > 0
     assert cert["profile"]["name"] == "torch-exact"
