@@ -33,7 +33,17 @@ from pathlib import Path
 
 #: Environment prefixes the preloaded libraries read when they are imported.
 _IMPORT_TIME_ENV = ("TORCH", "OMP_", "MKL_", "CUDA", "HYPOTHESIS", "PYTHON")
-_PRELOADED = ("numpy", "torch", "torch.distributed.checkpoint", "hypothesis", "pytest", "safetensors")
+_PRELOADED = (
+    "numpy",
+    "torch",
+    "torch.distributed.checkpoint",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "hypothesis",
+    "hypothesis.strategies",
+    "pytest",
+    "safetensors",
+)
 
 _SERVER = r"""
 import ctypes, json, os, signal, sys
@@ -44,6 +54,8 @@ except OSError:
 import importlib
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
+import gc
+gc.freeze()  # the preloaded objects: a child's collections (pytest runs several at exit) skip them
 sys.stdout.write("ready\n"); sys.stdout.flush()
 for line in sys.stdin:
     request = json.loads(line)

@@ -37,11 +37,14 @@ def proxy(module: types.ModuleType, **overrides) -> types.SimpleNamespace:
 
 def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.0) -> dict:
     """Run ``pytest --pyargs gefen_conformance --impl=SPEC [-k SELECT]`` in a subprocess (the whole suite
-    when ``select`` is None); return its certificate."""
+    when ``select`` is None); return its certificate. A selection runs under the hypothesis profile
+    of :mod:`tests.proof_profile` (no shrinking: the same tests fail); the whole suite is a
+    certification under the suite's own profile."""
     import json
     import os
     from pathlib import Path
 
+    from . import proof_profile
     from .forked_pytest import FORKED
 
     root = Path(__file__).resolve().parents[1]
@@ -53,7 +56,7 @@ def run_suite(impl_spec: str, select: str | None, workdir, timeout: float = 900.
         "--pyargs",
         "gefen_conformance",
         f"--impl={impl_spec}",
-        *(["-k", select] if select is not None else []),
+        *(["-k", select, *proof_profile.ARGS] if select is not None else []),
         f"--certificate={cert}",
         "-p",
         "no:cacheprovider",

@@ -381,7 +381,7 @@ CATALOGUE = {
             _state_with(placeholder=clone(placeholder, _DeferredDenseShard=_FreshBufferPerCall)),
         ),
         "3.7.3",
-        "reshard",
+        "reshard and not at_scale",
         "load copies into a temporary buffer: restore is a silent no-op",
     ),
     "unsynchronized-check": Entry(
