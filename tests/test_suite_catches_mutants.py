@@ -4,9 +4,15 @@ profiles, and the reference passes the same selections (SPEC 4.3, 5.6; the mutat
 Mutants are judged by the failing clauses, the reference by the certificate's failure counts
 (zero failed, zero errors), never by the verdict string.
 
-Every case is a ``proof`` (a partial certification in a subprocess): the README's test command
-leaves them out and ``.ci/run`` runs them all, every mutant in both profiles;
-benchmarks/mutation_score.py prints the same score with timings."""
+Every mutant runs under the tolerance profile, the one kernel backends certify under: a partial
+certification in a subprocess, a ``proof`` (the README's test command leaves them out, ``.ci/run``
+runs them). Under torch-exact every result the suite compares with the reference is compared
+bitwise (SPEC 5.3.1), on the same tests and the same inputs (the two declarations differ only in
+``cpu-bit-exact``, which no test requires the absence of), so a test that fails under tolerance
+fails under torch-exact too: a mutant whose torch-exact clause and selection are its tolerance
+ones is run under torch-exact as ``exhaustive`` only (``python -m pytest -m exhaustive``, and
+benchmarks/mutation_score.py, which prints both profiles' results with timings); the mutants whose
+torch-exact catch is another test's are proofs in both profiles."""
 
 from __future__ import annotations
 
@@ -29,8 +35,6 @@ from .mutants import (
     spec,
 )
 
-pytestmark = pytest.mark.proof
-
 
 #: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores,
 #: or the input space with its 2^20-element boundary examples: the reference's run of their
@@ -45,14 +49,49 @@ SLOW_IN_BOTH = (
 )
 
 
+def _implied(name: str) -> bool:
+    """Whether the mutant's torch-exact catch is its tolerance catch (same clause, same selection)."""
+    entry = CATALOGUE[name]
+    return all(
+        getattr(entry, kind)(TORCH_EXACT) == getattr(entry, kind)(TOLERANCE)
+        for kind in ("clause_in", "select_in")
+    )
+
+
 def _cases():
     for name in sorted(CATALOGUE):
-        for profile in (TORCH_EXACT, TOLERANCE):
+        profiles = (TOLERANCE,) if _implied(name) else (TORCH_EXACT, TOLERANCE)
+        for profile in profiles:
             yield pytest.param(name, profile, id=f"{name}-{profile}")
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name,profile", list(_cases()))
 def test_suite_catches_mutant(name, profile, tmp_path):
+    _assert_caught(name, profile, tmp_path)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", [n for n in sorted(CATALOGUE) if _implied(n)])
+def test_suite_catches_mutant_under_torch_exact_too(name, tmp_path):
+    _assert_caught(name, TORCH_EXACT, tmp_path)
+
+
+def test_the_torch_exact_declaration_runs_every_test_the_tolerance_one_runs():
+    """The premise of the implied torch-exact catches: each mutant's two declarations differ in
+    ``cpu-bit-exact`` alone (a test is skipped only for a capability its implementation lacks, so
+    the torch-exact declaration runs every test the tolerance one runs), and the same code."""
+    from gefen_conformance.implementations import registry
+    from gefen_conformance.implementations.contract import CPU_BIT_EXACT
+
+    for name in CATALOGUE:
+        exact, tolerant = (registry.resolve(spec(name, p)) for p in (TORCH_EXACT, TOLERANCE))
+        assert exact.capabilities - tolerant.capabilities == {CPU_BIT_EXACT}, name
+        assert not tolerant.capabilities - exact.capabilities, name
+        assert exact.make_optimizer is tolerant.make_optimizer, name
+
+
+def _assert_caught(name: str, profile: str, tmp_path) -> None:
     entry = CATALOGUE[name]
     cert = run_suite(spec(name, profile), entry.select_in(profile), tmp_path)
     assert failures(cert) > 0, f"{name} ({entry.bug}) survived the {profile} profile: {cert['summary']}"
@@ -62,6 +101,7 @@ def test_suite_catches_mutant(name, profile, tmp_path):
     )
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "slow_selections",
     [pytest.param(False, id="default"), pytest.param(True, id="slow", marks=pytest.mark.slow)],
