@@ -35,7 +35,6 @@ from .mutants import (
     spec,
 )
 
-
 #: Mutants whose selections run long trajectories, loads over several steps or multi-rank restores,
 #: or the input space with its 2^20-element boundary examples: the reference's run of their
 #: selections is slow.

@@ -1,8 +1,9 @@
 """Resharding at scale: save on tens of ranks, restore on another count (SPEC 4.3.2, Part 3).
 
 The paths of ``test_dcp_reshard`` at the sizes users run: 64 -> 7 (sizes with no common factor;
-every shard of the 7-rank world spans about nine of the 64), each rank a thread of one process (the thread launcher, ``gefen_conformance.harness.threads``;
-an implementation that is not thread-safe runs on the active launcher instead, where it fits).
+every shard of the 7-rank world spans about nine of the 64), each rank a thread of one process
+(the thread launcher, ``gefen_conformance.harness.threads``; an implementation that is not
+thread-safe runs on the active launcher instead, where it fits).
 The model is ``gefen_conformance.workload.models.SCALE``: every parameter of ``BASE`` has fewer
 rows than 48 or 64 ranks, so most ranks hold empty shards of every parameter on both sides, and
 ``wide.weight`` (211 rows) divides by none of the worlds. Each checkpoint and restore is made once
