@@ -100,12 +100,19 @@ def _assert_caught(name: str, profile: str, tmp_path) -> None:
     )
 
 
-@pytest.mark.proof
-@pytest.mark.parametrize(
-    "slow_selections",
-    [pytest.param(False, id="default"), pytest.param(True, id="slow", marks=pytest.mark.slow)],
-)
-@pytest.mark.parametrize("profile", PROFILES)
+def _selections():
+    """(profile, slow) of each run of the reference over the catalogue's selections: under
+    torch-exact the selections CI runs mutants on are the default ones (``exhaustive`` the rest)."""
+    for profile in PROFILES:
+        for slow in (False, True):
+            if profile == TORCH_EXACT and slow:
+                marks = [pytest.mark.exhaustive]
+            else:
+                marks = [pytest.mark.proof, *([pytest.mark.slow] if slow else [])]
+            yield pytest.param(profile, slow, id=f"{profile}-{'slow' if slow else 'default'}", marks=marks)
+
+
+@pytest.mark.parametrize("profile,slow_selections", _selections())
 def test_reference_passes_every_selection(profile, slow_selections, tmp_path):
     entries = [e for n, e in CATALOGUE.items() if (n in SLOW_IN_BOTH) == slow_selections]
     selection = " or ".join(sorted({f"({e.select_in(profile)})" for e in entries}))
