@@ -135,9 +135,10 @@ def test_a_launcher_too_small_for_a_scenario_lists_it_as_not_run_and_exits_parti
     assert "1 did not run here (" + REASON in cert["verdict_reason"]
     lines = out[out.index("gefen conformance") :].splitlines()
     assert lines[2].startswith("verdict: partial") and lines[3] == f"rules: {cert['rules']['summary']}"
-    assert "did not run here" in lines[4]
-    assert lines[5] == f"  {REASON} (1):"  # grouped by reason (SPEC 4.4.12)
-    assert lines[6].startswith(
+    assert lines[4].startswith("tier: default (SPEC 4.3.16)")
+    assert "did not run here" in lines[5]
+    assert lines[6] == f"  {REASON} (1):"  # grouped by reason (SPEC 4.4.12)
+    assert lines[7].startswith(
         "    test_dcp_failures.py::test_rank_killed_mid_save_commits_nothing_and_earlier_checkpoint_loads"
     )
     assert "exit status 6 (partial" in out
