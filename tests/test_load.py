@@ -127,7 +127,7 @@ def test_the_failure_scenarios_certify_at_load(oversubscribed, tmp_path):
     ), [t for t in cert["tests"] if t["outcome"] != "passed"]
 
 
-@pytest.mark.parametrize("at_s, after_tests", [(15, None), (None, 0.5)], ids=["15s", "half-of-tests"])
+@pytest.mark.parametrize("at_s, after_tests", [(15, None), (None, 0.25)], ids=["15s", "quarter-of-tests"])
 def test_ctrl_c_at_load_stops_within_5_s_with_nothing_left(oversubscribed, tmp_path, at_s, after_tests):
     report = interrupt_run(tmp_path, at_s, after_tests=after_tests)
     assert not report["finished_before_signal"], report["output"][-3000:]
