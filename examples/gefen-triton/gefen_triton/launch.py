@@ -19,8 +19,10 @@ copied through pinned memory without waiting for the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 _INTERPRETED = type(K.tile_step).__name__ == "InterpretedFunction"
+#: held for a step's launches under the interpreter (see ``Launcher._run_device``)
+_INTERPRETER_LOCK = threading.Lock()
 
 
 def _interpreter_fuses_fma() -> bool:
@@ -449,6 +453,12 @@ class StepKernels:
         return plan
 
     def _run_device(self, device, entries, codebook) -> None:
+        # Triton's interpreter keeps a launch's grid in process-wide state: ranks run as threads of
+        # one process (the suite's thread launcher) take turns launching; compiled launches do not
+        with _INTERPRETER_LOCK if interpreted() else contextlib.nullcontext():
+            self._launch_all(device, entries, codebook)
+
+    def _launch_all(self, device, entries, codebook) -> None:
         check_device(device, "a parameter")
         plan = self._plan(device, entries)
         ints = _to_device(torch.tensor(plan.ints(), dtype=torch.int64), device)
