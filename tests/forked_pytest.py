@@ -33,17 +33,7 @@ from pathlib import Path
 
 #: Environment prefixes the preloaded libraries read when they are imported.
 _IMPORT_TIME_ENV = ("TORCH", "OMP_", "MKL_", "CUDA", "HYPOTHESIS", "PYTHON")
-_PRELOADED = (
-    "numpy",
-    "torch",
-    "torch.distributed.checkpoint",
-    "torch.distributed.tensor",
-    "torch.distributed.fsdp",
-    "hypothesis",
-    "hypothesis.strategies",
-    "pytest",
-    "safetensors",
-)
+_PRELOADED = ("numpy", "torch", "torch.distributed.checkpoint", "hypothesis", "pytest", "safetensors")
 
 _SERVER = r"""
 import ctypes, json, os, signal, sys

@@ -17,14 +17,9 @@ from gefen_conformance.plugin import hypothesis_profiles
 NAME = "gefen-proof"
 
 hypothesis_profiles.register()
+_CERTIFY = settings.get_profile(hypothesis_profiles.CERTIFY)
 settings.register_profile(
-    NAME,
-    settings.get_profile(hypothesis_profiles.CERTIFY),
-    phases=[
-        p
-        for p in settings.get_profile(hypothesis_profiles.CERTIFY).phases
-        if p not in (Phase.shrink, Phase.explain)
-    ],
+    NAME, _CERTIFY, phases=[p for p in _CERTIFY.phases if p not in (Phase.shrink, Phase.explain)]
 )
 
 #: the arguments that run a suite session under this profile

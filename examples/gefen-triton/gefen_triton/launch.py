@@ -34,7 +34,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 _INTERPRETED = type(K.tile_step).__name__ == "InterpretedFunction"
-#: held for a step's launches under the interpreter (see ``Launcher._run_device``)
+#: held for a step's launches under the interpreter (see ``StepKernels._run_device``)
 _INTERPRETER_LOCK = threading.Lock()
 
 
