@@ -185,6 +185,12 @@ CONSTRUCTOR = {
         _set("eps", lambda v: _finite_or(v, 1e-8, low=1e-45, high=1e38)),
     ),
     "1.1.2#7": ("a negative refresh period read as 0", _set("codebook_refresh_every", lambda v: max(v, 0))),
+    "1.1.2#8": (
+        "a refresh period accepted and ignored",
+        _set("codebook_refresh_every", lambda v: 0 if v > 0 else v),
+    ),
+    "1.1.2#9": ("capturable accepted and ignored", _set("capturable", lambda v: False)),
+    "1.1.2#10": ("stochastic rounding accepted and ignored", _set("stochastic_round", lambda v: False)),
     "1.1.2#11": ("period_one_substrings items taken by str()", _set("period_one_substrings", _substrings)),
     "1.1.6#1": ("a bare tensor refused, as torch's Optimizer does", _params(_no_bare_tensor)),
     "1.1.6#2": ("an empty list given a placeholder parameter", _params(_empty_gets_a_placeholder)),

@@ -140,7 +140,7 @@ def test_markdown_puts_the_rules_line_under_the_verdict_and_lists_the_rules_by_s
     ]  # the failing reshard tests' rules
     assert rows["checked by no test of this run"][0].strip() == str(section["counts"]["unchecked"])
     not_certified = next(k for k in rows if k.startswith("not certified by this suite: reference-only"))
-    assert rows[not_certified] == [" 4 ", " 1.1.2 \\#8-10; 1.6.10 "]
+    assert rows[not_certified] == [" 1 ", " 1.6.10 "]
     assert "skipped for a missing capability" not in rows  # no rule was only skipped
     assert set(rows["certified"][1].strip().split("; ")) == set(section["ids"]["certified"])
     unproven = rows.get("checked without a mutant proof", [" 0 "])  # no row for a status none has
@@ -322,7 +322,7 @@ def test_html_leads_with_what_did_not_pass_and_keeps_expected_failures_apart():
     failed = "2.4.5; 3.1.2; 3.4.2; 3.4.4; 3.7.1; 3.7.3; 3.10.1"  # the expected failures' rules
     assert f'<tr><td>failed</td><td class="n">7</td><td>{failed}</td></tr>' in table
     assert '<tr><td>skipped for a missing capability</td><td class="n">1</td><td>2.6.1</td></tr>' in table
-    assert "reference-only" in table and "1.1.2 #8-10" in table
+    assert "reference-only" in table and "1.6.10" in table
     assert 'class="k-xfailed" style="border-color:#1971c2"' in page
     failing = report.render(load("mutant-beta-rounding.json"), "html")
     assert (

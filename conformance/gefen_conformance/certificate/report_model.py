@@ -120,6 +120,15 @@ def facts(cert: dict, *, tolerances: bool = True) -> list:
         ),
         ("implementation", f"{impl['name']} {impl.get('version') or '(no version)'}"),
         ("capabilities", _join(impl.get("capabilities") or []) or "none declared"),
+    ]
+    if impl.get("extended_options"):
+        rows.append(
+            (
+                "extended options",
+                _join(impl["extended_options"]) + " (implemented, not certified: SPEC 1.1.5)",
+            )
+        )
+    rows += [
         (
             "profile",
             profile_name

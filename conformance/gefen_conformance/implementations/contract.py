@@ -57,6 +57,12 @@ DCP_ASYNC_SAVE = Capability.DCP_ASYNC_SAVE
 
 KNOWN_CAPABILITIES = frozenset(Capability)
 
+#: Constructor options outside the suite's scope (SPEC 1.1.5): an implementation MAY implement them
+#: and says so in ``Implementation.extended_options``; one it does not declare it MUST refuse (SPEC
+#: 1.1.2 rows 8-10), never accept and ignore. The suite certifies neither their semantics nor, for a
+#: declared option, its refusal.
+EXTENDED_OPTIONS = frozenset({"capturable", "codebook_refresh_every", "stochastic_round"})
+
 #: What each capability claims, in words (docs/independent.md's capability table is generated from
 #: this and from the suite's ``gefen_requires`` marks: tools/doc_tables.py).
 CAPABILITY_CLAIMS = {
@@ -107,6 +113,11 @@ class Implementation:
     state across instances without a lock). The scenarios at scale run their ranks as threads of
     one process (:mod:`gefen_conformance.harness.threads`); an implementation that sets it False is
     run there on the active launcher instead, one process per rank, and the test says why.
+
+    ``extended_options`` names the constructor options outside the suite's scope the
+    implementation implements (:data:`EXTENDED_OPTIONS`, SPEC 1.1.5): the refusal of each other
+    one is certified (SPEC 1.1.2 rows 8-10); a declared one is neither refused nor certified, and
+    the certificate records the declaration.
     """
 
     name: str
@@ -119,6 +130,7 @@ class Implementation:
     expected_failures: Mapping[str, str] = field(default_factory=dict)
     prepare: Callable[[Any], None] | None = None
     thread_safe: bool = True
+    extended_options: frozenset = frozenset()
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -141,6 +153,18 @@ class Implementation:
                 f"implementation {self.name!r} declares unknown capabilities {unknown} "
                 f"(known: {', '.join(sorted(known))})"
             )
+        if isinstance(self.extended_options, str):
+            raise TypeError(
+                f"implementation {self.name!r}: extended_options must be a collection of option names, "
+                f"not the single {self.extended_options!r}"
+            )
+        unknown = sorted(str(o) for o in self.extended_options if o not in EXTENDED_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"implementation {self.name!r} declares unknown extended options {unknown} "
+                f"(known: {', '.join(sorted(EXTENDED_OPTIONS))})"
+            )
+        object.__setattr__(self, "extended_options", frozenset(self.extended_options))
         missing = [k for k, why in self.expected_failures.items() if not str(why).strip()]
         if missing:
             raise ValueError(f"implementation {self.name!r}: expected failures without a reason: {missing}")

@@ -39,6 +39,7 @@ class SuiteRun:
                 "name": impl.name,
                 "version": impl.version,
                 "capabilities": sorted(c.value for c in impl.capabilities),
+                "extended_options": sorted(impl.extended_options),
                 "spec": str(config.option.impl or impl.name),
             }
         )

@@ -55,6 +55,11 @@ def check_constructor(impl, example: Refused | Built) -> None:
     """The constructor refuses ``example`` with its error naming its words, or builds it as the rule says."""
     if isinstance(example, Built) and example.requires is not None and not impl.has(example.requires):
         pytest.skip(f"SPEC {example.rule}: needs {example.requires}")
+    if isinstance(example, Refused) and example.unless in impl.extended_options:
+        pytest.skip(
+            f"SPEC {example.rule}: {impl.name} implements {example.unless} (its extended_options), "
+            "which the suite does not certify (SPEC 1.1.5)"
+        )
     device = models.device_for(impl.make_optimizer)
     given, kwargs = example.call(device)
     try:

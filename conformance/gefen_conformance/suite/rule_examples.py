@@ -38,11 +38,14 @@ class Example:
 
 @dataclass(frozen=True)
 class Refused(Example):
-    """A call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), before anything is built."""
+    """A call the rule refuses: ``error`` naming ``words`` (SPEC 0.2.3), before anything is built.
+    ``unless``: an extended option (SPEC 1.1.5) whose declaration by the implementation lifts the
+    refusal, or None."""
 
     call: Callable
     error: type = ValueError
     words: str | None = None
+    unless: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,23 @@ VALIDATION = [
     Refused("1.1.2#6", "eps-negative", _one(eps=-1e-8), ValueError, "eps"),
     Refused(
         "1.1.2#7", "refresh-negative", _one(codebook_refresh_every=-1), ValueError, "codebook_refresh_every"
+    ),
+    Refused(
+        "1.1.2#8",
+        "refresh-positive",
+        _one(codebook_refresh_every=100),
+        ValueError,
+        "codebook_refresh_every",
+        unless="codebook_refresh_every",
+    ),
+    Refused("1.1.2#9", "capturable", _one(capturable=True), ValueError, "capturable", unless="capturable"),
+    Refused(
+        "1.1.2#10",
+        "stochastic-round",
+        _one(stochastic_round=True),
+        ValueError,
+        "stochastic_round",
+        unless="stochastic_round",
     ),
     Refused(
         "1.1.2#11", "substrings-str", _one(period_one_substrings="emb"), TypeError, "period_one_substrings"
