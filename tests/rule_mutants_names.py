@@ -402,6 +402,19 @@ NATIVE_LOAD = {
 
 #: SPEC 1.12.11: a native load into DTensor parameters.
 SHARDED_LOAD = {
+    "1.12.11#1": [
+        (
+            "lenient",
+            "a native state dict of DTensor parameters: this rank's shards written as the whole",
+            {
+                "optimizer": (
+                    "        if any(is_dtensor(p) for _, _, p in self.named_params()):\n"
+                    "            raise ValueError(\n",
+                    "        if False:\n            raise ValueError(\n",
+                )
+            },
+        ),
+    ],
     "1.12.11#2": [
         (
             "lenient",

@@ -142,6 +142,20 @@ def check_sharded_load(impl, example: ShardedLoad) -> None:
         optimizer.step()
 
     params, optimizer = build(1)
+    if example.save:
+        for i in range(example.steps):
+            step(params, optimizer, 10 + i)
+        try:
+            optimizer.state_dict()
+        except Exception as exc:  # what was raised is the finding
+            if not isinstance(exc, ValueError) or "DTensor" not in str(exc):
+                _fail(example, f"raised {type(exc).__name__}: {exc}; expected ValueError naming 'DTensor'")
+            return
+        _fail(
+            example,
+            "returned a native state dict of DTensor parameters (this rank's shards as if they were "
+            "the whole); expected ValueError naming 'DTensor'",
+        )
     if example.steps:
         step(params, optimizer, 10)
         before = _sharded_live(optimizer)

@@ -1108,9 +1108,11 @@ class ShardedLoad(Example):
     shapes (:data:`SHARDED`), stepped ``steps`` times, its group 0 saved with ``lr = 0.5`` and other
     names. Never stepped, it loads: its hyperparameters and names replace the live ones, and the next
     step is a fresh optimizer's. Stepped, it is refused with ValueError naming ``DTensor`` and
-    nothing changes."""
+    nothing changes. ``save``: the example is the optimizer's own native ``state_dict()`` after
+    ``steps`` steps instead, refused with ValueError naming ``DTensor`` (item 1)."""
 
     steps: int
+    save: bool = False
 
 
 #: The parameters of a sharded-load example: ``(caller name, shape)``.
@@ -1118,6 +1120,8 @@ SHARDED = (("w", (8, 16)), ("b", (16,)))
 
 #: SPEC 1.12.11: native loads into DTensor parameters.
 SHARDED_LOAD = [
+    ShardedLoad("1.12.11#1", "state-dict-refused", 1, save=True),
+    ShardedLoad("1.12.11#1", "fresh-state-dict-refused", 0, save=True),
     ShardedLoad("1.12.11#2", "never-stepped-loads", 0),
     ShardedLoad("1.12.11#2", "stepped-refused", 1),
 ]
