@@ -21,6 +21,19 @@ TENSOR_LR = {
     ],
 }
 
+TENSOR_LR["1.4.4"] = [
+    (
+        "a float lr rounded to fp32 before the formulas (every lr kept in an fp32 device scalar)",
+        {
+            "optimizer": (
+                'lr=scalar_lr(group["lr"]),',
+                'lr=float(torch.tensor(group["lr"], dtype=torch.float32))'
+                ' if isinstance(group["lr"], float) else scalar_lr(group["lr"]),',
+            )
+        },
+    )
+]
+
 #: Section 1.5: the period search.
 PERIODS = {
     "1.5.1": [

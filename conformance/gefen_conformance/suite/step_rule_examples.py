@@ -55,6 +55,20 @@ TENSOR_LR = [
         "bf16-tensor-lr-decay",
         _case(P((64,)), groups=(G(lr=0.01, tensor_lr="bf16", weight_decay=0.1),), calls=2),
     ),
+    # A float lr of many significant bits and ``lr * weight_decay`` just below 1, so the decay factor
+    # is about 1e-6: rounded to fp32 before the product (a kernel that keeps every lr in an fp32
+    # device scalar), the factor moves by 1.7%, and a parameter with a zero gradient (no update,
+    # only the decay) shows it under every profile.
+    Stepped(
+        "1.4.4",
+        "float-lr-decay",
+        _case(
+            P((64,), gradient="zero"),
+            P((64,)),
+            groups=(G(lr=0.7, weight_decay=(1 - 1e-6) / 0.7),),
+            calls=2,
+        ),
+    ),
 ]
 
 #: Section 1.5: the period a parameter's first step chooses. Periods are exact in every profile.
