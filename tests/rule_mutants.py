@@ -32,6 +32,7 @@ import gefen_reference as reference
 import gefen_reference.dcp as reference_dcp
 import gefen_reference.dcp.hyper_staging as reference_hyper_staging
 import gefen_reference.dcp.layout as reference_layout_module
+import gefen_reference.dcp.reblock as reference_reblock
 import gefen_reference.dcp.restore as reference_restore
 import gefen_reference.dcp.schema as reference_dcp_schema
 import gefen_reference.dcp.state as reference_state
@@ -1162,6 +1163,14 @@ def _storage_of(tensor):
     return (str(tensor.device), tensor.untyped_storage().data_ptr())
 
 
+def _reblocked_with_float64_means(codebook, momentum, second, period):
+    """The reference's re-blocking, each block's mean second moment formed in float64 and rounded to
+    fp32 once: finer than the reference's fp32 mean, so within every tolerance, and not its bits."""
+    indices, magnitude, _ = reference_reblock.reblock(codebook, momentum, second, period)
+    vmean = second.detach().double().reshape(-1).view(-1, period).mean(dim=1, keepdim=True).float()
+    return indices, magnitude, vmean
+
+
 def _restore_with(**overrides):
     return mutant_tools.clone(
         reference_state, restore=mutant_tools.clone(reference_restore, **overrides)
@@ -1220,6 +1229,7 @@ DCP_LOAD = {
     "3.6.1": [("wrong", "fresh slots re-blocked as all-zero state", None)],
     "3.6.5": [("wrong", "restored counters restart at 1", None)],
     "3.7.1": [("wrong", "saved hyperparameters restored as fp32 values", _hypers_in_fp32)],
+    "3.8.2": [("wrong", "each block's mean second moment formed in float64, then rounded", None)],
 }
 
 
@@ -1247,6 +1257,9 @@ def _dcp_load_adapter(rule: str, kind: str, repair):
         }[kind],
         "3.6.1": lambda: _restore_with(SlotReading=_every_non_empty_slot_materialized()),
         "3.6.5": lambda: _restore_with(_compact_state=_counters_restarted),
+        "3.8.2": lambda: _restore_with(
+            reblock=mutant_tools.proxy(reference_reblock, reblock=_reblocked_with_float64_means)
+        ),
     }[rule]()
     return _dcp_state_of(adapter)(rule)
 

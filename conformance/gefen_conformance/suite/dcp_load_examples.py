@@ -61,6 +61,9 @@ class DcpRestored(Example):
     change: Callable | None = None
     through_dcp: bool = False
     live: Callable | None = None  # live(optimizer): a destination set before the load
+    #: the re-save also bit for bit the reference's restore and re-save of the same checkpoint into
+    #: the same live optimizer (SPEC 3.8.2; an implementation that claims ``cpu-bit-exact`` only)
+    like_reference: bool = False
 
 
 def _slot(index: int, field: str) -> str:
@@ -175,4 +178,6 @@ DCP_LOAD = [
     DcpRestored("3.6.5", "counters-and-global-step-copied"),
     # 3.7 what a restore preserves
     DcpRestored("3.7.1", "hyperparameters-and-counters-exact"),
+    # 3.8 one format: on the CPU the load arithmetic is the reference's
+    DcpRestored("3.8.2", "restore-arithmetic-the-references", through_dcp=True, like_reference=True),
 ]

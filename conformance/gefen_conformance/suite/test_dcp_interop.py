@@ -37,7 +37,7 @@ def test_cross_implementation_restore(
     gefen_judge.assert_comparisons(compared, inputs=restore.describe())
 
 
-@pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "5.6.11")
+@pytest.mark.gefen_clause("4.3.6", "3.6.4", "2.1.6", "3.8.2", "5.6.11")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("source,target", [(2, 4), (4, 2)], ids=["2->4", "4->2"])
 def test_restore_and_resave_match_the_reference(
