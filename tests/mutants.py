@@ -1469,6 +1469,43 @@ CATALOGUE["restore-uniform-codebook"] = Entry(
 )
 
 
+# ------------------------------------------------------- the load's collective (SPEC 3.2)
+
+
+def _layouts_compared_at_save_only(identities, message=agreement.DIVERGENT_LAYOUT_MESSAGE):
+    """The cross-rank layout comparison of a save, skipped by a load (which trusts ``dcp.load``'s
+    ``state_dict()`` to have made it)."""
+    if message != agreement.DIVERGENT_LAYOUT_LOAD_MESSAGE:
+        agreement.require_identical_layouts(identities, message)
+
+
+class _MappingCheckedFirst(state.GefenDCPState):
+    """A load that refuses a state dict that is not a mapping at once, before the agreement: the
+    other ranks wait in its collective for the refusing one."""
+
+    def load_state_dict(self, state_dict):
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"a Gefen DCP state dict must be a dict, got {type(state_dict).__name__}")
+        super().load_state_dict(state_dict)
+
+
+CATALOGUE["load-layouts-unchecked"] = Entry(
+    _dcp_mutant(
+        "load-layouts-unchecked",
+        _state_with(agreement=proxy(agreement, require_identical_layouts=_layouts_compared_at_save_only)),
+    ),
+    "3.2.4",
+    "direct_load and renamed",
+    "a direct load_state_dict() does not compare the ranks' layouts",
+)
+CATALOGUE["load-refused-before-agreement"] = Entry(
+    _dcp_mutant("load-refused-before-agreement", SimpleNamespace(GefenDCPState=_MappingCheckedFirst)),
+    "3.2.1",
+    "direct_load and not-a-mapping",
+    "a load refuses a state dict that is not a mapping before its agreement: the other ranks hang",
+)
+
+
 # ------------------------------------------------------------ an adapter kept across saves (SPEC 2.3.3)
 
 
@@ -1524,6 +1561,11 @@ for _name, _adapter, _bug in (
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)
 
-for _name in ("restore-default-period-rules", "restore-uniform-codebook"):
+for _name in (
+    "restore-default-period-rules",
+    "restore-uniform-codebook",
+    "load-layouts-unchecked",
+    "load-refused-before-agreement",
+):
     globals()["mutant_" + _name.replace("-", "_")] = CATALOGUE[_name].implementation
     globals()["tolerant_" + _name.replace("-", "_")] = as_kernel(CATALOGUE[_name].implementation)

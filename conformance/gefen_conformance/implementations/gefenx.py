@@ -197,6 +197,10 @@ EXPECTED_FAILURES = {
         )
         for what in ("state-dict-refused", "fresh-state-dict-refused")
     },
+    "test_dcp_failures.py::test_direct_load_refused_on_every_rank[renamed]": (
+        "documented difference (SPEC 3.9 L8): gefen-x 0.5.0 compares the ranks' layouts in state_dict() "
+        "only, so a direct load_state_dict() on ranks with different layouts loads on every rank"
+    ),
     "test_calling_protocol.py::test_load_copies_the_callers_state": (
         "gefen-x 0.5.0 defect (SPEC 1.12.8, 1.12.9, 1.14 D17): a native load keeps the caller's state "
         "tensors where dtype and device already match, so the steps after it write into the caller's dict"

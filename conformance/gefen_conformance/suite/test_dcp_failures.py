@@ -83,6 +83,42 @@ def failing_load(impl: Implementation, path: str, before_dir: str, after_dir: st
     return error
 
 
+def direct_load(impl: Implementation, path: str, how: str, odd_rank: int = 1):
+    """Every rank calls the adapter's ``load_state_dict()`` directly, as ``dcp.load`` would: the
+    adapter's ``state_dict()`` filled from ``path`` by DCP (a plain dict, so DCP loads into it and
+    calls nothing). ``odd_rank`` then loads something else: with ``how`` "renamed", a fresh
+    optimizer whose ``dec.weight`` is named differently and the dict's identity renamed to match,
+    so each rank stages its own consistent load but the ranks' layouts differ (SPEC 3.2.4); with
+    "not-a-mapping", a list of the dict's items instead of a mapping, which the adapter must refuse
+    inside its agreement so that the other ranks raise too (SPEC 3.2.1). Returns the load's error
+    on this rank (None if it loaded)."""
+    import torch.distributed.checkpoint as dcp
+
+    model = models.BASE
+    params, optimizer = saving.trained(impl, model, world_mesh(), steps=[1])
+    destination = impl.dcp_state(optimizer).state_dict()
+    dcp.load({"optimizer": destination}, checkpoint_id=path, process_group=saving.group())
+    target, given = optimizer, destination
+    if world.current().rank == odd_rank:
+        if how == "renamed":
+            renamed = f"dec.weight.rank{odd_rank}"
+            groups = [
+                dict(g, params=[(renamed if n == "dec.weight" else n, q) for n, q in g["params"]])
+                for g in models.param_groups(model, params)
+            ]
+            target = impl.make_optimizer(groups, factored_v_2d=False)
+            for identity in given["param_identities"]:
+                if identity["name"] == "dec.weight":
+                    identity["name"] = renamed
+        elif how == "not-a-mapping":
+            given = list(given.items())
+    try:
+        impl.dcp_state(target).load_state_dict(given)
+    except Exception as exc:  # the outcome is the result
+        return checkpoints.RaisedError.of(exc)
+    return None
+
+
 def killed_save(impl: Implementation, path: str, victim: int = 1) -> None:
     """Train and save with rank ``victim`` killed in the middle of the save (collective)."""
     model = models.BASE
@@ -187,6 +223,45 @@ def test_load_refused_by_one_rank_changes_no_rank(gefen_impl, gefen_checkpoints,
         len(keys),
         [f"live state changed by the refused load: {changed}"],
     )
+
+
+@pytest.mark.gefen_requires(DCP_RESHARD)
+@pytest.mark.parametrize(
+    "how,own_error,part",
+    [
+        pytest.param(
+            "renamed",
+            RuntimeError,
+            "different parameter layouts",
+            marks=pytest.mark.gefen_clause("4.3.3", "3.2.4"),
+            id="renamed",
+        ),
+        pytest.param(
+            "not-a-mapping",
+            Exception,
+            "",
+            marks=pytest.mark.gefen_clause("4.3.3", "3.2.1"),
+            id="not-a-mapping",
+        ),
+    ],
+)
+def test_direct_load_refused_on_every_rank(gefen_impl, gefen_checkpoints, how, own_error, part):
+    """A direct ``load_state_dict()`` (no ``dcp.load``, so no ``state_dict()`` collective before it)
+    where rank 1's load differs. Renamed: each rank's own load is consistent, and only the
+    comparison of the ranks' layouts after the agreement finds the difference: every rank raises
+    RuntimeError naming "different parameter layouts" (SPEC 3.2.4). Not a mapping: rank 1 raises its
+    own error and rank 0 RuntimeError naming "another rank", within the bound, because the
+    adapter refuses it inside the agreement (SPEC 3.2.1); refused before it, rank 0 would wait in
+    the agreement's collective until the group's timeout."""
+    source = gefen_checkpoints.trained_and_saved(gefen_impl, "base", ranks=WORLD).path
+    errors = checkpoints.run(direct_load, WORLD, (gefen_impl, str(source), how, ODD_RANK), timeout=TIMEOUT)
+    problems = []
+    for rank, error in enumerate(errors):
+        if how == "renamed" or rank == ODD_RANK:
+            problems.append(_raised(rank, error, own_error, part))
+        else:
+            problems.append(_raised(rank, error, RuntimeError, "another rank"))
+    assert_no_problems([p for p in problems if p])
 
 
 @pytest.mark.gefen_clause("4.3.3", "4.2.2", "5.1.2")
