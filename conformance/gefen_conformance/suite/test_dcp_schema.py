@@ -1,10 +1,15 @@
 """Schema (SPEC 4.3.5): what the implementation wrote, read back through the independent reader
 of SPEC 5.1 (never the implementation's loader), validated key by key against Part 2 and against
 what was trained: identities, hyperparameters, counters, dense slots at their global shapes, and
-the model saved alongside.
+the model saved alongside; and the items DCP wrote for them (SPEC 2.2.4): each 0-dim scalar one
+``TENSOR`` item written once, each leaf of the two lists a pickled ``BYTE_IO`` item, each dense
+slot chunked as the model's ``Shard(0)`` parameter it belongs to, in ``__<rank>_<n>.distcp`` files.
 """
 
 from __future__ import annotations
+
+import os
+import re
 
 import pytest
 import torch
@@ -13,7 +18,7 @@ from gefen_conformance.implementations.contract import DCP_RESHARD
 from gefen_conformance.suite import restore_checks
 from gefen_conformance.workload import models
 from gefen_oracles import gefen_schema
-from gefen_oracles.checkpoint_reader import read_nested
+from gefen_oracles.checkpoint_reader import list_entries, read_nested
 from gefen_oracles.numeric import Comparisons
 
 CHECKPOINTS = [
@@ -64,6 +69,88 @@ def _expected_values(model: str, state: dict) -> list[str]:
     return problems
 
 
+#: A payload file's name, ``__<rank>_<n>.distcp`` (SPEC 2.2.4); the rank is the writer's.
+PAYLOAD_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
+
+
+def _writer(file: str) -> str:
+    """The rank a payload file's name gives (the name itself when it is not one)."""
+    match = PAYLOAD_FILE.fullmatch(file)
+    return match.group(1) if match else file
+
+
+def _chunks(entry) -> set:
+    """An entry's non-empty chunks as (offsets, sizes, the rank that wrote it); an empty shard's
+    chunk holds nothing, and DCP keeps one of those written at the same offset."""
+    return {(c.offsets, c.sizes, _writer(c.file)) for c in entry.chunks if all(c.sizes)}
+
+
+def _item_problems(path, model: str, world: int) -> list[str]:
+    """SPEC 2.2.4, from ``.metadata`` and the directory: what DCP made of the optimizer's dict under
+    the caller key ``optimizer``."""
+    problems = []
+    entries = list_entries(path)
+    names = list(models.DCP_MODELS[model].shapes)
+    scalars = [f"optimizer.{k}" for k in restore_checks.HEADER_SCALARS] + [
+        f"optimizer.{gefen_schema.slot_key(i, f)}"
+        for i in range(len(names))
+        for f in restore_checks.SLOT_SCALARS
+    ]
+    leaves = [
+        f"optimizer.param_identities.{i}.{field}"
+        for i in range(len(names))
+        for field in ("name", "group", "shape")
+    ] + [
+        f"optimizer.param_group_hypers.{g}.{key}"
+        for g in range(len(models.SAVED_HYPERS))
+        for key in gefen_schema.HYPER_KEYS
+    ]
+    dense = {
+        f"optimizer.{gefen_schema.slot_key(i, f)}": name
+        for i, name in enumerate(names)
+        for f in ("momentum", "second_moment")
+    }
+    for key in scalars:
+        entry = entries.get(key)
+        if entry is None:
+            problems.append(f"{key}: no item")
+        elif entry.kind != "tensor" or entry.shape != ():
+            what = "a pickled BYTE_IO item" if entry.kind == "bytes" else f"a tensor of shape {entry.shape}"
+            problems.append(f"{key}: {what}; a 0-dim tensor is a TENSOR item")
+        elif len(entry.chunks) != 1:
+            problems.append(f"{key}: {len(entry.chunks)} copies recorded; a replicated item is written once")
+    for key in leaves:
+        entry = entries.get(key)
+        if entry is None or entry.kind != "bytes":
+            problems.append(
+                f"{key}: {'no item' if entry is None else 'a tensor item'}; a list's leaf is a BYTE_IO item"
+            )
+    for key, name in dense.items():
+        entry, parameter = entries.get(key), entries.get(f"model.{name}")
+        if entry is None or entry.kind != "tensor":
+            problems.append(f"{key}: {'no item' if entry is None else 'a pickled BYTE_IO item'}")
+        elif parameter is not None and _chunks(entry) != _chunks(parameter):
+            written, sharded = _chunks(entry), _chunks(parameter)
+            problems.append(
+                f"{key}: {len(written)} chunks, the Shard(0) parameter {name} {len(sharded)} (one per "
+                f"rank); (offsets, sizes, rank) {sorted(written - sharded)[:2]} are not the "
+                "parameter's"
+            )
+    known = set(scalars) | set(leaves) | set(dense)
+    problems += [
+        f"{key}: unexpected item"
+        for key in sorted(entries)
+        if key.startswith("optimizer.") and key not in known
+    ]
+    for file in sorted(os.listdir(path)):
+        match = PAYLOAD_FILE.fullmatch(file)
+        if file != ".metadata" and (match is None or int(match.group(1)) >= world):
+            problems.append(
+                f"{file}: not a payload file __<rank>_<n>.distcp of {world} rank(s), nor .metadata"
+            )
+    return problems
+
+
 @pytest.mark.gefen_clause("4.3.5", "2.1", "2.2.1", "2.2.4", "5.1.1", "5.1.3")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize("model,world", CHECKPOINTS)
@@ -74,6 +161,8 @@ def test_checkpoint_schema_from_the_files(gefen_impl, gefen_checkpoints, gefen_j
     checked = Comparisons()
     for problem in gefen_schema.problems(optimizer) + _expected_values(model, optimizer):
         checked.problem(problem)
+    for problem in _item_problems(saved.path, model, world):
+        checked.problem(f"SPEC 2.2.4: {problem}")
     extra = sorted(set(nested) - {"model", "optimizer"})
     if extra:
         checked.problem(f"unexpected top-level keys {extra}")
