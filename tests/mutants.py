@@ -263,6 +263,13 @@ def _flag_as_int64(value):
     return torch.tensor(1 if value else 0, dtype=torch.int64)
 
 
+def _each_rank_its_own_scalars(local):
+    """No slot-scalar agreement (gefen-x 0.5.0's save): every rank writes the scalars of its own
+    shard, so a rank whose shard is empty writes ``0, 0, 0`` beside the data-holding ranks'
+    counters, and DCP keeps whichever rank's copy of each it chooses (a torn slot)."""
+    return [tuple(triple) for _, triple in local]
+
+
 @dataclass(frozen=True)
 class Entry:
     implementation: Implementation
@@ -436,6 +443,15 @@ CATALOGUE = {
         "2.4.1",
         "caller_name",
         "a caller's name that looks positional is refused",
+    ),
+    "torn-slot-scalars": Entry(
+        _dcp_mutant(
+            "torn-slot-scalars",
+            _state_with(agreement=proxy(agreement, agreed_slot_scalars=_each_rank_its_own_scalars)),
+        ),
+        "2.4.5",
+        "test_checkpoint_schema_from_the_files and w4-empty-shards",
+        "slot scalars not agreed across ranks: empty-shard ranks write torn slots",
     ),
 }
 
