@@ -270,6 +270,13 @@ def _each_rank_its_own_scalars(local):
     return [tuple(triple) for _, triple in local]
 
 
+def _reblock_second_moment_in_bf16(codebook, momentum, second, period):
+    """The re-blocking with its scratch copy of the dense second moment in bf16 (half the
+    memory): each block mean averages bf16-rounded values, 2^-9 relative off even where target
+    blocks are the source's own (SPEC 3.7.2: exact up to fp32 round-off there)."""
+    return reblock.reblock(codebook, momentum, second.to(torch.bfloat16), period)
+
+
 @dataclass(frozen=True)
 class Entry:
     implementation: Implementation
@@ -452,6 +459,18 @@ CATALOGUE = {
         "2.4.5",
         "test_checkpoint_schema_from_the_files and w4-empty-shards",
         "slot scalars not agreed across ranks: empty-shard ranks write torn slots",
+    ),
+    "restore-second-moment-in-bf16": Entry(
+        _dcp_mutant(
+            "restore-second-moment-in-bf16",
+            _state_with(
+                restore=clone(restore, reblock=proxy(reblock, reblock=_reblock_second_moment_in_bf16))
+            ),
+        ),
+        "3.7.2",
+        # the 2->1 path: every target block a union of whole source blocks
+        "test_reshard_resaved_state_is_consistent and 1]",
+        "a restore's block means taken over a bf16 copy of the dense second moment",
     ),
 }
 
