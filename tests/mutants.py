@@ -270,6 +270,19 @@ def _each_rank_its_own_scalars(local):
     return [tuple(triple) for _, triple in local]
 
 
+def _identity_shape_as_tuple(name, group_index, global_shape):
+    """An identity whose ``shape`` is a tuple (``tuple(param.shape)``), written by the save and
+    compared by the load: the adapter restores its own checkpoints, refuses every other adapter's
+    (list-shaped), and every other adapter refuses its checkpoints."""
+    entry = schema.identity_entry(name, group_index, global_shape)
+    return {**entry, "shape": tuple(entry["shape"])}
+
+
+def _identities_with_tuple_shapes():
+    mutated_layout = clone(layout, schema=proxy(schema, identity_entry=_identity_shape_as_tuple))
+    return _state_with(layout=mutated_layout, restore=clone(restore, layout=mutated_layout))
+
+
 def _reblock_second_moment_in_bf16(codebook, momentum, second, period):
     """The re-blocking with its scratch copy of the dense second moment in bf16 (half the
     memory): each block mean averages bf16-rounded values, 2^-9 relative off even where target
@@ -459,6 +472,12 @@ CATALOGUE = {
         "2.4.5",
         "test_checkpoint_schema_from_the_files and w4-empty-shards",
         "slot scalars not agreed across ranks: empty-shard ranks write torn slots",
+    ),
+    "identity-shape-as-tuple": Entry(
+        _dcp_mutant("identity-shape-as-tuple", _identities_with_tuple_shapes()),
+        "3.8.1",
+        "test_cross_implementation_restore and impl-to-reference",
+        "identity shapes written and compared as tuples: only its own checkpoints restore",
     ),
     "restore-second-moment-in-bf16": Entry(
         _dcp_mutant(
