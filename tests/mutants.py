@@ -270,6 +270,69 @@ def _each_rank_its_own_scalars(local):
     return [tuple(triple) for _, triple in local]
 
 
+class _RowByRowShard(placeholder._DeferredDenseShard):
+    """A matrix's dense slot written row by row: each row of this rank's shard its own ``SHARD``
+    item, where SPEC 2.2.4 writes one chunk per rank. The rows tile the shard, so the checkpoint
+    reads back whole, restores and interoperates; only its items differ. A load asks for the same
+    rows, each a view (made once) of the one buffer the hook keeps."""
+
+    def _row_chunks(self):
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        chunk = self._chunk()
+        if len(chunk.sizes) < 2 or chunk.sizes[0] < 2:
+            return [chunk]
+        first, *rest = chunk.offsets
+        return [
+            ChunkStorageMetadata(
+                offsets=torch.Size([first + row, *rest]), sizes=torch.Size([1, *chunk.sizes[1:]])
+            )
+            for row in range(chunk.sizes[0])
+        ]
+
+    def rows_at(self, whole, index):
+        """The part of ``whole`` (this rank's shard) that the item at ``index`` stands for."""
+        if index is None or len(self._row_chunks()) == 1:
+            return whole
+        return whole.narrow(0, index.offset[0] - self._chunk().offsets[0], 1)
+
+    def __create_write_items__(self, fqn, obj):
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+        from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+
+        (item,) = super().__create_write_items__(fqn, obj)
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, chunk.offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=replace(item.tensor_data, chunk=chunk),
+            )
+            for chunk in self._row_chunks()
+        ]
+
+    def __create_chunk_list__(self):
+        return self._row_chunks()
+
+    def __get_tensor_shard__(self, index):
+        whole = super().__get_tensor_shard__(index)
+        if index is None:
+            return whole
+        views = self.__dict__.setdefault("_row_views", {})
+        row = tuple(index.offset)
+        if row not in views:
+            views[row] = self.rows_at(whole, index)
+        return views[row]
+
+
+class _RowByRowPlanner(reference_dcp.GefenSavePlanner):
+    """The bounded planner of a row-by-row adapter: the rows of the fresh copy each item names."""
+
+    def resolve_data(self, write_item):
+        entry = self.state_dict.get(write_item.index.fqn)
+        data = super().resolve_data(write_item)
+        return entry.rows_at(data, write_item.index).clone() if isinstance(entry, _RowByRowShard) else data
+
+
 def _identity_shape_as_tuple(name, group_index, global_shape):
     """An identity whose ``shape`` is a tuple (``tuple(param.shape)``), written by the save and
     compared by the load: the adapter restores its own checkpoints, refuses every other adapter's
@@ -472,6 +535,18 @@ CATALOGUE = {
         "2.4.5",
         "test_checkpoint_schema_from_the_files and w4-empty-shards",
         "slot scalars not agreed across ranks: empty-shard ranks write torn slots",
+    ),
+    "dense-slots-row-by-row": Entry(
+        replace(
+            _dcp_mutant(
+                "dense-slots-row-by-row",
+                _state_with(placeholder=proxy(placeholder, deferred=_RowByRowShard)),
+            ),
+            save_planner=lambda: _RowByRowPlanner(),
+        ),
+        "2.2.4",
+        "test_checkpoint_schema_from_the_files and w2",
+        "a matrix's dense slot written as one SHARD item per row, not one chunk per rank",
     ),
     "identity-shape-as-tuple": Entry(
         _dcp_mutant("identity-shape-as-tuple", _identities_with_tuple_shapes()),

@@ -80,8 +80,9 @@ def test_a_clause_that_calls_itself_informative_holds_no_rule(tool):
     assert [r.id for r in tool.parse(text)] == ["1.1.2"]
 
 
-def test_a_rule_counts_only_where_a_test_names_it():
-    unproven = next(r for r in sorted(rules.unproven()) if r.split(".")[:2] != ["1", "8"])  # no proof yet
+def test_a_rule_counts_only_where_a_test_names_it(monkeypatch):
+    unproven = "3.7.2"  # listed below as a rule no mutant has been shown to fail for
+    monkeypatch.setattr(rules, "unproven", lambda: frozenset({unproven}))
     tests = [
         {"clauses": ["1.1.2#1", "1.12.4", "1.8"], "outcome": "passed"},  # a row, a clause of rows, a section
         {"clauses": [unproven], "outcome": "passed"},
