@@ -118,3 +118,14 @@ def test_reference_passes_every_selection(profile, slow_selections, tmp_path):
     cert = run_suite(impl, selection, tmp_path)
     assert failures(cert) == 0, failed_tests(cert)
     assert cert["summary"]["passed"] > (4 if slow_selections else 20)
+
+
+def test_the_documentation_counts_the_catalogues_as_they_are():
+    """docs/index.md names the size of the mutant catalogue and of the benign one."""
+    from pathlib import Path
+
+    from . import benign
+
+    index = (Path(__file__).resolve().parents[1] / "docs" / "index.md").read_text(encoding="utf-8")
+    assert f"a catalogue of {len(CATALOGUE)} mutants" in index
+    assert f"a catalogue of {len(benign.CATALOGUE)} benign kernel variants" in index
