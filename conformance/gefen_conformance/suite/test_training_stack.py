@@ -1,7 +1,8 @@
 """The training stack users run (SPEC 4.3.14): FSDP2 ``fully_shard`` over a small transformer, bf16
 autocast, a real ``torch.amp.GradScaler`` with an overflow, ``clip_grad_norm_`` over DTensor
 gradients, a warm-up-then-cosine schedule, and a torchtitan-style app-state checkpoint, resumed on
-another world size with the model sharded again (``gefen_conformance.workload.stack``).
+another world size with the model sharded again (``gefen_conformance.workload.stack``); in the
+scale tier also 8 -> 16 and 16 -> 8 ranks, each a thread of one process.
 
 Each resume path trains the implementation and the reference side by side from the same initial
 values on N ranks, saves each through its own adapter, resumes each on M ranks and trains on; the
@@ -31,14 +32,28 @@ TIMEOUT = 60.0
 ROUTES = {"vmean", "v_row", "v_col"}
 KILLED_EXIT_CODE = 19
 
-#: (config, source world, target world): uneven shards everywhere, empty ones on 4 ranks.
+#: (config, source world, target world): uneven shards everywhere, empty ones on 4 ranks and more.
+#: 8 -> 16 and 16 -> 8 run their ranks as threads of one process (the thread launcher) in the scale
+#: tier: about a minute of a 2-core machine each.
 PATHS = [
     pytest.param("mixed", 2, 4, id="2->4-bf16-policy"),
     pytest.param("tied", 4, 2, id="4->2-tied"),
     pytest.param("mixed-tied", 2, 1, id="2->1-bf16-policy-tied"),
     pytest.param("plain", 1, 2, id="1->2"),
     pytest.param("mixed", 3, 2, id="3->2-bf16-policy"),
+    pytest.param("mixed", 8, 16, id="8->16-bf16-policy", marks=pytest.mark.gefen_tier("scale")),
+    pytest.param("tied", 16, 8, id="16->8-tied", marks=pytest.mark.gefen_tier("scale")),
 ]
+#: Worlds past this many ranks run as threads of one process (``checkpoints.run_at_scale``).
+THREADED_PAST = 4
+
+
+def _run(fn, world_size: int, args: tuple, impl):
+    """``fn`` on ``world_size`` ranks: on the active launcher, or as threads past
+    :data:`THREADED_PAST` ranks."""
+    if world_size > THREADED_PAST:
+        return checkpoints.run_at_scale(fn, world_size, args, impl=impl, timeout=checkpoints.SCALE_TIMEOUT)
+    return checkpoints.run(fn, world_size, args, timeout=TIMEOUT)
 
 
 def _resumed(gefen_checkpoints, impl, reference, config: str, source: int, target: int) -> tuple:
@@ -49,15 +64,11 @@ def _resumed(gefen_checkpoints, impl, reference, config: str, source: int, targe
     paths = (str(directory / "impl"), str(directory / "reference"))
     trained = gefen_checkpoints.once(
         ("stack-trained", impl.spec, config, source),
-        lambda: checkpoints.run(
-            stack.train_and_save, source, ((impl, reference), stack_config, paths), timeout=TIMEOUT
-        )[0],
+        lambda: _run(stack.train_and_save, source, ((impl, reference), stack_config, paths), impl)[0],
     )
     resumed = gefen_checkpoints.once(
         ("stack-resumed", impl.spec, config, source, target),
-        lambda: checkpoints.run(
-            stack.resume_and_train, target, ((impl, reference), stack_config, paths), timeout=TIMEOUT
-        )[0],
+        lambda: _run(stack.resume_and_train, target, ((impl, reference), stack_config, paths), impl)[0],
     )
     return trained, resumed
 

@@ -19,6 +19,7 @@ logit scale is empty on every rank but the first, and each block's per-head quer
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -157,11 +158,23 @@ def schedule(step: int, total: int) -> float:
     return FLOOR + (1.0 - FLOOR) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def tokens(step: int) -> torch.Tensor:
-    """The global batch of ``step`` (``BATCH`` x ``SEQUENCE + 1`` tokens), the same on every rank
-    and world size."""
+def tokens(step: int, size: int = 1) -> torch.Tensor:
+    """The global batch of ``step`` on a world of ``size`` ranks (``lcm(BATCH, size)`` x
+    ``SEQUENCE + 1`` tokens, so that every rank holds as many rows: FSDP averages the ranks'
+    gradients, which equals the global batch's only for equal shares), the same on every rank. Its
+    first ``BATCH`` rows are the same on every world size, and the only ones up to 4 ranks."""
     generator = torch.Generator().manual_seed(0x6E6E + step)
-    return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
+    return torch.randint(0, VOCAB, (math.lcm(BATCH, size), SEQUENCE + 1), generator=generator)
+
+
+def rank_batch(step: int) -> torch.Tensor:
+    """This rank's equal share of :func:`tokens` of ``step``, on its device."""
+    here = world.current()
+    return tokens(step, here.size).chunk(here.size)[here.rank].to(here.device)
+
+
+#: Held while a model draws its initial values from the process's global generator.
+_INIT_LOCK = threading.Lock()
 
 
 def _sharded_model(config: StackConfig, seed: int, mesh=None) -> TinyLM:
@@ -170,7 +183,8 @@ def _sharded_model(config: StackConfig, seed: int, mesh=None) -> TinyLM:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     here = world.current()
-    with torch.random.fork_rng(devices=[]):
+    # the global generator is one per process: ranks that are threads of one process take turns
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TinyLM(config.tied)
     model.to(here.device)
@@ -211,7 +225,7 @@ class _Trainer:
         losses = []
         for _ in range(steps):
             self.step += 1
-            batch = tokens(self.step).chunk(here.size)[here.rank].to(here.device)
+            batch = rank_batch(self.step)
             with torch.autocast(here.device.type, dtype=torch.bfloat16):
                 logits = self.model(batch[:, :-1])
             loss = nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
@@ -362,7 +376,7 @@ def refused_on_a_2d_mesh(impl, path: str):
     optimizer = impl.make_optimizer(
         [{"params": list(model.named_parameters()), "lr": LR}], factored_v_2d=False
     )
-    batch = tokens(1).chunk(here.size)[here.rank].to(here.device)
+    batch = rank_batch(1)
     logits = model(batch[:, :-1])
     nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1)).backward()
     optimizer.step()
