@@ -94,6 +94,8 @@ EXPECTED_FAILURES = {
             ("4->2-tied", 4),
             ("2->1-bf16-policy-tied", 2),
             ("3->2-bf16-policy", 3),
+            ("8->16-bf16-policy", 8),
+            ("16->8-tied", 16),
         )
     },
     **{
