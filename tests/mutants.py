@@ -1041,6 +1041,8 @@ partial = Implementation(
         "test_optimizer.py::test_global_step_counts_every_step_call": "pretend known bug (it passes: strict "
         "xfail fails)",
         "test_optimizer.py::test_no_such_test": "stale entry",
+        # a test of the scale tier: not stale in a run of the default tier, which leaves it out
+        "test_scale.py::test_a_long_life_keeps_its_codebook_and_counters": "pretend known bug at scale",
     },
 )
 beta_rounding = CATALOGUE["betas-stored-rounded"].implementation

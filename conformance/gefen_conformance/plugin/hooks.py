@@ -159,7 +159,8 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = [i for i in items if id(i) not in dropped]
         suite_items = [i for i in suite_items if id(i) not in dropped]
     impl = run.impl
-    matched = set()
+    # an expected failure of a test of another tier matches a suite test, only not this run's
+    matched = {item_id(i) for i in outside} & set(impl.expected_failures)
     expected = config.stash.get(options.EXPECTATIONS_KEY, None)
     environment = _environment(config) if expected is not None else None
     for item in suite_items:
