@@ -92,6 +92,8 @@ def test_a_checkout_reports_its_commit_and_local_edits(tmp_path):
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     _copy_suite(checkout)
+    # as the suite's own repository does: the bytecode an import writes is no local edit
+    (checkout / ".gitignore").write_text("__pycache__/\n")
     _git(checkout, "init", "-q")
     _git(checkout, "add", ".")
     _git(checkout, "commit", "-q", "-m", "suite")
