@@ -16,7 +16,6 @@ and that the lists are exact run everywhere."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import json
@@ -57,7 +56,6 @@ from .mutant_tools import failed_tests, failures, run_suite
 from .mutants import CATALOGUE, PROFILES
 from .support import world_of_one
 
-SUITE = Path(rule_checks.__file__).parent
 EXAMPLES = CONSTRUCTOR + NATIVE_LOAD + NATIVE_STATE + SHARDED_LOAD + STEPPED + REFUSED_CALLS + SAVES
 
 #: Rules the suite names by id that no mutant kills yet (the package's unproven_rules.json): the
@@ -180,42 +178,6 @@ def test_every_rule_of_the_examples_has_its_mutants():
     assert {r for r, _ in kinds} <= {e.rule for e in EXAMPLES}
 
 
-def _named_by_the_suite() -> set:
-    """The rule ids the suite's tests name: their ``gefen_clause`` marks' strings, the pinned
-    steps' clauses and the examples' rules."""
-    named = {e.rule for e in EXAMPLES}
-    for path in SUITE.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "gefen_clause":
-                named |= {a.value for a in node.args if isinstance(a, ast.Constant)}
-    from gefen_conformance.suite.pinned_steps import CLAUSES
-
-    named |= {c for clauses in CLAUSES.values() for c in clauses}
-    return named & rules.rule_ids()
-
-
-def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
-    named = _named_by_the_suite()
-    killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
-    killed |= (
-        {m.rule for m in rule_mutants.mutants("torch-exact")}
-        | {m.rule for m in rule_mutants.dcp_load_mutants("torch-exact")}
-        | set(rule_mutants.LAYOUT)
-        | set(rule_mutants.RESTORE)
-        | set(rule_mutants.STAGING)
-        | set(rule_mutants.AGREEMENT)
-    )
-    unproven = named - killed
-    assert not unproven - WITHOUT_A_MUTANT, (
-        f"named by the suite, killed by no mutant: {sorted(unproven - WITHOUT_A_MUTANT)}"
-    )
-    assert not WITHOUT_A_MUTANT - unproven, (
-        f"listed but killed or no longer named: {sorted(WITHOUT_A_MUTANT - unproven)}"
-    )
-    marked = {r["id"] for r in rules.register()["rules"] if r.get("not_certified")}
-    assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
-
-
 @functools.cache
 def _named_by_collected_tests() -> frozenset:
     """The rule ids the suite's collected tests name in their ``gefen_clause`` marks, computed ones
@@ -235,6 +197,28 @@ def _named_by_collected_tests() -> frozenset:
         assert dump.exists(), done.stdout[-2000:] + done.stderr[-2000:]
         named = json.loads(dump.read_text(encoding="utf-8"))
     return frozenset(c for clauses in named.values() for c in clauses) & rules.rule_ids()
+
+
+def test_every_rule_the_suite_names_is_killed_by_a_mutant_or_listed():
+    named = _named_by_collected_tests()
+    killed = {e.clause_in(p) for e in CATALOGUE.values() for p in PROFILES}
+    killed |= (
+        {m.rule for m in rule_mutants.mutants("torch-exact")}
+        | {m.rule for m in rule_mutants.dcp_load_mutants("torch-exact")}
+        | set(rule_mutants.LAYOUT)
+        | set(rule_mutants.RESTORE)
+        | set(rule_mutants.STAGING)
+        | set(rule_mutants.AGREEMENT)
+    )
+    unproven = named - killed
+    assert not unproven - WITHOUT_A_MUTANT, (
+        f"named by the suite, killed by no mutant: {sorted(unproven - WITHOUT_A_MUTANT)}"
+    )
+    assert not WITHOUT_A_MUTANT - unproven, (
+        f"listed but killed or no longer named: {sorted(WITHOUT_A_MUTANT - unproven)}"
+    )
+    marked = {r["id"] for r in rules.register()["rules"] if r.get("not_certified")}
+    assert not named & marked, f"named by the suite but marked not certified: {sorted(named & marked)}"
 
 
 def test_every_rule_not_marked_is_named_by_the_suite():

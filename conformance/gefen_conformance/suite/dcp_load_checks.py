@@ -32,6 +32,7 @@ from gefen_conformance.suite.dcp_load_examples import (
     DcpRestored,
 )
 from gefen_conformance.workload import saving
+from gefen_oracles import checkpoint_compare
 from gefen_oracles.checkpoint_reader import read_nested
 
 
@@ -139,12 +140,11 @@ def check_restored(impl, example: DcpRestored, one_rank: WorldOfOne) -> None:
     if found.problems:
         _fail(example, "the state re-saved after the restore: " + "; ".join(found.problems[:5]))
     if example.like_reference:
-        differing = _differing(_restored_and_resaved_by_the_reference(example, path, one_rank), resaved)
-        if differing:
+        expected = _restored_and_resaved_by_the_reference(example, path, one_rank)
+        compared = checkpoint_compare.compare_restores(expected, resaved, bitwise=True)
+        if compared.problems:
             _fail(
-                example,
-                f"{len(differing)} entries of the re-saved restore differ from the reference's bit for "
-                f"bit: {', '.join(differing[:5])}",
+                example, "the re-saved restore against the reference's: " + "; ".join(compared.problems[:5])
             )
 
 
@@ -156,22 +156,6 @@ def _restored_and_resaved_by_the_reference(example, path: str, one_rank: WorldOf
     again = one_rank.path()
     saving.save(reference, opt, again, planner=False)
     return read_nested(again)["optimizer"]
-
-
-def _differing(expected: dict, actual: dict) -> list:
-    """The keys whose values differ between two optimizer dicts, bit for bit (tensors by dtype, shape
-    and bytes)."""
-
-    def same(a, b) -> bool:
-        if torch.is_tensor(a) or torch.is_tensor(b):
-            if not (torch.is_tensor(a) and torch.is_tensor(b)) or (a.dtype, a.shape) != (b.dtype, b.shape):
-                return False
-            a, b = (t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b))
-            return bool(torch.equal(a, b))
-        return type(a) is type(b) and a == b
-
-    keys = sorted(set(expected) | set(actual))
-    return [k for k in keys if k not in expected or k not in actual or not same(expected[k], actual[k])]
 
 
 __all__ = ["check", "check_refused", "check_restored", "reference_checkpoint"]

@@ -164,6 +164,19 @@ def _raised(rank: int, error: checkpoints.RaisedError | None, expected: type, pa
     return None
 
 
+def _every_rank_raised(errors: list, own_error: type, part: str, *, every_rank_its_own: bool) -> list:
+    """The problems of a collective that must fail on every rank: ``ODD_RANK`` (every rank, when
+    ``every_rank_its_own``) raising ``own_error`` naming ``part``, the others RuntimeError naming
+    "another rank" (SPEC 2.3.4, 3.2.3)."""
+    problems = []
+    for rank, error in enumerate(errors):
+        if every_rank_its_own or rank == ODD_RANK:
+            problems.append(_raised(rank, error, own_error, part))
+        else:
+            problems.append(_raised(rank, error, RuntimeError, "another rank"))
+    return [p for p in problems if p]
+
+
 @pytest.mark.gefen_clause("4.3.3", "2.3.4", "2.3.5", "2.4.1")
 @pytest.mark.gefen_requires(DCP_RESHARD)
 @pytest.mark.parametrize(
@@ -184,13 +197,7 @@ def test_save_with_one_rank_layout_differing_writes_nothing(
     errors = checkpoints.run(
         save_with_divergent_layout, WORLD, (gefen_impl, str(path), how, ODD_RANK), timeout=TIMEOUT
     )
-    problems = []
-    for rank, error in enumerate(errors):
-        if how == "renamed" or rank == ODD_RANK:
-            problems.append(_raised(rank, error, own_error, part))
-        else:
-            problems.append(_raised(rank, error, RuntimeError, "another rank"))
-    problems = [p for p in problems if p]
+    problems = _every_rank_raised(errors, own_error, part, every_rank_its_own=how == "renamed")
     if _written(path):
         problems.append(f"written although the save failed: {_written(path)}")
     assert_no_problems(problems)
@@ -208,11 +215,7 @@ def test_load_refused_by_one_rank_changes_no_rank(gefen_impl, gefen_checkpoints,
     errors = checkpoints.run(
         failing_load, WORLD, (gefen_impl, str(source), str(before), str(after), ODD_RANK), timeout=TIMEOUT
     )
-    problems = []
-    for rank, error in enumerate(errors):
-        expected, part = (ValueError, "deterministic") if rank == ODD_RANK else (RuntimeError, "another rank")
-        problems.append(_raised(rank, error, expected, part))
-    assert_no_problems([p for p in problems if p])
+    assert_no_problems(_every_rank_raised(errors, ValueError, "deterministic", every_rank_its_own=False))
     digests_before, digests_after = content_digests(before), content_digests(after)
     keys = set(digests_before) | set(digests_after)
     changed = sorted(k for k in keys if digests_before.get(k) != digests_after.get(k))
@@ -255,13 +258,7 @@ def test_direct_load_refused_on_every_rank(gefen_impl, gefen_checkpoints, how, o
     the agreement's collective until the group's timeout."""
     source = gefen_checkpoints.trained_and_saved(gefen_impl, "base", ranks=WORLD).path
     errors = checkpoints.run(direct_load, WORLD, (gefen_impl, str(source), how, ODD_RANK), timeout=TIMEOUT)
-    problems = []
-    for rank, error in enumerate(errors):
-        if how == "renamed" or rank == ODD_RANK:
-            problems.append(_raised(rank, error, own_error, part))
-        else:
-            problems.append(_raised(rank, error, RuntimeError, "another rank"))
-    assert_no_problems([p for p in problems if p])
+    assert_no_problems(_every_rank_raised(errors, own_error, part, every_rank_its_own=how == "renamed"))
 
 
 @pytest.mark.gefen_clause("4.3.3", "4.2.2", "5.1.2")
