@@ -83,6 +83,22 @@ def test_interrupt_inside_dcp_is_raised_as_dcp_returns_never_wrapped(guard):
 
 
 @needs_main_thread
+def test_no_redelivery_outlives_the_guard(default_sigint):
+    """The thread that delivers the signal again has ended when ``uninstall`` returns: a late
+    re-delivery would meet the restored handler and raise KeyboardInterrupt wherever the process
+    then is (an xdist worker crashed so in a teardown)."""
+    g = InterruptGuard()
+    g.install()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+        _spin(1.0)
+    assert g._retrying is not None and g._retrying.is_alive()
+    g.acknowledge()
+    g.uninstall()
+    assert not g._retrying.is_alive()
+
+
+@needs_main_thread
 def test_a_swallowed_interrupt_is_delivered_again(guard):
     def swallowing():
         try:

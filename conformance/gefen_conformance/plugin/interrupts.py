@@ -83,6 +83,11 @@ class InterruptGuard:
 
     def uninstall(self) -> None:
         self._done.set()
+        retrying = self._retrying
+        if retrying is not None and retrying is not threading.current_thread():
+            # a re-delivery the thread is about to send would otherwise meet the restored handler
+            # (Python's default raises KeyboardInterrupt wherever the main thread then is)
+            retrying.join(timeout=RETRY_S * 10)
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, previous in self._previous.items():
