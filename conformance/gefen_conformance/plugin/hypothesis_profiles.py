@@ -8,6 +8,13 @@ again when it ends, so other projects' hypothesis tests keep their own settings.
 
 Hypothesis keeps a cache under ``.hypothesis/`` in the current directory; a suite run points it
 at a temporary directory of its own, removed when the run ends.
+
+The examples a suite run draws depend on the suite's version only. Hypothesis (6.131 and later)
+also draws, now and then, constants it finds in the source of every imported module outside
+site-packages and the standard library: an editable install of the suite, an implementation
+checked out beside it, or whatever else the process imported would each change the derandomized
+examples. A suite run turns that source of constants off (:func:`without_local_constants`) and
+turns it back on when it ends.
 """
 
 from __future__ import annotations
@@ -30,6 +37,31 @@ def register() -> None:
     settings.register_profile(FUZZ, derandomize=False, max_examples=5000, **both)
 
 
+def without_local_constants():
+    """Hypothesis's constants from local modules turned off in this process; a callable that turns
+    them back on. A no-op where this hypothesis draws no such constants."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return lambda: None
+    original = getattr(providers, "_get_local_constants", None)
+    empty = getattr(providers, "Constants", None)
+    if original is None or empty is None:
+        return lambda: None
+    none = empty()
+    providers._get_local_constants = lambda: none
+    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if cache is not None:  # choices computed with the local constants, if any were
+        cache.clear()
+
+    def restore():
+        providers._get_local_constants = original
+        if cache is not None:
+            cache.clear()
+
+    return restore
+
+
 class HypothesisProfile:
     """Loads ``gefen-certify`` (unless ``--hypothesis-profile`` chose one) and undoes it afterwards."""
 
@@ -37,6 +69,7 @@ class HypothesisProfile:
         self.requested = requested
         self._previous: str | None = None
         self._home: str | None = None
+        self._restore_constants = None
 
     def enter(self) -> None:
         from hypothesis import configuration, settings
@@ -47,10 +80,14 @@ class HypothesisProfile:
             settings.load_profile(CERTIFY)
         self._home = tempfile.mkdtemp(prefix="gefen-hypothesis-")
         configuration.set_hypothesis_home_dir(self._home)
+        self._restore_constants = without_local_constants()
 
     def exit(self) -> None:
         if self._previous is None and self._home is None:
             return  # nothing entered: no import of hypothesis (seconds at load) on the way out
+        if self._restore_constants is not None:
+            self._restore_constants()
+            self._restore_constants = None
         from hypothesis import configuration, settings
 
         if self._previous is not None:
