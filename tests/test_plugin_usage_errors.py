@@ -15,6 +15,9 @@ MODULES = {
     "missing_dep": "import no_such_dependency_xyz\n",
     "not_impl": "IMPL = 42\n",
     "factory_fails": "def IMPL():\n    raise KeyError('config')\n",
+    # a plugin that says at exit whether the process imported torch
+    "torch_probe": "import atexit, sys\n"
+    "atexit.register(lambda: open('torch-imported', 'w').write(str('torch' in sys.modules)))\n",
 }
 
 CASES = [
@@ -30,6 +33,8 @@ CASES = [
     ("nowhere_pkg.fast:IMPL", "is the package installed or on PYTHONPATH?"),
     ("no-colon-but-dots.x", "no implementation of that name is registered"),
 ]
+#: refused before torch is imported (seconds): nothing needs importing to know them wrong
+BEFORE_TORCH = {"does-not-exist", "nowhere_pkg.fast:IMPL", "no-colon-but-dots.x"}
 
 
 @pytest.fixture
@@ -41,7 +46,7 @@ def project(pytester):
 
 @pytest.mark.parametrize("spec,cause", CASES, ids=[c[0] for c in CASES])
 def test_usage_error_is_one_line_exit_4(project, spec, cause):
-    result = project.runpytest_subprocess(f"--impl={spec}", "-p", "no:cacheprovider")
+    result = project.runpytest_subprocess(f"--impl={spec}", "-p", "no:cacheprovider", "-p", "torch_probe")
     err = result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + err
     assert "INTERNALERROR" not in err + result.stdout.str()
@@ -53,6 +58,8 @@ def test_usage_error_is_one_line_exit_4(project, spec, cause):
     if ":" in spec:
         assert f"(module {spec.partition(':')[0]})" in lines[0]
     assert "collected" not in result.stdout.str()  # refused before collection
+    if spec in BEFORE_TORCH:
+        assert (project.path / "torch-imported").read_text() == "False"
     written = [
         p.name for p in project.path.iterdir() if p.name.startswith((".hypothesis", "gefen-certificate"))
     ]

@@ -14,6 +14,7 @@ its own process's instance, resolved there once (SPEC 4.2.11).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from importlib.metadata import entry_points
 
@@ -84,21 +85,65 @@ def _import(spec: str, module_name: str):
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise ImplementationError(
-                spec,
-                module_name,
-                f"module {missing!r} is not importable from {os.getcwd()} "
-                "(is the package installed or on PYTHONPATH?)",
-            ) from None
+            raise _not_importable(spec, module_name, missing) from None
         raise ImplementationError(spec, module_name, f"importing it failed: {_one_line(error)}") from None
     except (Exception, SystemExit) as error:  # anything an import can raise: OSError, SyntaxError, ...
         raise ImplementationError(spec, module_name, f"importing it failed: {_one_line(error)}") from None
 
 
-def _load_target(spec: str, target: str) -> object:
+def _target(spec) -> str:
+    """The ``module:attribute`` a spec names, or :class:`ImplementationError`; imports nothing."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ImplementationError(
+            str(spec), "", "no implementation named (give a registered name or package.module:attribute)"
+        )
+    if ":" in spec:
+        target = spec
+    else:
+        names = registered()
+        if spec not in names:
+            known = ", ".join(sorted(names)) or "none"
+            raise ImplementationError(
+                spec,
+                "",
+                f"no implementation of that name is registered (registered: {known}); "
+                "give a registered name or package.module:attribute",
+            )
+        target = names[spec]
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ImplementationError(spec, "", f"{target!r} must look like 'package.module:attribute'")
+    return target
+
+
+def _not_importable(spec: str, module_name: str, missing: str) -> ImplementationError:
+    return ImplementationError(
+        spec,
+        module_name,
+        f"module {missing!r} is not importable from {os.getcwd()} "
+        "(is the package installed or on PYTHONPATH?)",
+    )
+
+
+def check(spec) -> None:
+    """What :func:`resolve` refuses without importing anything: an unknown name, a spec that is not
+    ``package.module:attribute``, a top-level package this process cannot find. Raises
+    :class:`ImplementationError` with the words :func:`resolve` would use, so that such a mistake
+    is answered before torch is imported (seconds)."""
+    if isinstance(spec, str) and spec in _RESOLVED:
+        return
+    module_name = _target(spec).partition(":")[0]
+    top = module_name.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # resolve() reports what the import itself says
+        return
+    if found is None:
+        raise _not_importable(spec, module_name, top)
+
+
+def _load_target(spec: str, target: str) -> object:
+    module_name, _, attribute = target.partition(":")
     obj = _import(spec, module_name)
     for part in attribute.split("."):
         try:
@@ -119,23 +164,7 @@ def resolve(spec: str) -> Implementation:
     """
     if isinstance(spec, str) and spec in _RESOLVED:
         return _RESOLVED[spec]
-    if not isinstance(spec, str) or not spec.strip():
-        raise ImplementationError(
-            str(spec), "", "no implementation named (give a registered name or package.module:attribute)"
-        )
-    names = registered()
-    if ":" in spec:
-        target = spec
-    elif spec in names:
-        target = names[spec]
-    else:
-        known = ", ".join(sorted(names)) or "none"
-        raise ImplementationError(
-            spec,
-            "",
-            f"no implementation of that name is registered (registered: {known}); "
-            "give a registered name or package.module:attribute",
-        )
+    target = _target(spec)
     module_name = target.partition(":")[0]
     obj = _load_target(spec, target)
     if not isinstance(obj, Implementation) and callable(obj):

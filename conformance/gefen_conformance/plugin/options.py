@@ -112,6 +112,7 @@ def prepare(config, *, impl: str, deadline_scale, certificate, device: str, reso
     check_shard(config.getoption("gefen_shard", None), installed)
     if resolved is None:
         check_output(config.getoption("gefen_junit", None), "--gefen-junit", config, installed)
+        check_implementation(impl, installed)
     with _interrupt_says("while importing torch", installed, config):
         select_device(device, installed)
     if resolved is not None:
@@ -270,6 +271,17 @@ def select_deadline_scale(text, guard) -> None:
     except ValueError as error:
         guard.uninstall()
         raise pytest.UsageError(f"--gefen-deadline-scale {text}: {error}") from None
+
+
+def check_implementation(spec: str, guard) -> None:
+    """An unknown name or a package this process cannot find, refused before torch is imported."""
+    from gefen_conformance.implementations import registry
+
+    try:
+        registry.check(spec)
+    except registry.ImplementationError as error:
+        guard.uninstall()
+        raise pytest.UsageError(f"--impl={spec}: {error}") from None
 
 
 def resolve(spec: str, guard):
