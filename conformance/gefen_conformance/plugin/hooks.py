@@ -233,6 +233,7 @@ def pytest_runtestloop(session):
     if run is not None:
         run.quiet_torch_loggers()  # every suite module (and torch.distributed.checkpoint) is imported by now
         run.warm_up(session)  # before the first test, outside every deadline (SPEC 4.2.11)
+        run.freeze_heap()
 
 
 def _reason(report, call) -> str:

@@ -8,12 +8,14 @@ otherwise import inside a call's deadline (``torch._dynamo`` and ``torch._induct
 (``--prepare gefen_conformance.plugin.warmup:prepare_rank``). The harness itself never imports it.
 
 Only imports, and none that starts a thread or touches an accelerator: a fork server must stay
-single-threaded. A module that fails to import is skipped here; the call that needs it reports
+single-threaded. What they made is then frozen (``gc.freeze``, as Python's documentation advises
+before a fork). A module that fails to import is skipped here; the call that needs it reports
 the error with its traceback.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import pkgutil
 
@@ -66,6 +68,10 @@ def load() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - see the module docstring
             pass
+    # What the fork server imported, out of the cyclic garbage collector's reach in it and in every
+    # rank worker forked from it: a worker's collections traverse what its calls made, not torch's
+    # modules again each time, and leave the pages it shares with the server unwritten.
+    gc.freeze()
 
 
 load()
