@@ -198,7 +198,7 @@ def test_shards_partition_the_run_and_merge_into_what_one_run_gives(narrow_certi
 
 
 def test_merge_refuses_certificates_of_two_implementations(narrow_certification, tmp_path):
-    a = narrow_certification("reference", "global_step")[1]
+    a = narrow_certification("reference", NARROW)[1]  # both made for other tests of this module
     b = narrow_certification("tests.mutants:global_step", "global_step")[1]
     run = command("merge", a, b, "--out", tmp_path / "m.json")
     assert run.returncode == 4 and "implementation" in run.stderr and not (tmp_path / "m.json").exists()

@@ -234,15 +234,20 @@ def child_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
+CUDA = ("cuda", ["--gefen-device cuda: no cuda device is available"])
+NONSENSE = ("nonsense", ["--gefen-device 'nonsense' is not a torch device"])
+IMPL, PYARGS = ["--impl=reference"], ["--pyargs", "gefen_conformance"]
+
+
+# each refusal and each way of naming the suite once in the default run; .ci/run runs the other two
 @pytest.mark.parametrize(
-    "name,words",
+    "name,words,how",
     [
-        ("cuda", ["--gefen-device cuda: no cuda device is available"]),
-        ("nonsense", ["--gefen-device 'nonsense' is not a torch device"]),
+        pytest.param(*CUDA, IMPL, id="impl-cuda"),
+        pytest.param(*NONSENSE, PYARGS, id="pyargs-nonsense"),
+        pytest.param(*NONSENSE, IMPL, id="impl-nonsense", marks=pytest.mark.slow),
+        pytest.param(*CUDA, PYARGS, id="pyargs-cuda", marks=pytest.mark.slow),
     ],
-)
-@pytest.mark.parametrize(
-    "how", [["--impl=reference"], ["--pyargs", "gefen_conformance"]], ids=["impl", "pyargs"]
 )
 def test_an_unusable_device_is_one_line_exit_4_writing_nothing(pytester, child_env, name, words, how):
     if name == "cuda" and devices.available("cuda"):

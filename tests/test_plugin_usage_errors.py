@@ -1,9 +1,17 @@
 """Every way ``--impl`` can fail is exit status 4 with one line naming the implementation, its
-module and the cause, before anything is collected, and writes no file (SPEC 4.1.2)."""
+module and the cause, before anything is collected, and writes no file (SPEC 4.1.2, 4.1.6).
+
+Every cause is checked in this process (``registry.resolve`` and ``registry.check``), and end to
+end, in a pytest of its own, for one cause of each stage: a name, a package, an import that raises,
+an ``Implementation`` that refuses itself, a factory; .ci/run runs the rest end to end too."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+from gefen_conformance.implementations import registry
 
 MODULES = {
     "unknown_cap": "from gefen_conformance import Implementation\n"
@@ -35,6 +43,14 @@ CASES = [
 ]
 #: refused before torch is imported (seconds): nothing needs importing to know them wrong
 BEFORE_TORCH = {"does-not-exist", "nowhere_pkg.fast:IMPL", "no-colon-but-dots.x"}
+#: run end to end by the default run (one cause of each stage)
+END_TO_END = {
+    "does-not-exist",
+    "nowhere_pkg.fast:IMPL",
+    "raises_runtime:IMPL",
+    "unknown_cap:IMPL",
+    "factory_fails:IMPL",
+}
 
 
 @pytest.fixture
@@ -45,6 +61,30 @@ def project(pytester):
 
 
 @pytest.mark.parametrize("spec,cause", CASES, ids=[c[0] for c in CASES])
+def test_every_way_to_fail_is_one_implementation_error(tmp_path, monkeypatch, spec, cause):
+    for name, source in MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(registry.ImplementationError) as raised:
+        registry.resolve(spec)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"implementation {spec!r}") and cause in message
+    if ":" in spec:
+        assert f"(module {spec.partition(':')[0]})" in message
+    if spec in BEFORE_TORCH:  # the same words before anything is imported
+        with pytest.raises(registry.ImplementationError) as early:
+            registry.check(spec)
+        assert str(early.value) == message
+    else:
+        registry.check(spec)
+
+
+@pytest.mark.parametrize(
+    "spec,cause",
+    [pytest.param(*c, id=c[0], marks=() if c[0] in END_TO_END else pytest.mark.slow) for c in CASES],
+)
 def test_usage_error_is_one_line_exit_4(project, spec, cause):
     result = project.runpytest_subprocess(f"--impl={spec}", "-p", "no:cacheprovider", "-p", "torch_probe")
     err = result.stderr.str()
