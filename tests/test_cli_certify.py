@@ -140,6 +140,8 @@ FAKE_GEFEN = "raise ModuleNotFoundError(\"No module named 'gefen'\", name='gefen
 
 
 def test_impl_list_marks_an_entry_that_cannot_be_loaded_and_impl_says_what_to_install(pytester, monkeypatch):
+    """``pytest --impl-list`` lists every registered implementation, exit 0, and marks the one that
+    cannot load here; ``--impl`` then says what to install."""
     hidden = pytester.path / "hidden"
     hidden.mkdir()
     (hidden / "gefen.py").write_text(FAKE_GEFEN)  # gefen-x as if it were not installed

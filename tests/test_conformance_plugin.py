@@ -153,9 +153,3 @@ def test_a_rank_failure_reason_names_the_ranks_and_their_exception():
     assert reason.startswith("RankFailure: 2 of 3 ranks failed")
     assert "rank 1: raised ValueError: Gefen DCP checkpoint slot 3 has the wrong shape" in reason
     assert "rank 2: hung" in reason and "more" not in reason and "ranks.py" not in reason
-
-
-def test_impl_list(pytester):
-    result = pytester.runpytest_subprocess("--impl-list", "-p", "no:cacheprovider")
-    out = result.stdout.str()
-    assert result.ret == 0 and "reference" in out and "gefenx" in out

@@ -18,7 +18,12 @@ pytest.importorskip("gefen")
 from gefen_conformance.harness import launch  # noqa: E402
 from tests.support import COMPACT_KEYS, DCP_MODEL, DCP_SAVE_STEPS, DCP_SAVED_HYPERS, FRESH, TINY  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+# the module's one run takes about 30 s of a 2-core machine: .ci/run runs it (the default run stays
+# under 5 minutes; the suite's own reshard paths run in it through tests/test_scenarios_in_one_world.py)
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
+    pytest.mark.slow,
+]
 
 # Checkpoints per source world size: (directory, implementation, with the two-row parameter).
 SAVES = {

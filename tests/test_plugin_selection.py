@@ -96,7 +96,9 @@ def test_another_hypothesis_profile_is_partial(pytester):
     assert any(n.startswith("hypothesis profile gefen-fuzz") for n in cert["run"]["narrowed_by"])
 
 
-def test_the_census_counts_the_whole_suite():
+def test_the_census_counts_the_whole_suite_with_or_without_plugin_autoloading(monkeypatch):
+    """The census of a run whose pytest loads the plugin by its entry point, and of one that loads
+    it with ``-p`` (autoloading off, or no installed entry point): the same whole suite."""
     census = SuiteCensus()
     census.start()
     ids = census.finish()
@@ -104,19 +106,10 @@ def test_the_census_counts_the_whole_suite():
     assert len(ids) == len(set(ids)) > 100
     assert all("::" in i and "/" not in i.partition("::")[0] for i in ids)
     assert any(i.startswith("test_dcp_names.py::") for i in ids)
-
-
-def test_the_census_loads_the_plugin_where_pytest_would_not(monkeypatch):
-    """A run that loads the plugin with ``-p`` (autoloading off, or no installed entry point)."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    census = SuiteCensus()
-    census.start()
-    ids = census.finish()
-    assert ids is not None, census.error
-    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    again = SuiteCensus()
-    again.start()
-    assert again.finish() == ids
+    without = SuiteCensus()
+    without.start()
+    assert without.finish() == ids, without.error
 
 
 LOG_PROBE = """

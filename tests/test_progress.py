@@ -85,11 +85,11 @@ def _run(pytester, *extra):
 
 
 # the xdist run is a whole suite run in two workers: .ci/run runs it (the default run stays under 5 minutes)
-@pytest.mark.parametrize(
-    "workers",
-    [pytest.param([], id="one-process"), pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)],
-)
-def test_a_real_run_prints_a_line_per_module_and_none_with_q(pytester, workers):
+WORKERS = [pytest.param([], id="one-process"), pytest.param(["-n", "2"], id="xdist", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_real_run_prints_a_line_per_module(pytester, workers):
     result = _run(pytester, *workers)
     out = result.stdout.str()
     assert result.ret == 6, out  # partial
@@ -99,5 +99,11 @@ def test_a_real_run_prints_a_line_per_module_and_none_with_q(pytester, workers):
     totals = {LINE.match(line).group(4) for line in lines}
     done = sorted(int(LINE.match(line).group(3)) for line in lines)
     assert totals == {"3"} and done[-1] == 3, out  # 2 name scenarios and the global-step test
+
+
+# -q decides in one place (SuiteRun.progress) whatever the launcher: .ci/run runs these
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_real_run_with_q_prints_none(pytester, workers):
     quiet = _run(pytester, *workers, "-q")
     assert quiet.ret == 6 and "gefen: " not in quiet.stdout.str()
