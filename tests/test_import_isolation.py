@@ -97,7 +97,8 @@ SELECTED = {
 @pytest.mark.parametrize(
     "launcher",
     [
-        pytest.param((), id="pool"),
+        # a partial certification (20 s of a 2-core machine, nearly all its start): .ci/run runs it
+        pytest.param((), id="pool", marks=pytest.mark.slow),
         pytest.param(
             ("--launcher", "torchrun", "--nproc-per-node", "2"), id="torchrun", marks=pytest.mark.slow
         ),
