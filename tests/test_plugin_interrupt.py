@@ -86,7 +86,7 @@ def test_interrupt_inside_dcp_is_raised_as_dcp_returns_never_wrapped(guard):
 def test_no_redelivery_outlives_the_guard(default_sigint):
     """The thread that delivers the signal again has ended when ``uninstall`` returns: a late
     re-delivery would meet the restored handler and raise KeyboardInterrupt wherever the process
-    then is (an xdist worker crashed so in a teardown)."""
+    then is (a pytest teardown, in an xdist worker)."""
     g = InterruptGuard()
     g.install()
     with pytest.raises(KeyboardInterrupt):
