@@ -138,6 +138,10 @@ class SuiteRun:
         if self._frozen and self.guard.signum is None:  # an interrupted run leaves at once, frozen
             gc.unfreeze()
             self._frozen = False
+            # what the run left as cyclic garbage among the frozen objects is freed now, before the
+            # interpreter's end (pytest's own collections at the session's end ran while frozen):
+            # objects of extension modules left alive to the end are reported there as leaks
+            gc.collect()
         if getattr(self.config.option, "gefen_deadline_scale", None) is not None:
             from gefen_conformance.harness import deadlines
 
